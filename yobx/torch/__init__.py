@@ -1,0 +1,29 @@
+"""PyTorch side of yobx: capture (tracing), rewrite (passes), ONNX export, inspection."""
+
+from .tracing import (
+    CondCCOp,
+    CustomAttribute,
+    CustomParameterProxy,
+    CustomProxy,
+    CustomProxyBool,
+    CustomProxyFloat,
+    CustomProxyInt,
+    CustomProxyShape,
+    CustomTracer,
+    ScanCCOp,
+    replace_problematic_function_before_tracing,
+)
+
+__all__ = [
+    "CondCCOp",
+    "CustomAttribute",
+    "CustomParameterProxy",
+    "CustomProxy",
+    "CustomProxyBool",
+    "CustomProxyFloat",
+    "CustomProxyInt",
+    "CustomProxyShape",
+    "CustomTracer",
+    "ScanCCOp",
+    "replace_problematic_function_before_tracing",
+]

@@ -1,0 +1,165 @@
+"""Functions replaced while tracing so that they accept proxies.
+
+``torch.zeros(x.size(0), 4)`` or ``torch.cat([proxy, tensor])`` never reach
+``__torch_function__`` (the proxies hide inside a size tuple or a list), and
+``torch.cond`` / ``torch.vmap`` / ``torch._check`` / ``scan`` need tracing of their own.
+:func:`replace_problematic_function_before_tracing` swaps them for versions that
+record a node when a proxy is involved and call the original otherwise; everything is
+restored on exit, also when tracing raises.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.fx.proxy import Proxy
+
+#: factories whose size arguments may hold symbolic dimensions
+TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
+    getattr(torch, name)
+    for name in (
+        "zeros",
+        "ones",
+        "full",
+        "empty",
+        "arange",
+        "randn",
+        "rand",
+        "randint",
+        "eye",
+        "tensor",
+        "as_tensor",
+        "linspace",
+        "empty_strided",
+        "tril_indices",
+        "triu_indices",
+    )
+)
+
+_LIST_FUNCTIONS = ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "broadcast_tensors")
+
+
+def find_proxy(*values: Any) -> Proxy | None:
+    """Returns the first proxy found in (nested tuples, lists, dicts of) ``values``."""
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Proxy):
+            return v
+        if isinstance(v, (tuple, list)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, slice):
+            stack.extend((v.start, v.stop, v.step))
+    return None
+
+
+def _recording(original: Callable) -> Callable:
+    """Wraps ``original`` so that a call involving a proxy becomes a graph node."""
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        proxy = find_proxy(args, kwargs)
+        if proxy is None:
+            return original(*args, **kwargs)
+        return proxy.tracer.create_proxy("call_function", original, args, kwargs)
+
+    wrapper.__yobx_original__ = original
+    return wrapper
+
+
+def _symbolic_extremum(original: Callable, symbolic: Callable) -> Callable:
+    """``max``/``min`` of dimensions stay symbolic (``torch.sym_max``)."""
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if kwargs or len(args) < 2 or find_proxy(args) is None:
+            return original(*args, **kwargs)
+        result = args[0]
+        for other in args[1:]:
+            result = symbolic(result, other)
+        return result
+
+    return wrapper
+
+
+def _proxy_aware_isinstance(original: Callable) -> Callable:
+    """``isinstance(x, torch.Tensor)`` is True for a proxy of a tensor.
+
+    Model code checks masks and caches that way (transformers does). Only Python-level
+    calls see this: torch's C argument parser keeps seeing a non-tensor with
+    ``__torch_function__``, which is what makes it dispatch to the tracer.
+    """
+    from .proxies import CustomProxy
+
+    tensor = torch.Tensor
+
+    def isinstance_(obj, classinfo):
+        if original(obj, CustomProxy) and (
+            classinfo is tensor or (original(classinfo, tuple) and tensor in classinfo)
+        ):
+            return original(obj.node.meta.get("val"), tensor)
+        return original(obj, classinfo)
+
+    return isinstance_
+
+
+def _check(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(cond, message=None):
+        if isinstance(cond, Proxy):
+            cond.tracer.check(cond, message)
+            return None
+        return original(cond, message) if message is not None else original(cond)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def replace_problematic_function_before_tracing() -> Iterator[None]:
+    """Context manager replacing the functions that cannot take proxies as they are.
+
+    Inside it, ``torch.cat``/``torch.stack`` (lists mixing proxies and tensors), tensor
+    factories (``torch.zeros(x.size(0), 4)``, ``torch.full(x.shape[:2], 1.0)``),
+    ``torch.cond``, ``torch.vmap``, ``torch.ops.higher_order.scan``, ``torch._check``
+    and the builtins ``max``/``min`` accept proxies. Outside calls behave as usual.
+    Everything is restored on exit, including when the body raises.
+    """
+    from .control_flow import cond_function, scan_function, vmap_function
+
+    saved: list[tuple[Any, str, Any, bool]] = []
+
+    def patch(owner: Any, name: str, value: Any) -> None:
+        had = name in vars(owner) if hasattr(owner, "__dict__") else hasattr(owner, name)
+        saved.append((owner, name, getattr(owner, name, None), had))
+        setattr(owner, name, value)
+
+    try:
+        for fn in TENSOR_FACTORIES:
+            patch(torch, fn.__name__, _recording(fn))
+        for name in _LIST_FUNCTIONS:
+            if hasattr(torch, name):
+                patch(torch, name, _recording(getattr(torch, name)))
+        patch(torch, "_check", _check(torch._check))
+        patch(torch, "cond", cond_function(torch.cond))
+        vmap = vmap_function(torch.vmap)
+        patch(torch, "vmap", vmap)
+        patch(torch.func, "vmap", vmap)
+        patch(torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan))
+        patch(builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance))
+        patch(builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max))
+        patch(builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min))
+        yield
+    finally:
+        for owner, name, value, had in reversed(saved):
+            if had:
+                setattr(owner, name, value)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)

@@ -1,0 +1,276 @@
+"""Proxies that know the (fake) value of the node they stand for.
+
+Every proxy created by :class:`yobx.torch.tracing.CustomTracer` wraps a node whose
+``meta["val"]`` holds a fake tensor, a SymInt/SymFloat/SymBool, or a tuple of those.
+The proxy uses it to behave like the value would: a tensor proxy answers ``.shape``,
+``.dtype``, ``len()`` and ``isinstance(x, torch.Tensor)``; an integer proxy decides
+comparisons soundly through the tracer.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.proxy import Attribute, Proxy, TraceError
+
+
+class CustomProxy(Proxy):
+    """Proxy of a tensor (or of any non-scalar value) whose node carries ``meta["val"]``."""
+
+    @property
+    def val(self) -> Any:
+        """The fake value of the node (FakeTensor, SymInt, tuple...)."""
+        return self.node.meta.get("val")
+
+    def __getattr__(self, name: str) -> Any:
+        val = self.node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            if name == "shape":
+                return self.tracer.shape_of(self)
+            if name in _STATIC_TENSOR_ATTRIBUTES:
+                return getattr(val, name)
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return CustomAttribute(self, name)
+
+    def size(self, dim: int | None = None) -> Any:
+        """Same as ``torch.Tensor.size``: static dimensions are ints."""
+        shape = self.tracer.shape_of(self)
+        return shape if dim is None else shape[dim]
+
+    def dim(self) -> int:
+        """Rank of the tensor (always static)."""
+        return self.val.dim()
+
+    def __len__(self) -> int:
+        val = self.val
+        if isinstance(val, (tuple, list)):
+            return len(val)
+        if isinstance(val, torch.Tensor):
+            if val.dim() == 0:
+                raise TypeError("len() of a 0-d tensor")
+            first = val.shape[0]
+            if isinstance(first, int):
+                return first
+            raise TraceError(
+                f"{self.tracer.location()}: len() of a tensor whose first dimension "
+                f"`{self.tracer.dims.render(first)}` is dynamic cannot be a Python int; "
+                f"use x.shape[0] (or x.size(0)), which stays symbolic"
+            )
+        raise TraceError(f"{self.tracer.location()}: len() of {type(val).__name__}")
+
+    def __iter__(self):
+        val = self.val
+        if isinstance(val, (tuple, list)):
+            return iter([self[i] for i in range(len(val))])
+        if isinstance(val, torch.Tensor):
+            n = len(self)
+            return iter([self[i] for i in range(n)])
+        return super().__iter__()
+
+    def __bool__(self) -> bool:
+        return self.tracer.to_bool(self)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+    def __contains__(self, item: Any) -> bool:
+        val = self.val
+        if isinstance(val, (tuple, list)):
+            return any(item is v for v in val)
+        raise TraceError(f"{self.tracer.location()}: `in` on a traced tensor is data-dependent")
+
+
+# In-place operators: Python falls back to ``x = x + y`` when ``__iadd__`` is missing,
+# which would lose the mutation of ``x`` (and of every view of it). Record them as
+# ``operator.iadd`` & co. so that the graph keeps eager semantics.
+def _make_inplace(op):
+    def impl(self, other):
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+
+    impl.__name__ = op.__name__
+    return impl
+
+
+for _name in (
+    "iadd",
+    "isub",
+    "imul",
+    "itruediv",
+    "ifloordiv",
+    "imod",
+    "ipow",
+    "iand",
+    "ior",
+    "ixor",
+    "ilshift",
+    "irshift",
+    "imatmul",
+):
+    setattr(CustomProxy, f"__{_name}__", _make_inplace(getattr(operator, _name)))
+
+_STATIC_TENSOR_ATTRIBUTES = frozenset(
+    {
+        "dtype",
+        "device",
+        "ndim",
+        "is_cuda",
+        "is_cpu",
+        "is_sparse",
+        "is_quantized",
+        "is_meta",
+        "layout",
+        "is_floating_point",
+        "is_complex",
+        "requires_grad",
+        "is_leaf",
+        "itemsize",
+    }
+)
+
+
+class CustomParameterProxy(CustomProxy):
+    """Proxy of a parameter or a buffer (a ``get_attr`` node); its shape is static."""
+
+    def __init__(self, tracer, node, name: str, param: torch.Tensor):
+        super().__init__(node, tracer)
+        self.param = param
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"CustomParameterProxy({self.name})"
+
+
+class _ScalarProxy(CustomProxy):
+    """Base of proxies of Python scalars (SymInt, SymFloat, SymBool)."""
+
+    def __bool__(self) -> bool:
+        return self.tracer.to_bool(self)
+
+    def __index__(self) -> int:
+        return self.tracer.to_int(self)
+
+    def __int__(self) -> int:
+        return self.tracer.to_int(self)
+
+    def __float__(self) -> float:
+        return float(self.tracer.to_int(self))
+
+    def __len__(self) -> int:
+        raise TypeError(f"object of type {type(self).__name__} has no len()")
+
+    def __iter__(self):
+        raise TypeError(f"{type(self).__name__} is not iterable")
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # x += 1 on a dimension is a new value, never a mutation.
+    def __iadd__(self, other):
+        return self + other
+
+    def __isub__(self, other):
+        return self - other
+
+    def __imul__(self, other):
+        return self * other
+
+    def __ifloordiv__(self, other):
+        return self // other
+
+
+class CustomProxyInt(_ScalarProxy):
+    """Proxy of a symbolic integer (a dynamic dimension or an expression of some)."""
+
+    def __repr__(self) -> str:
+        return f"CustomProxyInt({self.tracer.dims.render(self.val)})"
+
+
+class CustomProxyFloat(_ScalarProxy):
+    """Proxy of a symbolic float."""
+
+    def __float__(self) -> float:
+        return self.tracer.to_float(self)
+
+    def __repr__(self) -> str:
+        return f"CustomProxyFloat({self.tracer.dims.render(self.val)})"
+
+
+class CustomProxyBool(_ScalarProxy):
+    """Proxy of a symbolic boolean (a comparison of dimensions)."""
+
+    def __repr__(self) -> str:
+        return f"CustomProxyBool({self.tracer.dims.render(self.val)})"
+
+
+class CustomProxyShape(tuple):
+    """The shape of a tensor with dynamic dimensions: a tuple of ints and CustomProxyInt.
+
+    It behaves like ``torch.Size``: ``len``, iteration, slicing, ``*shape``,
+    concatenation with tuples and lists, ``numel()``.
+    """
+
+    def __new__(cls, items, tracer=None):
+        self = super().__new__(cls, items)
+        self.tracer = tracer
+        return self
+
+    def __getitem__(self, key):
+        item = tuple.__getitem__(self, key)
+        if isinstance(key, slice):
+            return CustomProxyShape(item, self.tracer)
+        return item
+
+    def __add__(self, other):
+        return CustomProxyShape(tuple(self) + tuple(other), self.tracer)
+
+    def __radd__(self, other):
+        return CustomProxyShape(tuple(other) + tuple(self), self.tracer)
+
+    def numel(self):
+        """Product of the dimensions (symbolic when one is dynamic)."""
+        result = 1
+        for d in self:
+            result = result * d
+        return result
+
+    def __repr__(self) -> str:
+        return f"CustomProxyShape({list(self)!r})"
+
+
+class CustomAttribute(Attribute):
+    """Attribute of a proxy (``x.T``, ``x.add_``...) whose node is created on first use."""
+
+    @property
+    def node(self):
+        if self._node is None:
+            self._node = self.tracer.create_proxy(
+                "call_function", getattr, (self.root, self.attr), {}
+            ).node
+        return self._node
+
+    def __call__(self, *args, **kwargs):
+        return self.tracer.create_proxy("call_method", self.attr, (self.root, *args), kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self.tracer.proxy(self.node).__getattr__(name)
+
+    @property
+    def val(self) -> Any:
+        return self.node.meta.get("val")
+
+
+def proxy_class_for(val: Any) -> type[CustomProxy]:
+    """The proxy class matching a fake value."""
+    if isinstance(val, torch.SymBool):
+        return CustomProxyBool
+    if isinstance(val, torch.SymInt):
+        return CustomProxyInt
+    if isinstance(val, torch.SymFloat):
+        return CustomProxyFloat
+    return CustomProxy

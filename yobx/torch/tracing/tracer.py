@@ -1,0 +1,741 @@
+"""CustomTracer: a torch.fx tracer whose proxies know real tensor metadata."""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.fx.node import Node, map_aggregate, map_arg
+from torch.fx.proxy import Proxy, TraceError
+
+from .inputs import (
+    FlatInputs,
+    bind_example_inputs,
+    flatten_example_inputs,
+    register_cache_flattening,
+)
+from .patches import TENSOR_FACTORIES, replace_problematic_function_before_tracing
+from .proxies import (
+    CustomParameterProxy,
+    CustomProxy,
+    CustomProxyBool,
+    CustomProxyShape,
+    proxy_class_for,
+)
+from .symbolic import Guard, SymbolicDimensions
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_YOBX_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+_INTERNAL_DIRS = (_TORCH_DIR, _YOBX_DIR + "torch" + os.sep)
+
+
+def _is_internal(filename: str) -> bool:
+    """Frames of torch, yobx's tracer and the standard library are not user code."""
+    if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<"):
+        return True
+    return filename.startswith(_STDLIB_DIR) and "site-packages" not in filename
+
+# Python math functions have symbolic twins that keep a SymInt/SymFloat symbolic.
+_SYMBOLIC_MATH = {
+    getattr(math, name): getattr(torch, f"_sym_{name}")
+    for name in ("sqrt", "cos", "sin", "tan", "cosh", "sinh", "tanh", "exp", "log", "asin", "acos", "atan")
+    if hasattr(torch, f"_sym_{name}")
+}
+
+# Nodes computing shapes and scalars have no side effect: removed when unused.
+_PURE_SCALAR_FUNCTIONS = frozenset(
+    {
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.floordiv,
+        operator.truediv,
+        operator.mod,
+        operator.pow,
+        operator.neg,
+        operator.eq,
+        operator.ne,
+        operator.lt,
+        operator.le,
+        operator.gt,
+        operator.ge,
+        operator.getitem,
+        operator.and_,
+        operator.or_,
+        operator.not_,
+        getattr,
+        torch.sym_max,
+        torch.sym_min,
+        torch.sym_not,
+        torch.sym_float,
+        torch.sym_int,
+    }
+)
+_PURE_METHODS = frozenset({"size", "dim", "numel", "stride", "__getitem__"})
+
+_NOT_CONSTANT = object()
+
+_COMPARISONS = {
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.gt: ">",
+    operator.ge: ">=",
+}
+
+
+def _has_symbol(args: Any) -> bool:
+    return any(
+        isinstance(a, Node)
+        and isinstance(a.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+        for a in args
+    )
+
+
+def _constant_value(val: Any) -> Any:
+    """Returns ``val`` if it is a plain Python constant (no tensor, no symbol)."""
+    if val is None:
+        return _NOT_CONSTANT
+    if isinstance(val, (bool, int, float, str, torch.dtype, torch.device, torch.layout)):
+        return val
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        constant = val.node.maybe_as_int() if isinstance(val, torch.SymInt) else None
+        if constant is not None:
+            return constant
+        if isinstance(val, torch.SymBool):
+            constant = val.node.maybe_as_bool()
+            if constant is not None:
+                return constant
+        return _NOT_CONSTANT
+    if isinstance(val, (tuple, list)):
+        items = [_constant_value(v) for v in val]
+        if any(i is _NOT_CONSTANT for i in items):
+            return _NOT_CONSTANT
+        return type(val)(items) if not hasattr(val, "_fields") else type(val)(*items)
+    return _NOT_CONSTANT
+
+
+class CustomTracer(torch.fx.Tracer):
+    """A symbolic tracer whose proxies carry fake tensors with symbolic dimensions.
+
+    Each traced operation also runs on fake values, so every node gets ``meta["val"]``
+    and shape-dependent Python code (``if x.shape[0] == 0``, ``len(x)``, loops over a
+    shape, item assignment...) traces as it runs, while dynamic dimensions stay
+    symbolic. Comparisons of dynamic dimensions are decided only when provable; the
+    assumptions used are listed in :attr:`guards`.
+
+    :param autowrap_modules: modules whose functions are recorded as ``call_function``
+        when they receive a proxy (``math`` by default)
+    :param autowrap_functions: functions recorded the same way when referenced as
+        globals of the traced code (tensor factories by default)
+    :param param_shapes_constant: kept for compatibility with ``torch.fx.Tracer``;
+        parameter shapes are always static here
+    :param module_leaves: maps a module type to ``f(module, qualified_name) -> bool``
+        deciding whether an instance stays a leaf (a ``call_module`` node)
+    :param specialize_undecidable: when a comparison on dynamic dimensions is not
+        provable, take its value on the example inputs and record it as a guard
+        (reason ``"specialized"``) instead of raising :class:`torch.fx.proxy.TraceError`
+    """
+
+    def __init__(
+        self,
+        autowrap_modules: tuple = (math,),
+        autowrap_functions: tuple[Callable, ...] | None = None,
+        param_shapes_constant: bool = False,
+        module_leaves: dict[type, Callable[[torch.nn.Module, str], bool]] | None = None,
+        specialize_undecidable: bool = False,
+    ):
+        super().__init__(
+            autowrap_modules=autowrap_modules,
+            autowrap_functions=tuple(
+                TENSOR_FACTORIES if autowrap_functions is None else autowrap_functions
+            ),
+            param_shapes_constant=param_shapes_constant,
+        )
+        self.module_leaves = dict(module_leaves or {})
+        self.specialize_undecidable = specialize_undecidable
+        self.proxy_buffer_attributes = True
+        #: the module the traced graph belongs to (``GraphModule(tracer.traced_model, g)``)
+        self.traced_model: torch.nn.Module | None = None
+        #: assumptions the traced graph relies on
+        self.guards: list[Guard] = []
+        self.dims: SymbolicDimensions | None = None
+        self._in_fake = 0
+        self._allowed_guards = 0
+
+    # public state
+
+    @property
+    def fake_mode(self):
+        """The FakeTensorMode of the last trace."""
+        return None if self.dims is None else self.dims.fake_mode
+
+    @property
+    def shape_env(self):
+        """The ShapeEnv of the last trace."""
+        return None if self.dims is None else self.dims.shape_env
+
+    @property
+    def dimension_names(self) -> dict[str, str]:
+        """Maps ShapeEnv symbol names (``s26``) to the user's names (``batch``)."""
+        return {} if self.dims is None else dict(self.dims.names)
+
+    # tracing
+
+    def trace(  # type: ignore[override]
+        self,
+        root: torch.nn.Module | Callable[..., Any],
+        concrete_args: dict[str, Any] | None = None,
+        remove_inplace: bool = True,
+        update_model_with_callable: bool = True,
+        dynamic_shapes: Any = None,
+        verbose: int = 0,
+    ) -> torch.fx.Graph:
+        """Traces ``root`` with example inputs and returns the graph.
+
+        :param root: a ``torch.nn.Module`` or a callable
+        :param concrete_args: example input per parameter name; the inputs stay
+            placeholders (they are examples, not constants), Python scalars excepted
+        :param remove_inplace: make the graph functional with
+            :func:`yobx.torch.passes.remove_inplace` (when available)
+        :param update_model_with_callable: when ``root`` is a plain callable, wrap it
+            into a module stored in :attr:`traced_model`; with False, :attr:`traced_model`
+            stays None for callables
+        :param dynamic_shapes: torch.export's format: per parameter (dict by name or
+            tuple), ``{axis: torch.export.Dim(...) or "name"}``, nested like the inputs
+        :param verbose: verbosity
+        :return: the graph; run it with ``torch.fx.GraphModule(tracer.traced_model, graph)``
+        :raises TraceError: when the code cannot be traced soundly (the message names
+            the user's file and line)
+        """
+        if not isinstance(root, torch.nn.Module) and not callable(root):
+            raise TypeError(
+                f"CustomTracer.trace expects a torch.nn.Module or a callable, got "
+                f"{type(root).__name__}; wrap the computation in a module or a function"
+            )
+        self._reset()
+        module = root if isinstance(root, torch.nn.Module) else _CallableModule(root)
+        forward = root.forward if isinstance(root, torch.nn.Module) else root
+        names, keyword, values = bind_example_inputs(forward, concrete_args, skip_self=False)
+        self._inputs = flatten_example_inputs(names, keyword, values, dynamic_shapes, self.dims)
+        self._index_tensors(module)
+        with replace_problematic_function_before_tracing():
+            graph = super().trace(module)
+        self._finish(graph, module, root, update_model_with_callable)
+        if remove_inplace:
+            self._apply_default_passes(graph)
+        graph.lint()
+        if verbose:
+            print(graph)
+            for guard in self.guards:
+                print(f"guard: {guard}")
+        return graph
+
+    def _reset(self) -> None:
+        self.dims = SymbolicDimensions()
+        self.guards = []
+        self.traced_model = None
+        self._constants: dict[str, torch.Tensor] = {}
+        self._constant_nodes: dict[int, Node] = {}
+        self._subgraphs: dict[str, torch.fx.Graph] = {}
+        self._shape_cache: dict[Node, Any] = {}
+        self._lift_stack: list[dict[Node, Node]] = []
+        self._out_spec = None
+        self._in_fake = 0
+        self._allowed_guards = 0
+
+    def _index_tensors(self, module: torch.nn.Module) -> None:
+        self._tensor_names: dict[int, str] = {}
+        for name, p in module.named_parameters(remove_duplicate=True):
+            self._tensor_names.setdefault(id(p), name)
+        for name, b in module.named_buffers(remove_duplicate=True):
+            self._tensor_names.setdefault(id(b), name)
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        """Creates one placeholder per flattened input leaf (see :mod:`.inputs`)."""
+        inputs: FlatInputs = self._inputs
+        proxies, call_leaves = [], []
+        for name, leaf, sizes in zip(inputs.names, inputs.leaves, inputs.sizes):
+            node = self.create_node("placeholder", name, (), {})
+            node.meta["example_value"] = leaf
+            if sizes is None:
+                # Python scalars and other constants are baked in, as torch.export does.
+                node.meta["val"] = leaf
+                call_leaves.append(leaf)
+                if isinstance(leaf, (int, float, bool)):
+                    self.guards.append(Guard(f"{name} == {leaf!r}", True, "constant argument"))
+            else:
+                node.meta["val"] = self.dims.fake_tensor(leaf, sizes)
+                call_leaves.append(None)
+            proxies.append(CustomProxy(node, self))
+
+        structured = any(not child.is_leaf() for child in inputs.in_spec.children()) or len(
+            inputs.keyword_names
+        ) != len(inputs.arg_names)
+
+        def flat_fn(*placeholder_proxies):
+            leaves = [
+                p if constant is None else constant
+                for p, constant in zip(placeholder_proxies, call_leaves)
+            ]
+            out = inputs.call(root_fn, leaves, self_arg=self.root if is_module else None)
+            register_cache_flattening(out)
+            flat_out, out_spec = pytree.tree_flatten(out)
+            self._out_spec = out_spec
+            if structured or not _is_simple_output(out_spec):
+                self._structured = True
+                return tuple(flat_out)
+            self._structured = False
+            return out
+
+        self._structured = structured
+        return flat_fn, proxies
+
+    def _finish(self, graph, module, root, update_model_with_callable) -> None:
+        if self._structured:
+            graph._codegen = _PyTreeCodeGen(
+                _PyTreeInfo(list(self._inputs.arg_names), self._inputs.in_spec, self._out_spec)
+            )
+        _remove_unused_scalar_nodes(graph)
+        for n in graph.nodes:
+            if n.op == "output":
+                n.meta["guards"] = list(self.guards)
+        if not isinstance(root, torch.nn.Module) and not update_model_with_callable:
+            self.traced_model = None
+            return
+        self.traced_model = self._build_traced_model(module, graph)
+
+    def _build_traced_model(self, module: torch.nn.Module, graph) -> torch.nn.Module:
+        """The user's module if the graph only refers to it, else a shallow wrapper.
+
+        The wrapper shares the user's submodules, parameters and buffers (no copy) and
+        adds the constants and subgraphs created while tracing, so the user's module
+        is never modified.
+        """
+        if not self._constants and not self._subgraphs and module is not None and not (
+            isinstance(module, _CallableModule)
+        ):
+            return module
+        wrapper = torch.nn.Module()
+        wrapper._modules.update(module._modules)
+        wrapper._parameters.update(module._parameters)
+        wrapper._buffers.update(module._buffers)
+        for k, v in module.__dict__.items():
+            if isinstance(v, torch.Tensor) and not k.startswith("_"):
+                setattr(wrapper, k, v)
+        for name, tensor in self._constants.items():
+            wrapper.register_buffer(name, tensor, persistent=False)
+        for name, subgraph in self._subgraphs.items():
+            setattr(wrapper, name, torch.fx.GraphModule(wrapper, subgraph))
+        return wrapper
+
+    def _apply_default_passes(self, graph) -> None:
+        try:
+            from ..passes import remove_inplace
+        except ImportError:  # the passes ship separately; the graph stays correct as is
+            return
+        remove_inplace(graph, recursive=True)
+
+    # leaves and attributes
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        """A module is a leaf if ``module_leaves`` says so, else as in torch.fx."""
+        for cls in type(m).__mro__:
+            decide = self.module_leaves.get(cls)
+            if decide is not None:
+                return bool(decide(m, module_qualified_name))
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m, forward, args, kwargs):
+        """Records leaf modules; runs the module itself while computing fake values."""
+        if self._in_fake:
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        """Parameters and buffers of the root become ``get_attr`` proxies."""
+        if self._in_fake or not isinstance(attr_val, torch.Tensor):
+            return attr_val
+        name = self._tensor_names.get(id(attr_val))
+        if name is None:
+            return attr_val
+        if name not in parameter_proxy_cache or (
+            parameter_proxy_cache[name].node.graph is not self.graph
+        ):
+            parameter_proxy_cache[name] = self.create_proxy(
+                "get_attr",
+                name,
+                (),
+                {},
+                proxy_factory_fn=lambda node: CustomParameterProxy(self, node, name, attr_val),
+            )
+        return parameter_proxy_cache[name]
+
+    def create_arg(self, a: Any) -> Any:
+        """Like torch.fx's, but keeps the user's module untouched for tensor constants."""
+        if isinstance(a, Proxy):
+            node = a.node
+            if node.graph is not self.graph:
+                return self._lift(node)
+            return node
+        if isinstance(a, CustomProxyShape):
+            return tuple(self.create_arg(x) for x in a)
+        if isinstance(a, torch.Tensor) and not isinstance(a, torch._subclasses.FakeTensor):
+            return self._tensor_constant(a)
+        return super().create_arg(a)
+
+    def _tensor_constant(self, tensor: torch.Tensor) -> Node:
+        key = id(tensor)
+        name = self._tensor_names.get(key) or self.tensor_attrs.get(tensor)
+        if name is None:
+            node = self._constant_nodes.get(key)
+            if node is not None and node.graph is self.graph:
+                return node
+            name = f"_tensor_constant{len(self._constants)}"
+            self._constants[name] = tensor
+        node = self.create_node("get_attr", name, (), {})
+        node.meta["val"] = self.dims.from_real(tensor)
+        self._constant_nodes[key] = node
+        return node
+
+    def _lift(self, node: Node) -> Node:
+        """Makes a value of an enclosing graph an input of the subgraph being traced."""
+        if not self._lift_stack:
+            raise TraceError(f"node {node} belongs to another graph")
+        lifted = self._lift_stack[-1]
+        if node not in lifted:
+            if node.op == "get_attr":
+                new = self.graph.get_attr(node.target)
+            else:
+                placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+                anchor = placeholders[-1].next if placeholders else next(iter(self.graph.nodes))
+                with self.graph.inserting_before(anchor):
+                    new = self.graph.placeholder(f"lifted_{node.name}")
+            new.meta.update({k: v for k, v in node.meta.items() if k in ("val", "example_value")})
+            lifted[node] = new
+        return lifted[node]
+
+    # proxies and fake values
+
+    def proxy(self, node: Node) -> CustomProxy:
+        """Wraps a node in the proxy class matching its fake value."""
+        return proxy_class_for(node.meta.get("val"))(node, self)
+
+    def create_proxy(
+        self,
+        kind,
+        target,
+        args,
+        kwargs,
+        name=None,
+        type_expr=None,
+        proxy_factory_fn=None,
+    ):
+        """Creates the node, computes its fake value, returns a proxy or a constant."""
+        args_ = self.create_arg(args)
+        kwargs_ = self.create_arg(kwargs)
+        node = self.create_node(kind, target, args_, kwargs_, name, type_expr)
+        if kind == "get_attr":
+            value = self._attribute(target)
+            node.meta["val"] = (
+                self.dims.from_real(value) if isinstance(value, torch.Tensor) else None
+            )
+        elif kind != "placeholder":
+            node.meta["stack_trace"] = self.stack_trace()
+            if kind == "call_method" and isinstance(target, str) and target.endswith("_"):
+                self._shape_cache.pop(args_[0], None)
+            val = self._run_fake(node)
+            node.meta["val"] = val
+            constant = _constant_value(val)
+            if constant is not _NOT_CONSTANT:
+                if node.target in _COMPARISONS and _has_symbol(node.args):
+                    # torch already simplified the comparison from the known ranges:
+                    # still a decision the graph relies on, so it is reported.
+                    self._record_folded_comparison(node, constant)
+                self.graph.erase_node(node)
+                return constant
+        if proxy_factory_fn is not None:
+            return proxy_factory_fn(node)
+        return self.proxy(node)
+
+    def _record_folded_comparison(self, node: Node, value: bool) -> None:
+        lhs, rhs = (self.dims.render(_fake_value(a) if isinstance(a, Node) else a) for a in node.args)
+        expression = f"{lhs} {_COMPARISONS[node.target]} {rhs}"
+        self.guards.append(Guard(expression, value, "bounds", self.location()))
+
+    def _attribute(self, target: str) -> Any:
+        if target in self._constants:
+            return self._constants[target]
+        # Module.__getattr__ is patched while tracing: walk the dictionaries instead.
+        obj = self.root
+        for atom in target.split("."):
+            for table in ("_parameters", "_buffers", "_modules"):
+                entries = obj.__dict__.get(table)
+                if entries is not None and atom in entries:
+                    obj = entries[atom]
+                    break
+            else:
+                obj = object.__getattribute__(obj, atom)
+        return obj
+
+    def _run_fake(self, node: Node) -> Any:
+        """Runs the node's operation on the fake values of its arguments."""
+        args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
+        guards_before = len(self.shape_env.guards)
+        self._in_fake += 1
+        try:
+            with self.fake_mode:
+                if node.op == "call_function":
+                    target = node.target
+                    if target in _SYMBOLIC_MATH and any(
+                        isinstance(a, (torch.SymInt, torch.SymFloat)) for a in args
+                    ):
+                        target = _SYMBOLIC_MATH[target]
+                    val = target(*args, **kwargs)
+                elif node.op == "call_method":
+                    val = getattr(args[0], node.target)(*args[1:], **kwargs)
+                else:
+                    val = self.root.get_submodule(node.target)(*args, **kwargs)
+        except TraceError:
+            raise
+        except Exception as e:
+            raise TraceError(
+                f"{self.location()}: {_describe(node)} failed on fake tensors "
+                f"with {type(e).__name__}: {_first_line(e)}"
+            ) from e
+        finally:
+            self._in_fake -= 1
+        if len(self.shape_env.guards) > guards_before:
+            self._new_guards(guards_before, node)
+        return val
+
+    def _new_guards(self, start: int, node: Node) -> None:
+        """Guards added by an operation are assumptions taken from the example."""
+        for guard in self.shape_env.guards[start:]:
+            if self._allowed_guards:
+                continue
+            if not self.specialize_undecidable:
+                names = ", ".join(self.dims.symbols_of(guard.expr))
+                raise TraceError(
+                    f"{self.location()}: {_describe(node)} requires "
+                    f"`{self.dims.render(guard.expr)}`, which is not provable from the "
+                    f"declared dynamic dimensions ({names}); it holds for the example "
+                    f"inputs only. Declare dimensions that must be equal with the same Dim "
+                    f"or name, narrow the ranges (torch.export.Dim(name, min=..., max=...)), "
+                    f"or add torch._check(...) before this line."
+                )
+            self.guards.append(
+                Guard(self.dims.render(guard.expr), True, "specialized", self.location())
+            )
+
+    # Python conversions
+
+    def to_bool(self, obj: Proxy) -> bool:
+        """``bool(proxy)``: decided only when provable (see :class:`SymbolicDimensions`)."""
+        val = obj.node.meta.get("val")
+        if isinstance(val, torch.SymBool):
+            return self._decide(val)
+        if isinstance(val, (torch.SymInt, torch.SymFloat)):
+            return self._decide(val != 0)
+        if isinstance(val, torch.Tensor):
+            raise TraceError(
+                f"{self.location()}: the truth value of a traced tensor is data-dependent "
+                f"(`if tensor:`, `assert tensor`, `and`/`or` on tensors); use torch.where, "
+                f"torch.cond, or compare shapes instead of values"
+            )
+        return bool(val)
+
+    def _decide(self, val: torch.SymBool, what: str = "") -> bool:
+        decided = self.dims.decide(val)
+        location = self.location()
+        if decided is None:
+            if not self.specialize_undecidable:
+                raise self.dims.undecidable_error(val, location, what)
+            decided = bool(self.dims.hint(val))
+            self._allowed_guards += 1
+            try:
+                torch._check(val if decided else torch.sym_not(val))
+            finally:
+                self._allowed_guards -= 1
+            reason = "specialized"
+        else:
+            reason = "bounds"
+        self.guards.append(Guard(self.dims.render(val), decided, reason, location))
+        return decided
+
+    def to_int(self, obj: Proxy) -> int:
+        """``int(proxy)`` / ``operator.index``: only for dimensions known to be constant."""
+        val = obj.node.meta.get("val")
+        constant = _constant_value(val)
+        if isinstance(constant, (int, float)):
+            return int(constant)
+        if isinstance(val, (torch.SymInt, torch.SymFloat)) and self.specialize_undecidable:
+            hint = self.dims.hint(val)
+            self._decide(val == hint)
+            return int(hint)
+        raise TraceError(
+            f"{self.location()}: a Python int is needed here (range(), list indexing, "
+            f"int(), a non-torch function) but `{self.dims.render(val)}` depends on dynamic "
+            f"dimension(s) {', '.join(self.dims.symbols_of(val))}; keep it symbolic (torch "
+            f"functions and tensor methods accept it), make the dimension static, or "
+            f"trace with specialize_undecidable=True"
+        )
+
+    def to_float(self, obj: Proxy) -> float:
+        """``float(proxy)`` for a symbolic float: only when it is a known constant."""
+        return float(self.to_int(obj))
+
+    def shape_of(self, proxy: CustomProxy) -> Any:
+        """``x.shape``: ``torch.Size`` when static, else :class:`CustomProxyShape`."""
+        node = proxy.node
+        cached = self._shape_cache.get(node)
+        if cached is not None:
+            return cached
+        items: list[Any] = []
+        for i, d in enumerate(proxy.val.shape):
+            constant = d if isinstance(d, int) else d.node.maybe_as_int()
+            if constant is not None:
+                items.append(int(constant))
+            else:
+                items.append(self.create_proxy("call_method", "size", (proxy, i), {}))
+        if all(isinstance(i, int) for i in items):
+            shape = torch.Size(items)
+        else:
+            shape = CustomProxyShape(items, self)
+        self._shape_cache[node] = shape
+        return shape
+
+    def iter(self, obj: Proxy):
+        """Iteration over a proxy: tuples and tensors with a static first dimension."""
+        return iter(obj)
+
+    # source locations
+
+    @staticmethod
+    def _user_frame():
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not _is_internal(filename):
+                return frame
+            frame = frame.f_back
+        return None
+
+    def location(self) -> str:
+        """``file:line`` of the user's code being traced."""
+        frame = self._user_frame()
+        if frame is None:
+            return "<unknown location>"
+        return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+    def stack_trace(self) -> str:
+        """Traceback-like text of the user's line (stored in ``meta["stack_trace"]``)."""
+        frame = self._user_frame()
+        if frame is None:
+            return ""
+        import linecache
+
+        code = frame.f_code
+        line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+        return f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n'
+
+    # torch._check
+
+    def check(self, condition: Any, message: Any = None) -> None:
+        """``torch._check(condition)`` on a symbolic condition: records it as a fact."""
+        val = condition.node.meta.get("val") if isinstance(condition, Proxy) else condition
+        if not isinstance(val, torch.SymBool):
+            raise TraceError(
+                f"{self.location()}: torch._check expects a condition on dimensions, got "
+                f"{type(val).__name__}; data-dependent checks on tensor values cannot be traced"
+            )
+        location = self.location()
+        known = self.dims.decide(val)
+        if known is False:
+            raise TraceError(
+                f"{location}: torch._check(`{self.dims.render(val)}`) is false for every "
+                f"allowed size ({self.dims.describe_ranges(val)})"
+            )
+        if known is None:
+            if not self.dims.hint(val):
+                raise TraceError(
+                    f"{location}: torch._check(`{self.dims.render(val)}`) does not hold for "
+                    f"the example inputs"
+                )
+            self._allowed_guards += 1
+            try:
+                torch._check(val)
+            finally:
+                self._allowed_guards -= 1
+        self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))
+
+
+def _fake_value(node: Node) -> Any:
+    if "val" not in node.meta:
+        raise TraceError(f"node {node.format_node()} has no fake value")
+    return node.meta["val"]
+
+
+def _is_simple_output(spec) -> bool:
+    if spec.is_leaf():
+        return True
+    return spec.type is tuple and all(c.is_leaf() for c in spec.children())
+
+
+def _describe(node: Node) -> str:
+    if node.op == "call_method":
+        return f"method {node.target!r}"
+    if node.op == "call_module":
+        return f"module {node.target!r}"
+    target = node.target
+    return f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__name__', target)}".lstrip(".")
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
+
+
+def _remove_unused_scalar_nodes(graph: torch.fx.Graph) -> None:
+    """Removes shape/scalar computations nobody uses (created by ``x.shape`` & co)."""
+    for node in reversed(list(graph.nodes)):
+        if node.users:
+            continue
+        if node.op == "call_method" and node.target in _PURE_METHODS:
+            graph.erase_node(node)
+        elif node.op == "call_function" and node.target in _PURE_SCALAR_FUNCTIONS:
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor) or node.target is getattr:
+                graph.erase_node(node)
+        elif node.op == "get_attr":
+            graph.erase_node(node)
+
+
+class _CallableModule(torch.nn.Module):
+    """Wraps a callable so that it can be traced and run as a GraphModule."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            self.owner = owner
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+__all__ = ["CustomTracer"]
+
+# re-exported for the proxies' isinstance checks
+_ = (CustomProxyBool, map_aggregate)
