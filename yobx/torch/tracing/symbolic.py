@@ -172,7 +172,77 @@ class SymbolicDimensions:
             return True
         if statically_known_true(torch.sym_not(value)):
             return False
+        return self.prove(value.node.expr)
+
+    def prove(self, expr: sympy.Basic) -> bool | None:
+        """Decides an inequality with floor divisions from the dimensions' ranges.
+
+        ShapeEnv cannot show ``seq // 2 <= seq``. Each ``a // c`` (constant ``c > 0``)
+        lies in ``[(a - c + 1) / c, a / c]``; replacing it by the bound that makes the
+        difference of both sides largest (or smallest) gives a floor-free expression
+        whose range :func:`bound_sympy` computes. Only a proof is returned: None when
+        the bounds do not settle it.
+        """
+        expr = self.shape_env.simplify(expr)
+        if expr in (sympy.true, sympy.false):
+            return bool(expr)
+        if not isinstance(expr, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
+            return None
+        if isinstance(expr, (sympy.Le, sympy.Lt)):
+            diff, strict = expr.lhs - expr.rhs, isinstance(expr, sympy.Lt)
+        else:
+            diff, strict = expr.rhs - expr.lhs, isinstance(expr, sympy.Gt)
+        # claim: diff < 0 (strict) or diff <= 0
+        high = self._bound(diff, upper=True)
+        if high is not None and (high < 0 or (not strict and high <= 0)):
+            return True
+        low = self._bound(diff, upper=False)
+        if low is not None and (low > 0 or (strict and low >= 0)):
+            return False
         return None
+
+    def _bound(self, diff: sympy.Expr, upper: bool):
+        from torch.utils._sympy.functions import FloorDiv
+        from torch.utils._sympy.value_ranges import bound_sympy
+
+        diff = sympy.expand(diff)
+        replacements = {}
+        for term in diff.atoms(FloorDiv):
+            base, divisor = term.args
+            if not (divisor.is_Integer and divisor > 0):
+                return None
+            coefficient = diff.coeff(term)
+            if not coefficient.is_number or term in coefficient.free_symbols:
+                return None
+            take_high = (coefficient > 0) == upper
+            replacements[term] = (base / divisor) if take_high else (base - divisor + 1) / divisor
+        free = diff.xreplace(replacements)
+        if free.atoms(FloorDiv) or any(not s.is_Symbol for s in free.free_symbols):
+            return None
+        ranges = {s: self.shape_env.var_to_range[s] for s in free.free_symbols
+                  if s in self.shape_env.var_to_range}
+        if len(ranges) != len(free.free_symbols):
+            return None
+        bound = bound_sympy(free, ranges)
+        value = bound.upper if upper else bound.lower
+        return value if value.is_number and value.is_finite else None
+
+    def assume(self, value: torch.SymBool) -> None:
+        """Adds a fact (``torch._check``) and the relations it implies.
+
+        ShapeEnv stores ``a < b`` and its negation only; ``a <= b`` and ``a != b``
+        follow from it and are needed to prove slicing bounds, so they are added too.
+        """
+        torch._check(value)
+        expr = value.node.expr
+        implied = []
+        if isinstance(expr, (sympy.Lt, sympy.Gt)):
+            implied = [sympy.Le(expr.lhs, expr.rhs) if isinstance(expr, sympy.Lt)
+                       else sympy.Ge(expr.lhs, expr.rhs), sympy.Ne(expr.lhs, expr.rhs)]
+        for fact in implied:
+            symbool = self.shape_env.create_symboolnode(fact)
+            if self.decide(symbool) is None:
+                torch._check(symbool)
 
     def hint(self, value: Any) -> Any:
         """The value a symbolic expression takes on the example inputs."""

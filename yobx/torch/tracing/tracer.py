@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import math
 import operator
 import os
@@ -83,6 +84,8 @@ _PURE_SCALAR_FUNCTIONS = frozenset(
 _PURE_METHODS = frozenset({"size", "dim", "numel", "stride", "__getitem__"})
 
 _NOT_CONSTANT = object()
+_PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
+_ORIGINAL_ISINSTANCE = builtins.isinstance
 
 _COMPARISONS = {
     operator.eq: "==",
@@ -344,7 +347,9 @@ class CustomTracer(torch.fx.Tracer):
             from ..passes import remove_inplace
         except ImportError:  # the passes ship separately; the graph stays correct as is
             return
-        remove_inplace(graph, recursive=True)
+        # exc=False: what the pass cannot prove safe stays in-place, which is still
+        # correct with eager semantics; tracing must not fail because of it.
+        remove_inplace(graph, recursive=True, exc=False)
 
     # leaves and attributes
 
@@ -390,6 +395,9 @@ class CustomTracer(torch.fx.Tracer):
             return node
         if isinstance(a, CustomProxyShape):
             return tuple(self.create_arg(x) for x in a)
+        if isinstance(a, type) and a in _PYTHON_TYPES_AS_DTYPES:
+            # x.to(int): torch maps Python types to dtypes, a graph needs the dtype
+            return _PYTHON_TYPES_AS_DTYPES[a]
         if isinstance(a, torch.Tensor) and not isinstance(a, torch._subclasses.FakeTensor):
             return self._tensor_constant(a)
         return super().create_arg(a)
@@ -493,6 +501,10 @@ class CustomTracer(torch.fx.Tracer):
         args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
         guards_before = len(self.shape_env.guards)
         self._in_fake += 1
+        # torch's own Python code runs here: it must see the real isinstance (faster,
+        # and no proxy reaches fake kernels anyway).
+        patched_isinstance = builtins.isinstance
+        builtins.isinstance = _ORIGINAL_ISINSTANCE
         try:
             with self.fake_mode:
                 if node.op == "call_function":
@@ -514,6 +526,7 @@ class CustomTracer(torch.fx.Tracer):
                 f"with {type(e).__name__}: {_first_line(e)}"
             ) from e
         finally:
+            builtins.isinstance = patched_isinstance
             self._in_fake -= 1
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node)
@@ -522,7 +535,7 @@ class CustomTracer(torch.fx.Tracer):
     def _new_guards(self, start: int, node: Node) -> None:
         """Guards added by an operation are assumptions taken from the example."""
         for guard in self.shape_env.guards[start:]:
-            if self._allowed_guards:
+            if self._allowed_guards or self.dims.prove(guard.expr) is True:
                 continue
             if not self.specialize_undecidable:
                 names = ", ".join(self.dims.symbols_of(guard.expr))
@@ -674,7 +687,7 @@ class CustomTracer(torch.fx.Tracer):
                 )
             self._allowed_guards += 1
             try:
-                torch._check(val)
+                self.dims.assume(val)
             finally:
                 self._allowed_guards -= 1
         self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))

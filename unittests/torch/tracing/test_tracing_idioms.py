@@ -1,0 +1,86 @@
+"""Behaviour 4: Python idioms on shapes and dtypes trace as they run."""
+
+import math
+
+import pytest
+import torch
+from torch.fx.proxy import TraceError
+
+from ._helpers import check_trace, trace_module
+
+DYN = {"x": {0: "batch", 1: "seq"}}
+OTHERS = [{"x": torch.randn(2, 6, 16)}, {"x": torch.randn(5, 3, 16)}]
+
+
+class Idioms(torch.nn.Module):
+    def forward(self, x):
+        n = len(x.shape)
+        total = 0
+        for d in x.shape:
+            total = total + d
+        half = x.shape[-1] // 2
+        a = x.view(x.shape[0], x.shape[1], half, 2).sum(-1)
+        b = x.view(*x.shape[:-1], -1, 8).mean(-1)
+        scale = math.sqrt(x.shape[-1])
+        full = torch.full(x.shape[:2], 1.0)
+        zeros = torch.zeros(x.size(0), 4)
+        rng = torch.arange(x.shape[1])
+        new = x.new_zeros((x.shape[0], 3))
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        as_int = x.to(int)
+        if x.dtype == torch.float32:
+            a = a * 2
+        if isinstance(x, torch.Tensor) and not isinstance(x, (int, float)):
+            b = b + 1
+        return (
+            a.sum(-1) / scale + full + n + rng.sum() + total * 0,
+            b,
+            zeros + new.sum(),
+            causal,
+            as_int,
+        )
+
+
+def test_python_idioms():
+    check_trace(Idioms(), {"x": torch.randn(3, 5, 16)}, DYN, other_inputs=OTHERS)
+
+
+class StaticFirst(torch.nn.Module):
+    def forward(self, x):
+        parts = [row * i for i, row in enumerate(x)]
+        return torch.stack(parts) + len(x)
+
+
+def test_iterate_over_tensor_with_static_first_dimension():
+    check_trace(StaticFirst(), {"x": torch.randn(3, 5)}, {"x": {1: "seq"}},
+                other_inputs=[{"x": torch.randn(3, 8)}])
+
+
+def test_len_of_dynamic_first_dimension_is_a_clear_error():
+    with pytest.raises(TraceError, match="x.shape"):
+        trace_module(StaticFirst(), {"x": torch.randn(3, 5)}, {"x": {0: "batch"}})
+
+
+class Ranged(torch.nn.Module):
+    def forward(self, x):
+        return sum(x[i] for i in range(x.shape[0]))
+
+
+def test_python_int_needed_from_dynamic_dimension_is_a_clear_error():
+    with pytest.raises(TraceError, match="Python int is needed"):
+        trace_module(Ranged(), {"x": torch.randn(3, 5)}, {"x": {0: "batch"}})
+
+
+class NegativeIndex(torch.nn.Module):
+    def forward(self, x):
+        n = x.shape[-2]
+        return x[:, : n - 1] + x[:, 1:], x[..., -(x.shape[-1] // 2) :]
+
+
+def test_slices_with_symbolic_bounds():
+    # x[:, :n-1] + x[:, 1:] broadcasts sizes seq-1: torch asks whether seq-1 == 1,
+    # which depends on seq == 2; declaring seq >= 3 makes the trace sound.
+    dyn = {"x": {0: "batch", 1: torch.export.Dim("seq", min=3)}}
+    check_trace(NegativeIndex(), {"x": torch.randn(3, 5, 16)}, dyn, other_inputs=OTHERS)
+    with pytest.raises(TraceError, match="seq - 1 != 1"):
+        trace_module(NegativeIndex(), {"x": torch.randn(3, 5, 16)}, DYN)

@@ -1,0 +1,94 @@
+"""Behaviour 5: in-place operations and item assignment are recorded, not lost."""
+
+import pytest
+import torch
+
+from ._helpers import check_trace
+
+DYN = {"x": {0: "batch", 1: "seq"}}
+OTHERS = [{"x": torch.randn(2, 7, 4)}, {"x": torch.randn(6, 3, 4)}]
+
+
+class InPlace(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        y.add_(1)
+        z = y * 2
+        z += y
+        z.clamp_(min=-1.0, max=3.0)
+        w = torch.empty_like(z)
+        w.copy_(z)
+        w.mul_(0.5).exp_()
+        return w, z
+
+
+class ItemAssignment(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        mask = y > 0
+        y[mask] = 0
+        y[:, 0] = x[:, 1]
+        n = x.shape[1] // 2
+        y[..., :n, :] = 5.0
+        y[0][1] = -1.0
+        return y
+
+
+class BufferUpdate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x):
+        self.count.add_(x.sum(dim=(0, 1)))
+        return x + self.count
+
+
+class InputMutation(torch.nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        return x + 1
+
+
+@pytest.mark.parametrize("remove_inplace", [False, True])
+def test_inplace_methods_and_operators(remove_inplace):
+    check_trace(InPlace(), {"x": torch.randn(3, 5, 4)}, DYN, other_inputs=OTHERS,
+                remove_inplace=remove_inplace)
+
+
+@pytest.mark.parametrize("remove_inplace", [False, True])
+def test_item_assignment(remove_inplace):
+    check_trace(ItemAssignment(), {"x": torch.randn(3, 5, 4)}, DYN, other_inputs=OTHERS,
+                remove_inplace=remove_inplace)
+
+
+def test_inplace_recorded_in_graph():
+    _, graph, _ = check_trace(ItemAssignment(), {"x": torch.randn(3, 5, 4)}, DYN,
+                              remove_inplace=False)
+    import operator
+
+    setitems = [n for n in graph.nodes if n.target is operator.setitem]
+    assert len(setitems) == 4
+
+
+def test_buffer_updated_in_place():
+    model, reference = BufferUpdate(), BufferUpdate()
+    x = torch.randn(3, 5, 4)
+    from ._helpers import trace_module
+
+    tracer, graph, gm = trace_module(model, {"x": x}, DYN, remove_inplace=False)
+    # tracing left the buffer untouched
+    torch.testing.assert_close(model.count, torch.zeros(4))
+    for case in (x, torch.randn(2, 7, 4)):
+        torch.testing.assert_close(gm(case), reference(case))
+    torch.testing.assert_close(model.count, reference.count)
+
+
+def test_input_mutated_in_place():
+    x = torch.randn(3, 5, 4)
+    from ._helpers import trace_module
+
+    _, _, gm = trace_module(InputMutation(), {"x": x.clone()}, DYN, remove_inplace=False)
+    a, b = x.clone(), x.clone()
+    torch.testing.assert_close(gm(a), InputMutation()(b))
+    torch.testing.assert_close(a, b)
