@@ -166,9 +166,10 @@ def _check_same_metadata(tracer, a: Any, b: Any, index: int) -> None:
         same = a.dtype == b.dtype and a.dim() == b.dim()
         if same:
             for da, db in zip(a.shape, b.shape):
-                if tracer.dims.decide(torch.sym_eq(da, db)) if not (
-                    isinstance(da, int) and isinstance(db, int)
-                ) else da == db:
+                equal = da == db
+                if equal is True or (
+                    isinstance(equal, torch.SymBool) and tracer.dims.decide(equal) is True
+                ):
                     continue
                 same = False
         if not same:
@@ -391,6 +392,11 @@ def _inline(tracer, batched: torch.fx.GraphModule, outer_inputs: list[Node], out
             name = f"_tensor_constant{len(tracer._constants)}"
             tracer._constants[name] = value
             node.target = name
+    for node in batched.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
+            # x.size(d) has a batching rule (aten.sym_size.int has none): an inlined
+            # vmap stays batchable by an enclosing vmap.
+            node.op, node.target = "call_method", "size"
     placeholders = [n for n in batched.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(outer_inputs):
         raise TraceError(

@@ -146,6 +146,9 @@ def _leaf_name(arg_names: list[str], path: tuple) -> str:
 
 # dynamic shapes
 
+# torch's pytree keeps None as a leaf in some versions and as an empty node in others.
+_NONE_IS_LEAF = len(pytree.tree_leaves(None)) == 1
+
 
 def _dynamic_specs_per_leaf(arg_names: list[str], values: list[Any], dynamic_shapes: Any):
     """Returns, for each pytree leaf of ``values``, a dict ``{axis: Dim or name}``."""
@@ -213,7 +216,7 @@ def _match(value: Any, spec: Any, path: str, out: list[dict]) -> None:
                 f"dynamic_shapes gives {spec!r} for {path!r}, which is a "
                 f"{node_type.__name__}, not a tensor or a container of tensors"
             )
-        if value is not None:
+        if value is not None or _NONE_IS_LEAF:
             out.append({})
         return
     children, context = pytree.SUPPORTED_NODES[node_type].flatten_fn(value)

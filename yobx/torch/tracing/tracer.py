@@ -267,19 +267,18 @@ class CustomTracer(torch.fx.Tracer):
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         """Creates one placeholder per flattened input leaf (see :mod:`.inputs`)."""
         inputs: FlatInputs = self._inputs
-        proxies, call_leaves = [], []
+        proxies, baked = [], []
         for name, leaf, sizes in zip(inputs.names, inputs.leaves, inputs.sizes):
             node = self.create_node("placeholder", name, (), {})
             node.meta["example_value"] = leaf
             if sizes is None:
                 # Python scalars and other constants are baked in, as torch.export does.
                 node.meta["val"] = leaf
-                call_leaves.append(leaf)
                 if isinstance(leaf, (int, float, bool)):
                     self.guards.append(Guard(f"{name} == {leaf!r}", True, "constant argument"))
             else:
                 node.meta["val"] = self.dims.fake_tensor(leaf, sizes)
-                call_leaves.append(None)
+            baked.append(sizes is None)
             proxies.append(CustomProxy(node, self))
 
         structured = any(not child.is_leaf() for child in inputs.in_spec.children()) or len(
@@ -288,8 +287,8 @@ class CustomTracer(torch.fx.Tracer):
 
         def flat_fn(*placeholder_proxies):
             leaves = [
-                p if constant is None else constant
-                for p, constant in zip(placeholder_proxies, call_leaves)
+                leaf if is_baked else p
+                for p, leaf, is_baked in zip(placeholder_proxies, inputs.leaves, baked)
             ]
             out = inputs.call(root_fn, leaves, self_arg=self.root if is_module else None)
             register_cache_flattening(out)
@@ -517,7 +516,7 @@ class CustomTracer(torch.fx.Tracer):
                 elif node.op == "call_method":
                     val = getattr(args[0], node.target)(*args[1:], **kwargs)
                 else:
-                    val = self.root.get_submodule(node.target)(*args, **kwargs)
+                    val = self._run_leaf_module(node.target, args, kwargs)
         except TraceError:
             raise
         except Exception as e:
@@ -531,6 +530,19 @@ class CustomTracer(torch.fx.Tracer):
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node)
         return val
+
+    def _run_leaf_module(self, target: str, args, kwargs) -> Any:
+        """Runs a leaf module on fake inputs with fake parameters and buffers.
+
+        The module's own tensors are swapped for fake copies so that in-place updates
+        in its forward (BatchNorm's running statistics) never touch the real ones.
+        """
+        module = self.root.get_submodule(target)
+        state = {
+            name: self.dims.from_real(t)
+            for name, t in (*module.named_parameters(), *module.named_buffers())
+        }
+        return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
 
     def _new_guards(self, start: int, node: Node) -> None:
         """Guards added by an operation are assumptions taken from the example."""

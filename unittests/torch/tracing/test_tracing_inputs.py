@@ -1,0 +1,111 @@
+"""Behaviour 7: structured inputs and outputs flatten into readable placeholders."""
+
+import pytest
+import torch
+
+from ._helpers import check_trace, trace_module
+
+
+class Structured(torch.nn.Module):
+    def forward(self, x, pair, mapping, maybe=None, n: int = 2, scale: float = 1.0, *, key):
+        a, b = pair
+        out = x * n * scale + a.sum() + b.mean() + mapping["u"].sum(-1, keepdim=True)
+        if maybe is not None:
+            out = out + maybe
+        return {"out": out, "both": (a + 1, [b * 2, key - 1])}
+
+
+def _inputs(batch):
+    return {
+        "x": torch.randn(batch, 3),
+        "pair": (torch.randn(2), torch.randn(4)),
+        "mapping": {"u": torch.randn(batch, 5)},
+        "maybe": None,
+        "n": 3,
+        "scale": 0.5,
+        "key": torch.randn(batch),
+    }
+
+
+def test_structured_inputs_and_outputs():
+    dyn = {"x": {0: "batch"}, "mapping": {"u": {0: "batch"}}, "key": {0: "batch"}}
+    tracer, graph, gm = check_trace(Structured(), _inputs(3), dyn, other_inputs=[_inputs(6)])
+    names = [n.name for n in graph.nodes if n.op == "placeholder"]
+    assert names[:4] == ["x", "pair_0", "pair_1", "mapping_u"], names
+    assert "key" in names
+    out = gm(**_inputs(4))
+    assert isinstance(out, dict) and isinstance(out["both"], tuple)
+    assert isinstance(out["both"][1], list)
+    assert any(g.expression == "n == 3" for g in tracer.guards)
+
+
+def test_positional_call_of_traced_module():
+    dyn = {"x": {0: "batch"}, "mapping": {"u": {0: "batch"}}, "key": {0: "batch"}}
+    _, _, gm = trace_module(Structured(), _inputs(3), dyn)
+    i = _inputs(5)
+    got = gm(i["x"], i["pair"], i["mapping"], None, 3, 0.5, i["key"])
+    expected = Structured()(**i)
+    torch.testing.assert_close(got["out"], expected["out"])
+
+
+def test_dynamic_shapes_as_tuple_and_lists():
+    model = Structured()
+    dyn = ({0: "batch"}, None, {"u": ["batch", None]}, None, None, None, ["batch"])
+    check_trace(model, _inputs(3), dyn, other_inputs=[_inputs(2)])
+
+
+def test_dynamic_shapes_structure_mismatch():
+    with pytest.raises(ValueError, match="pair"):
+        trace_module(Structured(), _inputs(3), {"pair": [{0: "a"}, {0: "b"}, {0: "c"}]})
+    with pytest.raises(ValueError, match="not a tensor"):
+        trace_module(Structured(), _inputs(3), {"n": {0: "batch"}})
+
+
+def test_callable_root():
+    def f(x, y):
+        return x @ y.T + x.shape[0]
+
+    tracer, graph, gm = check_trace(
+        f, {"x": torch.randn(3, 4), "y": torch.randn(5, 4)}, {"x": {0: "n"}, "y": {0: "m"}},
+        other_inputs=[{"x": torch.randn(2, 4), "y": torch.randn(7, 4)}],
+    )
+    assert tracer.traced_model is not None
+
+
+def test_dynamic_cache_input():
+    transformers = pytest.importorskip("transformers")
+    cache_utils = transformers.cache_utils
+
+    class UsesCache(torch.nn.Module):
+        def forward(self, x, past_key_values):
+            keys = past_key_values.layers[0].keys
+            values = past_key_values.layers[1].values
+            return x + keys.sum() + values.mean(), past_key_values
+
+    def make(batch, past):
+        cache = cache_utils.DynamicCache()
+        for i in range(2):
+            cache.update(torch.randn(batch, 2, past, 4), torch.randn(batch, 2, past, 4), i)
+        return {"x": torch.randn(batch, 4), "past_key_values": cache}
+
+    dyn = {
+        "x": {0: "batch"},
+        "past_key_values": [[{0: "batch", 2: "past"}] * 2, [{0: "batch", 2: "past"}] * 2],
+    }
+    inputs = make(2, 3)
+    tracer, graph, gm = trace_module(UsesCache(), inputs, dyn)
+    names = [n.name for n in graph.nodes if n.op == "placeholder"]
+    assert names == [
+        "x",
+        "past_key_values_key_cache_0",
+        "past_key_values_key_cache_1",
+        "past_key_values_value_cache_0",
+        "past_key_values_value_cache_1",
+    ], names
+    for batch, past in [(2, 3), (3, 5)]:
+        case = make(batch, past)
+        expected, expected_cache = UsesCache()(**case)
+        got, got_cache = gm(**case)
+        torch.testing.assert_close(got, expected)
+        assert isinstance(got_cache, cache_utils.DynamicCache)
+        torch.testing.assert_close(got_cache.layers[1].keys, expected_cache.layers[1].keys)

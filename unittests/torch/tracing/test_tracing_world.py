@@ -1,0 +1,93 @@
+"""Behaviour 8: tracing leaves the user's world as it was, also after an error."""
+
+import builtins
+
+import pytest
+import torch
+from torch.fx.proxy import TraceError
+
+from yobx.torch.tracing import replace_problematic_function_before_tracing
+
+from ._helpers import trace_module
+
+PATCHED = [
+    (torch, "cat"),
+    (torch, "stack"),
+    (torch, "zeros"),
+    (torch, "full"),
+    (torch, "arange"),
+    (torch, "cond"),
+    (torch, "vmap"),
+    (torch.func, "vmap"),
+    (torch, "_check"),
+    (torch.ops.higher_order, "scan"),
+    (builtins, "max"),
+    (builtins, "min"),
+    (builtins, "isinstance"),
+    (torch.nn.Module, "__call__"),
+    (torch.nn.Module, "__getattr__"),
+]
+
+
+def _snapshot():
+    return [getattr(owner, name) for owner, name in PATCHED]
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("running", torch.zeros(4))
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        self.running.add_(1)
+        y = self.bn(self.lin(x)) + torch.zeros(x.shape[0], 4) + self.running
+        return torch.cat([y, torch.ones(1, 4)])
+
+
+class Failing(torch.nn.Module):
+    def forward(self, x):
+        y = torch.cat([x, torch.ones(1, 3)])
+        if y.shape[0] > 10:
+            return y
+        return -y
+
+
+def test_patches_are_restored_after_success_and_failure():
+    before = _snapshot()
+    with replace_problematic_function_before_tracing():
+        assert torch.cat is not before[0]
+    assert _snapshot() == before
+    trace_module(Model().train(), {"x": torch.randn(3, 4)}, {"x": {0: "batch"}})
+    assert _snapshot() == before
+    with pytest.raises(TraceError):
+        trace_module(Failing(), {"x": torch.randn(3, 3)}, {"x": {0: "batch"}})
+    assert _snapshot() == before
+    with pytest.raises(RuntimeError), replace_problematic_function_before_tracing():
+        raise RuntimeError("boom")
+    assert _snapshot() == before
+    assert isinstance(torch.randn(2), torch.Tensor)
+
+
+def test_module_not_mutated_by_tracing():
+    model = Model().train()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    attributes = set(vars(model))
+    modules = dict(model.named_modules())
+    tracer, graph, gm = trace_module(
+        model, {"x": torch.randn(3, 4)}, {"x": {0: "batch"}}, remove_inplace=False
+    )
+    assert set(vars(model)) == attributes
+    assert dict(model.named_modules()) == modules
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, state[k], msg=k)
+    # the constants live on the traced model, not on the user's module
+    assert tracer.traced_model is not model
+    assert not any(k.startswith("_tensor_constant") for k in vars(model)["_buffers"])
+    # the traced graph reproduces the training-mode module, buffers included
+    reference = Model().train()
+    reference.load_state_dict(state)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(gm(x), reference(x))
+    torch.testing.assert_close(model.running, reference.running)
