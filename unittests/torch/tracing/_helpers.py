@@ -27,6 +27,14 @@ def assert_same(expected, got, atol=1e-5, rtol=1e-5):
         assert len(expected) == len(got), (len(expected), len(got))
         for a, b in zip(expected, got):
             assert_same(a, b, atol, rtol)
+    elif type(expected) in torch.utils._pytree.SUPPORTED_NODES:
+        assert type(got) is type(expected), (type(expected), type(got))
+        assert_same(
+            torch.utils._pytree.tree_leaves(expected),
+            torch.utils._pytree.tree_leaves(got),
+            atol,
+            rtol,
+        )
     else:
         assert expected == got, (expected, got)
 

@@ -27,13 +27,18 @@ class CustomProxy(Proxy):
 
     def __getattr__(self, name: str) -> Any:
         val = self.node.meta.get("val")
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
         if isinstance(val, torch.Tensor):
             if name == "shape":
                 return self.tracer.shape_of(self)
             if name in _STATIC_TENSOR_ATTRIBUTES:
                 return getattr(val, name)
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
+            descriptor = getattr(torch.Tensor, name, None)
+            if descriptor is not None and not callable(descriptor):
+                # a property (x.T, x.is_nested, x.real): computed now, so that
+                # constants (flags) are plain Python values and tensors get a node
+                return self.tracer.create_proxy("call_function", getattr, (self, name), {})
         return CustomAttribute(self, name)
 
     def size(self, dim: int | None = None) -> Any:

@@ -174,7 +174,11 @@ class SymbolicDimensions:
             return False
         return self.prove(value.node.expr)
 
-    def prove(self, expr: sympy.Basic) -> bool | None:
+    def snapshot(self) -> tuple[dict, dict]:
+        """What is known now (ranges, replacements), to judge guards added later."""
+        return dict(self.shape_env.var_to_range), dict(self.shape_env.replacements)
+
+    def prove(self, expr: sympy.Basic, known: tuple[dict, dict] | None = None) -> bool | None:
         """Decides an inequality with floor divisions from the dimensions' ranges.
 
         ShapeEnv cannot show ``seq // 2 <= seq``. Each ``a // c`` (constant ``c > 0``)
@@ -182,8 +186,12 @@ class SymbolicDimensions:
         difference of both sides largest (or smallest) gives a floor-free expression
         whose range :func:`bound_sympy` computes. Only a proof is returned: None when
         the bounds do not settle it.
+
+        :param known: a :meth:`snapshot`; a guard installed by an operation also narrows
+            the ranges, so it must be judged against what was known before
         """
-        expr = self.shape_env.simplify(expr)
+        ranges, replacements = known if known is not None else self.snapshot()
+        expr = expr.xreplace(replacements)
         if expr in (sympy.true, sympy.false):
             return bool(expr)
         if not isinstance(expr, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
@@ -193,15 +201,16 @@ class SymbolicDimensions:
         else:
             diff, strict = expr.rhs - expr.lhs, isinstance(expr, sympy.Gt)
         # claim: diff < 0 (strict) or diff <= 0
-        high = self._bound(diff, upper=True)
+        high = self._bound(diff, ranges, upper=True)
         if high is not None and (high < 0 or (not strict and high <= 0)):
             return True
-        low = self._bound(diff, upper=False)
+        low = self._bound(diff, ranges, upper=False)
         if low is not None and (low > 0 or (strict and low >= 0)):
             return False
         return None
 
-    def _bound(self, diff: sympy.Expr, upper: bool):
+    @staticmethod
+    def _bound(diff: sympy.Expr, var_to_range: dict, upper: bool):
         from torch.utils._sympy.functions import FloorDiv
         from torch.utils._sympy.value_ranges import bound_sympy
 
@@ -219,8 +228,7 @@ class SymbolicDimensions:
         free = diff.xreplace(replacements)
         if free.atoms(FloorDiv) or any(not s.is_Symbol for s in free.free_symbols):
             return None
-        ranges = {s: self.shape_env.var_to_range[s] for s in free.free_symbols
-                  if s in self.shape_env.var_to_range}
+        ranges = {s: var_to_range[s] for s in free.free_symbols if s in var_to_range}
         if len(ranges) != len(free.free_symbols):
             return None
         bound = bound_sympy(free, ranges)

@@ -499,6 +499,7 @@ class CustomTracer(torch.fx.Tracer):
         """Runs the node's operation on the fake values of its arguments."""
         args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
         guards_before = len(self.shape_env.guards)
+        known = self.dims.snapshot()
         self._in_fake += 1
         # torch's own Python code runs here: it must see the real isinstance (faster,
         # and no proxy reaches fake kernels anyway).
@@ -528,7 +529,7 @@ class CustomTracer(torch.fx.Tracer):
             builtins.isinstance = patched_isinstance
             self._in_fake -= 1
         if len(self.shape_env.guards) > guards_before:
-            self._new_guards(guards_before, node)
+            self._new_guards(guards_before, node, known)
         return val
 
     def _run_leaf_module(self, target: str, args, kwargs) -> Any:
@@ -544,10 +545,17 @@ class CustomTracer(torch.fx.Tracer):
         }
         return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
 
-    def _new_guards(self, start: int, node: Node) -> None:
+    def _new_guards(self, start: int, node: Node, known: tuple[dict, dict]) -> None:
         """Guards added by an operation are assumptions taken from the example."""
         for guard in self.shape_env.guards[start:]:
-            if self._allowed_guards or self.dims.prove(guard.expr) is True:
+            if self._allowed_guards or self.dims.prove(guard.expr, known) is True:
+                continue
+            if _is_layout_heuristic(guard):
+                # The fake convolution picks a memory format from the example's batch
+                # size: strides only, never shapes or values, which a graph ignores.
+                self.guards.append(
+                    Guard(self.dims.render(guard.expr), True, "memory format", self.location())
+                )
                 continue
             if not self.specialize_undecidable:
                 names = ", ".join(self.dims.symbols_of(guard.expr))
@@ -703,6 +711,11 @@ class CustomTracer(torch.fx.Tracer):
             finally:
                 self._allowed_guards -= 1
         self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))
+
+
+def _is_layout_heuristic(guard: Any) -> bool:
+    location = str(getattr(guard, "sloc", ""))
+    return "fake_impls.py" in location and location.rstrip(")").endswith(" in conv")
 
 
 def _fake_value(node: Node) -> Any:

@@ -1,0 +1,95 @@
+"""Real models: Hugging Face transformers (tiny random configs), TransformerEncoder, CNN."""
+
+import pytest
+import torch
+from torch.export import Dim
+from torch.fx.proxy import TraceError
+
+from ._helpers import check_trace, trace_module
+
+transformers = pytest.importorskip("transformers")
+
+SIZES = [(3, 5), (4, 11)]
+
+
+def _text_inputs(batch, seq):
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[0, -2:] = 0
+    return {"input_ids": torch.randint(0, 100, (batch, seq)), "attention_mask": mask}
+
+
+def _text_dynamic_shapes(seq=None):
+    seq = seq or "seq"
+    return {"input_ids": {0: "batch", 1: seq}, "attention_mask": {0: "batch", 1: seq}}
+
+
+def _check_text_model(model, seq=None):
+    tracer, graph, gm = check_trace(
+        model.eval(), _text_inputs(2, 7), _text_dynamic_shapes(seq),
+        other_inputs=[_text_inputs(b, s) for b, s in SIZES],
+    )
+    placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+    assert placeholders == ["input_ids", "attention_mask"]
+    assert set(tracer.dimension_names.values()) == {"batch", "seq"}
+    return tracer, graph
+
+
+def test_llama_for_causal_lm():
+    config = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=100,
+    )
+    _check_text_model(transformers.LlamaForCausalLM(config))
+
+
+def test_gpt2_lm_head_model():
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    _check_text_model(transformers.GPT2LMHeadModel(config))
+
+
+def _bert():
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=100)
+    return transformers.BertModel(config).eval()
+
+
+def test_bert_model():
+    # BERT slices a buffer of 512 positions: the sequence must be declared <= 512.
+    _check_text_model(_bert(), seq=Dim("seq", max=512))
+
+
+def test_bert_model_unbounded_sequence_is_refused():
+    with pytest.raises(TraceError, match="seq <= 512"):
+        trace_module(_bert(), _text_inputs(2, 7), _text_dynamic_shapes())
+
+
+def test_transformer_encoder():
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    check_trace(
+        model, {"src": torch.randn(2, 7, 32)}, {"src": {0: "batch", 1: "seq"}},
+        other_inputs=[{"src": torch.randn(3, 5, 32)}, {"src": torch.randn(5, 9, 32)}],
+    )
+
+
+class SmallCnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+        )
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = self.features(x)
+        y = torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+        return self.head(y).softmax(-1)
+
+
+def test_small_cnn():
+    check_trace(
+        SmallCnn().eval(), {"x": torch.randn(2, 3, 16, 16)}, {"x": {0: "batch"}},
+        other_inputs=[{"x": torch.randn(5, 3, 16, 16)}, {"x": torch.randn(3, 3, 16, 16)}],
+    )
