@@ -62,8 +62,12 @@ def test_bounds_from_dim_make_it_provable():
 
 def test_bounds_upper_make_it_false():
     batch = Dim("batch", max=50)
-    check_trace(Large(), {"x": torch.randn(3, 4)}, {"x": {0: batch}},
-                other_inputs=[{"x": torch.randn(9, 4)}])
+    check_trace(
+        Large(),
+        {"x": torch.randn(3, 4)},
+        {"x": {0: batch}},
+        other_inputs=[{"x": torch.randn(9, 4)}],
+    )
 
 
 class Checked(torch.nn.Module):
@@ -96,18 +100,23 @@ class Unchecked(torch.nn.Module):
 def test_relation_without_check_raises():
     with pytest.raises(TraceError, match="n > m"):
         trace_module(
-            Unchecked(), {"x": torch.randn(5, 3), "y": torch.randn(2, 3)},
+            Unchecked(),
+            {"x": torch.randn(5, 3), "y": torch.randn(2, 3)},
             {"x": {0: "n"}, "y": {0: "m"}},
         )
 
 
 def test_specialize_undecidable_records_guard():
     tracer, _, _ = trace_module(
-        Large(), {"x": torch.randn(3, 4)}, {"x": {0: "batch"}},
+        Large(),
+        {"x": torch.randn(3, 4)},
+        {"x": {0: "batch"}},
         tracer_kwargs={"specialize_undecidable": True},
     )
-    assert any(g.reason == "specialized" and g.expression == "batch >= 100" and g.value is False
-               for g in tracer.guards)
+    assert any(
+        g.reason == "specialized" and g.expression == "batch >= 100" and g.value is False
+        for g in tracer.guards
+    )
 
 
 class AssertAndOr(torch.nn.Module):
@@ -119,8 +128,12 @@ class AssertAndOr(torch.nn.Module):
 
 
 def test_assert_and_or_bool():
-    check_trace(AssertAndOr(), {"x": torch.randn(3, 2)}, {"x": {0: "batch"}},
-                other_inputs=[{"x": torch.randn(8, 2)}])
+    check_trace(
+        AssertAndOr(),
+        {"x": torch.randn(3, 2)},
+        {"x": {0: "batch"}},
+        other_inputs=[{"x": torch.randn(8, 2)}],
+    )
 
 
 class StaticCompare(torch.nn.Module):
@@ -142,8 +155,11 @@ class MismatchedBroadcast(torch.nn.Module):
 
 def test_operation_needing_unproven_equality_raises():
     with pytest.raises(TraceError, match="not provable"):
-        trace_module(MismatchedBroadcast(), {"x": torch.randn(3, 4), "y": torch.randn(3, 4)},
-                     {"x": {0: "a"}, "y": {0: "b"}})
+        trace_module(
+            MismatchedBroadcast(),
+            {"x": torch.randn(3, 4), "y": torch.randn(3, 4)},
+            {"x": {0: "a"}, "y": {0: "b"}},
+        )
 
 
 class DataDependent(torch.nn.Module):
@@ -172,15 +188,19 @@ def test_bad_inputs_have_clear_errors():
     with pytest.raises(TypeError, match="no example for parameter 'x'"):
         tracer.trace(Large(), concrete_args={})
     with pytest.raises(ValueError, match="not among the traced inputs"):
-        tracer.trace(Large(), concrete_args={"x": torch.randn(2, 2)},
-                     dynamic_shapes={"z": {0: "batch"}})
+        tracer.trace(
+            Large(), concrete_args={"x": torch.randn(2, 2)}, dynamic_shapes={"z": {0: "batch"}}
+        )
     with pytest.raises(ValueError, match="names axis 5"):
-        tracer.trace(Large(), concrete_args={"x": torch.randn(2, 2)},
-                     dynamic_shapes={"x": {5: "batch"}})
+        tracer.trace(
+            Large(), concrete_args={"x": torch.randn(2, 2)}, dynamic_shapes={"x": {5: "batch"}}
+        )
     with pytest.raises(ValueError, match="size 3 in one input"):
-        tracer.trace(MismatchedBroadcast(),
-                     concrete_args={"x": torch.randn(3, 2), "y": torch.randn(4, 2)},
-                     dynamic_shapes={"x": {0: "n"}, "y": {0: "n"}})
+        tracer.trace(
+            MismatchedBroadcast(),
+            concrete_args={"x": torch.randn(3, 2), "y": torch.randn(4, 2)},
+            dynamic_shapes={"x": {0: "n"}, "y": {0: "n"}},
+        )
 
 
 class Unsupported(torch.nn.Module):

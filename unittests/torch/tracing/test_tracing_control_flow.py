@@ -27,7 +27,9 @@ class Cond(torch.nn.Module):
 def test_cond_traces_both_branches():
     x = torch.ones(3, 4)
     _, graph, gm = check_trace(
-        Cond(), {"x": x}, DYN,
+        Cond(),
+        {"x": x},
+        DYN,
         other_inputs=[{"x": -torch.ones(5, 4)}, {"x": torch.randn(6, 4)}],
     )
     conds = [n for n in graph.nodes if isinstance(n.target, CondCCOp)]
@@ -44,7 +46,9 @@ class CondClosure(torch.nn.Module):
 
 def test_cond_on_shape_predicate_with_closure():
     check_trace(
-        CondClosure(), {"x": torch.randn(3, 4), "y": torch.randn(2)}, DYN,
+        CondClosure(),
+        {"x": torch.randn(3, 4), "y": torch.randn(2)},
+        DYN,
         other_inputs=[{"x": torch.randn(7, 4), "y": torch.randn(2)}],
     )
 
@@ -61,7 +65,9 @@ class Scan(torch.nn.Module):
 
 def test_scan():
     _, graph, _ = check_trace(
-        Scan(), {"x": torch.randn(5, 3), "w": torch.randn(3)}, {"x": {0: "steps"}, "w": None},
+        Scan(),
+        {"x": torch.randn(5, 3), "w": torch.randn(3)},
+        {"x": {0: "steps"}, "w": None},
         other_inputs=[{"x": torch.randn(9, 3), "w": torch.randn(3)}],
     )
     assert any(isinstance(n.target, ScanCCOp) for n in graph.nodes)
@@ -88,7 +94,9 @@ def _vmap_inputs(batch, seq):
 def test_vmap_in_dims_1_and_none():
     model = Vmap((1, None), 0)
     _, graph, _ = check_trace(
-        model, _vmap_inputs(3, 5), {"x": {0: "seq", 1: "batch"}, "y": None},
+        model,
+        _vmap_inputs(3, 5),
+        {"x": {0: "seq", 1: "batch"}, "y": None},
         other_inputs=[_vmap_inputs(6, 2), _vmap_inputs(2, 7)],
     )
     targets = {str(n.target) for n in graph.nodes}
@@ -97,7 +105,9 @@ def test_vmap_in_dims_1_and_none():
 
 def test_vmap_out_dims_1():
     check_trace(
-        Vmap((1, None), 1), _vmap_inputs(3, 5), {"x": {0: "seq", 1: "batch"}, "y": None},
+        Vmap((1, None), 1),
+        _vmap_inputs(3, 5),
+        {"x": {0: "seq", 1: "batch"}, "y": None},
         other_inputs=[_vmap_inputs(6, 2)],
     )
 
@@ -115,7 +125,9 @@ class NestedVmap(torch.nn.Module):
 
 def test_nested_vmap():
     check_trace(
-        NestedVmap(), {"x": torch.randn(3, 5, 4)}, {"x": {0: "batch", 1: "seq"}},
+        NestedVmap(),
+        {"x": torch.randn(3, 5, 4)},
+        {"x": {0: "batch", 1: "seq"}},
         other_inputs=[{"x": torch.randn(2, 7, 4)}],
     )
 

@@ -52,8 +52,12 @@ class StaticFirst(torch.nn.Module):
 
 
 def test_iterate_over_tensor_with_static_first_dimension():
-    check_trace(StaticFirst(), {"x": torch.randn(3, 5)}, {"x": {1: "seq"}},
-                other_inputs=[{"x": torch.randn(3, 8)}])
+    check_trace(
+        StaticFirst(),
+        {"x": torch.randn(3, 5)},
+        {"x": {1: "seq"}},
+        other_inputs=[{"x": torch.randn(3, 8)}],
+    )
 
 
 def test_len_of_dynamic_first_dimension_is_a_clear_error():

@@ -52,19 +52,30 @@ class InputMutation(torch.nn.Module):
 
 @pytest.mark.parametrize("remove_inplace", [False, True])
 def test_inplace_methods_and_operators(remove_inplace):
-    check_trace(InPlace(), {"x": torch.randn(3, 5, 4)}, DYN, other_inputs=OTHERS,
-                remove_inplace=remove_inplace)
+    check_trace(
+        InPlace(),
+        {"x": torch.randn(3, 5, 4)},
+        DYN,
+        other_inputs=OTHERS,
+        remove_inplace=remove_inplace,
+    )
 
 
 @pytest.mark.parametrize("remove_inplace", [False, True])
 def test_item_assignment(remove_inplace):
-    check_trace(ItemAssignment(), {"x": torch.randn(3, 5, 4)}, DYN, other_inputs=OTHERS,
-                remove_inplace=remove_inplace)
+    check_trace(
+        ItemAssignment(),
+        {"x": torch.randn(3, 5, 4)},
+        DYN,
+        other_inputs=OTHERS,
+        remove_inplace=remove_inplace,
+    )
 
 
 def test_inplace_recorded_in_graph():
-    _, graph, _ = check_trace(ItemAssignment(), {"x": torch.randn(3, 5, 4)}, DYN,
-                              remove_inplace=False)
+    _, graph, _ = check_trace(
+        ItemAssignment(), {"x": torch.randn(3, 5, 4)}, DYN, remove_inplace=False
+    )
     import operator
 
     setitems = [n for n in graph.nodes if n.target is operator.setitem]

@@ -66,7 +66,9 @@ def test_callable_root():
         return x @ y.T + x.shape[0]
 
     tracer, graph, gm = check_trace(
-        f, {"x": torch.randn(3, 4), "y": torch.randn(5, 4)}, {"x": {0: "n"}, "y": {0: "m"}},
+        f,
+        {"x": torch.randn(3, 4), "y": torch.randn(5, 4)},
+        {"x": {0: "n"}, "y": {0: "m"}},
         other_inputs=[{"x": torch.randn(2, 4), "y": torch.randn(7, 4)}],
     )
     assert tracer.traced_model is not None

@@ -25,7 +25,9 @@ def _text_dynamic_shapes(seq=None):
 
 def _check_text_model(model, seq=None):
     tracer, graph, gm = check_trace(
-        model.eval(), _text_inputs(2, 7), _text_dynamic_shapes(seq),
+        model.eval(),
+        _text_inputs(2, 7),
+        _text_dynamic_shapes(seq),
         other_inputs=[_text_inputs(b, s) for b, s in SIZES],
     )
     placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
@@ -36,21 +38,37 @@ def _check_text_model(model, seq=None):
 
 def test_llama_for_causal_lm():
     config = transformers.LlamaConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=100,
     )
     _check_text_model(transformers.LlamaForCausalLM(config))
 
 
 def test_gpt2_lm_head_model():
-    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100,
-                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     _check_text_model(transformers.GPT2LMHeadModel(config))
 
 
 def _bert():
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=64, vocab_size=100)
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
+    )
     return transformers.BertModel(config).eval()
 
 
@@ -68,7 +86,9 @@ def test_transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
     model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
     check_trace(
-        model, {"src": torch.randn(2, 7, 32)}, {"src": {0: "batch", 1: "seq"}},
+        model,
+        {"src": torch.randn(2, 7, 32)},
+        {"src": {0: "batch", 1: "seq"}},
         other_inputs=[{"src": torch.randn(3, 5, 32)}, {"src": torch.randn(5, 9, 32)}],
     )
 
@@ -77,8 +97,12 @@ class SmallCnn(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-            torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.ReLU(),
         )
         self.head = torch.nn.Linear(16, 10)
 
@@ -90,6 +114,8 @@ class SmallCnn(torch.nn.Module):
 
 def test_small_cnn():
     check_trace(
-        SmallCnn().eval(), {"x": torch.randn(2, 3, 16, 16)}, {"x": {0: "batch"}},
+        SmallCnn().eval(),
+        {"x": torch.randn(2, 3, 16, 16)},
+        {"x": {0: "batch"}},
         other_inputs=[{"x": torch.randn(5, 3, 16, 16)}, {"x": torch.randn(3, 3, 16, 16)}],
     )

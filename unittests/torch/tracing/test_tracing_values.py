@@ -24,9 +24,7 @@ class Mlp(torch.nn.Module):
 
 def test_every_node_has_val_and_stack_trace():
     x = torch.randn(3, 5, 4)
-    tracer, graph, _ = check_trace(
-        Mlp(), {"x": x}, DYN, other_inputs=[{"x": torch.randn(6, 2, 4)}]
-    )
+    tracer, graph, _ = check_trace(Mlp(), {"x": x}, DYN, other_inputs=[{"x": torch.randn(6, 2, 4)}])
     for node in graph.nodes:
         if node.op == "output":
             continue
@@ -37,7 +35,7 @@ def test_every_node_has_val_and_stack_trace():
     assert placeholder.meta["example_value"] is not None
     torch.testing.assert_close(placeholder.meta["example_value"], x)
     assert isinstance(placeholder.meta["val"], FakeTensor)
-    last = [n for n in graph.nodes if n.op == "call_method" and n.target == "sum"][0]
+    last = next(n for n in graph.nodes if n.op == "call_method" and n.target == "sum")
     assert tracer.dims.render(last.meta["val"].shape[0]) == "batch"
     assert last.meta["val"].shape[1] == 8
 
@@ -139,7 +137,7 @@ class ShapeTuple(torch.nn.Module):
         dims = [d for d in shape]
         head = shape[:-1]
         out = x.reshape(*head, 2, -1)
-        new_shape = (1, *shape[1:]) + (1,)
+        new_shape = (1, *shape[1:]) + (1,)  # noqa: RUF005 - tuple concatenation is tested
         grown = x[:1].reshape(new_shape)
         listed = [*shape, 1]
         return out.sum(-1), grown, x.reshape(listed).squeeze(-1) + len(dims)

@@ -228,7 +228,7 @@ def scan_function(original: Callable) -> Callable:
         with tracer.fake_mode:
             xs_slices = [_fake(x).select(0, 0) for x in xs]
         inputs = [_fake(v) for v in init] + xs_slices + [_fake(a) for a in additional_inputs]
-        graph, lifted, vals, spec = trace_subgraph(
+        graph, lifted, vals, _ = trace_subgraph(
             tracer, lambda *a: tuple(combine_fn(*a)), inputs, "scan"
         )
         n_carry = len(init)
@@ -297,7 +297,9 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
         for a in flat_args
     ]
     values = [
-        n.meta["val"] if isinstance(n, Node) else (n.node.meta["val"] if isinstance(n, Proxy) else n)
+        n.meta["val"]
+        if isinstance(n, Node)
+        else (n.node.meta["val"] if isinstance(n, Proxy) else n)
         for n in nodes
     ]
     with tracer.fake_mode:
@@ -311,7 +313,6 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
         per_example,
         "vmap",
     )
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     # Parameters read inside become explicit, unbatched inputs of the function.
     extra_outer: list[Node] = list(lifted)
     first = next(n for n in graph.nodes if n.op != "placeholder")
@@ -325,7 +326,8 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
             extra_outer.append(tracer.graph.get_attr(node.target))
             extra_outer[-1].meta["val"] = ph.meta["val"]
     tensor_inputs = [
-        i for i, v in enumerate(per_example)
+        i
+        for i, v in enumerate(per_example)
         if isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
     ]
     graph.lint()
@@ -339,8 +341,12 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
     batched_inputs = [values[i] for i in tensor_inputs] + [n.meta["val"] for n in extra_outer]
     try:
         batched = make_fx(
-            _ORIGINAL_VMAP(body, in_dims=body_in_dims, out_dims=_flat_out_dims(out_dims, out_spec),
-                           randomness=randomness)
+            _ORIGINAL_VMAP(
+                body,
+                in_dims=body_in_dims,
+                out_dims=_flat_out_dims(out_dims, out_spec),
+                randomness=randomness,
+            )
         )(*batched_inputs)
     except Exception as e:
         raise TraceError(

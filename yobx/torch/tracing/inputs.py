@@ -242,7 +242,7 @@ def _match(value: Any, spec: Any, path: str, out: list[dict]) -> None:
 
 
 def _is_dim(spec: Any) -> bool:
-    return hasattr(spec, "__name__") and hasattr(spec, "min") or type(spec).__name__ in (
+    return (hasattr(spec, "__name__") and hasattr(spec, "min")) or type(spec).__name__ in (
         "_DimHint",
         "_DerivedDim",
     )
@@ -325,9 +325,7 @@ def register_cache_flattening(values: Any = None) -> None:
     cls = cache_utils.DynamicCache
     if cls in pytree.SUPPORTED_NODES:
         return
-    if values is not None and not any(
-        isinstance(v, cls) for v in _walk(values)
-    ):
+    if values is not None and not any(isinstance(v, cls) for v in _walk(values)):
         return
 
     def flatten(cache):
@@ -360,9 +358,7 @@ def register_cache_flattening(values: Any = None) -> None:
     )
     import torch.fx._pytree as fx_pytree
 
-    fx_pytree.register_pytree_flatten_spec(
-        cls, lambda cache, spec: flatten(cache)[0]
-    )
+    fx_pytree.register_pytree_flatten_spec(cls, lambda cache, spec: flatten(cache)[0])
 
 
 def _check_plain_layers(cache: Any) -> None:

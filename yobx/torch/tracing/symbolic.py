@@ -106,9 +106,7 @@ class SymbolicDimensions:
                 f"at {DEFAULT_MIN} unless min= says otherwise)"
             )
         source = ConstantSource(f"dim_{len(self.by_name)}_{_identifier(name)}")
-        symbol = self.shape_env.create_symbol(
-            hint, source=source, dynamic_dim=DimDynamic.DYNAMIC
-        )
+        symbol = self.shape_env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
         self.shape_env.constrain_symbol_range(
             symbol, compiler_min=low, compiler_max=int_oo if high is None else int(high)
         )
@@ -245,8 +243,12 @@ class SymbolicDimensions:
         expr = value.node.expr
         implied = []
         if isinstance(expr, (sympy.Lt, sympy.Gt)):
-            implied = [sympy.Le(expr.lhs, expr.rhs) if isinstance(expr, sympy.Lt)
-                       else sympy.Ge(expr.lhs, expr.rhs), sympy.Ne(expr.lhs, expr.rhs)]
+            implied = [
+                sympy.Le(expr.lhs, expr.rhs)
+                if isinstance(expr, sympy.Lt)
+                else sympy.Ge(expr.lhs, expr.rhs),
+                sympy.Ne(expr.lhs, expr.rhs),
+            ]
         for fact in implied:
             symbool = self.shape_env.create_symboolnode(fact)
             if self.decide(symbool) is None:

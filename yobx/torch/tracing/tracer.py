@@ -45,10 +45,24 @@ def _is_internal(filename: str) -> bool:
         return True
     return filename.startswith(_STDLIB_DIR) and "site-packages" not in filename
 
+
 # Python math functions have symbolic twins that keep a SymInt/SymFloat symbolic.
 _SYMBOLIC_MATH = {
     getattr(math, name): getattr(torch, f"_sym_{name}")
-    for name in ("sqrt", "cos", "sin", "tan", "cosh", "sinh", "tanh", "exp", "log", "asin", "acos", "atan")
+    for name in (
+        "sqrt",
+        "cos",
+        "sin",
+        "tan",
+        "cosh",
+        "sinh",
+        "tanh",
+        "exp",
+        "log",
+        "asin",
+        "acos",
+        "atan",
+    )
     if hasattr(torch, f"_sym_{name}")
 }
 
@@ -324,8 +338,11 @@ class CustomTracer(torch.fx.Tracer):
         adds the constants and subgraphs created while tracing, so the user's module
         is never modified.
         """
-        if not self._constants and not self._subgraphs and module is not None and not (
-            isinstance(module, _CallableModule)
+        if (
+            not self._constants
+            and not self._subgraphs
+            and module is not None
+            and not (isinstance(module, _CallableModule))
         ):
             return module
         wrapper = torch.nn.Module()
@@ -476,7 +493,9 @@ class CustomTracer(torch.fx.Tracer):
         return self.proxy(node)
 
     def _record_folded_comparison(self, node: Node, value: bool) -> None:
-        lhs, rhs = (self.dims.render(_fake_value(a) if isinstance(a, Node) else a) for a in node.args)
+        lhs, rhs = (
+            self.dims.render(_fake_value(a) if isinstance(a, Node) else a) for a in node.args
+        )
         expression = f"{lhs} {_COMPARISONS[node.target]} {rhs}"
         self.guards.append(Guard(expression, value, "bounds", self.location()))
 
@@ -680,7 +699,9 @@ class CustomTracer(torch.fx.Tracer):
 
         code = frame.f_code
         line = linecache.getline(code.co_filename, frame.f_lineno).strip()
-        return f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n'
+        return (
+            f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n'
+        )
 
     # torch._check
 
@@ -736,7 +757,11 @@ def _describe(node: Node) -> str:
     if node.op == "call_module":
         return f"module {node.target!r}"
     target = node.target
-    return f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__name__', target)}".lstrip(".")
+    return (
+        f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__name__', target)}".lstrip(
+            "."
+        )
+    )
 
 
 def _first_line(e: Exception) -> str:
