@@ -1,0 +1,112 @@
+"""inspect_model / run_inspect behind ``yobx inspect``."""
+
+import io
+import json
+import sys
+import types
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import torch
+from onnx import numpy_helper
+
+from yobx.torch.inspect import inspect_model, run_inspect
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) * 2
+
+
+def _model_and_onnx(factor: float = 2.0):
+    torch.manual_seed(0)
+    model = Model().eval()
+    nodes = [
+        oh.make_node("Gemm", ["x", "w", "b"], ["linear"], transB=1),
+        oh.make_node("Relu", ["linear"], ["relu"]),
+        oh.make_node("Mul", ["relu", "two"], ["mul"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, 4])],
+        [oh.make_tensor_value_info("mul", onnx.TensorProto.FLOAT, [None, 3])],
+        [
+            numpy_helper.from_array(model.linear.weight.detach().numpy(), "w"),
+            numpy_helper.from_array(model.linear.bias.detach().numpy(), "b"),
+            numpy_helper.from_array(np.array(factor, dtype=np.float32), "two"),
+        ],
+    )
+    return model, oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_inspect_model_ok_and_profile(tmp_path):
+    model, proto = _model_and_onnx()
+    out = io.StringIO()
+    profile = str(tmp_path / "p.json")
+    code = inspect_model(
+        model, (torch.randn(3, 4),), onnx_model=proto, profile_path=profile, stream=out
+    )
+    text = out.getvalue()
+    assert code == 0, text
+    assert "stage 'eager': 1 calls" in text and "stage 'onnx': 3 calls" in text
+    assert "compare 'graph' vs 'onnx': 3 matched calls" in text
+    assert "no divergence" in text
+    with open(profile) as f:
+        events = json.load(f)["traceEvents"]
+    assert {"stage:eager", "stage:graph", "stage:onnx"} <= {e["name"] for e in events}
+
+
+def test_inspect_model_reports_divergence(tmp_path):
+    model, proto = _model_and_onnx(factor=3.0)
+    out = io.StringIO()
+    code = inspect_model(model, (torch.randn(3, 4),), onnx_model=proto, stream=out, verbose=1)
+    text = out.getvalue()
+    assert code == 1
+    assert "first divergence at 'mul'" in text
+    assert "#  run  name" in text  # verbose=1 prints the tables
+
+
+def test_run_inspect_bad_inputs(tmp_path, capsys):
+    assert run_inspect("tiny-llm", str(tmp_path / "missing.onnx"), None, 0) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.onnx" in err and "does not exist" in err
+    assert run_inspect("tiny-llm", None, str(tmp_path / "no" / "dir" / "p.json"), 0) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_run_inspect_with_named_model(tmp_path, monkeypatch, capsys):
+    model, proto = _model_and_onnx()
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    x = torch.randn(2, 4)
+
+    def load_model(name):
+        if name != "small":
+            raise ValueError(f"unknown model {name!r}")
+        return model, (x,), {}, None
+
+    fake = types.ModuleType("yobx.models")
+    fake.load_model = load_model
+    monkeypatch.setitem(sys.modules, "yobx.models", fake)
+    assert run_inspect("small", str(path), str(tmp_path / "p.json.gz"), 0) == 0
+    out = capsys.readouterr()
+    assert "no divergence" in out.out and out.err == ""
+    assert (tmp_path / "p.json.gz").exists()
+    assert run_inspect("other", None, None, 0) == 2
+    assert capsys.readouterr().err.strip() == "yobx inspect: unknown model 'other'"
+
+
+def test_inspect_model_failure_is_one_line(capsys):
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("broken model\nsecond line")
+
+    assert inspect_model(Broken(), (torch.randn(2),)) == 3
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "broken model" in err
