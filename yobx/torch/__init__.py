@@ -1,5 +1,6 @@
 """PyTorch side of yobx: capture (tracing), rewrite (passes), ONNX export, inspection."""
 
+from .onnx import to_onnx
 from .tracing import (
     CondCCOp,
     CustomAttribute,
@@ -26,4 +27,5 @@ __all__ = [
     "CustomTracer",
     "ScanCCOp",
     "replace_problematic_function_before_tracing",
+    "to_onnx",
 ]

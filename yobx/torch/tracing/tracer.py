@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
 import operator
 import os
@@ -98,6 +99,17 @@ _PURE_SCALAR_FUNCTIONS = frozenset(
 _PURE_METHODS = frozenset({"size", "dim", "numel", "stride", "__getitem__"})
 
 _NOT_CONSTANT = object()
+_CONVOLUTIONS = frozenset(
+    getattr(torch.nn.functional, name)
+    for name in (
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    )
+)
 _PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 _ORIGINAL_ISINSTANCE = builtins.isinstance
 
@@ -359,13 +371,43 @@ class CustomTracer(torch.fx.Tracer):
         return wrapper
 
     def _apply_default_passes(self, graph) -> None:
-        try:
-            from ..passes import remove_inplace
-        except ImportError:  # the passes ship separately; the graph stays correct as is
-            return
+        from ..passes import remove_inplace
+
         # exc=False: what the pass cannot prove safe stays in-place, which is still
         # correct with eager semantics; tracing must not fail because of it.
         remove_inplace(graph, recursive=True, exc=False)
+
+    # graph passes (thin calls into yobx.torch.passes, kept on the tracer's public API)
+
+    @classmethod
+    def remove_inplace(cls, graph, exported_program=None, verbose=0, exc=True, recursive=False):
+        """See :func:`yobx.torch.passes.remove_inplace`."""
+        from ..passes import remove_inplace
+
+        return remove_inplace(
+            graph, exported_program, verbose=verbose, exc=exc, recursive=recursive
+        )
+
+    @classmethod
+    def remove_unnecessary_slices(cls, graph, verbose=0):
+        """See :func:`yobx.torch.passes.remove_unnecessary_slices`."""
+        from ..passes import remove_unnecessary_slices
+
+        return remove_unnecessary_slices(graph, verbose=verbose)
+
+    @classmethod
+    def remove_batch_dim_nodes(cls, graph, verbose=0):
+        """See :func:`yobx.torch.passes.remove_batch_dim_nodes`."""
+        from ..passes import remove_batch_dim_nodes
+
+        return remove_batch_dim_nodes(graph, verbose=verbose)
+
+    @classmethod
+    def graph_erase_node(cls, graph, node):
+        """See :func:`yobx.torch.passes.graph_erase_node`."""
+        from ..passes import graph_erase_node
+
+        return graph_erase_node(graph, node)
 
     # leaves and attributes
 
@@ -524,8 +566,16 @@ class CustomTracer(torch.fx.Tracer):
         # and no proxy reaches fake kernels anyway).
         patched_isinstance = builtins.isinstance
         builtins.isinstance = _ORIGINAL_ISINSTANCE
+        # The fake convolution picks a memory format (strides only) by asking the
+        # example's batch size (`batch < 16`): decided without recording anything, so
+        # that this choice never narrows what is known about the dimensions.
+        quiet = (
+            self.shape_env.suppress_guards()
+            if _is_convolution(node, self.root)
+            else contextlib.nullcontext()
+        )
         try:
-            with self.fake_mode:
+            with self.fake_mode, quiet:
                 if node.op == "call_function":
                     target = node.target
                     if target in _SYMBOLIC_MATH and any(
@@ -568,13 +618,6 @@ class CustomTracer(torch.fx.Tracer):
         """Guards added by an operation are assumptions taken from the example."""
         for guard in self.shape_env.guards[start:]:
             if self._allowed_guards or self.dims.prove(guard.expr, known) is True:
-                continue
-            if _is_layout_heuristic(guard):
-                # The fake convolution picks a memory format from the example's batch
-                # size: strides only, never shapes or values, which a graph ignores.
-                self.guards.append(
-                    Guard(self.dims.render(guard.expr), True, "memory format", self.location())
-                )
                 continue
             if not self.specialize_undecidable:
                 names = ", ".join(self.dims.symbols_of(guard.expr))
@@ -734,9 +777,12 @@ class CustomTracer(torch.fx.Tracer):
         self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))
 
 
-def _is_layout_heuristic(guard: Any) -> bool:
-    location = str(getattr(guard, "sloc", ""))
-    return "fake_impls.py" in location and location.rstrip(")").endswith(" in conv")
+def _is_convolution(node: Node, root: torch.nn.Module) -> bool:
+    if node.op == "call_function":
+        return node.target in _CONVOLUTIONS
+    if node.op == "call_module":
+        return isinstance(root.get_submodule(node.target), torch.nn.modules.conv._ConvNd)
+    return False
 
 
 def _fake_value(node: Node) -> Any:

@@ -1,0 +1,27 @@
+"""Helpers of the ONNX export tests."""
+
+from __future__ import annotations
+
+import onnx
+
+from yobx.torch.onnx import to_onnx
+
+
+def onnx_dims(model_proto: onnx.ModelProto) -> dict[str, list]:
+    """Returns ``name -> [dim_param or dim_value]`` for inputs and outputs."""
+    result = {}
+    for value in [*model_proto.graph.input, *model_proto.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        result[value.name] = [d.dim_param or d.dim_value for d in dims]
+    return result
+
+
+def export_and_validate(model, args=(), kwargs=None, dynamic_shapes=None, min_cases=3, **kw):
+    """Exports with validation and checks onnxruntime matches eager on the example
+    and on other sizes of every dynamic dimension."""
+    result = to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes, validate=True, **kw)
+    report = result.validation
+    assert report.ok, report.format()
+    assert report.n_checked >= min_cases, report.format()
+    assert report.max_abs_error <= 1e-4, report.format()
+    return result

@@ -1,0 +1,100 @@
+"""Control flow (``torch.cond`` -> If, scan -> Scan) and recurrent leaf modules
+(``nn.LSTM``/``nn.GRU`` -> ONNX LSTM/GRU) keep their dynamic dimensions."""
+
+import onnx
+import pytest
+import torch
+from torch._higher_order_ops.scan import scan
+
+from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
+from yobx.models import tiny_gru, tiny_lstm
+from yobx.torch.onnx import OnnxExportError
+
+
+@torch.fx.wrap
+def _cond(x):
+    return torch.cond(x.sum() > 0, lambda x: x.cos(), lambda x: x.sin() + 1, (x,))
+
+
+@torch.fx.wrap
+def _cumulative(init, xs):
+    def combine(carry, x):
+        carry = carry + x
+        return carry, carry * 2
+
+    return scan(combine, init, xs, dim=0)
+
+
+class CondModel(torch.nn.Module):
+    def forward(self, x):
+        return _cond(x)
+
+
+class ScanModel(torch.nn.Module):
+    def forward(self, init, xs):
+        return _cumulative(init, xs)
+
+
+def _op_types(model_proto: onnx.ModelProto) -> set[str]:
+    types = set()
+    for node in model_proto.graph.node:
+        types.add(node.op_type)
+    for function in model_proto.functions:
+        types.update(node.op_type for node in function.node)
+    return types
+
+
+def test_cond_becomes_if_both_branches():
+    # symbolic_trace keeps the wrapped call whole; make_fx turns it into the cond
+    # higher-order operator; both branches must be right for any batch.
+    x = torch.randn(3, 5)
+    result = export_and_validate(CondModel(), (x,), dynamic_shapes={"x": {0: "batch"}}, tracer="fx")
+    assert "If" in _op_types(result.model_proto)
+    from yobx.torch.onnx import validate
+
+    report = validate(CondModel(), result, [(x.abs(),), (-x.abs(),), (torch.randn(7, 5),)])
+    assert report.ok, report.format()
+
+
+def test_scan_becomes_scan_with_dynamic_steps():
+    init, xs = torch.randn(3, 5), torch.randn(7, 3, 5)
+    result = export_and_validate(
+        ScanModel(),
+        (init, xs),
+        dynamic_shapes={"init": {0: "batch"}, "xs": {0: "steps", 1: "batch"}},
+        tracer="fx",
+    )
+    assert "Scan" in _op_types(result.model_proto)
+    assert onnx_dims(result.model_proto)["xs"] == ["steps", "batch", 5]
+
+
+_TRACER_RNN_BUG = pytest.mark.xfail(
+    strict=True,
+    raises=OnnxExportError,
+    reason="CustomTracer cannot run nn.LSTM on symbolic sizes and specialises nn.GRU's "
+    "batch and sequence to the example's sizes",
+)
+
+
+@pytest.mark.parametrize(
+    ("factory", "op_type", "tracer"),
+    [
+        (tiny_lstm, "LSTM", "fx"),
+        (tiny_gru, "GRU", "fx"),
+        pytest.param(tiny_lstm, "LSTM", "custom", marks=_TRACER_RNN_BUG),
+        pytest.param(tiny_gru, "GRU", "custom", marks=_TRACER_RNN_BUG),
+    ],
+    ids=["lstm-fx", "gru-fx", "lstm-custom", "gru-custom"],
+)
+def test_rnn_leaf_becomes_onnx_operator(factory, op_type, tracer):
+    model, args, kwargs, dynamic_shapes = factory()
+    try:
+        result = export_and_validate(
+            model, args, kwargs, dynamic_shapes=dynamic_shapes, tracer=tracer
+        )
+    except torch.fx.proxy.TraceError as exc:
+        raise OnnxExportError(str(exc)) from exc
+    assert op_type in _op_types(result.model_proto)
+    dims = onnx_dims(result.model_proto)
+    assert dims["tokens"] == ["batch", "seq"]
+    assert dims["output"] == ["batch", "seq", 4]

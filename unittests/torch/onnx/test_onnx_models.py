@@ -1,0 +1,53 @@
+"""Export of whole models: the tiny-llm demo with past key/values, tiny Hugging Face
+models, nn.TransformerEncoder and a small CNN, validated at several sizes."""
+
+import pytest
+
+from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
+from yobx.models import load_model, tiny_cnn, tiny_llm, transformer_encoder
+
+
+def test_tiny_llm_with_past_key_values():
+    model, args, kwargs, dynamic_shapes = tiny_llm()
+    result = export_and_validate(model, args, kwargs, dynamic_shapes=dynamic_shapes, min_cases=5)
+    dims = onnx_dims(result.model_proto)
+    assert dims["input_ids"] == ["batch", "seq"]
+    assert dims["past_key_values_0_0"] == ["batch", 4, "past", 8]
+    assert dims["logits"] == ["batch", "seq", 128]
+    # The cache grows by the new tokens: the derived dimension is an expression of
+    # the user's names, the same for every layer, key and value.
+    for name in ("present_key_values_0_0", "present_key_values_1_1"):
+        assert dims[name] == ["batch", 4, "past+seq", 8]
+    assert result.input_names[0] == "input_ids"
+    assert result.output_names[0] == "logits"
+    names = [stage.name for stage in result.stages]
+    assert names[:6] == ["capture", "passes", "lower", "translate", "optimize", "check"]
+    assert all(stage.end_ns >= stage.start_ns for stage in result.stages)
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "GPT2LMHeadModel", "BertModel"])
+def test_huggingface_tiny_model(architecture):
+    pytest.importorskip("transformers")
+    model, args, kwargs, dynamic_shapes = load_model(f"hf:{architecture}")
+    result = export_and_validate(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    dims = onnx_dims(result.model_proto)
+    assert dims["input_ids"] == ["batch", "seq"]
+    assert dims["attention_mask"] == ["batch", "seq"]
+    first_output = result.output_names[0]
+    assert first_output in ("logits", "last_hidden_state")
+    assert dims[first_output][:2] == ["batch", "seq"]
+
+
+def test_transformer_encoder():
+    model, args, kwargs, dynamic_shapes = transformer_encoder()
+    result = export_and_validate(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    assert onnx_dims(result.model_proto)["src"] == ["batch", "seq", 16]
+
+
+@pytest.mark.parametrize("tracer", ["custom", "fx"])
+def test_small_cnn(tracer):
+    model, args, kwargs, dynamic_shapes = tiny_cnn()
+    result = export_and_validate(model, args, kwargs, dynamic_shapes=dynamic_shapes, tracer=tracer)
+    dims = onnx_dims(result.model_proto)
+    assert dims["images"] == ["batch", 3, 16, 16]
+    assert dims["output"] == ["batch", 10]

@@ -1,0 +1,417 @@
+"""remove_inplace on graphs from symbolic_trace, torch.export (IR and program), make_fx
+and CustomTracer: every in-place form, item assignment through views, mutated inputs and
+buffers, refusals."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from passes_capture import TOOLS, check_inplace
+from passes_test_helpers import assert_same, clone, has_inplace
+
+from yobx.torch.passes import MUTATIONS_KEY, InplaceRemovalError, remove_inplace
+
+
+class Lambda(torch.nn.Module):
+    """Wraps a function of tensors so that every capture tool sees a module."""
+
+    def __init__(self, fn, buffer=None):
+        super().__init__()
+        self.fn = fn
+        if buffer is not None:
+            self.register_buffer("buf", buffer)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        return self.fn(self, x, y)
+
+
+X = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7 - 1.5
+Y = torch.linspace(-1, 1, 6)
+X2 = torch.arange(56, dtype=torch.float32).reshape(7, 8) / 11 - 2.0
+Y2 = torch.linspace(-2, 1, 8)
+ROWS = torch.export.Dim("rows", min=4, max=64)
+COLS = torch.export.Dim("cols", min=6, max=64)
+DYN = ({0: ROWS, 1: COLS}, {0: COLS})
+
+
+def _methods(m, x, y):
+    z = x[1:]
+    z.add_(y)
+    x.mul_(2).sub_(0.5)
+    x[0].clamp_(-1.0, 1.0)
+    x[:, 1].exp_()
+    x.t()[2].sigmoid_()
+    return x + 1, z
+
+
+def _fill_zero(m, x, y):
+    v = x[1:3]
+    v.fill_(0.5)
+    x[:, -1].zero_()
+    w = x.transpose(0, 1)
+    w[0].fill_(7.0)
+    return x * 2
+
+
+def _masked(m, x, y):
+    x.masked_fill_(x > 0.5, 0.25)
+    x[0:2].masked_fill_(y > 0, -3.0)
+    return x.sum(dim=0)
+
+
+def _copy_views(m, x, y):
+    x.narrow(0, 1, 2).copy_(y.expand(2, -1))
+    x[:, 2:4].copy_(x[:, 0:2])
+    x.narrow(1, -2, 2).copy_(torch.ones(1, 2))
+    return x
+
+
+def _alias_reads(m, x, y):
+    a = x[:, 0]
+    b = x.t()
+    c = x.unsqueeze(0)
+    x.add_(1.0)
+    a.mul_(3.0)
+    return a + 0, b.sum(0), c[0] * 2
+
+
+def _nested_views(m, x, y):
+    v = x[1:][:, 1:].transpose(0, 1)
+    v[1].add_(10.0)
+    u = x.permute(1, 0)[2:4]
+    u.mul_(-1.0)
+    return x
+
+
+def _functions(m, x, y):
+    torch.exp_(x[0])
+    torch.relu_(x[1:])
+    torch.sigmoid_(x[:, 3])
+    F.relu(x, inplace=True)
+    return x - y
+
+
+def _dtype_promotion(m, x, y):
+    x.add_(y.double())
+    x.mul_(y.to(torch.float16))
+    return x
+
+
+def _buffer(m, x, y):
+    m.buf.add_(x[0])
+    m.buf.mul_(y)
+    return x + m.buf
+
+
+def _buffer_view(m, x, y):
+    m.buf[1:3].mul_(y[:2])
+    m.buf.add_(x[-1])
+    return x + m.buf
+
+
+def _input_rows(m, x, y):
+    x[1:3].add_(y)
+    return x.sum()
+
+
+def _inplace_module_result(m, x, y):
+    h = x * 2
+    h.add_(y)
+    h[:, 0].sub_(1.0)
+    return h, x
+
+
+def _tuple_results(m, x, y):
+    values, indices = x.sort(1)
+    values[:, 0].add_(1.0)
+    top, _ = x.max(0)
+    top.mul_(y)
+    return values, indices, top
+
+
+CASES = {
+    "methods": _methods,
+    "fill_zero": _fill_zero,
+    "masked": _masked,
+    "copy_views": _copy_views,
+    "alias_reads": _alias_reads,
+    "nested_views": _nested_views,
+    "functions": _functions,
+    "dtype_promotion": _dtype_promotion,
+    "buffer": _buffer,
+    "buffer_view": _buffer_view,
+    "input_rows": _input_rows,
+    "fresh": _inplace_module_result,
+    "tuple_results": _tuple_results,
+}
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_inplace_forms(tool, case):
+    if case.startswith("buffer") and tool == "make_fx":
+        pytest.skip("make_fx bakes buffers in as constants mutated while tracing")
+    if case == "buffer_view" and tool == "symbolic_trace":
+        pytest.skip("symbolic_trace runs m.buf[1:3] on the real buffer while tracing")
+    buffer = torch.linspace(0, 1, 6) if case.startswith("buffer") else None
+    model = Lambda(CASES[case], buffer=buffer)
+    if case.startswith("buffer") or case == "copy_views":
+        # the buffer and the constant ones(1, 2) fix the number of columns
+        check_inplace(tool, model, (X, Y), other_args=((X2[:5, :6], Y),))
+    else:
+        check_inplace(tool, model, (X, Y), other_args=((X2, Y2),), dynamic_shapes=DYN)
+
+
+def _setitem_basic(m, x, y):
+    x[:, 0] = 2.0
+    x[1] = y
+    x[..., 2:-2] = -1.0
+    x[1][2] = 5.0
+    x[None, 0, ::2] = 9.0
+    return x
+
+
+def _setitem_advanced(m, x, y):
+    x[x > 1.0] = 0.0
+    x[:, y > 0.5] = -2.0
+    x[:, torch.tensor([0, 2])] = y[:2]
+    x[1:, [1, 3]] = 4.0
+    x[..., torch.tensor([5])] = 6.0
+    torch.exp_(x[torch.tensor([0])])
+    return x
+
+
+def _setitem_tensor_value(m, x, y):
+    x[0] = y
+    x[:, 1:3] = x[:, 3:5] * 2
+    x[2:, 0] = y[:1]
+    return x + 1
+
+
+SETITEM = {
+    "basic": _setitem_basic,
+    "advanced": _setitem_advanced,
+    "tensor_value": _setitem_tensor_value,
+}
+
+
+@pytest.mark.parametrize("tool", ["torch_ir", "export", "make_fx", "tracer"])
+@pytest.mark.parametrize("case", sorted(SETITEM))
+def test_setitem(tool, case):
+    check_inplace(tool, Lambda(SETITEM[case]), (X, Y), other_args=((X2, Y2),), dynamic_shapes=DYN)
+
+
+def test_iadd_on_tensors_torch_ir():
+    def fn(m, x, y):
+        z = x[0]
+        x += y
+        x *= 2
+        return z + 0, x
+
+    captured = check_inplace(
+        "torch_ir", Lambda(fn), (X, Y), other_args=((X2, Y2),), dynamic_shapes=DYN
+    )
+    targets = {n.target for n in captured.graph.nodes}
+    assert not targets & {operator.iadd, operator.imul}
+
+
+def test_iadd_on_numbers_becomes_add():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.type = torch.Tensor
+    size = graph.call_method("size", (x, 0))
+    more = graph.call_function(operator.iadd, (size, 2))
+    graph.output(graph.call_function(operator.add, (size, more)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert remove_inplace(gm.graph) == 1
+    assert gm(torch.zeros(3)) == 8
+    assert more.target is operator.add
+
+
+def test_tensor_method_as_function():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.type = torch.Tensor
+    view = graph.call_function(operator.getitem, (x, (slice(None), 1)))
+    graph.call_function(torch.Tensor.add_, (view, 1.0))
+    graph.output(graph.call_function(torch.mul, (x, 2)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    expected_x = X.clone()
+    expected_x[:, 1] += 1
+    assert remove_inplace(gm.graph) == 1
+    assert not has_inplace(gm.graph)
+    out, new_x = gm(X.clone())
+    assert_same(expected_x * 2, out)
+    assert_same(expected_x, new_x)
+
+
+def test_inplace_module_and_out():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = torch.nn.LeakyReLU(0.2, inplace=True)
+            self.lin = torch.nn.Linear(6, 6)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            h = self.lin(x)
+            self.act(h)
+            out = torch.empty_like(h)
+            torch.add(h, y, out=out)
+            return out, h
+
+    check_inplace("symbolic_trace", M().requires_grad_(False), (X, Y), other_args=((X[:2], Y),))
+
+
+def test_mutation_metadata_symbolic_trace():
+    def fn(m, x, y):
+        x[1:].add_(1.0)
+        m.buf.mul_(y)
+        return x.sum()
+
+    gm = torch.fx.symbolic_trace(Lambda(fn, buffer=torch.ones(6)))
+    remove_inplace(gm.graph)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    records = output.meta[MUTATIONS_KEY]
+    assert [(r["kind"], r["target"], r["output_index"]) for r in records] == [
+        ("USER_INPUT_MUTATION", "x", 1),
+        ("BUFFER_MUTATION", "buf", 2),
+    ]
+    out, new_x, new_buf = gm(X.clone(), Y)
+    assert_same(Y.clone(), new_buf)
+    assert_same(X + torch.tensor([[0.0]] + [[1.0]] * 3), new_x)
+
+
+def test_export_signature_updated():
+    def fn(m, x, y):
+        m.buf.add_(y)
+        x[0].mul_(2.0)
+        return x + m.buf
+
+    model = Lambda(fn, buffer=torch.zeros(6))
+    ep = torch.export.export(model, clone((X, Y)))
+    remove_inplace(ep.graph_module.graph, exported_program=ep)
+    kinds = [s.kind.name for s in ep.graph_signature.output_specs]
+    assert kinds == ["BUFFER_MUTATION", "USER_INPUT_MUTATION", "USER_OUTPUT"]
+    assert ep.graph_signature.buffers_to_mutate
+    # the program stays usable by torch.export's own tooling
+    decomposed = ep.run_decompositions({})
+    x = X.clone()
+    out = decomposed.module()(x, Y)
+    expected_model = Lambda(fn, buffer=torch.zeros(6))
+    ex = X.clone()
+    assert_same(expected_model(ex, Y), out)
+    assert_same(ex, x)
+
+
+def _refused_contiguous(m, x, y):
+    c = x.contiguous()
+    x.add_(1.0)
+    return c * 2
+
+
+def _refused_expand(m, x, y):
+    e = y.expand(1, 6)
+    e.add_(1.0)
+    return e, y
+
+
+def test_refuse_unprovable_alias():
+    gm = torch.fx.symbolic_trace(Lambda(_refused_contiguous))
+    with pytest.raises(InplaceRemovalError, match="add_.*share storage with 'contiguous'"):
+        remove_inplace(gm.graph)
+
+
+def test_refuse_counts_and_stays_exact():
+    for fn in (_refused_contiguous, _refused_expand):
+        gm = torch.fx.symbolic_trace(Lambda(fn))
+        expected = gm(X.clone(), Y.clone())
+        assert remove_inplace(gm.graph, exc=False) == -1
+        gm.graph.lint()
+        assert_same(expected, gm(X.clone(), Y.clone()))
+
+
+def test_error_names_source_line():
+    pytest.importorskip("yobx.torch.tracing")
+    from passes_capture import capture
+
+    gm = capture("tracer", Lambda(_refused_contiguous), (X, Y))
+    with pytest.raises(InplaceRemovalError, match=r"test_passes_inplace.py.*x\.add_"):
+        remove_inplace(gm.graph)
+
+
+def test_unknown_placeholder_type_is_refused():
+    def fn(x):
+        x.add_(1)
+        return x
+
+    gm = torch.fx.symbolic_trace(fn)
+    # without annotation nor meta["val"], x[1:] cannot be proven to be a tensor view
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    view = graph.call_function(operator.getitem, (x, slice(1, None)))
+    graph.call_method("add_", (view, 1))
+    graph.output(x)
+    assert remove_inplace(graph, exc=False) == -1
+    assert remove_inplace(gm.graph) == 1
+
+
+def test_recursive_cond_branches():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            def true_fn(x):
+                y = x * 2
+                y[0].add_(1.0)
+                return y
+
+            def false_fn(x):
+                y = x.clone()
+                y.sub_(1.0)
+                return y
+
+            return torch.cond(x.sum() > 0, true_fn, false_fn, (x,))
+
+    ep = torch.export.export(M(), (X.clone(),))
+    subgraphs = [m for m in ep.graph_module.children() if isinstance(m, torch.fx.GraphModule)]
+    assert any(has_inplace(s.graph) for s in subgraphs)
+    count = remove_inplace(ep.graph_module.graph, exported_program=ep, recursive=True)
+    assert count >= 2
+    assert not any(has_inplace(s.graph) for s in subgraphs)
+    for x in (X, -X):
+        assert_same(M()(x.clone()), ep.module()(x.clone()))
+
+
+def test_subgraph_input_mutation_refused():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.type = torch.Tensor
+    graph.call_method("add_", (x, 1))
+    graph.output(x)
+    sub = torch.fx.GraphModule(torch.nn.Module(), graph)
+    root = torch.nn.Module()
+    root.branch = sub
+    outer = torch.fx.Graph()
+    a = outer.placeholder("a")
+    b = outer.get_attr("branch")
+    outer.output(outer.call_function(torch.mul, (a, 2)))
+    del b
+    gm = torch.fx.GraphModule(root, outer)
+    assert remove_inplace(gm.graph, recursive=True, exc=False) == -1
+
+
+def test_getitem_of_ambiguous_max_is_not_fresh():
+    # torch.max(x) is a tensor, torch.max(x, 0) a tuple: without meta["val"], x.max()[0]
+    # may be a view of the maximum, so writing into it must not be treated as fresh
+    def fn(m, x, y):
+        top = x.max(0)
+        first = top[0]
+        first.add_(1.0)
+        return top[0] * 2
+
+    gm = torch.fx.symbolic_trace(Lambda(fn))
+    expected = Lambda(fn)(X.clone(), Y)
+    count = remove_inplace(gm.graph, exc=False)
+    assert_same(expected, gm(X.clone(), Y))
+    assert count == -1

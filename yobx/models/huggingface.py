@@ -1,0 +1,74 @@
+"""Hugging Face models built from tiny configurations with random weights.
+
+Nothing is downloaded: the configuration is created in code with small sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: Small sizes applied to any configuration having these attributes.
+_TINY = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+    "n_embd": 32,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 64,
+    "n_inner": 37,
+    "type_vocab_size": 2,
+}
+
+
+def tiny_config(architecture: str) -> Any:
+    """Returns a tiny configuration for ``architecture`` (e.g. ``LlamaForCausalLM``)."""
+    import transformers
+
+    model_class = getattr(transformers, architecture, None)
+    if model_class is None or not hasattr(model_class, "config_class"):
+        raise ValueError(f"transformers has no model architecture named {architecture!r}")
+    config_class = model_class.config_class
+    defaults = config_class()
+    overrides = {k: v for k, v in _TINY.items() if hasattr(defaults, k)}
+    # Special token ids of the full-size vocabulary fall outside the tiny one.
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(defaults, name, None)
+        if isinstance(value, int) and value >= _TINY["vocab_size"]:
+            overrides[name] = 0
+    config = config_class(**overrides)
+    # Eager attention is the reference implementation, and the cache object is not an
+    # input or output of these demos.
+    config._attn_implementation = "eager"
+    config.use_cache = False
+    if hasattr(config, "hidden_dropout_prob"):
+        config.hidden_dropout_prob = 0.0
+        config.attention_probs_dropout_prob = 0.0
+    return config
+
+
+def hf_model(architecture: str, batch: int = 2, seq: int = 5):
+    """Returns ``(model, args, kwargs, dynamic_shapes)`` for a tiny random model."""
+    import transformers
+
+    config = tiny_config(architecture)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = getattr(transformers, architecture)(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, config.vocab_size, (batch, seq), generator=generator)
+    attention_mask = torch.ones((batch, seq), dtype=torch.int64)
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    # Position embeddings are tables: the sequence cannot exceed their size.
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(
+        config, "n_positions", None
+    )
+    seq_dim = torch.export.Dim("seq", max=max_positions) if max_positions else "seq"
+    dims = {0: "batch", 1: seq_dim}
+    return model, (), kwargs, {"input_ids": dims, "attention_mask": dims}

@@ -1,0 +1,175 @@
+"""Every use of torch.onnx's private exporter internals, pinned in one place.
+
+``torch.onnx.export(..., dynamo=True)`` translates an aten-level FX graph with
+onnxscript's torch_lib. The pieces doing that (registry, dispatcher, per-graph
+translation, opset bookkeeping) work on any aten FX graph whose nodes carry
+``meta["val"]``, not only on graphs coming from :func:`torch.export.export`; we reuse
+them instead of writing the aten to ONNX translation again.
+``unittests/torch/onnx/test_torch_onnx_internals.py`` checks the assumptions made here,
+so a torch upgrade breaking them fails there first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from torch.onnx._internal.exporter import (
+    _core,
+    _decomp,
+    _errors,
+    _ir_passes,
+    _registration,
+)
+from torch.onnx._internal.fx.passes import type_promotion
+
+#: ONNX domain of the local functions holding subgraphs (cond, scan bodies).
+LOCAL_FUNCTION_DOMAIN = "pkg.torch.__subgraph__"
+
+
+@functools.cache
+def onnx_registry(opset: int = 18) -> _registration.ONNXRegistry:
+    """Returns torch_lib's registry of aten -> ONNX functions for ``opset``.
+
+    Building it imports and indexes all of torch_lib (about a second), so it is built
+    once per process and opset.
+    """
+    # torchvision is not required; the registry warns for each of its missing ops.
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        registry = _registration.ONNXRegistry.from_torchlib(opset_version=opset)
+    finally:
+        logger.setLevel(level)
+    from yobx.torch.onnx import custom_ops
+
+    custom_ops.register_translations(registry)
+    return registry
+
+
+@functools.cache
+def decomposition_table(opset: int = 18) -> dict[Any, Callable]:
+    """Returns the aten decompositions for the ops torch_lib does not implement."""
+    registry = onnx_registry(opset)
+    implemented = set(_decomp.get_onnx_implemented_overloads(registry))
+    return _decomp.create_onnx_friendly_decomposition_table(implemented)
+
+
+@functools.cache
+def _preserved_composite_ops(opset: int) -> tuple[Any, ...]:
+    from torch._export.utils import _collect_all_valid_cia_ops
+
+    registry = onnx_registry(opset)
+    return tuple(op for op in _collect_all_valid_cia_ops() if registry.is_registered(op))
+
+
+def _sdpa_is_4d(query, key, value, *args, **kwargs) -> bool:
+    return query.dim() == 4 and key.dim() == 4 and value.dim() == 4
+
+
+#: torch_lib's translation of these operators only handles some of their inputs;
+#: other calls are decomposed.
+_PRESERVE_ONLY_IF: dict[Any, Callable[..., bool]] = {
+    torch.ops.aten.scaled_dot_product_attention.default: _sdpa_is_4d,
+}
+
+
+def _conditionally_preserved(op: Any, condition: Callable[..., bool]) -> Callable:
+    from torch._export.utils import _get_decomp_for_cia
+
+    decomposition = _get_decomp_for_cia(op)
+
+    def kernel(*args, **kwargs):
+        if condition(*args, **kwargs):
+            # NotImplemented is the marker keeping the operator whole.
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+
+    return kernel
+
+
+@contextlib.contextmanager
+def preserve_translatable_composite_ops(opset: int = 18) -> Iterator[None]:
+    """Keeps composite operators torch_lib translates (linear, layer_norm,
+    scaled_dot_product_attention, ...) as single aten nodes while lowering.
+
+    Without it, make_fx decomposes every CompositeImplicitAutograd operator into its
+    pieces: the ONNX graph gets bigger, weights get transposed (and renamed by the
+    constant folding) and the attention loses its shape. This is what
+    ``ExportedProgram.run_decompositions`` does for torch.onnx; the patch of the
+    operators' Python kernels is undone on exit.
+    """
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.utils import _special_op_to_preserve_cia
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    preserved = dict.fromkeys(_preserved_composite_ops(opset), _special_op_to_preserve_cia)
+    for op, condition in _PRESERVE_ONLY_IF.items():
+        if op in preserved:
+            preserved[op] = _conditionally_preserved(op, condition)
+    with enable_python_dispatcher(), _override_composite_implicit_decomp(preserved):
+        yield
+
+
+def is_translatable(target: Any, opset: int = 18) -> bool:
+    """Tells whether torch_lib (or a yobx translation) implements ``target``."""
+    return onnx_registry(opset).is_registered(target)
+
+
+def insert_type_promotion(graph_module: torch.fx.GraphModule) -> None:
+    """Makes implicit type promotions explicit (ONNX operators need equal types)."""
+    for module in graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            type_promotion.InsertTypePromotion(module).run()
+
+
+def translate_graph(
+    graph: torch.fx.Graph,
+    model: ir.Model,
+    graph_like: ir.Graph | ir.Function,
+    owned_graphs: Mapping[str, ir.Function],
+    opset: int,
+) -> dict[str, ir.Value | Sequence[ir.Value]]:
+    """Translates one aten FX graph into ``graph_like``, returns node name -> values."""
+    # torch.onnx warns for every node without nn_module_stack, which our aten graphs
+    # never have: silence it for the call.
+    logger = logging.getLogger(_core.__name__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return _core._translate_fx_graph(
+            graph,
+            model,
+            graph_like=graph_like,
+            owned_graphs=owned_graphs,
+            lower="at_conversion",
+            registry=onnx_registry(opset),
+        )
+    finally:
+        logger.setLevel(level)
+
+
+def torch_tensor(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:
+    """Wraps a torch tensor as an onnx_ir tensor without copying it."""
+    return _core.TorchTensor(tensor, name=name)
+
+
+def onnx_dtype(dtype: torch.dtype) -> ir.DataType:
+    """Converts a torch dtype to an ONNX data type."""
+    return _core.torch_dtype_to_onnx_dtype(dtype)
+
+
+def add_opset_imports(model: ir.Model) -> None:
+    """Declares in the model every opset its nodes and functions use."""
+    _ir_passes.add_opset_imports(model)
+
+
+#: Exceptions the translation raises when a node has no ONNX translation.
+ConversionError = _errors.ConversionError
+DispatchError = _errors.DispatchError

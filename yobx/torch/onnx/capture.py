@@ -1,0 +1,297 @@
+"""Capture of a model as a torch-level FX graph for the exporter.
+
+The exporter works on the output of :class:`yobx.torch.tracing.CustomTracer`: a graph
+whose placeholders are the flattened inputs and whose output node returns the
+flattened outputs, every node carrying ``meta["val"]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+
+@dataclasses.dataclass
+class CapturedGraph:
+    """A captured model.
+
+    :param graph_module: torch-level graph, flat inputs and flat outputs
+    :param out_spec: pytree spec rebuilding the user's output structure
+    :param dimension_names: ShapeEnv symbol name -> user's dimension name
+    :param guards: assumptions the capture made
+    :param shape_env: the ShapeEnv of the fake values
+    :param tracer: the tracer, when one was used
+    """
+
+    graph_module: torch.fx.GraphModule
+    out_spec: pytree.TreeSpec | None
+    dimension_names: dict[str, str]
+    guards: list[Any]
+    shape_env: Any
+    tracer: Any = None
+
+
+def bind_arguments(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict:
+    """Binds ``args`` and ``kwargs`` to the names of ``model.forward``'s parameters.
+
+    The result is ordered as the signature, which is the order of the flattened
+    inputs of the captured graph.
+    """
+    signature = inspect.signature(model.forward)
+    bound = signature.bind(*args, **kwargs)
+    result = {}
+    for name, parameter in signature.parameters.items():
+        if name not in bound.arguments:
+            continue
+        value = bound.arguments[name]
+        if parameter.kind == inspect.Parameter.VAR_POSITIONAL:
+            for i, item in enumerate(value):
+                result[f"{name}_{i}"] = item
+        elif parameter.kind == inspect.Parameter.VAR_KEYWORD:
+            result.update(value)
+        else:
+            result[name] = value
+    return result
+
+
+def flatten_inputs(
+    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any] | None
+) -> list[Any]:
+    """Flattens the inputs in the order of the captured graph's placeholders."""
+    bound = bind_arguments(model, tuple(args), kwargs or {})
+    return pytree.tree_leaves(list(bound.values()))
+
+
+def capture(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any] | None,
+    dynamic_shapes: Any,
+    module_leaves: Any = None,
+) -> CapturedGraph:
+    """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer`."""
+    from yobx.torch.tracing import CustomTracer
+
+    concrete_args = bind_arguments(model, tuple(args), kwargs or {})
+    tracer = CustomTracer(module_leaves=module_leaves)
+    graph = tracer.trace(
+        model,
+        concrete_args=concrete_args,
+        dynamic_shapes=dynamic_shapes,
+        remove_inplace=True,
+    )
+    graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
+    codegen = graph_module.graph._codegen
+    pytree_info = getattr(codegen, "pytree_info", None)
+    out_spec = pytree_info.out_spec if pytree_info is not None else None
+    if out_spec is None:
+        out_spec = _flatten_outputs(graph_module)
+    return CapturedGraph(
+        graph_module=graph_module,
+        out_spec=out_spec,
+        dimension_names=dict(getattr(tracer, "dimension_names", {}) or {}),
+        guards=list(getattr(tracer, "guards", []) or []),
+        shape_env=getattr(tracer, "shape_env", None),
+        tracer=tracer,
+    )
+
+
+def _expand_tuple_nodes(graph: torch.fx.Graph, value: Any) -> Any:
+    """Replaces nodes returning tuples (per ``meta["val"]``) by tuples of getitem nodes."""
+    if isinstance(value, torch.fx.Node):
+        val = value.meta.get("val")
+        if isinstance(val, (tuple, list)):
+            items = []
+            for i, item in enumerate(val):
+                with graph.inserting_after(value):
+                    getitem = graph.call_function(operator.getitem, (value, i))
+                getitem.meta["val"] = item
+                items.append(_expand_tuple_nodes(graph, getitem))
+            return tuple(items)
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_expand_tuple_nodes(graph, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _expand_tuple_nodes(graph, v) for k, v in value.items()}
+    return value
+
+
+def _flatten_outputs(graph_module: torch.fx.GraphModule) -> pytree.TreeSpec:
+    """Makes the output node return a flat tuple and returns the structure's spec."""
+    output = next(n for n in graph_module.graph.nodes if n.op == "output")
+    structure = _expand_tuple_nodes(graph_module.graph, output.args[0])
+    leaves, spec = pytree.tree_flatten(structure)
+    output.args = (tuple(leaves),)
+    graph_module.recompile()
+    return spec
+
+
+def output_names(out_spec: pytree.TreeSpec | None, count: int) -> list[str]:
+    """Returns readable, stable names for the flat outputs.
+
+    A single tensor is ``output``; a tuple or list gives ``output_0``, ``output_1``;
+    dictionaries and dataclass-like outputs (``ModelOutput``) use their keys, nested
+    positions append ``_<index>`` (``past_key_values_0_1``).
+    """
+    if out_spec is None or out_spec.num_leaves != count:
+        return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+    structure = pytree.tree_unflatten(list(range(count)), out_spec)
+    if not isinstance(structure, (list, tuple, dict)) and not pytree.is_namedtuple_instance(
+        structure
+    ):
+        leaves = pytree.tree_flatten_with_path(structure)[0]
+        if len(leaves) == 1 and not leaves[0][0]:
+            return ["output"]
+    names: list[str] = [""] * count
+    for path, index in pytree.tree_flatten_with_path(structure)[0]:
+        parts = []
+        for key in path:
+            if isinstance(key, pytree.SequenceKey):
+                parts.append(str(key.idx))
+            elif isinstance(key, pytree.MappingKey):
+                parts.append(str(key.key))
+            elif isinstance(key, pytree.GetAttrKey):
+                parts.append(key.name)
+            else:
+                parts.append(str(key))
+        name = "_".join(parts)
+        if not parts or isinstance(path[0], pytree.SequenceKey):
+            name = f"output_{name}" if name else "output"
+        names[index] = name
+    from yobx.torch.onnx.translate import sanitize_name
+
+    names = [sanitize_name(n) for n in names]
+    # Names must be unique; keys made equal by sanitizing get a suffix.
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        if name in seen:
+            seen[name] += 1
+            name = f"{name}_{seen[name]}"
+        else:
+            seen[name] = 0
+        unique.append(name)
+    return unique
+
+
+def _symbolic_context(value: torch.Tensor, axes: Mapping[int, Any]):
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    dynamic = [
+        DimDynamic.DYNAMIC if axis in axes else DimDynamic.STATIC for axis in range(value.dim())
+    ]
+    return StatelessSymbolicContext(dynamic_sizes=dynamic)
+
+
+def _leaf_aware_fake_tensor_prop():
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from yobx.torch.onnx.custom_ops import leaf_module_call
+
+    class LeafAwareFakeTensorProp(FakeTensorProp):
+        """Propagates fake values, running LSTM/GRU leaves as yobx custom operators
+        (their own forward cannot run on symbolic sizes)."""
+
+        def call_module(self, target, args, kwargs):
+            replacement = leaf_module_call(self.fetch_attr(target), args, kwargs)
+            if replacement is not None:
+                return replacement
+            return super().call_module(target, args, kwargs)
+
+    return LeafAwareFakeTensorProp
+
+
+def _is_axes_spec(spec: Any) -> bool:
+    return spec is None or (isinstance(spec, Mapping) and all(isinstance(k, int) for k in spec))
+
+
+def _flat_axes(value: Any, spec: Any) -> list[Mapping[int, Any]]:
+    """Flattens a torch.export-style dynamic shape spec along ``value``'s leaves."""
+    leaves = pytree.tree_leaves(value)
+    if spec is None:
+        return [{}] * len(leaves)
+    if isinstance(value, torch.Tensor):
+        return [spec or {}]
+    specs = pytree.tree_leaves(spec, is_leaf=_is_axes_spec)
+    if len(specs) != len(leaves):
+        raise ValueError(
+            f"dynamic_shapes has {len(specs)} entries for {len(leaves)} tensors: {spec!r}"
+        )
+    return [s or {} for s in specs]
+
+
+def capture_with_symbolic_trace(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any] | None,
+    dynamic_shapes: Any,
+) -> CapturedGraph:
+    """Captures ``model`` with :func:`torch.fx.symbolic_trace` and fake propagation.
+
+    Only for models that symbolic_trace supports (no branching on shapes). Nested
+    inputs (lists, tuples, dicts of tensors) are flattened. Dimensions named alike in
+    ``dynamic_shapes`` share one symbol.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx._symbolic_trace import PH
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake_prop_class = _leaf_aware_fake_tensor_prop()
+    bound = bind_arguments(model, tuple(args), kwargs or {})
+    concrete_args = {}
+    for name, value in bound.items():
+        if not isinstance(value, torch.Tensor) and pytree.tree_leaves(value):
+            concrete_args[name] = pytree.tree_map(lambda _: PH, value)
+    graph_module = torch.fx.symbolic_trace(model, concrete_args=concrete_args or None)
+    shape_env = ShapeEnv()
+    fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    dynamic_shapes = dynamic_shapes or {}
+    flat_values: list[Any] = []
+    flat_axes: list[Mapping[int, Any]] = []
+    for name, value in bound.items():
+        flat_values.extend(pytree.tree_leaves(value))
+        flat_axes.extend(_flat_axes(value, dynamic_shapes.get(name)))
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(flat_values):
+        raise ValueError(
+            f"symbolic_trace made {len(placeholders)} placeholders for "
+            f"{len(flat_values)} flat inputs"
+        )
+    fakes = []
+    symbols: dict[str, torch.SymInt] = {}
+    for value, axes in zip(flat_values, flat_axes):
+        if not isinstance(value, torch.Tensor):
+            fakes.append(value)
+            continue
+        fake = fake_mode.from_tensor(value, symbolic_context=_symbolic_context(value, axes))
+        for axis, dim in axes.items():
+            name = dim if isinstance(dim, str) else dim.__name__
+            size = fake.shape[axis]
+            if name in symbols:
+                # The same name means the same dimension: unify the symbols.
+                torch._check(size == symbols[name])
+            else:
+                symbols[name] = size
+        fakes.append(fake)
+    fake_prop_class(graph_module, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+    for node, fake in zip(placeholders, fakes):
+        node.meta["val"] = fake
+    pytree_info = getattr(graph_module.graph._codegen, "pytree_info", None)
+    if pytree_info is not None and pytree_info.out_spec is not None:
+        out_spec = pytree_info.out_spec
+    else:
+        out_spec = _flatten_outputs(graph_module)
+    names = {str(size.node.expr): name for name, size in symbols.items()}
+    return CapturedGraph(
+        graph_module=graph_module,
+        out_spec=out_spec,
+        dimension_names=names,
+        guards=[str(g.expr) for g in shape_env.guards],
+        shape_env=shape_env,
+    )

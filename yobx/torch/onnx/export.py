@@ -1,0 +1,338 @@
+"""``to_onnx``: capture, clean, lower, translate, optimize and check a model."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import torch
+
+from yobx.torch.onnx import capture as capture_module
+from yobx.torch.onnx.dimensions import (
+    DimensionRenamer,
+    dimension_names_from_dynamic_shapes,
+    dynamic_dimensions,
+    rename_dimensions,
+)
+from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.onnx.lowering import lower_to_aten
+from yobx.torch.onnx.translate import build_model
+
+#: Default ONNX opset: the one torch_lib is written for.
+DEFAULT_OPSET = 18
+#: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
+_TWO_GB = 2**31
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclasses.dataclass
+class Stage:
+    """One stage of the export pipeline.
+
+    :param name: stage name (``capture``, ``passes``, ``lower``, ``translate``, ...)
+    :param start_ns: ``time.perf_counter_ns()`` at the start
+    :param end_ns: ``time.perf_counter_ns()`` at the end
+    :param args: extra information (``rss_bytes`` at the end, counts)
+    """
+
+    name: str
+    start_ns: int
+    end_ns: int
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        """Duration in seconds."""
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclasses.dataclass
+class ExportResult:
+    """What :func:`to_onnx` produced.
+
+    :param model_proto: the ONNX model
+    :param model: the same model as an ``onnx_ir`` model
+    :param graph_module: the captured torch-level graph (after the passes)
+    :param guards: the assumptions the capture made
+    :param stages: per-stage timings, in order
+    :param input_names: ONNX input names (the flat inputs)
+    :param output_names: ONNX output names (the flat outputs)
+    :param dynamic_dimensions: names of the dynamic dimensions of inputs and outputs
+    :param validation: the validation report when ``validate=True``
+    :param filename: where the model was saved, if it was
+    """
+
+    model_proto: onnx.ModelProto
+    model: ir.Model
+    graph_module: torch.fx.GraphModule
+    guards: list[Any]
+    stages: list[Stage]
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_dimensions: list[str]
+    dimension_names: dict[str, str]
+    validation: Any = None
+    filename: str | None = None
+
+    @property
+    def n_graph_nodes(self) -> int:
+        """Number of computing nodes in the captured graph."""
+        return sum(
+            n.op in ("call_function", "call_method", "call_module")
+            for n in self.graph_module.graph.nodes
+        )
+
+    @property
+    def n_onnx_nodes(self) -> int:
+        """Number of nodes in the main ONNX graph."""
+        return len(self.model_proto.graph.node)
+
+    @property
+    def duration_s(self) -> float:
+        """Total time of all stages in seconds."""
+        return sum(stage.duration_s for stage in self.stages)
+
+    def save(self, filename: str | os.PathLike) -> None:
+        """Saves the model; weights go to ``<filename>.data`` past 2 GB."""
+        save_model(self.model_proto, filename)
+        self.filename = str(filename)
+
+
+def save_model(model_proto: onnx.ModelProto, filename: str | os.PathLike) -> None:
+    """Saves ``model_proto``, with external weights when it exceeds 2 GB."""
+    filename = os.fspath(filename)
+    size = sum(init.ByteSize() for init in model_proto.graph.initializer)
+    if size >= _TWO_GB:
+        location = os.path.basename(filename) + ".data"
+        onnx.save_model(
+            model_proto,
+            filename,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=location,
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model_proto, filename)
+
+
+class _StageRecorder:
+    def __init__(self, verbose: int, progress: Callable[[Stage], None] | None):
+        self.stages: list[Stage] = []
+        self.verbose = verbose
+        self.progress = progress
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[dict[str, Any]]:
+        args: dict[str, Any] = {}
+        if self.verbose:
+            print(f"[to_onnx] {name} ...", flush=True)
+        start = time.perf_counter_ns()
+        yield args
+        end = time.perf_counter_ns()
+        rss = _rss_bytes()
+        if rss is not None:
+            args["rss_bytes"] = rss
+        stage = Stage(name, start, end, args)
+        self.stages.append(stage)
+        if self.progress is not None:
+            self.progress(stage)
+        if self.verbose:
+            print(f"[to_onnx] {name} done in {stage.duration_s:.3f}s", flush=True)
+
+
+def _run_passes(graph_module: torch.fx.GraphModule) -> dict[str, int]:
+    """Runs yobx's cleaning passes that are available, returns their counts."""
+    try:
+        from yobx.torch import passes
+    except ImportError:
+        return {}
+    counts = {}
+    for name in ("remove_unnecessary_slices", "remove_batch_dim_nodes", "remove_inplace"):
+        function = getattr(passes, name, None)
+        if function is not None:
+            counts[name] = function(graph_module.graph)
+    graph_module.graph.lint()
+    graph_module.recompile()
+    return counts
+
+
+def _check_dynamic_dimensions_kept(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    dynamic_shapes: Any,
+    graph_module: torch.fx.GraphModule,
+) -> None:
+    """Raises if a dimension the user declared dynamic came out of the capture static.
+
+    An ONNX model with that dimension fixed would be silently wrong for other sizes.
+    """
+    if not isinstance(dynamic_shapes, Mapping):
+        return
+    bound = capture_module.bind_arguments(model, args, kwargs)
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    flat: list[tuple[str, Mapping[int, Any]]] = []
+    for name, value in bound.items():
+        axes = capture_module._flat_axes(value, dynamic_shapes.get(name))
+        flat.extend((name, a) for a in axes)
+    if len(flat) != len(placeholders):
+        return
+    static = []
+    for node, (_, axes) in zip(placeholders, flat):
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        for axis, dim in axes.items():
+            if isinstance(value.shape[axis], int):
+                dim_name = dim if isinstance(dim, str) else getattr(dim, "__name__", dim)
+                static.append(f"{dim_name!r} (axis {axis} of {node.name}) = {value.shape[axis]}")
+    if static:
+        raise OnnxExportError(
+            "the capture specialised dynamic dimensions to the example's sizes: "
+            + ", ".join(static)
+            + "; the ONNX model would be wrong for other sizes"
+        )
+
+
+def _tracer_available() -> bool:
+    try:
+        from yobx.torch.tracing import CustomTracer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def to_onnx(
+    model: torch.nn.Module,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    dynamic_shapes: Any = None,
+    filename: str | os.PathLike | None = None,
+    opset: int | None = None,
+    module_leaves: Any = None,
+    validate: bool = False,
+    verbose: int = 0,
+    profile: str | None = None,
+    tracer: str = "custom",
+    progress: Callable[[Stage], None] | None = None,
+) -> ExportResult:
+    """Exports ``model`` to ONNX.
+
+    The model is captured with :class:`yobx.torch.tracing.CustomTracer`, cleaned with
+    yobx's passes, lowered to aten in one pass over the captured graph (the model is not
+    traced again), translated with onnxscript's torch_lib, optimized with onnxscript's
+    optimizer, checked with :func:`onnx.checker.check_model` and shape inference.
+
+    :param model: the model
+    :param args: positional example inputs
+    :param kwargs: keyword example inputs
+    :param dynamic_shapes: torch.export-style dynamic shapes, per argument name,
+        ``{axis: Dim or "name"}``; the names become ONNX dimension names
+    :param filename: saves the model there (weights external past 2 GB)
+    :param opset: ONNX opset (default 18)
+    :param module_leaves: forwarded to the tracer
+    :param validate: compares onnxruntime with eager PyTorch on the example inputs and
+        on inputs with other sizes for each dynamic dimension
+    :param verbose: prints the stages
+    :param profile: writes a Chrome trace of the stages there
+    :param progress: called with each :class:`Stage` when it ends
+    :param tracer: ``"custom"`` (CustomTracer) or ``"fx"`` (``torch.fx.symbolic_trace``
+        with fake propagation, for models without shape-dependent code)
+    :return: an :class:`ExportResult`
+    """
+    opset = opset or DEFAULT_OPSET
+    kwargs = dict(kwargs or {})
+    args = tuple(args)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    stage = _StageRecorder(verbose, progress)
+
+    with stage("capture") as info:
+        if tracer == "custom" and _tracer_available():
+            captured = capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
+        elif tracer in ("custom", "fx"):
+            captured = capture_module.capture_with_symbolic_trace(
+                model, args, kwargs, dynamic_shapes
+            )
+        else:
+            raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
+        graph_module = captured.graph_module
+        info["nodes"] = len(graph_module.graph.nodes)
+    _check_dynamic_dimensions_kept(model, args, kwargs, dynamic_shapes, graph_module)
+    with stage("passes") as info:
+        info.update(_run_passes(graph_module))
+    with stage("lower") as info:
+        lowered = lower_to_aten(graph_module, opset=DEFAULT_OPSET)
+        info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
+    with stage("translate") as info:
+        n_outputs = len(next(n for n in graph_module.graph.nodes if n.op == "output").args[0])
+        output_names = capture_module.output_names(captured.out_spec, n_outputs)
+        ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
+        placeholders = {
+            n.name: n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"
+        }
+        names = dimension_names_from_dynamic_shapes(
+            placeholders, dynamic_shapes, list(placeholders)
+        )
+        names.update(captured.dimension_names)
+        rename_dimensions(ir_model, DimensionRenamer(names, captured.shape_env))
+        info["onnx_nodes"] = len(ir_model.graph)
+    with stage("optimize") as info:
+        import onnxscript.optimizer
+
+        onnxscript.optimizer.optimize_ir(ir_model)
+        if opset != DEFAULT_OPSET:
+            import onnxscript.version_converter
+
+            onnxscript.version_converter.convert_version(ir_model, opset, fallback=True)
+        info["onnx_nodes"] = len(ir_model.graph)
+    with stage("check"):
+        proto = ir.to_proto(ir_model)
+        if proto.ByteSize() < _TWO_GB:
+            onnx.checker.check_model(proto)
+            proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    result = ExportResult(
+        model_proto=proto,
+        model=ir_model,
+        graph_module=graph_module,
+        guards=captured.guards,
+        stages=stage.stages,
+        input_names=[v.name for v in ir_model.graph.inputs],
+        output_names=[v.name for v in ir_model.graph.outputs],
+        dynamic_dimensions=dynamic_dimensions(ir_model),
+        dimension_names=names,
+    )
+    if filename is not None:
+        with stage("save"):
+            result.save(filename)
+    if validate:
+        from yobx.torch.onnx.validation import validate_export
+
+        with stage("validate") as info:
+            result.validation = validate_export(
+                model, args, kwargs, result, captured, verbose=verbose
+            )
+            info["max_abs_error"] = result.validation.max_abs_error
+    if profile is not None:
+        from yobx.torch.inspect.chrome_trace import write_stage_profile
+
+        write_stage_profile(result.stages, profile)
+    return result
+
+
+__all__ = ["DEFAULT_OPSET", "ExportResult", "OnnxExportError", "Stage", "save_model", "to_onnx"]

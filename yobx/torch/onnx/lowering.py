@@ -1,0 +1,226 @@
+"""Lowers a torch-level FX graph (our tracer's output) to an aten FX graph.
+
+The whole graph is lowered in one :func:`make_fx` call on the fake values the tracer
+stored in each placeholder's ``meta["val"]``, with torch.onnx's decomposition table
+(decompose only what torch_lib does not implement). Nothing of the user's model runs
+again: make_fx interprets our graph node by node. Parameters and buffers are lifted
+into placeholders so that they become ONNX initializers named after their qualified
+names, and every aten node producing the value of one of our nodes is tagged with
+that node's name, so the ONNX value can carry it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental import proxy_tensor
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.nn.utils import stateless
+
+from yobx.torch.onnx import _torch_onnx_internals as internals
+from yobx.torch.onnx import custom_ops
+from yobx.torch.onnx.errors import OnnxExportError
+
+#: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
+SOURCE_NODE_KEY = "yobx_source_node"
+#: Meta key set on aten nodes: the torch-level node being interpreted when they were made.
+ORIGIN_NODE_KEY = "yobx_origin_node"
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    """An aten graph ready to be translated.
+
+    :param graph_module: aten graph module; its placeholders are the user inputs
+        (``input_names``) followed by the lifted parameters and buffers
+        (``state_names``)
+    :param input_names: names of the user inputs, one per user placeholder
+    :param state_names: qualified names of the lifted parameters and buffers
+    :param state_values: the real tensors of those parameters and buffers
+    :param fake_mode: the fake mode the graph was lowered in
+    :param origins: aten node name -> torch-level node it was created for
+    """
+
+    graph_module: torch.fx.GraphModule
+    input_names: list[str]
+    state_names: list[str]
+    state_values: list[torch.Tensor]
+    fake_mode: FakeTensorMode
+    origins: dict[str, torch.fx.Node]
+
+
+def _fake_mode_of(graph_module: torch.fx.GraphModule) -> FakeTensorMode:
+    values = [node.meta.get("val") for node in graph_module.graph.nodes if node.op == "placeholder"]
+    mode = detect_fake_mode(tuple(v for v in values if isinstance(v, torch.Tensor)))
+    if mode is None:
+        # A graph without tensor inputs: any fake mode does, shapes are static.
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+    return mode
+
+
+def _collect_state(
+    graph_module: torch.fx.GraphModule,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Returns parameters, buffers and plain tensor attributes read by ``get_attr``,
+    and the aliases (other names of tied weights -> the name lifted)."""
+    state: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[int, str] = {}
+    for name, tensor in [
+        *graph_module.named_parameters(remove_duplicate=False),
+        *graph_module.named_buffers(remove_duplicate=False),
+    ]:
+        # Tied weights are lifted once; the other names point to the same input.
+        if id(tensor) in seen:
+            aliases[name] = seen[id(tensor)]
+            continue
+        seen[id(tensor)] = name
+        state[name] = tensor
+    for node in graph_module.graph.nodes:
+        if node.op != "get_attr" or node.target in state:
+            continue
+        value = operator.attrgetter(node.target)(graph_module)
+        if isinstance(value, torch.Tensor) and id(value) not in seen:
+            seen[id(value)] = node.target
+            state[node.target] = value
+    return state, aliases
+
+
+class _LoweringInterpreter(torch.fx.Interpreter):
+    """Interprets a torch-level graph inside make_fx and records provenance."""
+
+    def __init__(self, module: torch.fx.GraphModule, origins: dict[str, torch.fx.Node]):
+        super().__init__(module, garbage_collect_values=True)
+        self.origins = origins
+        self._last: torch.fx.Node | None = None
+
+    def _new_aten_nodes(self, tracer: Any) -> list[torch.fx.Node]:
+        # make_fx only appends nodes: walk back from the end to the last node seen,
+        # linear in the number of new nodes.
+        graph = tracer.graph
+        nodes = []
+        node = graph._root.prev
+        while node is not graph._root and node is not self._last:
+            nodes.append(node)
+            node = node.prev
+        if nodes:
+            self._last = nodes[0]
+        return nodes[::-1]
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        mode = proxy_tensor.get_proxy_mode()
+        tracer = mode.tracer if mode is not None else None
+        if tracer is not None:
+            self._new_aten_nodes(tracer)
+        try:
+            result = super().run_node(node)
+        except OnnxExportError:
+            raise
+        except Exception as exc:
+            raise OnnxExportError(
+                f"cannot lower to aten: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                node,
+            ) from exc
+        if tracer is None:
+            return result
+        for aten_node in self._new_aten_nodes(tracer):
+            self.origins[aten_node.name] = node
+            aten_node.meta[ORIGIN_NODE_KEY] = node.name
+        if node.op != "placeholder":
+            for value in torch.utils._pytree.tree_leaves(result):
+                if isinstance(value, torch.Tensor):
+                    slot = proxy_tensor.get_proxy_slot(value, tracer, None)
+                    if slot is not None and SOURCE_NODE_KEY not in slot.proxy.node.meta:
+                        slot.proxy.node.meta[SOURCE_NODE_KEY] = node.name
+                    # Only the first tensor of a multi-output node keeps the node's name.
+                    break
+        return result
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        submodule = self.fetch_attr(target)
+        replacement = custom_ops.leaf_module_call(submodule, args, kwargs)
+        if replacement is not None:
+            return replacement
+        return super().call_module(target, args, kwargs)
+
+
+def _detach_constants(graph_module: torch.fx.GraphModule) -> None:
+    """Turns constant parameters left in the aten graph into plain tensors.
+
+    A parameter reached in a way the lifting does not see (through a Python
+    container, for instance) stays a constant; ONNX serialization needs a plain tensor.
+    """
+    for node in graph_module.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        value = operator.attrgetter(node.target)(graph_module)
+        if isinstance(value, torch.nn.Parameter):
+            plain = value.detach()
+            module_name, _, attribute = node.target.rpartition(".")
+            owner = graph_module.get_submodule(module_name) if module_name else graph_module
+            delattr(owner, attribute)
+            setattr(owner, attribute, plain)
+            if isinstance(node.meta.get("val"), torch.nn.Parameter):
+                node.meta["val"] = plain
+
+
+def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> LoweredGraph:
+    """Lowers ``graph_module`` (torch-level, with ``meta["val"]``) to an aten graph.
+
+    :param graph_module: the torch-level graph; placeholders need ``meta["val"]``
+    :param opset: ONNX opset, selects which ops torch_lib implements (and so which
+        ones are decomposed)
+    :return: the lowered graph
+    """
+    fake_mode = _fake_mode_of(graph_module)
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    user_values = []
+    for node in placeholders:
+        if "val" not in node.meta:
+            raise OnnxExportError("placeholder has no meta['val']", node)
+        user_values.append(node.meta["val"])
+    state, aliases = _collect_state(graph_module)
+    state_names = list(state)
+    with fake_mode:
+        fake_state = [fake_mode.from_tensor(t.detach(), static_shapes=True) for t in state.values()]
+    origins: dict[str, torch.fx.Node] = {}
+    n_user = len(user_values)
+
+    def run(*flat: Any) -> Any:
+        replacements = dict(zip(state_names, flat[n_user:]))
+        for alias, name in aliases.items():
+            replacements[alias] = replacements[name]
+        with stateless._reparametrize_module(graph_module, replacements, strict=False):
+            return _LoweringInterpreter(graph_module, origins).run(
+                *flat[:n_user], enable_io_processing=False
+            )
+
+    table = internals.decomposition_table(opset)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(fake_mode)
+        # Shapes of size 0 or 1 are not specialised while lowering: the tracer already
+        # decided what the dimensions may be.
+        stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
+        stack.enter_context(internals.preserve_translatable_composite_ops(opset))
+        aten_gm = proxy_tensor.make_fx(
+            run,
+            decomposition_table=table,
+            tracing_mode="real",
+            _allow_non_fake_inputs=False,
+        )(*user_values, *fake_state)
+    _detach_constants(aten_gm)
+    return LoweredGraph(
+        graph_module=aten_gm,
+        input_names=[n.name for n in placeholders],
+        state_names=state_names,
+        state_values=[t.detach() for t in state.values()],
+        fake_mode=fake_mode,
+        origins=origins,
+    )

@@ -1,0 +1,213 @@
+"""Translates a lowered aten graph into an onnx_ir model.
+
+Each aten node goes through torch_lib (see :mod:`._torch_onnx_internals`); this module
+adds what is ours: inputs named after the user's flat inputs, initializers named after
+the parameters' qualified names, outputs with readable names, and ONNX values named
+after the torch-level FX nodes whose values they hold.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import onnx_ir as ir
+import torch
+
+from yobx.torch.onnx import _torch_onnx_internals as internals
+from yobx.torch.onnx.errors import OnnxExportError, UnsupportedOperatorError
+from yobx.torch.onnx.lowering import SOURCE_NODE_KEY, LoweredGraph
+
+
+def _rename_aten_nodes(graph_module: torch.fx.GraphModule, names: dict[str, str]) -> None:
+    """Renames aten nodes so that the ONNX values torch_lib creates get our names.
+
+    torch_lib names each ONNX value after the aten node producing it. Nodes holding the
+    value of a torch-level node take that node's name; all others keep theirs, made
+    unique against the new names.
+    """
+    graph = graph_module.graph
+    nodes = list(graph.nodes)
+    for i, node in enumerate(nodes):
+        node._rename(f"_yobx_tmp_{i}")
+    wanted = {}
+    for node in nodes:
+        if node.op == "placeholder":
+            continue
+        source = node.meta.get(SOURCE_NODE_KEY)
+        if source is not None and source not in wanted.values():
+            wanted[node] = source
+    for node in nodes:
+        if node.op == "placeholder":
+            node._rename(names[node.target])
+    for node, name in wanted.items():
+        node._rename(name)
+    for node in nodes:
+        if node not in wanted and node.op != "placeholder":
+            node._rename(node.meta["_yobx_original_name"])
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._opname
+    return getattr(target, "__name__", str(target))
+
+
+def _error_node(
+    exc: BaseException, lowered: LoweredGraph
+) -> tuple[torch.fx.Node | None, torch.fx.Node | None]:
+    """Finds the aten node named in torch.onnx's error and the torch-level node."""
+    message = str(exc)
+    match = re.search(r"translating node %?(\w+)", message) or re.search(r"%(\w+)", message)
+    if match is None:
+        return None, None
+    name = match.group(1)
+    for node in lowered.graph_module.graph.nodes:
+        if node.name == name:
+            return node, lowered.origins.get(node.meta.get("_yobx_aten_name", ""))
+    return None, None
+
+
+def sanitize_name(name: str) -> str:
+    """Makes a readable identifier of a pytree key path such as ``['a'][0].key``."""
+    name = re.sub(r"[^0-9A-Za-z_]+", "_", name).strip("_")
+    return name or "output"
+
+
+def build_model(
+    lowered: LoweredGraph,
+    output_names: Sequence[str],
+    opset: int = 18,
+) -> ir.Model:
+    """Builds the ONNX model of a lowered graph.
+
+    :param lowered: the aten graph and the lifted state
+    :param output_names: one name per flat output
+    :param opset: ONNX opset torch_lib translates to
+    :return: the model, not yet optimized
+    """
+    graph_module = lowered.graph_module
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    n_user = len(lowered.input_names)
+    placeholder_names = {}
+    for i, node in enumerate(placeholders):
+        if i < n_user:
+            placeholder_names[node.target] = lowered.input_names[i]
+        else:
+            placeholder_names[node.target] = "p_" + sanitize_name(lowered.state_names[i - n_user])
+    for node in graph_module.graph.nodes:
+        node.meta["_yobx_aten_name"] = node.name
+        node.meta["_yobx_original_name"] = node.name
+    _rename_aten_nodes(graph_module, placeholder_names)
+    internals.insert_type_promotion(graph_module)
+
+    model = ir.Model(
+        graph=ir.Graph([], [], nodes=[], name="main_graph"),
+        ir_version=10,
+        producer_name="yobx",
+    )
+    scoped: dict[str, dict[str, ir.Function]] = {}
+    values = None
+    module_name = ""
+    try:
+        for module_name, module in reversed(
+            tuple(graph_module.named_modules(remove_duplicate=False))
+        ):
+            if not isinstance(module, torch.fx.GraphModule):
+                continue
+            owned = scoped.setdefault(module_name, {})
+            if module_name == "":
+                graph_like = model.graph
+            else:
+                function = ir.Function(
+                    domain=internals.LOCAL_FUNCTION_DOMAIN,
+                    name=module_name.replace(".", "__"),
+                    graph=ir.Graph((), (), nodes=()),
+                    attributes=(),
+                )
+                scope, _, sub_name = module_name.rpartition(".")
+                scoped.setdefault(scope, {})[sub_name] = function
+                model.functions[function.identifier()] = function
+                graph_like = function
+            values = internals.translate_graph(
+                module.graph, model, graph_like=graph_like, owned_graphs=owned, opset=opset
+            )
+    except internals.ConversionError as exc:
+        aten_node, origin = _error_node(exc, lowered)
+        cause: BaseException = exc
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        target = _target_name(aten_node) if aten_node is not None else "?"
+        detail = f"{type(cause).__name__}: {cause}".splitlines()[0][:300]
+        error_class = (
+            UnsupportedOperatorError
+            if isinstance(exc, internals.DispatchError)
+            else OnnxExportError
+        )
+        where = f" in subgraph '{module_name}'" if module_name else ""
+        raise error_class(
+            f"no ONNX translation for operator '{target}'{where} ({detail})",
+            origin,
+            target=target,
+        ) from exc
+    assert values is not None
+
+    # Inputs and initializers: translation registered every placeholder as an input.
+    graph = model.graph
+    graph.inputs.clear()
+    graph.outputs.clear()
+    for i, node in enumerate(placeholders):
+        value = values[node.name]
+        if i < n_user:
+            if isinstance(node.meta.get("val"), torch.Tensor):
+                graph.inputs.append(value)
+            continue
+        qualified = lowered.state_names[i - n_user]
+        tensor = lowered.state_values[i - n_user]
+        value.name = qualified
+        value.const_value = internals.torch_tensor(tensor, qualified)
+        graph.register_initializer(value)
+
+    # Outputs: one per flat output; ONNX needs distinct values that are not inputs.
+    output_node = next(n for n in graph_module.graph.nodes if n.op == "output")
+    flat = output_node.args[0]
+    flat = flat if isinstance(flat, (list, tuple)) else [flat]
+    if len(flat) != len(output_names):
+        raise OnnxExportError(
+            f"{len(flat)} outputs in the graph but {len(output_names)} output names"
+        )
+    used = set()
+    for arg, name in zip(flat, output_names):
+        if not isinstance(arg, torch.fx.Node):
+            raise OnnxExportError(
+                f"output '{name}' is a constant ({arg!r}), ONNX outputs must be computed"
+            )
+        value = values[arg.name]
+        if isinstance(value, Sequence):
+            raise OnnxExportError(f"output '{name}' is a sequence of tensors")
+        if value.is_graph_input() or value.is_initializer() or id(value) in used:
+            identity = ir.node("Identity", [value])
+            graph.append(identity)
+            identity.outputs[0].dtype = value.dtype
+            identity.outputs[0].shape = value.shape
+            value = identity.outputs[0]
+        used.add(id(value))
+        graph.outputs.append(value)
+    _name_outputs(graph, output_names)
+    internals.add_opset_imports(model)
+    return model
+
+
+def _name_outputs(graph: ir.Graph, output_names: Sequence[str]) -> None:
+    """Gives outputs their names, moving away any other value already named so."""
+    wanted = set(output_names)
+    for node in graph:
+        for value in node.outputs:
+            if value.name in wanted and value not in graph.outputs:
+                value.name = f"{value.name}__inner"
+    for value in graph.inputs:
+        if value.name in wanted:
+            raise OnnxExportError(f"output name '{value.name}' is also an input name")
+    for value, name in zip(graph.outputs, output_names):
+        value.name = name

@@ -1,0 +1,408 @@
+"""Validation of an exported model: onnxruntime against eager PyTorch."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+import torch.utils._pytree as pytree
+
+from yobx.torch.onnx.capture import bind_arguments
+
+
+@dataclasses.dataclass
+class OutputDiscrepancy:
+    """Discrepancy of one output.
+
+    :param name: ONNX output name
+    :param max_abs_error: max absolute difference
+    :param max_rel_error: max of ``|onnx - torch| / (|torch| + 1e-5)``
+    :param shape: shape of the expected output
+    :param error: a shape or type mismatch, when there is one
+    :param within_tolerance: every element satisfies ``|onnx - torch| <= atol + rtol *
+        |torch|``
+    """
+
+    name: str
+    max_abs_error: float
+    max_rel_error: float
+    shape: tuple[int, ...]
+    error: str | None = None
+    within_tolerance: bool = True
+
+
+@dataclasses.dataclass
+class ValidationCase:
+    """One set of inputs and the discrepancies of the outputs it gave.
+
+    :param description: ``example`` or the sizes that changed (``batch=5``)
+    :param outputs: one discrepancy per output
+    :param error: set when onnxruntime failed, or when the case could not run
+    :param skipped: eager PyTorch refused these inputs (the model does not accept them)
+    """
+
+    description: str
+    outputs: list[OutputDiscrepancy]
+    error: str | None = None
+    skipped: bool = False
+
+    @property
+    def max_abs_error(self) -> float:
+        """Largest absolute error over the outputs."""
+        return max((o.max_abs_error for o in self.outputs), default=0.0)
+
+
+@dataclasses.dataclass
+class ValidationReport:
+    """Discrepancies between onnxruntime and eager PyTorch.
+
+    :param cases: one per input set
+    :param atol: absolute tolerance used by :attr:`ok`
+    :param rtol: relative tolerance used by :attr:`ok`
+    """
+
+    cases: list[ValidationCase]
+    atol: float = 1e-4
+    rtol: float = 1e-4
+
+    @property
+    def max_abs_error(self) -> float:
+        """Largest absolute error over all cases and outputs."""
+        return max((c.max_abs_error for c in self.cases if not c.skipped), default=0.0)
+
+    @property
+    def max_rel_error(self) -> float:
+        """Largest relative error over all cases and outputs."""
+        return max(
+            (o.max_rel_error for c in self.cases if not c.skipped for o in c.outputs),
+            default=0.0,
+        )
+
+    @property
+    def n_checked(self) -> int:
+        """Number of input sets compared."""
+        return sum(not c.skipped for c in self.cases)
+
+    @property
+    def ok(self) -> bool:
+        """True when every case ran and every output is within tolerance."""
+        if self.n_checked == 0:
+            return False
+        for case in self.cases:
+            if case.skipped:
+                continue
+            if case.error is not None:
+                return False
+            for out in case.outputs:
+                if out.error is not None or not out.within_tolerance:
+                    return False
+        return True
+
+    def format(self) -> str:
+        """Returns a readable table of the cases and outputs."""
+        lines = []
+        for case in self.cases:
+            if case.skipped:
+                lines.append(f"{case.description}: skipped ({case.error})")
+                continue
+            if case.error is not None:
+                lines.append(f"{case.description}: FAILED {case.error}")
+                continue
+            for out in case.outputs:
+                status = out.error or (
+                    f"max abs {out.max_abs_error:.3g}, max rel {out.max_rel_error:.3g}"
+                )
+                lines.append(f"{case.description}: {out.name} {list(out.shape)} {status}")
+        return "\n".join(lines)
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _compare(
+    name: str, got: np.ndarray, expected: Any, atol: float, rtol: float
+) -> OutputDiscrepancy:
+    expected = _to_numpy(expected)
+    got = np.asarray(got)
+    if tuple(got.shape) != tuple(expected.shape):
+        return OutputDiscrepancy(
+            name,
+            float("inf"),
+            float("inf"),
+            tuple(expected.shape),
+            f"shape {list(got.shape)} != expected {list(expected.shape)}",
+        )
+    if expected.size == 0:
+        return OutputDiscrepancy(name, 0.0, 0.0, tuple(expected.shape))
+    a = got.astype(np.float64)
+    b = expected.astype(np.float64)
+    both_inf = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
+    both_nan = np.isnan(a) & np.isnan(b)
+    diff = np.where(both_inf | both_nan, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    magnitude = np.abs(np.where(np.isinf(b), 0.0, b))
+    rel = diff / (magnitude + 1e-5)
+    within = bool(np.all(diff <= atol + rtol * magnitude))
+    return OutputDiscrepancy(
+        name, float(diff.max()), float(rel.max()), tuple(expected.shape), None, within
+    )
+
+
+def _session(onnx_model: Any):
+    import onnxruntime
+
+    if hasattr(onnx_model, "model_proto"):
+        onnx_model = onnx_model.model_proto
+    if isinstance(onnx_model, (str, os.PathLike)):
+        source = os.fspath(onnx_model)
+    else:
+        if not isinstance(onnx_model, onnx.ModelProto):
+            import onnx_ir as ir
+
+            onnx_model = ir.to_proto(onnx_model)
+        source = onnx_model.SerializeToString()
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def _split_inputs(inputs: Any) -> tuple[tuple, dict]:
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if (
+        isinstance(inputs, tuple)
+        and len(inputs) == 2
+        and isinstance(inputs[0], (tuple, list))
+        and isinstance(inputs[1], Mapping)
+    ):
+        return tuple(inputs[0]), dict(inputs[1])
+    return tuple(inputs), {}
+
+
+def _run_case(
+    model: torch.nn.Module,
+    session: Any,
+    args: tuple,
+    kwargs: dict,
+    description: str,
+    atol: float,
+    rtol: float,
+) -> ValidationCase:
+    bound = bind_arguments(model, args, kwargs)
+    flat = [v for v in pytree.tree_leaves(list(bound.values())) if isinstance(v, torch.Tensor)]
+    onnx_inputs = session.get_inputs()
+    if len(onnx_inputs) > len(flat):
+        return ValidationCase(
+            description,
+            [],
+            error=f"the model has {len(onnx_inputs)} inputs, {len(flat)} tensors were given",
+        )
+    # Inputs the optimizer found unused may be gone; ONNX inputs keep the order of the
+    # flat tensors, so they are matched by name when the names are known.
+    feeds = {}
+    names = [i.name for i in onnx_inputs]
+    if len(onnx_inputs) == len(flat):
+        feeds = {name: _to_numpy(t) for name, t in zip(names, flat)}
+    else:
+        return ValidationCase(
+            description, [], error="some flat inputs were removed from the ONNX model"
+        )
+    try:
+        # The model may update its inputs (a cache) in place: give it copies.
+        eager_args, eager_kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.clone(), (args, kwargs)
+        )
+        with torch.no_grad():
+            expected = model(*eager_args, **eager_kwargs)
+    except Exception as exc:
+        return ValidationCase(
+            description, [], error=f"eager: {type(exc).__name__}: {exc}", skipped=True
+        )
+    expected_flat = [v for v in pytree.tree_leaves(expected) if v is not None]
+    try:
+        got = session.run(None, feeds)
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0][:300]
+        return ValidationCase(description, [], error=f"onnxruntime: {message}")
+    output_names = [o.name for o in session.get_outputs()]
+    if len(got) != len(expected_flat):
+        return ValidationCase(
+            description,
+            [],
+            error=f"{len(got)} ONNX outputs but eager returned {len(expected_flat)}",
+        )
+    outputs = [_compare(n, g, e, atol, rtol) for n, g, e in zip(output_names, got, expected_flat)]
+    return ValidationCase(description, outputs)
+
+
+def validate(
+    model: torch.nn.Module,
+    onnx_model: Any,
+    inputs_list: Sequence[Any],
+    *,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    descriptions: Sequence[str] | None = None,
+) -> ValidationReport:
+    """Runs onnxruntime and eager PyTorch on each input set and compares the outputs.
+
+    :param model: the eager model
+    :param onnx_model: ``onnx.ModelProto``, ``onnx_ir.Model``, a file name or the result
+        of :func:`to_onnx`
+    :param inputs_list: input sets; each is a tuple of positional arguments, a dict of
+        keyword arguments, or a pair ``(args, kwargs)``
+    :param atol: absolute tolerance for :attr:`ValidationReport.ok`
+    :param rtol: relative tolerance for :attr:`ValidationReport.ok`
+    :param descriptions: a label per input set
+    :return: the report, one case per input set
+    """
+    session = _session(onnx_model)
+    cases = []
+    for i, inputs in enumerate(inputs_list):
+        args, kwargs = _split_inputs(inputs)
+        description = descriptions[i] if descriptions else f"inputs {i}"
+        cases.append(_run_case(model, session, args, kwargs, description, atol, rtol))
+    return ValidationReport(cases, atol=atol, rtol=rtol)
+
+
+def _new_tensor(example: torch.Tensor, shape: Sequence[int], generator) -> torch.Tensor:
+    """A tensor of ``shape`` whose values look like ``example``'s."""
+    if example.numel() == 0:
+        return torch.zeros(shape, dtype=example.dtype)
+    if example.dtype == torch.bool:
+        if bool(example.all()) or not bool(example.any()):
+            return torch.full(shape, bool(example.flatten()[0]), dtype=torch.bool)
+        return torch.randint(0, 2, tuple(shape), generator=generator).to(torch.bool)
+    low, high = example.min(), example.max()
+    if bool(low == high):
+        return torch.full(shape, low.item(), dtype=example.dtype)
+    if not example.dtype.is_floating_point:
+        # Integer inputs are often indices (token ids): stay in the example's range.
+        return torch.randint(
+            int(low), int(high) + 1, tuple(shape), generator=generator, dtype=example.dtype
+        )
+    mean = example.float().mean()
+    std = example.float().std()
+    values = torch.randn(tuple(shape), generator=generator) * std + mean
+    return values.to(example.dtype)
+
+
+def _symbol_values(shape_env: Any, symbols: set) -> dict:
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    if hints is None:
+        hints = shape_env.var_to_val
+    return {s: int(hints[s]) for s in symbols if s in hints}
+
+
+def _other_value(shape_env: Any, symbol: Any, value: int, step: int) -> int:
+    candidate = value + step
+    ranges = getattr(shape_env, "var_to_range", {}).get(symbol)
+    if ranges is not None:
+        try:
+            upper = int(ranges.upper)
+        except Exception:
+            # sympy raises various errors converting its infinities: no upper bound.
+            upper = None
+        if upper is not None and candidate > upper:
+            candidate = max(int(ranges.lower), value - 1)
+    return candidate
+
+
+def size_variants(
+    placeholder_values: Sequence[Any], shape_env: Any, dimension_names: Mapping[str, str]
+) -> list[tuple[str, dict]]:
+    """Returns symbol assignments: one changing each dynamic dimension alone, one
+    changing them all, so that each dimension is checked with at least two sizes
+    besides the example's."""
+    symbols = set()
+    for value in placeholder_values:
+        if isinstance(value, torch.Tensor):
+            for dim in value.shape:
+                if isinstance(dim, torch.SymInt):
+                    symbols |= shape_env.replace(dim.node.expr).free_symbols
+    base = _symbol_values(shape_env, symbols)
+    ordered = sorted(base, key=lambda s: s.name)
+    variants = []
+    for symbol in ordered:
+        new = _other_value(shape_env, symbol, base[symbol], 3)
+        if new != base[symbol]:
+            name = dimension_names.get(symbol.name, symbol.name)
+            variants.append((f"{name}={new}", {**base, symbol: new}))
+    if ordered:
+        assignment = {s: _other_value(shape_env, s, base[s], 1) for s in ordered}
+        label = ",".join(f"{dimension_names.get(s.name, s.name)}={assignment[s]}" for s in ordered)
+        variants.append((label, assignment))
+    return variants
+
+
+def inputs_for_sizes(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    placeholder_values: Sequence[Any],
+    shape_env: Any,
+    assignment: Mapping[Any, int],
+    seed: int = 0,
+) -> tuple[tuple, dict]:
+    """Builds inputs like the example ones with the dynamic dimensions set to
+    ``assignment`` (symbol -> size)."""
+    bound = bind_arguments(model, tuple(args), dict(kwargs))
+    leaves, spec = pytree.tree_flatten(list(bound.values()))
+    fakes = [v for v in placeholder_values if isinstance(v, torch.Tensor)]
+    tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if len(fakes) != len(tensors):
+        raise ValueError(
+            f"{len(tensors)} tensor inputs but the graph has {len(fakes)} tensor placeholders"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    new_leaves = list(leaves)
+    for index, fake in zip(tensors, fakes):
+        shape = []
+        for dim in fake.shape:
+            if isinstance(dim, torch.SymInt):
+                expr = shape_env.replace(dim.node.expr)
+                shape.append(int(expr.xreplace(dict(assignment))))
+            else:
+                shape.append(int(dim))
+        new_leaves[index] = _new_tensor(leaves[index], shape, generator)
+    values = pytree.tree_unflatten(new_leaves, spec)
+    return (), dict(zip(bound.keys(), values))
+
+
+def validate_export(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    result: Any,
+    captured: Any,
+    verbose: int = 0,
+) -> ValidationReport:
+    """Validates the result of :func:`to_onnx` on the example inputs and on inputs with
+    other sizes for every dynamic dimension."""
+    placeholder_values = [
+        n.meta.get("val") for n in captured.graph_module.graph.nodes if n.op == "placeholder"
+    ]
+    inputs_list: list[Any] = [(tuple(args), dict(kwargs))]
+    descriptions = ["example"]
+    if captured.shape_env is not None:
+        for label, assignment in size_variants(
+            placeholder_values, captured.shape_env, result.dimension_names
+        ):
+            inputs_list.append(
+                inputs_for_sizes(
+                    model, args, kwargs, placeholder_values, captured.shape_env, assignment
+                )
+            )
+            descriptions.append(label)
+    report = validate(model, result.model_proto, inputs_list, descriptions=descriptions)
+    if verbose:
+        print(report.format())
+    return report
