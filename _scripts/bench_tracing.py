@@ -9,90 +9,33 @@ yobx/export and yobx/fx measured in the same run::
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import time
 import warnings
 
 import torch
 
+from yobx.models import load_model
 from yobx.torch.tracing import CustomTracer
 
-
-def _text(model_cls, config):
-    model = model_cls(config).eval()
-    kwargs = {
-        "input_ids": torch.randint(0, 100, (2, 7)),
-        "attention_mask": torch.ones(2, 7, dtype=torch.int64),
-    }
-    seq = torch.export.Dim("seq", max=512)
-    dyn = {"input_ids": {0: "batch", 1: seq}, "attention_mask": {0: "batch", 1: seq}}
-    return model, kwargs, dyn
+#: the demo models of ``yobx.models`` (the same ones as ``bench_export.py``)
+MODELS = (
+    "hf:LlamaForCausalLM",
+    "hf:GPT2LMHeadModel",
+    "hf:BertModel",
+    "transformer-encoder",
+    "tiny-cnn",
+)
 
 
 def models():
-    """Yields (name, model, example kwargs, dynamic shapes with names or Dims)."""
-    import transformers
-
-    yield (
-        "llama",
-        *_text(
-            transformers.LlamaForCausalLM,
-            transformers.LlamaConfig(
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                intermediate_size=64,
-                vocab_size=100,
-            ),
-        ),
-    )
-    yield (
-        "gpt2",
-        *_text(
-            transformers.GPT2LMHeadModel,
-            transformers.GPT2Config(
-                n_embd=32,
-                n_layer=2,
-                n_head=4,
-                vocab_size=100,
-                n_positions=64,
-                bos_token_id=0,
-                eos_token_id=0,
-            ),
-        ),
-    )
-    yield (
-        "bert",
-        *_text(
-            transformers.BertModel,
-            transformers.BertConfig(
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=64,
-                vocab_size=100,
-            ),
-        ),
-    )
-    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
-    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
-    yield (
-        "transformer_encoder",
-        encoder,
-        {"src": torch.randn(2, 7, 32)},
-        {"src": {0: "batch", 1: "seq"}},
-    )
-    cnn = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1),
-        torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(8, 16, 3, padding=1),
-        torch.nn.ReLU(),
-        torch.nn.Flatten(),
-        torch.nn.Linear(16 * 8 * 8, 10),
-    ).eval()
-    yield "cnn", cnn, {"input": torch.randn(2, 3, 16, 16)}, {"input": {0: "batch"}}
+    """Yields (name, model, example kwargs, dynamic shapes) for every benchmarked model."""
+    for name in MODELS:
+        model, args, kwargs, dynamic_shapes = load_model(name)
+        names = list(inspect.signature(model.forward).parameters)
+        kwargs = {**dict(zip(names, args)), **kwargs}
+        yield name, model, kwargs, dynamic_shapes
 
 
 def _as_dims(dynamic_shapes):
@@ -101,6 +44,7 @@ def _as_dims(dynamic_shapes):
 
     def convert(spec):
         if isinstance(spec, str):
+            # a name shared by several inputs is one Dim
             return cache.setdefault(spec, torch.export.Dim(spec))
         if isinstance(spec, dict):
             return {k: convert(v) for k, v in spec.items()}
@@ -109,7 +53,7 @@ def _as_dims(dynamic_shapes):
     return {k: convert(v) for k, v in dynamic_shapes.items()}
 
 
-def _median_time(fn, repeat: int) -> float | None:
+def _median_time(fn, repeat: int) -> float | str:
     try:
         fn()
     except Exception as e:  # a tool that cannot capture the model is reported, not timed

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..tracing.inputs import key_path_parts
+
 
 @dataclasses.dataclass
 class CapturedGraph:
@@ -150,16 +152,7 @@ def output_names(out_spec: pytree.TreeSpec | None, count: int) -> list[str]:
             return ["output"]
     names: list[str] = [""] * count
     for path, index in pytree.tree_flatten_with_path(structure)[0]:
-        parts = []
-        for key in path:
-            if isinstance(key, pytree.SequenceKey):
-                parts.append(str(key.idx))
-            elif isinstance(key, pytree.MappingKey):
-                parts.append(str(key.key))
-            elif isinstance(key, pytree.GetAttrKey):
-                parts.append(key.name)
-            else:
-                parts.append(str(key))
+        parts = key_path_parts(path)
         name = "_".join(parts)
         if not parts or isinstance(path[0], pytree.SequenceKey):
             name = f"output_{name}" if name else "output"

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch.fx.node import Node, map_aggregate
+from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
 from .patches import find_proxy
@@ -422,4 +422,4 @@ def _inline(tracer, batched: torch.fx.GraphModule, outer_inputs: list[Node], out
     return pytree.tree_unflatten(proxies, out_spec)
 
 
-__all__ = ["CondCCOp", "ScanCCOp", "map_aggregate"]
+__all__ = ["CondCCOp", "ScanCCOp", "trace_subgraph"]

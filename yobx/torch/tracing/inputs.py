@@ -129,9 +129,10 @@ def flatten_example_inputs(
     return FlatInputs(arg_names, keyword_names, in_spec, names, leaves, sizes)
 
 
-def _leaf_name(arg_names: list[str], path: tuple) -> str:
-    parts = [arg_names[path[0].idx]]
-    for key in path[1:]:
+def key_path_parts(path: tuple) -> list[str]:
+    """Readable parts of a pytree key path: indices, dict keys, attribute names."""
+    parts = []
+    for key in path:
         if isinstance(key, pytree.SequenceKey):
             parts.append(str(key.idx))
         elif isinstance(key, pytree.MappingKey):
@@ -140,7 +141,11 @@ def _leaf_name(arg_names: list[str], path: tuple) -> str:
             parts.append(key.name)
         else:
             parts.append(str(key))
-    name = "_".join(parts)
+    return parts
+
+
+def _leaf_name(arg_names: list[str], path: tuple) -> str:
+    name = "_".join([arg_names[path[0].idx], *key_path_parts(path[1:])])
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
 

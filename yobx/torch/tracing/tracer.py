@@ -15,7 +15,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
-from torch.fx.node import Node, map_aggregate, map_arg
+from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
 
 from .inputs import (
@@ -28,7 +28,6 @@ from .patches import TENSOR_FACTORIES, replace_problematic_function_before_traci
 from .proxies import (
     CustomParameterProxy,
     CustomProxy,
-    CustomProxyBool,
     CustomProxyShape,
     proxy_class_for,
 )
@@ -96,7 +95,7 @@ _PURE_SCALAR_FUNCTIONS = frozenset(
         torch.sym_int,
     }
 )
-_PURE_METHODS = frozenset({"size", "dim", "numel", "stride", "__getitem__"})
+_PURE_METHODS = frozenset({"size", "dim", "numel", "stride"})
 
 _NOT_CONSTANT = object()
 _CONVOLUTIONS = frozenset(
@@ -320,13 +319,9 @@ class CustomTracer(torch.fx.Tracer):
             register_cache_flattening(out)
             flat_out, out_spec = pytree.tree_flatten(out)
             self._out_spec = out_spec
-            if structured or not _is_simple_output(out_spec):
-                self._structured = True
-                return tuple(flat_out)
-            self._structured = False
-            return out
+            self._structured = structured or not _is_simple_output(out_spec)
+            return tuple(flat_out) if self._structured else out
 
-        self._structured = structured
         return flat_fn, proxies
 
     def _finish(self, graph, module, root, update_model_with_callable) -> None:
@@ -711,8 +706,12 @@ class CustomTracer(torch.fx.Tracer):
         return shape
 
     def iter(self, obj: Proxy):
-        """Iteration over a proxy: tuples and tensors with a static first dimension."""
-        return iter(obj)
+        """Iteration over a proxy: tuples and tensors with a static first dimension.
+
+        torch.fx's own proxies (``Attribute``) land here; iterating over the proxy of
+        their node gives them the behaviour of :class:`CustomProxy`.
+        """
+        return iter(self.proxy(obj.node))
 
     # source locations
 
@@ -845,6 +844,3 @@ class _CallableModule(torch.nn.Module):
 
 
 __all__ = ["CustomTracer"]
-
-# re-exported for the proxies' isinstance checks
-_ = (CustomProxyBool, map_aggregate)
