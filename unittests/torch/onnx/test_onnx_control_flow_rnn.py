@@ -8,7 +8,6 @@ from torch._higher_order_ops.scan import scan
 
 from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
 from yobx.models import tiny_gru, tiny_lstm
-from yobx.torch.onnx import OnnxExportError
 
 
 @torch.fx.wrap
@@ -68,32 +67,19 @@ def test_scan_becomes_scan_with_dynamic_steps():
     assert onnx_dims(result.model_proto)["xs"] == ["steps", "batch", 5]
 
 
-_TRACER_RNN_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=OnnxExportError,
-    reason="CustomTracer cannot run nn.LSTM on symbolic sizes and specialises nn.GRU's "
-    "batch and sequence to the example's sizes",
-)
-
-
 @pytest.mark.parametrize(
     ("factory", "op_type", "tracer"),
     [
         (tiny_lstm, "LSTM", "fx"),
         (tiny_gru, "GRU", "fx"),
-        pytest.param(tiny_lstm, "LSTM", "custom", marks=_TRACER_RNN_BUG),
-        pytest.param(tiny_gru, "GRU", "custom", marks=_TRACER_RNN_BUG),
+        (tiny_lstm, "LSTM", "custom"),
+        (tiny_gru, "GRU", "custom"),
     ],
     ids=["lstm-fx", "gru-fx", "lstm-custom", "gru-custom"],
 )
 def test_rnn_leaf_becomes_onnx_operator(factory, op_type, tracer):
     model, args, kwargs, dynamic_shapes = factory()
-    try:
-        result = export_and_validate(
-            model, args, kwargs, dynamic_shapes=dynamic_shapes, tracer=tracer
-        )
-    except torch.fx.proxy.TraceError as exc:
-        raise OnnxExportError(str(exc)) from exc
+    result = export_and_validate(model, args, kwargs, dynamic_shapes=dynamic_shapes, tracer=tracer)
     assert op_type in _op_types(result.model_proto)
     dims = onnx_dims(result.model_proto)
     assert dims["tokens"] == ["batch", "seq"]

@@ -225,11 +225,6 @@ def test_pattern_exports_and_matches_eager(name):
             assert dims[input_name][axis] == dim_name, (input_name, dims)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CustomTracer specialises a dynamic conv1d length to the example's size "
-    "without recording a guard (meta['val'] of the input is static)",
-)
 def test_conv1d_dynamic_length():
     x = _r(2, 4, 8)
     result = export_and_validate(

@@ -119,3 +119,57 @@ def test_small_cnn():
         {"x": {0: "batch"}},
         other_inputs=[{"x": torch.randn(5, 3, 16, 16)}, {"x": torch.randn(3, 3, 16, 16)}],
     )
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(4, 5, num_layers=2, batch_first=True, bidirectional=True)
+
+    def forward(self, x):
+        output, state = self.rnn(x)
+        return output.sum(-1), state
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTM, torch.nn.GRU])
+def test_recurrent_leaves_keep_dynamic_sizes(cell):
+    tracer, graph, _ = check_trace(
+        Recurrent(cell).eval(),
+        {"x": torch.randn(2, 7, 4)},
+        {"x": {0: "batch", 1: "seq"}},
+        other_inputs=[{"x": torch.randn(3, 11, 4)}, {"x": torch.randn(5, 2, 4)}],
+    )
+    rnn = next(n for n in graph.nodes if n.op == "call_module")
+    output = rnn.meta["val"][0]
+    assert tracer.dims.render(output.shape[0]) == "batch"
+    assert tracer.dims.render(output.shape[1]) == "seq"
+    assert tracer.guards == []
+
+
+class Pooling1d(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 6, 3, padding=1)
+        self.pool = torch.nn.MaxPool1d(3, 2)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool1d(self.conv(x), 2, ceil_mode=True)
+        return self.pool(y), torch.nn.functional.avg_pool1d(y, 2)
+
+
+def test_pooling_1d_keeps_length_symbolic():
+    # MaxPool1d(3, 2) on ceil(length / 2) asks whether its output length is 1, which
+    # happens for length 2: the length must be declared >= 5 to be provable.
+    dyn = {"x": {0: "batch", 2: Dim("length", min=5)}}
+    tracer, graph, _ = check_trace(
+        Pooling1d().eval(),
+        {"x": torch.randn(2, 4, 16)},
+        dyn,
+        other_inputs=[{"x": torch.randn(3, 4, 29)}, {"x": torch.randn(1, 4, 5)}],
+    )
+    pool = next(n for n in graph.nodes if n.op == "call_module" and n.target == "pool")
+    assert "length" in tracer.dims.render(pool.meta["val"].shape[-1])
+    with pytest.raises(TraceError, match="!= 1"):
+        trace_module(
+            Pooling1d().eval(), {"x": torch.randn(2, 4, 16)}, {"x": {0: "batch", 2: "length"}}
+        )

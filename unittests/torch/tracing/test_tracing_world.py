@@ -20,6 +20,7 @@ PATCHED = [
     (torch, "vmap"),
     (torch.func, "vmap"),
     (torch, "_check"),
+    (torch, "max_pool1d"),
     (torch.ops.higher_order, "scan"),
     (builtins, "max"),
     (builtins, "min"),

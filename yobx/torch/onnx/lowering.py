@@ -26,6 +26,7 @@ from torch.nn.utils import stateless
 from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.tracing.patches import symbolic_kernels
 
 #: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
 SOURCE_NODE_KEY = "yobx_source_node"
@@ -209,6 +210,8 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         # decided what the dimensions may be.
         stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
         stack.enter_context(internals.preserve_translatable_composite_ops(opset))
+        # the kernels the tracer used to keep sizes symbolic
+        stack.enter_context(symbolic_kernels())
         aten_gm = proxy_tensor.make_fx(
             run,
             decomposition_table=table,

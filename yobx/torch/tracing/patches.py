@@ -110,6 +110,24 @@ def _proxy_aware_isinstance(original: Callable) -> Callable:
     return isinstance_
 
 
+def _symbolic_max_pool1d(original: Callable) -> Callable:
+    """``torch.max_pool1d`` on fake tensors, keeping the length symbolic.
+
+    Its C++ kernel fixes the input length to the example's (it guards
+    ``length == 8``); the variant returning indices computes the same values with a
+    symbolic output length. Only fake tensors (the tracer computing ``meta["val"]``,
+    for ``F.max_pool1d`` and ``nn.MaxPool1d`` alike) take the detour.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def max_pool1d(input, *args, **kwargs):
+        if type(input) is FakeTensor:
+            return torch.max_pool1d_with_indices(input, *args, **kwargs)[0]
+        return original(input, *args, **kwargs)
+
+    return max_pool1d
+
+
 def _check(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(cond, message=None):
@@ -119,6 +137,22 @@ def _check(original: Callable) -> Callable:
         return original(cond, message) if message is not None else original(cond)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def symbolic_kernels() -> Iterator[None]:
+    """Routes torch kernels that fix a dynamic size to variants that keep it symbolic.
+
+    Used while tracing and by anything that re-runs a traced graph on its fake values
+    (the ONNX lowering): ``torch.max_pool1d`` becomes ``max_pool1d_with_indices``.
+    Restored on exit.
+    """
+    original = torch.max_pool1d
+    torch.max_pool1d = _symbolic_max_pool1d(original)
+    try:
+        yield
+    finally:
+        torch.max_pool1d = original
 
 
 @contextlib.contextmanager
@@ -155,7 +189,8 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
         patch(builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance))
         patch(builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max))
         patch(builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min))
-        yield
+        with symbolic_kernels():
+            yield
     finally:
         for owner, name, value, had in reversed(saved):
             if had:

@@ -192,6 +192,14 @@ class SymbolicDimensions:
         expr = expr.xreplace(replacements)
         if expr in (sympy.true, sympy.false):
             return bool(expr)
+        if isinstance(expr, (sympy.Ne, sympy.Eq)):
+            # a != b follows from a < b or a > b
+            apart = self.prove(sympy.Lt(expr.lhs, expr.rhs), known) or self.prove(
+                sympy.Gt(expr.lhs, expr.rhs), known
+            )
+            if apart:
+                return isinstance(expr, sympy.Ne)
+            return None
         if not isinstance(expr, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
             return None
         if isinstance(expr, (sympy.Le, sympy.Lt)):

@@ -18,6 +18,7 @@ from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
 
+from ..ops.rnn import leaf_module_call
 from .inputs import (
     FlatInputs,
     bind_example_inputs,
@@ -417,7 +418,10 @@ class CustomTracer(torch.fx.Tracer):
     def call_module(self, m, forward, args, kwargs):
         """Records leaf modules; runs the module itself while computing fake values."""
         if self._in_fake:
-            return forward(*args, **kwargs)
+            # nn.LSTM / nn.GRU cannot run on symbolic sizes: their custom operator
+            # computes the same values and keeps the sizes symbolic.
+            replacement = leaf_module_call(m, args, kwargs)
+            return forward(*args, **kwargs) if replacement is None else replacement
         return super().call_module(m, forward, args, kwargs)
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
