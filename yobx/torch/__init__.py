@@ -11,7 +11,10 @@ from .tracing import (
     CustomProxyInt,
     CustomProxyShape,
     CustomTracer,
+    GraphCollection,
+    RobustTracer,
     ScanCCOp,
+    recursive_trace,
     replace_problematic_function_before_tracing,
 )
 
@@ -25,7 +28,10 @@ __all__ = [
     "CustomProxyInt",
     "CustomProxyShape",
     "CustomTracer",
+    "GraphCollection",
+    "RobustTracer",
     "ScanCCOp",
+    "recursive_trace",
     "replace_problematic_function_before_tracing",
     "to_onnx",
 ]

@@ -69,6 +69,7 @@ def test_patches_are_restored_after_success_and_failure():
         raise RuntimeError("boom")
     assert _snapshot() == before
     assert isinstance(torch.randn(2), torch.Tensor)
+    assert not torch.fx.experimental._config.backed_size_oblivious
 
 
 def test_module_not_mutated_by_tracing():

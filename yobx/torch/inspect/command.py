@@ -81,6 +81,8 @@ def inspect_model(
     rows = 0 if verbose <= 0 else (20 if verbose == 1 else 10**9)
     for stage in result:
         print(stage.summary_line(), file=stream)
+        for note in stage.notes:
+            print(f"  note: {note}", file=stream)
         if rows:
             print("\n".join("  " + line for line in stage.table(rows).splitlines()), file=stream)
         slow = [c for c in stage.slowest(3) if c.duration_ns]

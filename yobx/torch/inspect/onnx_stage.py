@@ -47,6 +47,29 @@ def load_onnx_model(onnx_model: Any) -> onnx.ModelProto:
     )
 
 
+def capture_mismatch(proto: onnx.ModelProto, graph_module: Any) -> str | None:
+    """Explains why ONNX values cannot be matched to the graph's nodes by name, if so.
+
+    ``yobx.torch.to_onnx`` stores the fingerprint of the graph it captured; a graph
+    captured differently (other dynamic shapes, other model) reuses node names for
+    other computations, and matching by name would compare unrelated values.
+    """
+    from yobx.torch.onnx.export import GRAPH_FINGERPRINT_KEY
+    from yobx.torch.tracing import graph_fingerprint
+
+    stored = {p.key: p.value for p in proto.metadata_props}.get(GRAPH_FINGERPRINT_KEY)
+    if stored is None or not isinstance(graph_module, torch.fx.GraphModule):
+        return None
+    if stored == graph_fingerprint(graph_module.graph):
+        return None
+    return (
+        "the ONNX model was exported from another capture of the model (its graph "
+        "fingerprint differs, e.g. other dynamic shapes): its values are not matched to "
+        "graph nodes by name, only final outputs are compared; export it with the same "
+        "inputs and dynamic shapes to compare node by node"
+    )
+
+
 def with_intermediate_outputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of ``model`` whose graph also outputs every top-level node's outputs.
 
@@ -153,8 +176,14 @@ def record_onnx_stage(
     stage: TraceStage,
     fx_names: set[str],
     run_event: Callable,
+    match_names: bool = True,
 ) -> None:
-    """Run every input set with onnxruntime and record one call per top-level node."""
+    """Run every input set with onnxruntime and record one call per top-level node.
+
+    With ``match_names=False`` (the ONNX model comes from another capture, see
+    :func:`capture_mismatch`) calls are named ``onnx:<value>`` and carry no alias, so
+    that no comparison pairs them with a graph node by name.
+    """
     import time
 
     import onnxruntime
@@ -214,6 +243,9 @@ def record_onnx_stage(
             if not matched and node_name in fx_names:
                 matched = [node_name]
             name = matched[0] if matched else (node.output[0] if node.output else node_name)
+            aliases = (*node.output, node_name)
+            if not match_names:
+                name, aliases = f"onnx:{name}", ()
             target = (
                 node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
             )
@@ -228,7 +260,7 @@ def record_onnx_stage(
                     None if duration_us is None else round(duration_us * 1000),
                     "onnx",
                     run=run,
-                    aliases=(*node.output, node_name),
+                    aliases=aliases,
                     start_ns=None if offset_us is None else run_start + round(offset_us * 1000),
                     output_names=tuple(node.output),
                 ),

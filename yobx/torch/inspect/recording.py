@@ -534,11 +534,17 @@ def _record_stage(
                     output = interpreter.run(*_placeholder_values(gm, args, kwargs))
                 stage.outputs.append(recorder.summarize(output))
     elif stage_name == "onnx":
-        from .onnx_stage import record_onnx_stage
+        from .onnx_stage import capture_mismatch, load_onnx_model, record_onnx_stage
 
         gm = getattr(recorder.result, "graph_module", None) or graph_module
         fx_names = _fx_names(gm if gm is not None else model)
-        record_onnx_stage(onnx_model, model, runs, recorder, stage, fx_names, _run_event)
+        proto = load_onnx_model(onnx_model)
+        note = capture_mismatch(proto, gm)
+        if note is not None:
+            stage.notes.append(note)
+        record_onnx_stage(
+            proto, model, runs, recorder, stage, fx_names, _run_event, match_names=note is None
+        )
 
 
 def _fx_names(model: torch.nn.Module) -> set[str]:

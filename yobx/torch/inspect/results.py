@@ -195,6 +195,8 @@ class TraceStage(KeyedAccess):
         self.max_calls = max_calls
         #: Calls that happened but were not recorded because of ``max_calls``.
         self.dropped_calls = 0
+        #: Warnings about the stage (why its calls cannot be matched, for instance).
+        self.notes: list[str] = []
         self._by_name: dict[str, CallList] = {}
 
     def append(self, call: TraceCall) -> bool:

@@ -37,6 +37,8 @@ class CapturedGraph:
     guards: list[Any]
     shape_env: Any
     tracer: Any = None
+    #: :func:`yobx.torch.tracing.graph_fingerprint` of the graph as the tracer returned it
+    fingerprint: str = ""
 
 
 def bind_arguments(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict:
@@ -78,7 +80,7 @@ def capture(
     module_leaves: Any = None,
 ) -> CapturedGraph:
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer`."""
-    from yobx.torch.tracing import CustomTracer
+    from yobx.torch.tracing import CustomTracer, graph_fingerprint
 
     concrete_args = bind_arguments(model, tuple(args), kwargs or {})
     tracer = CustomTracer(module_leaves=module_leaves)
@@ -88,6 +90,7 @@ def capture(
         dynamic_shapes=dynamic_shapes,
         remove_inplace=True,
     )
+    fingerprint = graph_fingerprint(graph)
     graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
     codegen = graph_module.graph._codegen
     pytree_info = getattr(codegen, "pytree_info", None)
@@ -101,6 +104,7 @@ def capture(
         guards=list(getattr(tracer, "guards", []) or []),
         shape_env=getattr(tracer, "shape_env", None),
         tracer=tracer,
+        fingerprint=fingerprint,
     )
 
 

@@ -111,6 +111,10 @@ class ExportResult:
         self.filename = str(filename)
 
 
+#: metadata_props key holding the fingerprint of the captured graph
+GRAPH_FINGERPRINT_KEY = "yobx.graph_fingerprint"
+
+
 def save_model(model_proto: onnx.ModelProto, filename: str | os.PathLike) -> None:
     """Saves ``model_proto``, with external weights when it exceeds 2 GB."""
     filename = os.fspath(filename)
@@ -302,6 +306,10 @@ def to_onnx(
             onnxscript.version_converter.convert_version(ir_model, opset, fallback=True)
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("check"):
+        if captured.fingerprint:
+            # ONNX values are named after the graph's nodes: tools matching them by name
+            # (yobx.torch.inspect) check that they look at the same capture.
+            ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
         proto = ir.to_proto(ir_model)
         if proto.ByteSize() < _TWO_GB:
             onnx.checker.check_model(proto)

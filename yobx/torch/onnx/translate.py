@@ -19,12 +19,16 @@ from yobx.torch.onnx.errors import OnnxExportError, UnsupportedOperatorError
 from yobx.torch.onnx.lowering import SOURCE_NODE_KEY, LoweredGraph
 
 
-def _rename_aten_nodes(graph_module: torch.fx.GraphModule, names: dict[str, str]) -> None:
+def _rename_aten_nodes(
+    graph_module: torch.fx.GraphModule, names: dict[str, str], reserved: set[str]
+) -> None:
     """Renames aten nodes so that the ONNX values torch_lib creates get our names.
 
     torch_lib names each ONNX value after the aten node producing it. Nodes holding the
     value of a torch-level node take that node's name; all others keep theirs, made
-    unique against the new names.
+    unique against the new names, except that a name of a torch-level node
+    (``reserved``) is never reused for another value: tools matching ONNX values to
+    graph nodes by name (``yobx.torch.inspect``) would compare unrelated values.
     """
     graph = graph_module.graph
     nodes = list(graph.nodes)
@@ -44,7 +48,8 @@ def _rename_aten_nodes(graph_module: torch.fx.GraphModule, names: dict[str, str]
         node._rename(name)
     for node in nodes:
         if node not in wanted and node.op != "placeholder":
-            node._rename(node.meta["_yobx_original_name"])
+            name = node.meta["_yobx_original_name"]
+            node._rename(f"{name}_aten" if name in reserved else name)
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -99,7 +104,8 @@ def build_model(
     for node in graph_module.graph.nodes:
         node.meta["_yobx_aten_name"] = node.name
         node.meta["_yobx_original_name"] = node.name
-    _rename_aten_nodes(graph_module, placeholder_names)
+    torch_level_names = {n.name for n in lowered.origins.values()}
+    _rename_aten_nodes(graph_module, placeholder_names, torch_level_names)
     internals.insert_type_promotion(graph_module)
 
     model = ir.Model(

@@ -1,5 +1,6 @@
 """Capture of PyTorch models as torch.fx graphs with sound symbolic shapes."""
 
+from .collection import GraphCollection, ModuleEntry, ModuleFailure
 from .control_flow import CondCCOp, ScanCCOp
 from .inputs import register_cache_flattening
 from .patches import replace_problematic_function_before_tracing
@@ -12,8 +13,9 @@ from .proxies import (
     CustomProxyInt,
     CustomProxyShape,
 )
+from .robust import RecordedCall, RobustTracer, record_calls, recursive_trace
 from .symbolic import Guard
-from .tracer import CustomTracer
+from .tracer import CustomTracer, graph_fingerprint
 
 __all__ = [
     "CondCCOp",
@@ -26,7 +28,15 @@ __all__ = [
     "CustomProxyShape",
     "CustomTracer",
     "Guard",
+    "GraphCollection",
+    "ModuleEntry",
+    "ModuleFailure",
+    "RecordedCall",
+    "RobustTracer",
     "ScanCCOp",
+    "graph_fingerprint",
+    "record_calls",
+    "recursive_trace",
     "register_cache_flattening",
     "replace_problematic_function_before_tracing",
 ]

@@ -189,7 +189,12 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
         patch(builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance))
         patch(builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max))
         patch(builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min))
-        with symbolic_kernels():
+        # Inside torch, `guard_or_false(size == 1)` (broadcasting, contiguity) would
+        # otherwise decide from the example and guard on it. Size-oblivious answers
+        # pick the path that is right for every size, and what really needs a fact
+        # still asks for it with torch._check, which the tracer checks.
+        oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
+        with symbolic_kernels(), oblivious:
             yield
     finally:
         for owner, name, value, had in reversed(saved):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import math
 import operator
@@ -282,6 +283,10 @@ class CustomTracer(torch.fx.Tracer):
         self._out_spec = None
         self._in_fake = 0
         self._allowed_guards = 0
+        # torch.fx's bookkeeping of the modules being traced; a trace that raised
+        # leaves entries behind, and a tracer may be used again.
+        self.module_stack = collections.OrderedDict()
+        self.num_calls = {}
 
     def _index_tensors(self, module: torch.nn.Module) -> None:
         self._tensor_names: dict[int, str] = {}
@@ -788,6 +793,21 @@ def _is_convolution(node: Node, root: torch.nn.Module) -> bool:
     return False
 
 
+def graph_fingerprint(graph: torch.fx.Graph) -> str:
+    """A digest of a graph's node names, kinds and targets.
+
+    Two captures with the same fingerprint name the same computations the same way;
+    tools matching values by node name (ONNX value names, recorded runs) check it first.
+    """
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    for node in graph.nodes:
+        target = node.target if isinstance(node.target, str) else _describe(node)
+        digest.update(f"{node.op}|{node.name}|{target}\n".encode())
+    return digest.hexdigest()
+
+
 def _fake_value(node: Node) -> Any:
     if "val" not in node.meta:
         raise TraceError(f"node {node.format_node()} has no fake value")
@@ -847,4 +867,4 @@ class _CallableModule(torch.nn.Module):
         return self.fn(*args, **kwargs)
 
 
-__all__ = ["CustomTracer"]
+__all__ = ["CustomTracer", "graph_fingerprint"]
