@@ -610,8 +610,14 @@ class CustomTracer(torch.fx.Tracer):
 
         The module's own tensors are swapped for fake copies so that in-place updates
         in its forward (BatchNorm's running statistics) never touch the real ones.
+        A module without buffers runs as it is (faster): the fake mode converts its
+        parameters (the same static fake copies as :meth:`SymbolicDimensions.from_real`)
+        and never writes into them, except one-element tensors, which it may compute
+        for real (constant propagation): modules holding one keep the fake swap.
         """
         module = self.root.get_submodule(target)
+        if next(module.buffers(), None) is None and all(p.numel() > 1 for p in module.parameters()):
+            return module(*args, **kwargs)
         state = {
             name: self.dims.from_real(t)
             for name, t in (*module.named_parameters(), *module.named_buffers())
