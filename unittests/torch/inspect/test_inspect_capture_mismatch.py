@@ -79,6 +79,17 @@ def test_onnx_from_another_capture_is_not_matched_by_name():
     same_onnx = to_onnx(model, (x,), dynamic_shapes=DYN).model_proto
     result = record_run(model, x, onnx_model=same_onnx, dynamic_shapes=DYN)
     assert result.onnx.notes == []
-    graph_names = {call.name for call in result.graph}
-    assert any(call.name in graph_names for call in result.onnx)
+    onnx_names = {call.name for call in result.onnx}
+    output = next(n for n in result.graph_module.graph.nodes if n.op == "output")
+    intermediate = [
+        n.name
+        for n in result.graph_module.graph.nodes
+        if n.op in ("call_function", "call_method", "call_module")
+        and isinstance(n.meta.get("val"), torch.Tensor)
+        and n not in output.all_input_nodes
+    ]
+    # every intermediate tensor of the graph has its ONNX value, under the same name
+    assert intermediate and all(name in onnx_names for name in intermediate), [
+        name for name in intermediate if name not in onnx_names
+    ]
     assert first_divergence(result.graph, result.onnx) is None

@@ -32,8 +32,6 @@ def _rename_aten_nodes(
     """
     graph = graph_module.graph
     nodes = list(graph.nodes)
-    for i, node in enumerate(nodes):
-        node._rename(f"_yobx_tmp_{i}")
     wanted = {}
     for node in nodes:
         if node.op == "placeholder":
@@ -41,15 +39,19 @@ def _rename_aten_nodes(
         source = node.meta.get(SOURCE_NODE_KEY)
         if source is not None and source not in wanted.values():
             wanted[node] = source
-    for node in nodes:
-        if node.op == "placeholder":
-            node._rename(names[node.target])
+    # Node._rename keeps old names reserved in the graph's namespace, which would give
+    # suffixed names (cos_1 for cos): the namespace is rebuilt, exact names first.
+    namespace = torch.fx.graph._Namespace()
+    graph._graph_namespace = namespace
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    others = [n for n in nodes if n.op != "placeholder" and n not in wanted]
+    for node in placeholders:
+        node.name = namespace.create_name(names[node.target], node)
     for node, name in wanted.items():
-        node._rename(name)
-    for node in nodes:
-        if node not in wanted and node.op != "placeholder":
-            name = node.meta["_yobx_original_name"]
-            node._rename(f"{name}_aten" if name in reserved else name)
+        node.name = namespace.create_name(name, node)
+    for node in others:
+        name = node.meta["_yobx_original_name"]
+        node.name = namespace.create_name(f"{name}_aten" if name in reserved else name, node)
 
 
 def _target_name(node: torch.fx.Node) -> str:
