@@ -231,3 +231,23 @@ def test_conv1d_dynamic_length():
         Conv1dLength().eval(), (x,), dynamic_shapes={"x": {0: "batch", 2: "length"}}
     )
     assert onnx_dims(result.model_proto)["x"] == ["batch", 4, "length"]
+
+
+class BaddbmmReshape(torch.nn.Module):
+    """baddbmm on symbolic sizes, and reshape(n, -1) which lowers to aten.sym_numel."""
+
+    def forward(self, query, key, bias):
+        scores = bias.baddbmm(query, key.transpose(-1, -2), beta=1.0, alpha=0.5)
+        # BLOOM's reshape(batch * heads, -1, head_dim): the -1 is seq for every size
+        heads = query.transpose(1, 2).reshape(query.shape[0] * 2, -1, 4)
+        return scores.softmax(-1), heads * 2
+
+
+def test_baddbmm_and_numel_with_dynamic_sizes():
+    dims = {0: "batch", 1: "seq"}
+    result = export_and_validate(
+        BaddbmmReshape().eval(),
+        (_r(2, 6, 8), _r(2, 6, 8), _r(2, 1, 6)),
+        dynamic_shapes={"query": dims, "key": dims, "bias": {0: "batch", 2: "seq"}},
+    )
+    assert onnx_dims(result.model_proto)["query"] == ["batch", "seq", 8]

@@ -174,3 +174,46 @@ def test_pooling_1d_keeps_length_symbolic():
         trace_module(
             Pooling1d().eval(), {"x": torch.randn(2, 4, 16)}, {"x": {0: "batch", 2: "length"}}
         )
+
+
+class _Gelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class AlibiAttention(torch.nn.Module):
+    """BLOOM's pattern: an autograd.Function and baddbmm on a broadcast bias."""
+
+    def forward(self, query, key, bias):
+        scores = bias.baddbmm(batch1=query, batch2=key.transpose(-1, -2), beta=1.0, alpha=0.5)
+        both = torch.baddbmm(scores, query, key.transpose(-1, -2), beta=0.0)
+        return _Gelu.apply(scores) + both
+
+
+def _alibi_inputs(batch, seq):
+    return {
+        "query": torch.randn(batch, seq, 8),
+        "key": torch.randn(batch, seq, 8),
+        "bias": torch.randn(batch, 1, seq),
+    }
+
+
+def test_autograd_function_and_baddbmm_with_dynamic_sizes():
+    dims = {0: "batch", 1: "seq"}
+    tracer, graph, _ = check_trace(
+        AlibiAttention(),
+        _alibi_inputs(2, 5),
+        {"query": dims, "key": dims, "bias": {0: "batch", 2: "seq"}},
+        other_inputs=[_alibi_inputs(3, 7), _alibi_inputs(4, 2)],
+    )
+    # the Function's forward is traced through: its operations are in the graph
+    assert any(n.target is torch.tanh for n in graph.nodes)
+    assert tracer.guards == []
+    # the patched baddbmm only lives inside tracing
+    assert "baddbmm" not in vars(torch.Tensor)

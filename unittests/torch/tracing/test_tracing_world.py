@@ -7,6 +7,7 @@ import torch
 from torch.fx.proxy import TraceError
 
 from yobx.torch.tracing import replace_problematic_function_before_tracing
+from yobx.torch.tracing.tracer import CONSTANT_PREFIX
 
 from ._helpers import trace_module
 
@@ -86,7 +87,8 @@ def test_module_not_mutated_by_tracing():
         torch.testing.assert_close(v, state[k], msg=k)
     # the constants live on the traced model, not on the user's module
     assert tracer.traced_model is not model
-    assert not any(k.startswith("_tensor_constant") for k in vars(model)["_buffers"])
+    assert not any(k.startswith(CONSTANT_PREFIX) for k in vars(model)["_buffers"])
+    assert any(k.startswith(CONSTANT_PREFIX) for k in dict(tracer.traced_model.named_buffers()))
     # the traced graph reproduces the training-mode module, buffers included
     reference = Model().train()
     reference.load_state_dict(state)

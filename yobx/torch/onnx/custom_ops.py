@@ -107,7 +107,17 @@ def _gru_to_onnx(x, h0, weights, has_biases, num_layers, bidirectional, batch_fi
     )
 
 
+def _sym_numel_to_onnx(x):
+    # a 0-d int64 tensor, as torch_lib gives for aten.sym_size
+    return _op.Size(x)
+
+
 def register_translations(registry: Any) -> None:
-    """Adds the ONNX translations of yobx's custom operators to torch_lib's registry."""
+    """Adds yobx's translations to torch_lib's registry.
+
+    The RNN custom operators, and ``aten.sym_numel`` (``x.numel()`` on a dynamic
+    shape, e.g. ``reshape(n, -1)`` lowered), which torch_lib lacks.
+    """
     registry.register_op(torch.ops.yobx.lstm.default, _lstm_to_onnx)
     registry.register_op(torch.ops.yobx.gru.default, _gru_to_onnx)
+    registry.register_op(torch.ops.aten.sym_numel.default, _sym_numel_to_onnx)

@@ -395,9 +395,7 @@ def _inline(tracer, batched: torch.fx.GraphModule, outer_inputs: list[Node], out
     for node in batched.graph.nodes:
         if node.op == "get_attr":
             value = getattr(batched, node.target)
-            name = f"_tensor_constant{len(tracer._constants)}"
-            tracer._constants[name] = value
-            node.target = name
+            node.target = tracer.add_constant(value)
     for node in batched.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
             # x.size(d) has a batching rule (aten.sym_size.int has none): an inlined

@@ -13,6 +13,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,19 +92,23 @@ def _symbolic_extremum(original: Callable, symbolic: Callable) -> Callable:
 
 
 def _proxy_aware_isinstance(original: Callable) -> Callable:
-    """``isinstance(x, torch.Tensor)`` is True for a proxy of a tensor.
+    """``isinstance(x, torch.Tensor)`` is True for a proxy of a tensor, in model code.
 
-    Model code checks masks and caches that way (transformers does). Only Python-level
-    calls see this: torch's C argument parser keeps seeing a non-tensor with
-    ``__torch_function__``, which is what makes it dispatch to the tracer.
+    Model code checks masks and caches that way (transformers does). torch's own code
+    keeps the real answer: it treats a proxy as a non-tensor with ``__torch_function__``
+    and dispatches to the tracer (a "tensor" there would reach C++ functions, as
+    ``autograd.Function.apply`` does). C-level checks never see this patch.
     """
     from .proxies import CustomProxy
 
     tensor = torch.Tensor
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
 
     def isinstance_(obj, classinfo):
-        if original(obj, CustomProxy) and (
-            classinfo is tensor or (original(classinfo, tuple) and tensor in classinfo)
+        if (
+            original(obj, CustomProxy)
+            and (classinfo is tensor or (original(classinfo, tuple) and tensor in classinfo))
+            and not sys._getframe(1).f_code.co_filename.startswith(torch_dir)
         ):
             return original(obj.node.meta.get("val"), tensor)
         return original(obj, classinfo)
@@ -139,20 +145,56 @@ def _check(original: Callable) -> Callable:
     return wrapper
 
 
+def _symbolic_baddbmm(original: Callable) -> Callable:
+    """``baddbmm`` on fake tensors: torch's meta kernel rejects symbolic sizes.
+
+    ``beta * input + alpha * (batch1 @ batch2)`` with the same broadcasting and dtype;
+    ``beta == 0`` ignores ``input`` as baddbmm does (its NaNs do not propagate).
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    @functools.wraps(original)
+    def baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
+        if out is None and type(input) is FakeTensor:
+            product = torch.bmm(batch1, batch2)
+            if alpha != 1:
+                product = product * alpha
+            if beta == 0:
+                return product
+            return product + (input if beta == 1 else input * beta)
+        if out is None:
+            return original(input, batch1, batch2, beta=beta, alpha=alpha)
+        return original(input, batch1, batch2, beta=beta, alpha=alpha, out=out)
+
+    return baddbmm
+
+
 @contextlib.contextmanager
 def symbolic_kernels() -> Iterator[None]:
-    """Routes torch kernels that fix a dynamic size to variants that keep it symbolic.
+    """Routes torch kernels that fail on or fix a dynamic size to symbolic variants.
 
     Used while tracing and by anything that re-runs a traced graph on its fake values
-    (the ONNX lowering): ``torch.max_pool1d`` becomes ``max_pool1d_with_indices``.
+    (the ONNX lowering): ``torch.max_pool1d`` becomes ``max_pool1d_with_indices``,
+    ``baddbmm`` becomes ``bmm`` and additions. Only fake tensors take the detour.
     Restored on exit.
     """
-    original = torch.max_pool1d
-    torch.max_pool1d = _symbolic_max_pool1d(original)
+    replaced = [
+        (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
+        (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
+        (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
+    ]
+    # Tensor.baddbmm is inherited from the C base class: restoring means deleting.
+    saved = [(owner, name, vars(owner).get(name)) for owner, name, _ in replaced]
     try:
+        for owner, name, value in replaced:
+            setattr(owner, name, value)
         yield
     finally:
-        torch.max_pool1d = original
+        for owner, name, value in saved:
+            if value is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
 @contextlib.contextmanager

@@ -100,6 +100,8 @@ _PURE_SCALAR_FUNCTIONS = frozenset(
 _PURE_METHODS = frozenset({"size", "dim", "numel", "stride"})
 
 _NOT_CONSTANT = object()
+#: prefix of the constants the tracer stores on ``traced_model``
+CONSTANT_PREFIX = "_yobx_constant"
 _CONVOLUTIONS = frozenset(
     getattr(torch.nn.functional, name)
     for name in (
@@ -471,12 +473,21 @@ class CustomTracer(torch.fx.Tracer):
             node = self._constant_nodes.get(key)
             if node is not None and node.graph is self.graph:
                 return node
-            name = f"_tensor_constant{len(self._constants)}"
-            self._constants[name] = tensor
+            name = self.add_constant(tensor)
         node = self.create_node("get_attr", name, (), {})
         node.meta["val"] = self.dims.from_real(tensor)
         self._constant_nodes[key] = node
         return node
+
+    def add_constant(self, tensor: torch.Tensor) -> str:
+        """Stores a tensor created while tracing on the traced model; returns its name.
+
+        The prefix differs from torch.fx's and make_fx's ``_tensor_constant``: lowering
+        the graph again (ONNX export) creates constants of its own with that prefix.
+        """
+        name = f"{CONSTANT_PREFIX}{len(self._constants)}"
+        self._constants[name] = tensor
+        return name
 
     def _lift(self, node: Node) -> Node:
         """Makes a value of an enclosing graph an input of the subgraph being traced."""
