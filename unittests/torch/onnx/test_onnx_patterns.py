@@ -251,3 +251,17 @@ def test_baddbmm_and_numel_with_dynamic_sizes():
         dynamic_shapes={"query": dims, "key": dims, "bias": {0: "batch", 2: "seq"}},
     )
     assert onnx_dims(result.model_proto)["query"] == ["batch", "seq", 8]
+
+
+class ListIndex(torch.nn.Module):
+    """Falcon's pattern: indexing with a Python list builds an index tensor."""
+
+    def forward(self, x):
+        return x[..., [-2], :] * 2 + x[..., [-1], :]
+
+
+def test_list_index_constant():
+    result = export_and_validate(
+        ListIndex().eval(), (_r(2, 5, 3, 4),), dynamic_shapes={"x": {0: "batch", 1: "seq"}}
+    )
+    assert onnx_dims(result.model_proto)["x"] == ["batch", "seq", 3, 4]

@@ -152,23 +152,37 @@ class _LoweringInterpreter(torch.fx.Interpreter):
 
 
 def _detach_constants(graph_module: torch.fx.GraphModule) -> None:
-    """Turns constant parameters left in the aten graph into plain tensors.
+    """Turns constants left in the aten graph into plain tensors, in meta["val"] too.
 
     A parameter reached in a way the lifting does not see (through a Python
     container, for instance) stays a constant; ONNX serialization needs a plain tensor.
+    A tensor made from Python literals while lowering (``x[..., [-2], :]`` builds its
+    index tensor) is fake: the fake mode kept its data in ``.constant``.
     """
+    from torch._subclasses.fake_tensor import FakeTensor
+
     for node in graph_module.graph.nodes:
         if node.op != "get_attr":
             continue
         value = operator.attrgetter(node.target)(graph_module)
-        if isinstance(value, torch.nn.Parameter):
-            plain = value.detach()
+        if isinstance(value, FakeTensor):
+            if value.constant is None:
+                raise OnnxExportError(
+                    f"constant {node.target!r} of the lowered graph was computed on fake "
+                    f"tensors and its values are unknown"
+                )
+            value = value.constant
+        if not isinstance(value, torch.Tensor):
+            continue
+        plain = value.detach() if isinstance(value, torch.nn.Parameter) else value
+        if plain is not operator.attrgetter(node.target)(graph_module):
             module_name, _, attribute = node.target.rpartition(".")
             owner = graph_module.get_submodule(module_name) if module_name else graph_module
             delattr(owner, attribute)
             setattr(owner, attribute, plain)
-            if isinstance(node.meta.get("val"), torch.nn.Parameter):
-                node.meta["val"] = plain
+        # torch.onnx materializes constants from meta["val"]: it must hold the data
+        if isinstance(node.meta.get("val"), (torch.nn.Parameter, FakeTensor)):
+            node.meta["val"] = plain
 
 
 def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> LoweredGraph:
