@@ -18,12 +18,15 @@ _TINY = {
     "num_key_value_heads": 2,
     "intermediate_size": 37,
     "max_position_embeddings": 64,
+    "max_seq_len": 64,
     "n_embd": 32,
     "n_layer": 2,
     "n_head": 4,
     "n_positions": 64,
     "n_inner": 37,
     "type_vocab_size": 2,
+    # rotary dimensions must fit in a head (32 / 4 heads = 8)
+    "rotary_dim": 4,
 }
 
 
@@ -66,8 +69,10 @@ def hf_model(architecture: str, batch: int = 2, seq: int = 5):
     attention_mask = torch.ones((batch, seq), dtype=torch.int64)
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
     # Position embeddings are tables: the sequence cannot exceed their size.
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(
-        config, "n_positions", None
+    max_positions = (
+        getattr(config, "max_position_embeddings", None)
+        or getattr(config, "n_positions", None)
+        or getattr(config, "max_seq_len", None)
     )
     seq_dim = torch.export.Dim("seq", max=max_positions) if max_positions else "seq"
     dims = {0: "batch", 1: seq_dim}

@@ -25,10 +25,19 @@ def test_tiny_llm_with_past_key_values():
     assert all(stage.end_ns >= stage.start_ns for stage in result.stages)
 
 
-# Bloom: autograd.Function and baddbmm on symbolic sizes; Falcon: list indexing.
+# Bloom: autograd.Function, baddbmm on symbolic sizes; Falcon: list indexing; MPT: a real
+# tensor sliced by dimensions; CodeGen: modules built in forward, rotary_dim.
 @pytest.mark.parametrize(
     "architecture",
-    ["LlamaForCausalLM", "GPT2LMHeadModel", "BertModel", "BloomForCausalLM", "FalconForCausalLM"],
+    [
+        "LlamaForCausalLM",
+        "GPT2LMHeadModel",
+        "BertModel",
+        "BloomForCausalLM",
+        "FalconForCausalLM",
+        "MptForCausalLM",
+        "CodeGenForCausalLM",
+    ],
 )
 def test_huggingface_tiny_model(architecture):
     pytest.importorskip("transformers")

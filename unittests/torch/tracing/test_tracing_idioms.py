@@ -90,3 +90,40 @@ def test_slices_with_symbolic_bounds():
         DYN,
         other_inputs=[*OTHERS, {"x": torch.randn(2, 2, 16)}],
     )
+
+
+class RealTensorSlicedBySymbols(torch.nn.Module):
+    """MPT's pattern: a bias built in forward (a real tensor) sliced with dimensions."""
+
+    def forward(self, x):
+        bias = torch.arange(64.0).reshape(1, 8, 8)
+        start = max(0, bias.size(1) - x.shape[1])
+        return x + bias[:, start:, start:][:, :, : x.shape[1]].sum(-1, keepdim=True)
+
+
+def test_real_tensor_indexed_with_dimensions():
+    dyn = {"x": {0: "batch", 1: torch.export.Dim("seq", max=8)}}
+    check_trace(
+        RealTensorSlicedBySymbols(),
+        {"x": torch.randn(2, 5, 3)},
+        dyn,
+        other_inputs=[{"x": torch.randn(3, 8, 3)}, {"x": torch.randn(1, 2, 3)}],
+    )
+    assert "__getitem__" not in vars(torch.Tensor)
+
+
+class ModuleBuiltInForward(torch.nn.Module):
+    """CodeGen's pattern: `nn.Softmax(dim=-1)(x)` has no path in the model."""
+
+    def forward(self, x):
+        return torch.nn.Softmax(dim=-1)(x) * torch.nn.ReLU()(x)
+
+
+def test_module_built_in_forward_is_traced_through():
+    _, graph, _ = check_trace(
+        ModuleBuiltInForward(),
+        {"x": torch.randn(2, 5)},
+        {"x": {0: "batch"}},
+        other_inputs=[{"x": torch.randn(4, 5)}],
+    )
+    assert not any(n.op == "call_module" for n in graph.nodes)

@@ -22,6 +22,8 @@ PATCHED = [
     (torch.func, "vmap"),
     (torch, "_check"),
     (torch, "max_pool1d"),
+    (torch.Tensor, "__getitem__"),
+    (torch.Tensor, "baddbmm"),
     (torch.ops.higher_order, "scan"),
     (builtins, "max"),
     (builtins, "min"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -134,6 +135,23 @@ def _symbolic_max_pool1d(original: Callable) -> Callable:
     return max_pool1d
 
 
+def _indexing_with_proxies(original: Callable) -> Callable:
+    """``tensor[:, n:]`` on a real tensor (built in ``forward``) with a symbolic ``n``.
+
+    torch's C++ indexing would ask the proxy for a Python int; the tensor becomes a
+    graph constant and the indexing a node instead.
+    """
+
+    @functools.wraps(original)
+    def __getitem__(self, key):
+        proxy = find_proxy(key)
+        if proxy is None:
+            return original(self, key)
+        return proxy.tracer.create_proxy("call_function", operator.getitem, (self, key), {})
+
+    return __getitem__
+
+
 def _check(original: Callable) -> Callable:
     @functools.wraps(original)
     def wrapper(cond, message=None):
@@ -223,6 +241,7 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
             if hasattr(torch, name):
                 patch(torch, name, _recording(getattr(torch, name)))
         patch(torch, "_check", _check(torch._check))
+        patch(torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__))
         patch(torch, "cond", cond_function(torch.cond))
         vmap = vmap_function(torch.vmap)
         patch(torch, "vmap", vmap)

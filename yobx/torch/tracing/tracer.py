@@ -429,6 +429,10 @@ class CustomTracer(torch.fx.Tracer):
             # computes the same values and keeps the sizes symbolic.
             replacement = leaf_module_call(m, args, kwargs)
             return forward(*args, **kwargs) if replacement is None else replacement
+        if m not in self.submodule_paths:
+            # A module built inside forward (`nn.Softmax(dim=-1)(x)`) has no path in the
+            # model: it cannot be a call_module node, its operations are traced instead.
+            return forward(*args, **kwargs)
         return super().call_module(m, forward, args, kwargs)
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
