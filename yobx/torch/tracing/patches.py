@@ -187,6 +187,31 @@ def _symbolic_baddbmm(original: Callable) -> Callable:
     return baddbmm
 
 
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Sets ``owner.name = value`` for each replacement, restores all on exit.
+
+    An attribute the owner only inherited (``Tensor.__getitem__`` comes from the C
+    base class) is deleted again rather than set, so that inheritance is restored.
+    """
+    saved = []
+    try:
+        for owner, name, value in replacements:
+            saved.append((owner, name, vars(owner).get(name, _MISSING)))
+            setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            if value is _MISSING:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
 @contextlib.contextmanager
 def symbolic_kernels() -> Iterator[None]:
     """Routes torch kernels that fail on or fix a dynamic size to symbolic variants.
@@ -196,23 +221,14 @@ def symbolic_kernels() -> Iterator[None]:
     ``baddbmm`` becomes ``bmm`` and additions. Only fake tensors take the detour.
     Restored on exit.
     """
-    replaced = [
-        (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
-        (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
-        (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
-    ]
-    # Tensor.baddbmm is inherited from the C base class: restoring means deleting.
-    saved = [(owner, name, vars(owner).get(name)) for owner, name, _ in replaced]
-    try:
-        for owner, name, value in replaced:
-            setattr(owner, name, value)
+    with patched_attributes(
+        [
+            (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
+            (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
+            (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
+        ]
+    ):
         yield
-    finally:
-        for owner, name, value in saved:
-            if value is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
 
 
 @contextlib.contextmanager
@@ -227,40 +243,28 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
     """
     from .control_flow import cond_function, scan_function, vmap_function
 
-    saved: list[tuple[Any, str, Any, bool]] = []
-
-    def patch(owner: Any, name: str, value: Any) -> None:
-        had = name in vars(owner) if hasattr(owner, "__dict__") else hasattr(owner, name)
-        saved.append((owner, name, getattr(owner, name, None), had))
-        setattr(owner, name, value)
-
-    try:
-        for fn in TENSOR_FACTORIES:
-            patch(torch, fn.__name__, _recording(fn))
-        for name in _LIST_FUNCTIONS:
-            if hasattr(torch, name):
-                patch(torch, name, _recording(getattr(torch, name)))
-        patch(torch, "_check", _check(torch._check))
-        patch(torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__))
-        patch(torch, "cond", cond_function(torch.cond))
-        vmap = vmap_function(torch.vmap)
-        patch(torch, "vmap", vmap)
-        patch(torch.func, "vmap", vmap)
-        patch(torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan))
-        patch(builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance))
-        patch(builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max))
-        patch(builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min))
-        # Inside torch, `guard_or_false(size == 1)` (broadcasting, contiguity) would
-        # otherwise decide from the example and guard on it. Size-oblivious answers
-        # pick the path that is right for every size, and what really needs a fact
-        # still asks for it with torch._check, which the tracer checks.
-        oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
-        with symbolic_kernels(), oblivious:
-            yield
-    finally:
-        for owner, name, value, had in reversed(saved):
-            if had:
-                setattr(owner, name, value)
-            else:
-                with contextlib.suppress(AttributeError):
-                    delattr(owner, name)
+    vmap = vmap_function(torch.vmap)
+    replacements = [
+        *((torch, fn.__name__, _recording(fn)) for fn in TENSOR_FACTORIES),
+        *(
+            (torch, name, _recording(getattr(torch, name)))
+            for name in _LIST_FUNCTIONS
+            if hasattr(torch, name)
+        ),
+        (torch, "_check", _check(torch._check)),
+        (torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__)),
+        (torch, "cond", cond_function(torch.cond)),
+        (torch, "vmap", vmap),
+        (torch.func, "vmap", vmap),
+        (torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan)),
+        (builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance)),
+        (builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max)),
+        (builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min)),
+    ]
+    # Inside torch, `guard_or_false(size == 1)` (broadcasting, contiguity) would
+    # otherwise decide from the example and guard on it. Size-oblivious answers
+    # pick the path that is right for every size, and what really needs a fact
+    # still asks for it with torch._check, which the tracer checks.
+    oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
+    with patched_attributes(replacements), symbolic_kernels(), oblivious:
+        yield
