@@ -51,6 +51,39 @@ def test_huggingface_tiny_model(architecture):
     assert dims[first_output][:2] == ["batch", "seq"]
 
 
+def test_huggingface_decoder_returning_its_cache():
+    """use_cache=True (the default): the DynamicCache output becomes named outputs."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    kwargs = {
+        "input_ids": torch.randint(0, 100, (2, 6)),
+        "attention_mask": torch.ones(2, 6, dtype=torch.int64),
+    }
+    dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    result = export_and_validate(model, (), kwargs, dynamic_shapes=dynamic)
+    assert result.output_names == [
+        "logits",
+        "past_key_values_key_cache_0",
+        "past_key_values_key_cache_1",
+        "past_key_values_value_cache_0",
+        "past_key_values_value_cache_1",
+    ]
+    dims = onnx_dims(result.model_proto)
+    assert dims["past_key_values_key_cache_1"] == ["batch", 1, "seq", 16]
+
+
 def test_transformer_encoder():
     model, args, kwargs, dynamic_shapes = transformer_encoder()
     result = export_and_validate(model, args, kwargs, dynamic_shapes=dynamic_shapes)

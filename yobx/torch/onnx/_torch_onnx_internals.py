@@ -122,11 +122,34 @@ def is_translatable(target: Any, opset: int = 18) -> bool:
     return onnx_registry(opset).is_registered(target)
 
 
+class _MetaReusingTypePromotion(type_promotion._TypePromotionInterpreter):
+    """torch.onnx's type promotion, without re-running the nodes it leaves alone.
+
+    The original interpreter recomputes every node on fake tensors to know the
+    dtypes of their inputs; make_fx already stored those values in ``meta["val"]``.
+    Nodes the pass changes (or creates) are still recomputed by the pass itself.
+    """
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        with self._set_current_node(node):
+            rule = type_promotion.get_type_promotion_rule(node, self.type_promotion_table)
+            if rule is not None:
+                self._maybe_promote_node(node, rule)
+        value = node.meta.get("val")
+        if node.op in ("placeholder", "call_function") and value is not None:
+            return value
+        return torch.fx.Interpreter.run_node(self, node)
+
+
 def insert_type_promotion(graph_module: torch.fx.GraphModule) -> None:
     """Makes implicit type promotions explicit (ONNX operators need equal types)."""
     for module in graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
-            type_promotion.InsertTypePromotion(module).run()
+            promotion = type_promotion.InsertTypePromotion(module)
+            promotion.interpreter = _MetaReusingTypePromotion(
+                module, type_promotion.TypePromotionTable()
+            )
+            promotion.run()
 
 
 def translate_graph(

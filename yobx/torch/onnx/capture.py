@@ -147,7 +147,11 @@ def output_names(out_spec: pytree.TreeSpec | None, count: int) -> list[str]:
     """
     if out_spec is None or out_spec.num_leaves != count:
         return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
-    structure = pytree.tree_unflatten(list(range(count)), out_spec)
+    # Stand-in leaves are empty tensors, not indices: containers such as DynamicCache
+    # read tensor attributes when they are rebuilt.
+    stand_ins = [torch.empty(0) for _ in range(count)]
+    position = {id(t): i for i, t in enumerate(stand_ins)}
+    structure = pytree.tree_unflatten(stand_ins, out_spec)
     if not isinstance(structure, (list, tuple, dict)) and not pytree.is_namedtuple_instance(
         structure
     ):
@@ -155,7 +159,8 @@ def output_names(out_spec: pytree.TreeSpec | None, count: int) -> list[str]:
         if len(leaves) == 1 and not leaves[0][0]:
             return ["output"]
     names: list[str] = [""] * count
-    for path, index in pytree.tree_flatten_with_path(structure)[0]:
+    for path, leaf in pytree.tree_flatten_with_path(structure)[0]:
+        index = position[id(leaf)]
         parts = key_path_parts(path)
         name = "_".join(parts)
         if not parts or isinstance(path[0], pytree.SequenceKey):

@@ -20,6 +20,7 @@ from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
 
 from ..ops.rnn import leaf_module_call
+from . import shape_rules
 from .inputs import (
     FlatInputs,
     bind_example_inputs,
@@ -34,6 +35,7 @@ from .proxies import (
     proxy_class_for,
 )
 from .symbolic import Guard, SymbolicDimensions
+from .symbolic_memo import memoized_symbolic_arithmetic
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _YOBX_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -261,7 +263,7 @@ class CustomTracer(torch.fx.Tracer):
         names, keyword, values = bind_example_inputs(forward, concrete_args, skip_self=False)
         self._inputs = flatten_example_inputs(names, keyword, values, dynamic_shapes, self.dims)
         self._index_tensors(module)
-        with replace_problematic_function_before_tracing():
+        with replace_problematic_function_before_tracing(), memoized_symbolic_arithmetic():
             graph = super().trace(module)
         self._finish(graph, module, root, update_model_with_callable)
         if remove_inplace:
@@ -275,6 +277,8 @@ class CustomTracer(torch.fx.Tracer):
 
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()
+        self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode)
+        self._check_shape_rules = shape_rules.check_enabled()
         self.guards = []
         self.traced_model = None
         self._constants: dict[str, torch.Tensor] = {}
@@ -593,20 +597,24 @@ class CustomTracer(torch.fx.Tracer):
             if _is_convolution(node, self.root)
             else contextlib.nullcontext()
         )
+        # Fake values carry no autograd history: recording it costs time, and a
+        # rule's output must not be a leaf that requires grad (in-place ops on it
+        # would then fail where eager succeeds).
+        grad_mode = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
         try:
-            with self.fake_mode, quiet:
-                if node.op == "call_function":
-                    target = node.target
-                    if target in _SYMBOLIC_MATH and any(
-                        isinstance(a, (torch.SymInt, torch.SymFloat)) for a in args
-                    ):
-                        target = _SYMBOLIC_MATH[target]
-                    val = target(*args, **kwargs)
-                elif node.op == "call_method":
-                    val = getattr(args[0], node.target)(*args[1:], **kwargs)
+            module = self.root.get_submodule(node.target) if node.op == "call_module" else None
+            val = self.shape_rules.run(node, args, kwargs, module)
+            if val is NotImplemented or self._check_shape_rules:
+                with self.fake_mode, quiet:
+                    expected = self._dispatch_fake(node, args, kwargs)
+                if val is NotImplemented:
+                    val = expected
                 else:
-                    val = self._run_leaf_module(node.target, args, kwargs)
-        except TraceError:
+                    shape_rules.compare(
+                        val, expected, pytree.tree_leaves((args, kwargs)), _describe(node)
+                    )
+        except (TraceError, AssertionError):
             raise
         except Exception as e:
             raise TraceError(
@@ -614,11 +622,25 @@ class CustomTracer(torch.fx.Tracer):
                 f"with {type(e).__name__}: {_first_line(e)}"
             ) from e
         finally:
+            torch.set_grad_enabled(grad_mode)
             builtins.isinstance = patched_isinstance
             self._in_fake -= 1
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return val
+
+    def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
+        """Runs the node's operation through torch (the fake mode must be active)."""
+        if node.op == "call_function":
+            target = node.target
+            if target in _SYMBOLIC_MATH and any(
+                isinstance(a, (torch.SymInt, torch.SymFloat)) for a in args
+            ):
+                target = _SYMBOLIC_MATH[target]
+            return target(*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return self._run_leaf_module(node.target, args, kwargs)
 
     def _run_leaf_module(self, target: str, args, kwargs) -> Any:
         """Runs a leaf module on fake inputs with fake parameters and buffers.

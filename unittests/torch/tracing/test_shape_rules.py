@@ -1,0 +1,270 @@
+"""Shape rules: each rule gives exactly torch's fake value, or steps aside."""
+
+from __future__ import annotations
+
+import operator
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.proxy import TraceError
+
+from yobx.models import load_model
+from yobx.torch.tracing import CustomTracer, shape_rules
+from yobx.torch.tracing.symbolic import SymbolicDimensions
+
+from ._helpers import check_trace
+
+
+@pytest.fixture(scope="module")
+def env():
+    """Fake inputs of several layouts, with dynamic ``batch`` and ``seq``."""
+    dims = SymbolicDimensions()
+    b, s = dims.dimension("batch", 3), dims.dimension("seq", 5)
+    t = dims.dimension("other", 4)
+    x = dims.fake_tensor(torch.empty(3, 5, 32), [b, s, 32])
+    with dims.fake_mode:
+        values = {
+            "x": x,
+            "y": dims.fake_tensor(torch.empty(3, 5, 32), [b, s, 32]),
+            "z": dims.fake_tensor(torch.empty(3, 4, 32), [b, t, 32]),
+            "q": x.view(b, s, 4, 8).transpose(1, 2),  # [b, 4, s, 8] non-contiguous
+            "half": x[..., :16],  # a slice: strided
+            "x1": dims.fake_tensor(torch.empty(3, 1, 5, 8), [b, 1, s, 8]),
+            "cos": dims.fake_tensor(torch.empty(1, 1, 5, 8), [1, 1, s, 8]),
+            "mask": dims.fake_tensor(torch.empty(3, 1, 5, 5, dtype=torch.bool), [b, 1, s, s]),
+            "scores": dims.fake_tensor(torch.empty(3, 4, 5, 5), [b, 4, s, s]),
+            "ids": dims.fake_tensor(torch.empty(3, 5, dtype=torch.int64), [b, s]),
+            "images": dims.fake_tensor(torch.empty(3, 3, 8, 8), [b, 3, 8, 8]),
+            "flat": dims.fake_tensor(torch.empty(15, 32), [b * s, 32]),
+        }
+        values["q_t"] = values["q"].transpose(-1, -2)
+    values["w"] = dims.from_real(torch.empty(16, 32))
+    values["bias"] = dims.from_real(torch.empty(32))
+    values["b"], values["s"] = b, s
+    return dims, values
+
+
+def _f(target, *names, handled=True, **kwargs):
+    return ("call_function", target, names, kwargs, handled)
+
+
+def _m(target, *names, handled=True, **kwargs):
+    return ("call_method", target, names, kwargs, handled)
+
+
+#: (kind, target, argument names or literals, kwargs, whether a rule must apply)
+CASES = [
+    _f(operator.add, "x", "y"),
+    _f(operator.add, "x", "bias"),
+    _f(operator.mul, "q", "cos"),
+    _f(operator.mul, "x1", "cos"),
+    _f(operator.sub, 1.0, "x"),
+    _f(operator.truediv, "x", 2),
+    _f(operator.neg, "half"),
+    _f(operator.neg, "q"),
+    _f(operator.lt, "x", 0.5),
+    _f(operator.and_, "mask", "mask"),
+    _f(torch.where, "mask", "scores", 0.0),
+    _f(torch.rsqrt, "x"),
+    _f(F.gelu, "x1"),
+    _f(operator.pow, "q", 2),
+    _m("masked_fill", "scores", "mask", float("-inf")),
+    _m("masked_fill", "mask", "scores", 0.0, handled=False),  # the mask must be bool
+    _f(operator.add, "x", "z", handled=False),  # two dimensions that may differ
+    _f(operator.add, "x", 1, handled=True),
+    _f(F.linear, "x", "w"),
+    _f(F.linear, "half", "w", handled=False),  # 16 != 32
+    _f(torch.matmul, "q", "q_t"),
+    _f(torch.softmax, "x", -1),
+    _f(torch.mean, "x", -1, keepdim=True),
+    _f(torch.cat, ("q", "q"), -1),
+    _f(torch.cat, ("x", "y"), 1),
+    _f(F.layer_norm, "x", (32,)),
+    _f(F.embedding, "ids", "w"),
+    _f(operator.getitem, "x", (slice(None), 0)),
+    _f(operator.getitem, "x", (slice(None), -1)),
+    _f(operator.getitem, "x", (slice(None), 2), handled=False),  # seq >= 2 only
+    _f(operator.getitem, "x", (Ellipsis, slice(None, 8))),
+    _f(operator.getitem, "x", (None, slice(None), None)),
+    _f(operator.getitem, "q", (slice(None), slice(1, 3))),
+    _f(operator.getitem, "x", (slice(None), slice(None, "s"))),
+    _m("transpose", "x", 1, 2),
+    _m("permute", "q", 0, 2, 1, 3),
+    _m("unsqueeze", "x", 1),
+    _m("squeeze", "x1", 1),
+    _m("expand", "cos", "b", 4, -1, -1),
+    _m("view", "x", "b", "s", 4, 8),
+    _m("view", "x", -1, 32),
+    _m("view", "half", "b", "s", 2, 8),
+    _m("reshape", "q", "b", 4, -1),
+    _m("reshape", "x", "b", 1, "s", 32, handled=False),  # size-1 strides are torch's choice
+    _m("flatten", "q", 2),
+    _m("split", "x", 8, -1),
+    _m("chunk", "x", 2, -1),
+    _m("contiguous", "q"),
+    _m("contiguous", "x"),
+    _m("to", "x", torch.float16),
+    _m("float", "x"),
+    _m("view", "q", "b", -1, handled=False),  # torch refuses: no view of these strides
+]
+
+
+def _resolve(value, values):
+    if isinstance(value, str):
+        return values[value]
+    if isinstance(value, tuple):
+        return tuple(_resolve(v, values) for v in value)
+    if isinstance(value, slice):
+        return slice(*(_resolve(v, values) for v in (value.start, value.stop, value.step)))
+    return value
+
+
+def _dispatch(kind, target, args, kwargs):
+    if kind == "call_function":
+        return target(*args, **kwargs)
+    return getattr(args[0], target)(*args[1:], **kwargs)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{getattr(c[1], '__name__', c[1])}-{c[2]}")
+def test_rule_matches_torch(env, case):
+    dims, values = env
+    kind, target, names, kwargs, handled = case
+    args = tuple(_resolve(n, values) for n in names)
+    rules = shape_rules.ShapeRules(dims.fake_mode)
+    node = types.SimpleNamespace(op=kind, target=target)
+    guards = len(dims.shape_env.guards)
+    with torch.no_grad():
+        value = rules.run(node, args, kwargs)
+        assert len(dims.shape_env.guards) == guards, "a rule added a guard"
+        if handled:
+            assert value is not NotImplemented, "no rule applied"
+        else:
+            assert value is NotImplemented, "a rule applied where it cannot be exact"
+            return
+        with dims.fake_mode:
+            expected = _dispatch(kind, target, args, kwargs)
+    shape_rules.compare(value, expected, list(torch.utils._pytree.tree_leaves(args)), str(target))
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        nn.Linear(32, 16),
+        nn.LayerNorm(32),
+        nn.GELU(),
+        nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval(),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_module_rule_matches_torch(env, module):
+    dims, values = env
+    rules = shape_rules.ShapeRules(dims.fake_mode)
+    node = types.SimpleNamespace(op="call_module", target="m")
+    with torch.no_grad():
+        value = rules.run(node, (values["x"],), {}, module)
+        assert value is not NotImplemented
+        with dims.fake_mode:
+            expected = module(values["x"])
+    shape_rules.compare(value, expected, [values["x"]], type(module).__name__)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.Conv2d(3, 4, 3, stride=2),
+        nn.BatchNorm2d(3).eval(),
+        nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d((1, 1)),
+    ],
+    ids=lambda m: repr(m),
+)
+def test_cnn_module_rule_matches_torch(env, module):
+    dims, values = env
+    rules = shape_rules.ShapeRules(dims.fake_mode)
+    node = types.SimpleNamespace(op="call_module", target="m")
+    images = values["images"]
+    with torch.no_grad():
+        value = rules.run(node, (images,), {}, module)
+        assert value is not NotImplemented
+        with dims.fake_mode:
+            state = {k: dims.from_real(v) for k, v in module.state_dict().items()}
+            expected = torch.func.functional_call(module, state, (images,))
+    shape_rules.compare(value, expected, [images], repr(module))
+
+
+def test_compare_detects_a_wrong_rule(monkeypatch):
+    """The check mode of the test suite can fail: a wrong rule is reported."""
+
+    def wrong(factory, args, kwargs):
+        x = args[0]
+        return factory.new([*x.shape[:-1], 1], x.dtype, x.device)
+
+    monkeypatch.setitem(shape_rules._FUNCTION_RULES, torch.rsqrt, wrong)
+    monkeypatch.setenv("YOBX_CHECK_SHAPE_RULES", "1")
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.rsqrt(x)
+
+    x = torch.rand(2, 3, 4) + 0.5
+    with pytest.raises(AssertionError, match="shape rule of .*rsqrt.*shape"):
+        CustomTracer().trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {0: "b"}})
+
+
+def test_undecidable_broadcast_still_raises():
+    """A rule never decides: broadcasting two dimensions falls back to torch's guard."""
+
+    class Model(nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    inputs = {"x": torch.rand(2, 3), "y": torch.rand(2, 4)[:, :3]}
+    with pytest.raises(TraceError, match="not provable"):
+        CustomTracer().trace(
+            Model(), concrete_args=inputs, dynamic_shapes={"x": {1: "a"}, "y": {1: "c"}}
+        )
+
+
+def test_rules_cover_most_of_a_transformer():
+    """Most tensor operations of the tiny-llm demo run through a rule (the fast path)."""
+    model, args, kwargs, dynamic_shapes = load_model("tiny-llm")
+    names = list(__import__("inspect").signature(model.forward).parameters)
+    inputs = {**dict(zip(names, args)), **kwargs}
+    tracer = CustomTracer()
+    tracer.trace(model, concrete_args=inputs, dynamic_shapes=dynamic_shapes)
+    rules = tracer.shape_rules
+    assert rules.handled >= 0.8 * (rules.handled + rules.fallbacks), (
+        rules.handled,
+        rules.fallbacks,
+    )
+
+
+def test_traced_rope_attention_matches_eager():
+    """Strided inputs (transposed heads, half slices) through rules, checked numerically."""
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+            self.out = nn.Linear(32, 32)
+
+        def forward(self, x, cos):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).split(32, dim=-1)
+            q, k, v = (t.view(b, s, 4, 8).transpose(1, 2) for t in (q, k, v))
+            rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+            q = q * cos + rotated * cos.flip(-1)
+            scores = (q @ k.transpose(-1, -2)) / 8**0.5
+            attn = scores.softmax(-1) @ v
+            return self.out(attn.transpose(1, 2).reshape(b, s, -1))
+
+    model = Attention().eval()
+    inputs = {"x": torch.randn(2, 5, 32), "cos": torch.randn(1, 1, 5, 8)}
+    other = {"x": torch.randn(3, 7, 32), "cos": torch.randn(1, 1, 7, 8)}
+    dynamic = {"x": {0: "batch", 1: "seq"}, "cos": {2: "seq"}}
+    tracer, _, _ = check_trace(model, inputs, dynamic, other_inputs=[other])
+    assert tracer.shape_rules.handled > 10

@@ -1,0 +1,141 @@
+"""Exact shape rules: the fake values of common operations without FakeTensor dispatch.
+
+Running an operation on fake tensors with symbolic shapes is what makes a trace
+slow: torch decomposes it, builds symbolic strides with sympy and fills its cache,
+a few milliseconds per node. For the operations transformers and CNNs spend their
+time in (matrix products, elementwise arithmetic, views, normalizations, softmax,
+concatenation...), these rules build the output fake tensor directly from the
+inputs' shapes, in a fraction of that time.
+
+Rules only apply when an input has symbolic sizes (static shapes go through
+torch's C++ meta kernels, whose layouts differ in corner cases, and are cheap).
+A rule is exact or it does not apply: it only compares sizes structurally (same
+expression or same integer, see :func:`~._base.size_key`), never decides anything
+about a dynamic dimension, and only handles layouts whose output strides it knows
+(exactly contiguous inputs). Otherwise it raises :class:`~._base.Unsupported` and the
+tracer runs torch's fake kernels, guards included.
+
+Setting the environment variable ``YOBX_CHECK_SHAPE_RULES=1`` makes the tracer run
+both and compare shapes, strides, storage offsets, dtypes, devices, aliasing and
+``requires_grad`` for every node a rule handled (the test suite runs that way).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.node import Node
+
+from . import conv, elementwise, nn, views
+from ._base import TensorFactory, Unsupported
+
+__all__ = ["ShapeRules", "Unsupported", "check_enabled"]
+
+_FUNCTION_RULES = {**elementwise.FUNCTION_RULES, **views.FUNCTION_RULES, **nn.FUNCTION_RULES}
+_METHOD_RULES = {**elementwise.METHOD_RULES, **views.METHOD_RULES, **nn.METHOD_RULES}
+_MODULE_RULES = {**nn.MODULE_RULES, **conv.MODULE_RULES}
+
+
+def check_enabled() -> bool:
+    """Whether ``YOBX_CHECK_SHAPE_RULES`` asks to compare every rule with torch."""
+    return os.environ.get("YOBX_CHECK_SHAPE_RULES", "") not in ("", "0")
+
+
+class ShapeRules:
+    """The rules bound to one trace's fake mode."""
+
+    def __init__(self, fake_mode) -> None:
+        self.factory = TensorFactory(fake_mode)
+        #: how many nodes the rules computed, and how many fell back (for profiling)
+        self.handled = 0
+        self.fallbacks = 0
+
+    def run(self, node: Node, args: tuple, kwargs: dict, module: Any = None) -> Any:
+        """The node's fake value, or ``NotImplemented`` when no rule applies exactly."""
+        if node.op == "call_function":
+            rule = _FUNCTION_RULES.get(node.target)
+        elif node.op == "call_method":
+            rule = _METHOD_RULES.get(node.target)
+        else:
+            rule = _MODULE_RULES.get(type(module))
+        if rule is None or not _has_symbolic_tensor(args, kwargs):
+            return NotImplemented
+        try:
+            if node.op == "call_module":
+                value = rule(self.factory, module, args, kwargs)
+            else:
+                value = rule(self.factory, args, kwargs)
+        except Unsupported:
+            self.fallbacks += 1
+            return NotImplemented
+        self.handled += 1
+        return value
+
+
+def _has_symbolic_tensor(args: tuple, kwargs: dict) -> bool:
+    """Whether an input has symbolic sizes.
+
+    FakeTensor computes static shapes with ATen's C++ meta kernels (TensorIterator
+    layouts) and symbolic ones with its Python implementations: the rules follow
+    the latter, so they only apply when torch would take that path.
+    """
+    return any(
+        isinstance(t, FakeTensor) and t._has_symbolic_sizes_strides
+        for t in pytree.tree_leaves((args, kwargs))
+    )
+
+
+def compare(value: Any, expected: Any, inputs: list[Any], what: str) -> None:
+    """Raises ``AssertionError`` when a rule's value differs from torch's."""
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(value, (tuple, list)) or len(value) != len(expected):
+            raise AssertionError(f"shape rule of {what}: {value!r} instead of {expected!r}")
+        for v, e in zip(value, expected):
+            compare(v, e, inputs, what)
+        return
+    if not isinstance(expected, torch.Tensor) or not isinstance(value, torch.Tensor):
+        raise AssertionError(f"shape rule of {what}: {value!r} instead of {expected!r}")
+    problems = []
+    for label, got, want in (
+        ("shape", tuple(value.shape), tuple(expected.shape)),
+        ("stride", value.stride(), expected.stride()),
+    ):
+        if len(got) != len(want) or not all(_equal(g, w) for g, w in zip(got, want)):
+            problems.append(f"{label} {got} instead of {want}")
+    if not _equal(value.storage_offset(), expected.storage_offset()):
+        problems.append(f"storage offset {value.storage_offset()} != {expected.storage_offset()}")
+    for attribute in ("dtype", "device", "requires_grad"):
+        if getattr(value, attribute) != getattr(expected, attribute):
+            problems.append(
+                f"{attribute} {getattr(value, attribute)} instead of {getattr(expected, attribute)}"
+            )
+    if _aliases(value, inputs) != _aliases(expected, inputs):
+        problems.append("aliasing differs")
+    if (value is _same_input(value, inputs)) != (expected is _same_input(expected, inputs)):
+        problems.append("identity with an input differs")
+    if problems:
+        raise AssertionError(f"shape rule of {what}: " + "; ".join(problems))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return statically_known_true(a == b)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _aliases(value: torch.Tensor, inputs: list[Any]) -> bool:
+    storage = _storage(value)
+    return any(isinstance(t, torch.Tensor) and _storage(t) == storage for t in inputs)
+
+
+def _same_input(value: torch.Tensor, inputs: list[Any]) -> Any:
+    return next((t for t in inputs if t is value), None)

@@ -1,0 +1,227 @@
+"""Building blocks of the shape rules: symbolic sizes compared exactly, and fake
+tensors created directly (no FakeTensor dispatch).
+
+A rule never decides anything about a dynamic dimension: it compares sizes
+*structurally* (the same symbolic expression, or the same integer). Whenever that is
+not enough (two different symbols that may or may not be equal, a non-contiguous
+input whose output layout depends on strides, an unusual dtype...), it raises
+:class:`Unsupported` and the tracer runs the operation through torch's fake tensors,
+which decide (and guard) as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+
+class Unsupported(Exception):
+    """The rule does not apply exactly here: use torch's fake tensor dispatch instead."""
+
+
+#: dtypes the elementwise rules handle (others fall back)
+FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+INTEGRAL = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64})
+
+
+def size_key(value: Any) -> Any:
+    """An ``int`` for a static size, the sympy expression of a symbolic one.
+
+    Two sizes with the same key are the same size for every input. Different keys
+    prove nothing (``s0`` and ``s1`` may be equal): rules then fall back.
+    """
+    if type(value) is int:
+        return value
+    if isinstance(value, torch.SymInt):
+        node = value.node
+        constant = node.maybe_as_int()
+        return constant if constant is not None else node.expr
+    raise Unsupported(f"not a size: {value!r}")
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """``True`` when both sizes are the same expression (or the same integer)."""
+    return size_key(a) == size_key(b)
+
+
+def is_one(size: Any) -> bool:
+    """A static size 1 (a symbolic size is never taken for 1)."""
+    return size_key(size) == 1
+
+
+def fake(value: Any) -> FakeTensor:
+    """The argument as a fake tensor, or :class:`Unsupported`."""
+    if not isinstance(value, FakeTensor):
+        raise Unsupported("not a fake tensor")
+    return value
+
+
+def exactly_contiguous(tensor: torch.Tensor) -> bool:
+    """Strides equal, expression for expression, to the ones of a fresh ``empty``.
+
+    Stricter than ``is_contiguous`` (which ignores the strides of size-1 dimensions):
+    outputs of the rules are fresh contiguous tensors, which is only what torch
+    produces when the inputs are laid out exactly that way.
+    """
+    expected: Any = 1
+    sizes = tensor.shape
+    strides = tensor.stride()
+    for i in range(len(sizes) - 1, -1, -1):
+        size = size_key(sizes[i])
+        if size == 0:
+            raise Unsupported("empty tensor")
+        if size_key(strides[i]) != expected:
+            return False
+        # sympy keeps products of symbols in a canonical order: no expand needed
+        expected = expected * size
+    return True
+
+
+def require_contiguous(*tensors: torch.Tensor) -> None:
+    """Falls back unless every tensor is :func:`exactly_contiguous`."""
+    for tensor in tensors:
+        if not exactly_contiguous(tensor):
+            raise Unsupported("non-contiguous input")
+
+
+def common_device(tensors: Sequence[torch.Tensor]) -> torch.device:
+    """The device shared by all tensors (falls back when they differ)."""
+    device = tensors[0].device
+    for tensor in tensors[1:]:
+        if tensor.device != device:
+            raise Unsupported("several devices")
+    return device
+
+
+def needs_grad(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether an autograd-recorded result would require a gradient."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def decide(condition: Any) -> bool:
+    """A comparison of sizes that is known from the dimension ranges alone.
+
+    Falls back (:class:`Unsupported`) when it is not: torch would then guard on the
+    example, and the tracer's own checks must see that guard.
+    """
+    if type(condition) is bool:
+        return condition
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if statically_known_true(condition):
+        return True
+    if statically_known_true(torch.sym_not(condition)):
+        return False
+    raise Unsupported("comparison of dimensions not known from their ranges")
+
+
+class TensorFactory:
+    """Creates the output fake tensors of the rules for one trace's fake mode."""
+
+    def __init__(self, fake_mode) -> None:
+        self.fake_mode = fake_mode
+
+    def new(
+        self,
+        sizes: Sequence[Any],
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool = False,
+    ) -> FakeTensor:
+        """A fresh contiguous tensor, as ``torch.empty(sizes)`` makes it."""
+        for size in sizes:
+            if size_key(size) == 0:
+                raise Unsupported("empty output")
+        with in_kernel_invocation_manager(self.fake_mode):
+            meta = torch.empty(tuple(sizes), dtype=dtype, device="meta")
+        out = FakeTensor(self.fake_mode, meta, device)
+        if requires_grad:
+            out.requires_grad_(True)
+        return out
+
+    def new_strided(
+        self,
+        sizes: Sequence[Any],
+        strides: Sequence[Any],
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool = False,
+    ) -> FakeTensor:
+        """A fresh tensor with explicit strides."""
+        with in_kernel_invocation_manager(self.fake_mode):
+            meta = torch.empty_strided(tuple(sizes), tuple(strides), dtype=dtype, device="meta")
+        out = FakeTensor(self.fake_mode, meta, device)
+        if requires_grad:
+            out.requires_grad_(True)
+        return out
+
+    def view(
+        self,
+        base: FakeTensor,
+        sizes: Sequence[Any],
+        strides: Sequence[Any],
+        offset: Any = None,
+    ) -> FakeTensor:
+        """A view of ``base`` (same storage) with the given geometry."""
+        if offset is None:
+            offset = base.storage_offset()
+        with in_kernel_invocation_manager(self.fake_mode):
+            meta = torch.ops.aten.as_strided.default(base, tuple(sizes), tuple(strides), offset)
+        out = FakeTensor(self.fake_mode, meta, base.device)
+        if base.requires_grad and torch.is_grad_enabled():
+            out.requires_grad_(True)
+        return out
+
+
+def contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
+    """Strides of a fresh contiguous tensor of ``sizes`` (SymInt arithmetic)."""
+    strides: list[Any] = [1] * len(sizes)
+    acc: Any = 1
+    for i in range(len(sizes) - 1, -1, -1):
+        strides[i] = acc
+        size = sizes[i]
+        if type(size) is int:
+            if size == 0:
+                raise Unsupported("empty tensor")
+            if size != 1:
+                acc = acc * size
+        else:
+            acc = size if type(acc) is int and acc == 1 else acc * size
+    return strides
+
+
+def normalize_dim(dim: Any, rank: int) -> int:
+    """A dimension index in ``[0, rank)`` (falls back when out of range)."""
+    if type(dim) is not int:
+        raise Unsupported("dimension is not an int")
+    if dim < 0:
+        dim += rank
+    if not 0 <= dim < max(rank, 1):
+        raise Unsupported("dimension out of range")
+    return dim
+
+
+def broadcast_shapes(*shapes: Sequence[Any]) -> list[Any]:
+    """Broadcasts shapes when it is decidable without knowing any dimension.
+
+    Sizes agree when they are the same expression or one of them is a static 1.
+    """
+    rank = max(len(s) for s in shapes)
+    result: list[Any] = [1] * rank
+    keys: list[Any] = [1] * rank
+    for shape in shapes:
+        offset = rank - len(shape)
+        for i, size in enumerate(shape):
+            key = size_key(size)
+            current = keys[offset + i]
+            if key == current or key == 1:
+                continue
+            if current == 1:
+                result[offset + i] = size
+                keys[offset + i] = key
+                continue
+            raise Unsupported("broadcasting needs a decision on dimensions")
+    return result
