@@ -80,6 +80,15 @@ CASES = [
     _f(torch.matmul, "q", "q_t"),
     _f(torch.softmax, "x", -1),
     _f(torch.mean, "x", -1, keepdim=True),
+    _f(torch.mean, "x", 1, keepdim=True),
+    _f(torch.sum, "x", (0, 2)),
+    _m("sum", "q", -1, handled=False),  # strided input: torch's reduction layout
+    _f(torch.cat, ("x1", "x1"), 1),
+    _f(torch.cat, ("x1", "x1"), -1),
+    _f(operator.add, "x1", "x1"),
+    _f(torch.exp, "x1"),
+    _f(operator.lt, "scores", "mask", handled=False),  # mixed dtypes
+    _f(torch.where, "mask", 1.0, "scores"),
     _f(torch.cat, ("q", "q"), -1),
     _f(torch.cat, ("x", "y"), 1),
     _f(F.layer_norm, "x", (32,)),

@@ -97,3 +97,18 @@ def test_module_not_mutated_by_tracing():
     x = torch.randn(5, 4)
     torch.testing.assert_close(gm(x), reference(x))
     torch.testing.assert_close(model.running, reference.running)
+
+
+def test_tracing_a_plain_model_does_not_import_transformers():
+    """Importing transformers takes seconds: only models that use it pay for it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from yobx.torch.tracing import CustomTracer\n"
+        "CustomTracer().trace(torch.nn.Linear(3, 2), concrete_args={'input': torch.rand(2, 3)},"
+        " dynamic_shapes={'input': {0: 'batch'}})\n"
+        "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

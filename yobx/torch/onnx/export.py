@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -220,6 +221,19 @@ def _tracer_available() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _quiet_constant_folding() -> Iterator[None]:
+    """Silences the optimizer's per-node warnings ("Skipping constant folding for op
+    Split with multiple outputs", once per node): nothing a user can act on."""
+    logger = logging.getLogger("onnxscript.optimizer._constant_folding")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def to_onnx(
     model: torch.nn.Module,
     args: tuple = (),
@@ -296,7 +310,7 @@ def to_onnx(
         names.update(captured.dimension_names)
         rename_dimensions(ir_model, DimensionRenamer(names, captured.shape_env))
         info["onnx_nodes"] = len(ir_model.graph)
-    with stage("optimize") as info:
+    with stage("optimize") as info, _quiet_constant_folding():
         import onnxscript.optimizer
 
         onnxscript.optimizer.optimize_ir(ir_model)

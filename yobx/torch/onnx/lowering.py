@@ -27,6 +27,7 @@ from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.patches import symbolic_kernels
+from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 
 #: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
 SOURCE_NODE_KEY = "yobx_source_node"
@@ -240,6 +241,8 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         # storage, strides...), about the cost of computing it, plus hashing: on the
         # benchmarked models the cache made lowering 1.5 to 2 times slower.
         stack.enter_context(_fake_cache_disabled(fake_mode))
+        # ATen's size arithmetic (strides, numel, contiguity) repeats itself
+        stack.enter_context(memoized_symbolic_arithmetic())
         aten_gm = proxy_tensor.make_fx(
             run,
             decomposition_table=table,

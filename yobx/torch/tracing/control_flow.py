@@ -21,7 +21,6 @@ import torch.utils._pytree as pytree
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
-from . import symbolic_memo
 from .patches import find_proxy
 
 _ORIGINAL_COND = torch.cond
@@ -341,15 +340,14 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
 
     batched_inputs = [values[i] for i in tensor_inputs] + [n.meta["val"] for n in extra_outer]
     try:
-        with symbolic_memo.suspended():
-            batched = make_fx(
-                _ORIGINAL_VMAP(
-                    body,
-                    in_dims=body_in_dims,
-                    out_dims=_flat_out_dims(out_dims, out_spec),
-                    randomness=randomness,
-                )
-            )(*batched_inputs)
+        batched = make_fx(
+            _ORIGINAL_VMAP(
+                body,
+                in_dims=body_in_dims,
+                out_dims=_flat_out_dims(out_dims, out_spec),
+                randomness=randomness,
+            )
+        )(*batched_inputs)
     except Exception as e:
         raise TraceError(
             f"{tracer.location()}: torch.vmap could not batch the traced function: "

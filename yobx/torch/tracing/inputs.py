@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -323,10 +324,16 @@ def register_cache_flattening(values: Any = None) -> None:
     when called, so the registration has to outlive the trace: it is done once, only
     when a DynamicCache is seen, and only if transformers has not registered one.
     """
-    try:
-        import transformers.cache_utils as cache_utils
-    except ImportError:  # pragma: no cover - transformers is optional
-        return
+    # Values holding a DynamicCache imply its module was imported: tracing does not
+    # pay for importing transformers (seconds) when it was not.
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    if cache_utils is None:
+        if values is not None:
+            return
+        try:
+            import transformers.cache_utils as cache_utils
+        except ImportError:  # pragma: no cover - transformers is optional
+            return
     cls = cache_utils.DynamicCache
     if cls in pytree.SUPPORTED_NODES:
         return

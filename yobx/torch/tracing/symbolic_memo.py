@@ -12,11 +12,12 @@ operands) for the duration of a trace. A ``SymNode`` is an immutable value (its
 expression is re-normalized by the ShapeEnv on every read), so sharing one between
 equal computations changes nothing but the time.
 
-``make_fx`` is different: it tracks which graph value computes each ``SymNode``
-*object*, so a shared node could make a size read from an unrelated tensor's
-stride (a valid but odd ``sym_stride`` in the graph). Code running ``make_fx``
-inside a trace (vmap inlining) wraps it in :func:`suspended`; calls made while a
-proxy mode is active go through unchanged as well.
+The memo hands out a *copy* of the cached node, never the node itself: ``make_fx``
+tracks which graph value computes each ``SymNode`` object, and a shared object could
+make a size read from an unrelated tensor's stride (a valid but untranslatable
+``sym_stride`` in the lowered graph). A copy is as new as a recomputed node, for a
+fraction of the cost. Operations made while a proxy mode is active (symbolic
+arithmetic ``make_fx`` records) always go through unchanged.
 """
 
 from __future__ import annotations
@@ -49,28 +50,23 @@ _BINARY = (
 )
 
 
-_suspended = [0]
-
-
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
-    """Turns the memo off inside the block (around ``make_fx``)."""
-    _suspended[0] += 1
-    try:
-        yield
-    finally:
-        _suspended[0] -= 1
-
-
 def _memoized(name: str, original, memo: dict):
     def binary(self: SymNode, other: SymNode) -> SymNode:
-        if _suspended[0] or type(other) is not SymNode or get_proxy_mode() is not None:
+        if type(other) is not SymNode or get_proxy_mode() is not None:
             return original(self, other)
         key = (name, id(self.shape_env), self.pytype, other.pytype, self.expr, other.expr)
         result = memo.get(key)
         if result is None:
             result = memo[key] = original(self, other)
-        return result
+        return SymNode(
+            result._expr,
+            result.shape_env,
+            result.pytype,
+            result._hint,
+            result.constant,
+            result.fx_node,
+            optimized_summation=result._optimized_summation,
+        )
 
     return binary
 
