@@ -3,6 +3,8 @@
 Exports every test model with both exporters (dynamic shapes), validates both with
 onnxruntime against eager PyTorch on the example inputs, and prints per model:
 success, max absolute error, median export time and the ratio yobx / torch.onnx.
+The two exporters alternate, export after export, so that the machine's slow phases
+weigh on both.
 
     python _scripts/bench_export.py [--repeat 3] [--models tiny-llm,hf:BertModel]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import statistics
 import sys
 import time
@@ -47,25 +50,37 @@ def _torch_onnx(model, args, kwargs, dynamic_shapes):
     return program.model_proto
 
 
-def _measure(exporter, name: str, repeat: int) -> dict:
-    times = []
-    proto = None
-    error = None
+def _measure(name: str, repeat: int) -> dict[str, dict]:
+    """Exports ``name`` ``repeat`` times with each exporter, alternating them.
+
+    Alternating keeps a slow phase of the machine from penalizing one exporter only.
+    """
+    exporters = {"yobx": _yobx, "torch.onnx": _torch_onnx}
+    state = {who: {"times": [], "proto": None, "error": None} for who in exporters}
     for _ in range(repeat):
-        model, args, kwargs, dynamic_shapes = load_model(name)
-        start = time.perf_counter()
-        try:
-            proto = exporter(model, args, kwargs, dynamic_shapes)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:120]}"
-            break
-        times.append(time.perf_counter() - start)
-    result = {"ok": False, "error": error, "time": None, "max_abs": None}
-    if error is not None:
+        for who, exporter in exporters.items():
+            current = state[who]
+            if current["error"] is not None:
+                continue
+            model, args, kwargs, dynamic_shapes = load_model(name)
+            start = time.perf_counter()
+            try:
+                current["proto"] = exporter(model, args, kwargs, dynamic_shapes)
+            except Exception as exc:
+                message = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+                current["error"] = f"{type(exc).__name__}: {message}"
+                continue
+            current["times"].append(time.perf_counter() - start)
+    return {who: _validated(name, current) for who, current in state.items()}
+
+
+def _validated(name: str, current: dict) -> dict:
+    result = {"ok": False, "error": current["error"], "time": None, "max_abs": None}
+    if current["error"] is not None:
         return result
-    result["time"] = statistics.median(times)
+    result["time"] = statistics.median(current["times"])
     model, args, kwargs, _ = load_model(name)
-    report = validate(model, proto, [(args, kwargs)])
+    report = validate(model, current["proto"], [(args, kwargs)])
     result["ok"] = report.ok
     result["max_abs"] = report.max_abs_error
     if not report.ok:
@@ -78,6 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="exports per model")
     parser.add_argument("--models", default=",".join(MODELS), help="comma separated")
     options = parser.parse_args(argv)
+    # torch.onnx logs a warning per missing torchvision operator at every export
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     names = options.models.split(",")
     # Warm up both exporters once (imports, registries) so medians compare steady states.
     warm = load_model("tiny-cnn")
@@ -94,8 +111,8 @@ def main(argv=None) -> int:
     ratios = []
     failures = []
     for name in names:
-        ours = _measure(_yobx, name, options.repeat)
-        theirs = _measure(_torch_onnx, name, options.repeat)
+        measured = _measure(name, options.repeat)
+        ours, theirs = measured["yobx"], measured["torch.onnx"]
 
         def cell(r):
             status = "ok" if r["ok"] else "FAIL"
@@ -114,7 +131,10 @@ def main(argv=None) -> int:
             if r["error"]:
                 failures.append(f"  {name} [{who}]: {r['error']}")
     if ratios:
-        print(f"median ratio yobx / torch.onnx: {statistics.median(ratios):.2f} (target <= 0.20)")
+        print(
+            f"ratio yobx / torch.onnx: median {statistics.median(ratios):.2f}, "
+            f"max {max(ratios):.2f} (target <= 0.20 for every model)"
+        )
     if failures:
         print("failures:")
         print("\n".join(failures))

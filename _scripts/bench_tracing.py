@@ -1,7 +1,8 @@
 """Capture time: CustomTracer vs torch.fx.symbolic_trace vs torch.export.export(strict=False).
 
-Prints, per model, the median capture time of each tool (after one warm-up) and the ratios
-yobx/export and yobx/fx measured in the same run::
+Prints, per model, the median capture time of each tool (after one warm-up; the tools
+alternate call after call so that the machine's slow phases weigh on all of them) and
+the ratios yobx/export and yobx/fx measured in the same run::
 
     python _scripts/bench_tracing.py [--repeat 5]
 """
@@ -53,17 +54,26 @@ def _as_dims(dynamic_shapes):
     return {k: convert(v) for k, v in dynamic_shapes.items()}
 
 
-def _median_time(fn, repeat: int) -> float | str:
-    try:
-        fn()
-    except Exception as e:  # a tool that cannot capture the model is reported, not timed
-        return f"fails: {type(e).__name__}"
-    times = []
+def _median_times(functions: dict, repeat: int) -> dict:
+    """Median time per tool; the tools alternate, call after call (one warm-up each).
+
+    Alternating keeps a slow phase of the machine from penalizing one tool only. A tool
+    that cannot capture the model is reported, not timed.
+    """
+    times: dict = {}
+    for name, fn in functions.items():
+        try:
+            fn()
+            times[name] = []
+        except Exception as e:
+            times[name] = f"fails: {type(e).__name__}"
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in functions.items():
+            if isinstance(times[name], list):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) if isinstance(v, list) else v for k, v in times.items()}
 
 
 def main() -> None:
@@ -76,19 +86,19 @@ def main() -> None:
         f"{'yobx/export':>12s} {'yobx/fx':>8s}"
     )
     for name, model, kwargs, dyn in models():
-        yobx = _median_time(
-            lambda model=model, kwargs=kwargs, dyn=dyn: CustomTracer().trace(
-                model, concrete_args=kwargs, dynamic_shapes=dyn
-            ),
+        measured = _median_times(
+            {
+                "yobx": lambda model=model, kwargs=kwargs, dyn=dyn: CustomTracer().trace(
+                    model, concrete_args=kwargs, dynamic_shapes=dyn
+                ),
+                "fx": lambda model=model: torch.fx.symbolic_trace(model),
+                "export": lambda model=model, kwargs=kwargs, dyn=dyn: torch.export.export(
+                    model, (), kwargs, dynamic_shapes=_as_dims(dyn), strict=False
+                ),
+            },
             args.repeat,
         )
-        fx = _median_time(lambda model=model: torch.fx.symbolic_trace(model), args.repeat)
-        export = _median_time(
-            lambda model=model, kwargs=kwargs, dyn=dyn: torch.export.export(
-                model, (), kwargs, dynamic_shapes=_as_dims(dyn), strict=False
-            ),
-            args.repeat,
-        )
+        yobx, fx, export = measured["yobx"], measured["fx"], measured["export"]
 
         def cell(v):
             return f"{v:10.4f}" if isinstance(v, float) else f"{v[:10]:>10s}"
