@@ -109,18 +109,11 @@ def preserve_translatable_composite_ops(opset: int = 18) -> Iterator[None]:
     from torch._export.utils import _special_op_to_preserve_cia
     from torch.export.exported_program import _override_composite_implicit_decomp
 
-    from yobx.torch.onnx.composite_fake_rules import composite_fake_rules
-
     preserved = dict.fromkeys(_preserved_composite_ops(opset), _special_op_to_preserve_cia)
     for op, condition in _PRESERVE_ONLY_IF.items():
         if op in preserved:
             preserved[op] = _conditionally_preserved(op, condition)
-    # registered first: torch only adds its slow fake rule to ops that have none
-    with (
-        enable_python_dispatcher(),
-        composite_fake_rules(preserved),
-        _override_composite_implicit_decomp(preserved),
-    ):
+    with enable_python_dispatcher(), _override_composite_implicit_decomp(preserved):
         yield
 
 

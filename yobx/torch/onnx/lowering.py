@@ -25,6 +25,7 @@ from torch.nn.utils import stateless
 
 from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops
+from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.patches import symbolic_kernels
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
@@ -243,6 +244,8 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         stack.enter_context(_fake_cache_disabled(fake_mode))
         # ATen's size arithmetic (strides, numel, contiguity) repeats itself
         stack.enter_context(memoized_symbolic_arithmetic())
+        # fake values from the tracer's exact shape rules where they apply
+        stack.enter_context(aten_fake_rules(fake_mode))
         aten_gm = proxy_tensor.make_fx(
             run,
             decomposition_table=table,

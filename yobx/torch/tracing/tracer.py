@@ -614,7 +614,7 @@ class CustomTracer(torch.fx.Tracer):
                     shape_rules.compare(
                         val, expected, pytree.tree_leaves((args, kwargs)), _describe(node)
                     )
-        except (TraceError, AssertionError):
+        except (TraceError, shape_rules.ShapeRuleMismatch):
             raise
         except Exception as e:
             raise TraceError(

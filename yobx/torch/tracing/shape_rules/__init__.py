@@ -34,11 +34,15 @@ from torch.fx.node import Node
 from . import conv, elementwise, nn, views
 from ._base import TensorFactory, Unsupported
 
-__all__ = ["ShapeRules", "Unsupported", "check_enabled"]
+__all__ = ["ShapeRuleMismatch", "ShapeRules", "Unsupported", "check_enabled", "compare"]
 
 _FUNCTION_RULES = {**elementwise.FUNCTION_RULES, **views.FUNCTION_RULES, **nn.FUNCTION_RULES}
 _METHOD_RULES = {**elementwise.METHOD_RULES, **views.METHOD_RULES, **nn.METHOD_RULES}
 _MODULE_RULES = {**nn.MODULE_RULES, **conv.MODULE_RULES}
+
+
+class ShapeRuleMismatch(AssertionError):
+    """A shape rule gave another value than torch (a bug in yobx, found by the check mode)."""
 
 
 def check_enabled() -> bool:
@@ -91,15 +95,15 @@ def _has_symbolic_tensor(args: tuple, kwargs: dict) -> bool:
 
 
 def compare(value: Any, expected: Any, inputs: list[Any], what: str) -> None:
-    """Raises ``AssertionError`` when a rule's value differs from torch's."""
+    """Raises :class:`ShapeRuleMismatch` when a rule's value differs from torch's."""
     if isinstance(expected, (tuple, list)):
         if not isinstance(value, (tuple, list)) or len(value) != len(expected):
-            raise AssertionError(f"shape rule of {what}: {value!r} instead of {expected!r}")
+            raise ShapeRuleMismatch(f"shape rule of {what}: {value!r} instead of {expected!r}")
         for v, e in zip(value, expected):
             compare(v, e, inputs, what)
         return
     if not isinstance(expected, torch.Tensor) or not isinstance(value, torch.Tensor):
-        raise AssertionError(f"shape rule of {what}: {value!r} instead of {expected!r}")
+        raise ShapeRuleMismatch(f"shape rule of {what}: {value!r} instead of {expected!r}")
     problems = []
     for label, got, want in (
         ("shape", tuple(value.shape), tuple(expected.shape)),
@@ -119,7 +123,7 @@ def compare(value: Any, expected: Any, inputs: list[Any], what: str) -> None:
     if (value is _same_input(value, inputs)) != (expected is _same_input(expected, inputs)):
         problems.append("identity with an input differs")
     if problems:
-        raise AssertionError(f"shape rule of {what}: " + "; ".join(problems))
+        raise ShapeRuleMismatch(f"shape rule of {what}: " + "; ".join(problems))
 
 
 def _equal(a: Any, b: Any) -> bool:
