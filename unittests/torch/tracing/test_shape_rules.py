@@ -118,6 +118,11 @@ CASES = [
     _m("to", "x", torch.float16),
     _m("float", "x"),
     _m("view", "q", "b", -1, handled=False),  # torch refuses: no view of these strides
+    _f(torch.arange, "s"),
+    _f(torch.arange, "s", dtype=torch.float32),
+    _f(torch.arange, 2, "s"),
+    _f(torch.arange, 3, "s", handled=False),  # seq >= 3 is not known
+    _f(torch.arange, 8, handled=False),  # static: torch's C++ path
 ]
 
 

@@ -156,6 +156,11 @@ def aten_fake_rules(fake_mode) -> Iterator[None]:
             value = rule(factory, tuple(args), dict(kwargs))
         except Unsupported:
             return original(func, types, args, kwargs)
+        except Exception:
+            # a rule failing on an unforeseen input: torch decides (tests raise)
+            if check:
+                raise
+            return original(func, types, args, kwargs)
         if check:
             expected = original(func, types, args, kwargs)
             shape_rules.compare(value, expected, pytree.tree_leaves((args, kwargs)), str(func))

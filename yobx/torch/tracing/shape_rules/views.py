@@ -1,8 +1,9 @@
 """Shape rules of view operations: the output shares the input's storage.
 
-transpose, permute, unsqueeze, squeeze, expand, view/reshape/flatten of an exactly
-contiguous tensor, split/chunk along a static dimension, basic indexing (ints, full
-or static slices, ``None``, ``...``), ``contiguous`` and ``to(dtype)``.
+transpose, permute, unsqueeze, squeeze, expand, view/reshape/flatten (strides from
+ATen's ``computeStride``; ``reshape`` copies when no view exists), split/chunk along a
+static dimension, basic indexing (ints, full or static slices, ``None``, ``...``),
+``contiguous`` and ``to(dtype)``.
 """
 
 from __future__ import annotations
