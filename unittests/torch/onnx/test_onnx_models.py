@@ -97,3 +97,24 @@ def test_small_cnn(tracer):
     dims = onnx_dims(result.model_proto)
     assert dims["images"] == ["batch", 3, 16, 16]
     assert dims["output"] == ["batch", 10]
+
+
+def test_model_updating_an_input_and_a_buffer():
+    """The final values of mutated inputs and buffers are extra ONNX outputs, validated
+    against eager; validation leaves the model's buffers as they were."""
+    import torch
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(1))
+
+        def forward(self, x):
+            x.mul_(2)
+            self.count += 1
+            return x * self.count
+
+    model = Counter()
+    result = export_and_validate(model, (torch.randn(2, 3),), dynamic_shapes=({0: "batch"},))
+    assert len(result.output_names) == 3
+    assert float(model.count) == 0.0

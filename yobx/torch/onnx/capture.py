@@ -80,6 +80,7 @@ def capture(
     module_leaves: Any = None,
 ) -> CapturedGraph:
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer`."""
+    from yobx.torch.passes import remove_inplace
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
 
     concrete_args = bind_arguments(model, tuple(args), kwargs or {})
@@ -88,10 +89,13 @@ def capture(
         model,
         concrete_args=concrete_args,
         dynamic_shapes=dynamic_shapes,
-        remove_inplace=True,
+        remove_inplace=False,
     )
     fingerprint = graph_fingerprint(graph)
     graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
+    # ONNX has no in-place writes: the final values of mutated inputs and buffers
+    # become extra outputs (listed in the output node's meta["yobx_mutations"]).
+    remove_inplace(graph, recursive=True, exc=False)
     codegen = graph_module.graph._codegen
     pytree_info = getattr(codegen, "pytree_info", None)
     out_spec = pytree_info.out_spec if pytree_info is not None else None

@@ -13,6 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from yobx.torch.onnx.capture import bind_arguments
+from yobx.torch.passes import MUTATIONS_KEY
 
 
 @dataclasses.dataclass
@@ -195,6 +196,7 @@ def _run_case(
     description: str,
     atol: float,
     rtol: float,
+    mutations: Sequence[Mapping[str, Any]] = (),
 ) -> ValidationCase:
     bound = bind_arguments(model, args, kwargs)
     flat = [v for v in pytree.tree_leaves(list(bound.values())) if isinstance(v, torch.Tensor)]
@@ -215,18 +217,26 @@ def _run_case(
         return ValidationCase(
             description, [], error="some flat inputs were removed from the ONNX model"
         )
+    # The model may update its inputs (a cache) or its buffers in place: it runs on
+    # copies of the inputs, and its buffers are restored afterwards.
+    eager_args, eager_kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda t: t.clone(), (args, kwargs)
+    )
+    saved_buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
-        # The model may update its inputs (a cache) in place: give it copies.
-        eager_args, eager_kwargs = pytree.tree_map_only(
-            torch.Tensor, lambda t: t.clone(), (args, kwargs)
-        )
         with torch.no_grad():
             expected = model(*eager_args, **eager_kwargs)
+            expected_flat = [v for v in pytree.tree_leaves(expected) if v is not None]
+            expected_flat += _mutated_values(model, eager_args, eager_kwargs, mutations, names)
     except Exception as exc:
         return ValidationCase(
             description, [], error=f"eager: {type(exc).__name__}: {exc}", skipped=True
         )
-    expected_flat = [v for v in pytree.tree_leaves(expected) if v is not None]
+    finally:
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name in saved_buffers:
+                    buffer.copy_(saved_buffers[name])
     try:
         got = session.run(None, feeds)
     except Exception as exc:
@@ -243,6 +253,29 @@ def _run_case(
     return ValidationCase(description, outputs)
 
 
+def _mutated_values(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    mutations: Sequence[Mapping[str, Any]],
+    input_names: list[str],
+) -> list[torch.Tensor]:
+    """The values eager left in the inputs and buffers the ONNX model returns as extra
+    outputs (``remove_inplace``'s mutation convention), cloned."""
+    if not mutations:
+        return []
+    bound = bind_arguments(model, args, kwargs)
+    flat = [v for v in pytree.tree_leaves(list(bound.values())) if isinstance(v, torch.Tensor)]
+    by_name = dict(zip(input_names, flat))
+    values = []
+    for mutation in mutations:
+        if mutation["kind"] == "BUFFER_MUTATION":
+            values.append(model.get_buffer(mutation["target"]).detach().clone())
+        else:
+            values.append(by_name[mutation["target"]].detach().clone())
+    return values
+
+
 def validate(
     model: torch.nn.Module,
     onnx_model: Any,
@@ -251,6 +284,7 @@ def validate(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     descriptions: Sequence[str] | None = None,
+    mutations: Sequence[Mapping[str, Any]] = (),
 ) -> ValidationReport:
     """Runs onnxruntime and eager PyTorch on each input set and compares the outputs.
 
@@ -262,6 +296,9 @@ def validate(
     :param atol: absolute tolerance for :attr:`ValidationReport.ok`
     :param rtol: relative tolerance for :attr:`ValidationReport.ok`
     :param descriptions: a label per input set
+    :param mutations: the inputs and buffers the model writes, whose final values the
+        ONNX model returns after the model's outputs (``output.meta["yobx_mutations"]``
+        of the exported graph: ``kind``, ``target``); eager's values are compared to them
     :return: the report, one case per input set
     """
     session = _session(onnx_model)
@@ -269,7 +306,7 @@ def validate(
     for i, inputs in enumerate(inputs_list):
         args, kwargs = _split_inputs(inputs)
         description = descriptions[i] if descriptions else f"inputs {i}"
-        cases.append(_run_case(model, session, args, kwargs, description, atol, rtol))
+        cases.append(_run_case(model, session, args, kwargs, description, atol, rtol, mutations))
     return ValidationReport(cases, atol=atol, rtol=rtol)
 
 
@@ -402,7 +439,11 @@ def validate_export(
                 )
             )
             descriptions.append(label)
-    report = validate(model, result.model_proto, inputs_list, descriptions=descriptions)
+    output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
+    mutations = output.meta.get(MUTATIONS_KEY, ())
+    report = validate(
+        model, result.model_proto, inputs_list, descriptions=descriptions, mutations=mutations
+    )
     if verbose:
         print(report.format())
     return report

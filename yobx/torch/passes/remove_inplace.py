@@ -498,12 +498,13 @@ def remove_inplace(
     verbose: int = 0,
     exc: bool = True,
     recursive: bool = False,
+    observable: bool = True,
 ) -> int:
     """Rewrites every in-place operation of a graph into its functional form.
 
     Later uses of a mutated tensor, of its base and of its other views are re-routed to
     the new value. Writes into graph inputs or buffers are kept observable (see the
-    module docstring for the convention).
+    module docstring for the convention), unless ``observable=False``.
 
     :param graph: graph to modify in place (torch-level or aten-level)
     :param exported_program: the ``ExportedProgram`` owning ``graph``, if any; its graph
@@ -512,10 +513,13 @@ def remove_inplace(
     :param exc: raise :class:`InplaceRemovalError` when an in-place node cannot be
         removed; otherwise leave it and return a negative count
     :param recursive: also process subgraphs stored as submodules (cond/scan branches)
+    :param observable: with True, a write into a graph input or a buffer becomes an
+        extra output; with False, such writes stay in-place (the graph keeps its
+        output structure and eager's side effects) and count as left
     :return: number of rewritten nodes, or ``-k`` if ``k`` in-place nodes were left
         (only with ``exc=False``)
     """
-    return _remove_inplace(graph, exported_program, verbose, exc, recursive, True)
+    return _remove_inplace(graph, exported_program, verbose, exc, recursive, observable)
 
 
 def _remove_inplace(

@@ -27,6 +27,7 @@ from .inputs import (
     flatten_example_inputs,
     register_cache_flattening,
 )
+from .module_state import buffer_assignments, preserved_modules
 from .patches import TENSOR_FACTORIES, replace_problematic_function_before_tracing
 from .proxies import (
     CustomParameterProxy,
@@ -263,7 +264,12 @@ class CustomTracer(torch.fx.Tracer):
         names, keyword, values = bind_example_inputs(forward, concrete_args, skip_self=False)
         self._inputs = flatten_example_inputs(names, keyword, values, dynamic_shapes, self.dims)
         self._index_tensors(module)
-        with replace_problematic_function_before_tracing(), memoized_symbolic_arithmetic():
+        with (
+            preserved_modules(module),
+            replace_problematic_function_before_tracing(),
+            memoized_symbolic_arithmetic(),
+            buffer_assignments(self._assign_buffer),
+        ):
             graph = super().trace(module)
         self._finish(graph, module, root, update_model_with_callable)
         if remove_inplace:
@@ -382,7 +388,10 @@ class CustomTracer(torch.fx.Tracer):
 
         # exc=False: what the pass cannot prove safe stays in-place, which is still
         # correct with eager semantics; tracing must not fail because of it.
-        remove_inplace(graph, recursive=True, exc=False)
+        # observable=False: writes into inputs and buffers stay in-place, so that the
+        # graph returns what the model returns and has the same side effects
+        # (to_onnx runs the pass itself to turn them into extra outputs).
+        remove_inplace(graph, recursive=True, exc=False, observable=False)
 
     # graph passes (thin calls into yobx.torch.passes, kept on the tracer's public API)
 
@@ -438,6 +447,40 @@ class CustomTracer(torch.fx.Tracer):
             # model: it cannot be a call_module node, its operations are traced instead.
             return forward(*args, **kwargs)
         return super().call_module(m, forward, args, kwargs)
+
+    def _assign_buffer(self, module: torch.nn.Module, name: str, value: Any) -> bool:
+        """``module.name = value`` on a buffer while tracing (see :mod:`.module_state`).
+
+        Returns False to let a non-traced value through (restored after the trace).
+        """
+        if self._in_fake or not _ORIGINAL_ISINSTANCE(value, CustomProxy):
+            return False
+        buffer = module._buffers[name]
+        qualified = self._tensor_names.get(id(buffer))
+        if qualified is None:
+            return False
+        node = value.node
+        if (
+            node.target in _INPLACE_OPERATORS
+            or (node.op == "call_method" and str(node.target).endswith("_"))
+        ) and _is_buffer_read(node.args[0] if node.args else None, qualified):
+            # `self.count += 1`: the in-place update of the buffer is already recorded
+            return True
+        new, old = node.meta.get("val"), self.dims.from_real(buffer)
+        if (
+            not _ORIGINAL_ISINSTANCE(new, torch.Tensor)
+            or new.dtype != old.dtype
+            or tuple(new.shape) != tuple(old.shape)
+        ):
+            raise TraceError(
+                f"{self.location()}: forward assigns a new value to buffer {qualified!r} "
+                f"({_value_summary(new)} instead of {_value_summary(old)}); a traced graph "
+                f"can only update a buffer in place: keep its shape and dtype (for "
+                f"example `self.{name}.copy_(...)`) or return the new value instead"
+            )
+        target = self.create_proxy("get_attr", qualified, (), {})
+        self.create_proxy("call_method", "copy_", (target, value), {})
+        return True
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
         """Parameters and buffers of the root become ``get_attr`` proxies."""
@@ -861,6 +904,23 @@ def _is_simple_output(spec) -> bool:
     if spec.is_leaf():
         return True
     return spec.type is tuple and all(c.is_leaf() for c in spec.children())
+
+
+#: Python's augmented assignments on tensors (recorded by CustomProxy.__iadd__ & co.)
+_INPLACE_OPERATORS = frozenset(
+    getattr(operator, name)
+    for name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior")
+)
+
+
+def _is_buffer_read(arg: Any, qualified: str) -> bool:
+    return isinstance(arg, Node) and arg.op == "get_attr" and arg.target == qualified
+
+
+def _value_summary(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
 
 
 def _describe(node: Node) -> str:

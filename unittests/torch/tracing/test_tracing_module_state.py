@@ -1,0 +1,83 @@
+"""Assignments to module attributes in forward: eager semantics, user module untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.proxy import TraceError
+
+from yobx.torch.tracing import CustomTracer
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x):
+        x.add_(1)
+        self.count += 1
+        self.last = x  # a cache attribute, set during forward
+        return x * self.count
+
+
+class Rebinding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.ones(1, 4))
+
+    def forward(self, x):
+        self.state = self.state * 0.5 + x.mean(0, keepdim=True)
+        return x + self.state
+
+
+def _trace(model, x, dynamic=True):
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        model, concrete_args={"x": x}, dynamic_shapes={"x": {0: "batch"}} if dynamic else None
+    )
+    return torch.fx.GraphModule(tracer.traced_model, graph)
+
+
+def test_buffer_and_input_updates_keep_eager_semantics():
+    model = Counter()
+    buffer = model.count
+    gm = _trace(model, torch.ones(2, 3))
+    # the user's module is as it was: same buffer object, no new attribute
+    assert model.count is buffer and float(buffer) == 0.0
+    assert "last" not in model.__dict__
+    # the graph returns what the model returns and has the same side effects
+    reference = Counter()
+    for batch in (2, 5):
+        x_eager, x_graph = torch.ones(batch, 3), torch.ones(batch, 3)
+        expected, got = reference(x_eager), gm(x_graph)
+        assert isinstance(got, torch.Tensor)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(x_graph, x_eager)
+        torch.testing.assert_close(model.count, reference.count)
+
+
+def test_buffer_rebinding_becomes_a_copy():
+    model, reference = Rebinding(), Rebinding()
+    gm = _trace(model, torch.randn(3, 4))
+    assert "copy_" in str(gm.graph)
+    for batch in (3, 6, 2):
+        x = torch.randn(batch, 4)
+        torch.testing.assert_close(gm(x), reference(x))
+        torch.testing.assert_close(model.state, reference.state)
+
+
+def test_buffer_rebinding_to_another_shape_is_refused():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("state", torch.ones(4))
+
+        def forward(self, x):
+            self.state = x.sum(0)[:2]
+            return x
+
+    model = Model()
+    with pytest.raises(TraceError, match="can only update a buffer in place"):
+        _trace(model, torch.randn(3, 4))
+    assert isinstance(model.state, torch.Tensor) and model.state.shape == (4,)
