@@ -116,5 +116,5 @@ def test_model_updating_an_input_and_a_buffer():
 
     model = Counter()
     result = export_and_validate(model, (torch.randn(2, 3),), dynamic_shapes=({0: "batch"},))
-    assert len(result.output_names) == 3
+    assert result.output_names == ["output", "x_updated", "count_updated"]
     assert float(model.count) == 0.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -142,13 +142,22 @@ def _flatten_outputs(graph_module: torch.fx.GraphModule) -> pytree.TreeSpec:
     return spec
 
 
-def output_names(out_spec: pytree.TreeSpec | None, count: int) -> list[str]:
+def output_names(
+    out_spec: pytree.TreeSpec | None, count: int, mutations: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
     """Returns readable, stable names for the flat outputs.
 
     A single tensor is ``output``; a tuple or list gives ``output_0``, ``output_1``;
     dictionaries and dataclass-like outputs (``ModelOutput``) use their keys, nested
-    positions append ``_<index>`` (``past_key_values_0_1``).
+    positions append ``_<index>`` (``past_key_values_0_1``). The final values of
+    mutated inputs and buffers (``mutations``, appended by ``remove_inplace``) come
+    last, named ``<input or buffer>_updated``.
     """
+    if mutations:
+        from yobx.torch.onnx.translate import sanitize_name
+
+        updated = [sanitize_name(f"{m['target']}_updated") for m in mutations]
+        return _unique(output_names(out_spec, count - len(mutations)) + updated)
     if out_spec is None or out_spec.num_leaves != count:
         return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
     # Stand-in leaves are empty tensors, not indices: containers such as DynamicCache
@@ -172,8 +181,11 @@ def output_names(out_spec: pytree.TreeSpec | None, count: int) -> list[str]:
         names[index] = name
     from yobx.torch.onnx.translate import sanitize_name
 
-    names = [sanitize_name(n) for n in names]
-    # Names must be unique; keys made equal by sanitizing get a suffix.
+    return _unique([sanitize_name(n) for n in names])
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Names must be unique; names made equal by sanitizing get a suffix."""
     seen: dict[str, int] = {}
     unique = []
     for name in names:

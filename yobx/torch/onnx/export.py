@@ -24,6 +24,7 @@ from yobx.torch.onnx.dimensions import (
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.translate import build_model
+from yobx.torch.passes import MUTATIONS_KEY
 
 #: Default ONNX opset: the one torch_lib is written for.
 DEFAULT_OPSET = 18
@@ -298,8 +299,10 @@ def to_onnx(
         lowered = lower_to_aten(graph_module, opset=DEFAULT_OPSET)
         info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
     with stage("translate") as info:
-        n_outputs = len(next(n for n in graph_module.graph.nodes if n.op == "output").args[0])
-        output_names = capture_module.output_names(captured.out_spec, n_outputs)
+        output = next(n for n in graph_module.graph.nodes if n.op == "output")
+        output_names = capture_module.output_names(
+            captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
+        )
         ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
         placeholders = {
             n.name: n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"
