@@ -36,6 +36,9 @@ def env():
             "cos": dims.fake_tensor(torch.empty(1, 1, 5, 8), [1, 1, s, 8]),
             "mask": dims.fake_tensor(torch.empty(3, 1, 5, 5, dtype=torch.bool), [b, 1, s, s]),
             "scores": dims.fake_tensor(torch.empty(3, 4, 5, 5), [b, 4, s, s]),
+            "pmask": dims.fake_tensor(torch.empty(3, 5, dtype=torch.bool), [b, s]),
+            "bi": dims.fake_tensor(torch.empty(3, 1, 1, 1, dtype=torch.int64), [b, 1, 1, 1]),
+            "ki": dims.fake_tensor(torch.empty(1, 1, 1, 5, dtype=torch.int64), [1, 1, 1, s]),
             "ids": dims.fake_tensor(torch.empty(3, 5, dtype=torch.int64), [b, s]),
             "images": dims.fake_tensor(torch.empty(3, 3, 8, 8), [b, 3, 8, 8]),
             "flat": dims.fake_tensor(torch.empty(15, 32), [b * s, 32]),
@@ -100,6 +103,8 @@ CASES = [
     _f(operator.getitem, "x", (None, slice(None), None)),
     _f(operator.getitem, "q", (slice(None), slice(1, 3))),
     _f(operator.getitem, "x", (slice(None), slice(None, "s"))),
+    _f(operator.getitem, "pmask", ("bi", "ki")),  # transformers' padding mask
+    _f(operator.getitem, "x", (slice(None), "ki"), handled=False),
     _m("transpose", "x", 1, 2),
     _m("permute", "q", 0, 2, 1, 3),
     _m("unsqueeze", "x", 1),

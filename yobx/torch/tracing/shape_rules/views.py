@@ -18,6 +18,8 @@ from torch._prims_common import is_contiguous_for_memory_format_or_false
 from ._base import (
     TensorFactory,
     Unsupported,
+    broadcast_shapes,
+    common_device,
     contiguous_strides,
     decide,
     exactly_contiguous,
@@ -292,6 +294,8 @@ def getitem(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
         raise Unsupported("not a tensor")
     x = fake(x)
     items = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(item, torch.Tensor) for item in items):
+        return _gather_every_dimension(factory, x, items)
     specified = sum(1 for i in items if i is not None and i is not Ellipsis)
     if specified > x.dim() or sum(1 for i in items if i is Ellipsis) > 1:
         raise Unsupported("too many indices")
@@ -332,6 +336,20 @@ def getitem(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
         else:
             raise Unsupported("advanced indexing")
     return factory.view(x, sizes, strides, offset)
+
+
+def _gather_every_dimension(factory: TensorFactory, x: torch.Tensor, items: tuple):
+    """``x[i0, i1, ...]`` with one integer index tensor per dimension (the masks of
+    transformers: ``padding_mask[batch_idx, kv_idx]``): a fresh tensor of the indices'
+    broadcast shape. Every dimension being indexed, torch's layout search sees only
+    zero strides and keeps the contiguous layout."""
+    if len(items) != x.dim() or not all(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.int64, torch.int32) for i in items
+    ):
+        raise Unsupported("advanced indexing other than one index tensor per dimension")
+    common_device([x, *items])
+    shape = broadcast_shapes(*(i.shape for i in items))
+    return factory.new(shape, x.dtype, x.device)
 
 
 def _static_slice(item: slice, size: Any) -> tuple[Any, Any, Any]:
