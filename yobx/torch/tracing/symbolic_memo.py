@@ -52,7 +52,12 @@ _BINARY = (
 
 def _memoized(name: str, original, memo: dict):
     def binary(self: SymNode, other: SymNode) -> SymNode:
-        if type(other) is not SymNode or get_proxy_mode() is not None:
+        if (
+            type(other) is not SymNode
+            or self.shape_env is None
+            or other.shape_env is not self.shape_env
+            or get_proxy_mode() is not None
+        ):
             return original(self, other)
         key = (name, id(self.shape_env), self.pytype, other.pytype, self.expr, other.expr)
         result = memo.get(key)
@@ -73,7 +78,11 @@ def _memoized(name: str, original, memo: dict):
 
 @contextlib.contextmanager
 def memoized_symbolic_arithmetic() -> Iterator[None]:
-    """Caches ``SymNode`` binary operations inside the block (restored on exit)."""
+    """Caches ``SymNode`` binary operations inside the block (restored on exit).
+
+    Keys include the ShapeEnv: expressions of two traces never meet (the SymNodes in
+    the memo keep their ShapeEnv alive, so its id cannot be reused meanwhile).
+    """
     memo: dict = {}
     replacements = [
         (SymNode, f"_{name}", _memoized(name, SymNode.__dict__[f"_{name}"], memo))
