@@ -16,12 +16,23 @@ the user's modules, and the graph must still compute what eager does:
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.fx.node import Node
+from torch.fx.proxy import TraceError
 
 from .patches import patched_attributes
+from .proxies import CustomProxy
+from .shape_rules._base import Unsupported, size_key
+
+#: Python's augmented assignments on tensors (recorded by CustomProxy.__iadd__ & co.)
+_INPLACE_OPERATORS = frozenset(
+    getattr(operator, name)
+    for name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior")
+)
 
 _MISSING = object()
 
@@ -67,3 +78,53 @@ def buffer_assignments(assign: Callable[[torch.nn.Module, str, Any], bool]) -> I
 
     with patched_attributes([(torch.nn.Module, "__setattr__", setattr_)]):
         yield
+
+
+def assign_traced_buffer(tracer: Any, module: torch.nn.Module, name: str, value: Any) -> bool:
+    """``module.name = value`` on a buffer while ``tracer`` traces.
+
+    Returns False to let a value that is not traced through (it is restored after the
+    trace by :func:`preserved_modules`).
+    """
+    if tracer._in_fake or not isinstance(value, CustomProxy):
+        return False
+    buffer = module._buffers[name]
+    qualified = tracer._tensor_names.get(id(buffer))
+    if qualified is None:
+        return False
+    node = value.node
+    first = node.args[0] if node.args else None
+    reads_buffer = isinstance(first, Node) and first.op == "get_attr" and first.target == qualified
+    in_place = node.target in _INPLACE_OPERATORS or (
+        node.op == "call_method" and str(node.target).endswith("_")
+    )
+    if in_place and reads_buffer:
+        # `self.count += 1`: the in-place update of the buffer is already recorded
+        return True
+    new, old = node.meta.get("val"), tracer.dims.from_real(buffer)
+    if not _same_layout(new, old):
+        raise TraceError(
+            f"{tracer.location()}: forward assigns a new value to buffer {qualified!r} "
+            f"({_summary(new)} instead of {_summary(old)}); a traced graph can only "
+            f"update a buffer in place: keep its shape and dtype (for example "
+            f"`self.{name}.copy_(...)`) or return the new value instead"
+        )
+    target = tracer.create_proxy("get_attr", qualified, (), {})
+    tracer.create_proxy("call_method", "copy_", (target, value), {})
+    return True
+
+
+def _same_layout(new: Any, old: torch.Tensor) -> bool:
+    """Same dtype and the same static shape (compared without deciding anything)."""
+    if not isinstance(new, torch.Tensor) or new.dtype != old.dtype or new.dim() != old.dim():
+        return False
+    try:
+        return [size_key(d) for d in new.shape] == [size_key(d) for d in old.shape]
+    except Unsupported:
+        return False
+
+
+def _summary(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__

@@ -25,9 +25,10 @@ import torch.utils._pytree as pytree
 from torch.fx.proxy import TraceError
 
 from .collection import GraphCollection, ModuleEntry, ModuleFailure
+from .decisions import is_internal
 from .inputs import bind_example_inputs, flatten_example_inputs
 from .symbolic import Guard, SymbolicDimensions
-from .tracer import CustomTracer, _is_internal
+from .tracer import CustomTracer
 
 
 class _Restart(BaseException):
@@ -147,7 +148,7 @@ def failure_location(e: BaseException) -> str:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         for frame in reversed(traceback.extract_tb(current.__traceback__)):
-            if not _is_internal(frame.filename):
+            if not is_internal(frame.filename):
                 return f"{frame.filename}:{frame.lineno}"
         current = current.__cause__ or current.__context__
     return ""

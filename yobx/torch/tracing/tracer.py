@@ -7,8 +7,6 @@ import collections
 import contextlib
 import math
 import operator
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,13 +19,14 @@ from torch.fx.proxy import Proxy, TraceError
 
 from ..ops.rnn import leaf_module_call
 from . import shape_rules
+from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .inputs import (
     FlatInputs,
     bind_example_inputs,
     flatten_example_inputs,
     register_cache_flattening,
 )
-from .module_state import buffer_assignments, preserved_modules
+from .module_state import assign_traced_buffer, buffer_assignments, preserved_modules
 from .patches import TENSOR_FACTORIES, replace_problematic_function_before_tracing
 from .proxies import (
     CustomParameterProxy,
@@ -37,19 +36,6 @@ from .proxies import (
 )
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_YOBX_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
-_INTERNAL_DIRS = (_TORCH_DIR, _YOBX_DIR + "torch" + os.sep)
-
-
-def _is_internal(filename: str) -> bool:
-    """Frames of torch, yobx's tracer and the standard library are not user code."""
-    if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<"):
-        return True
-    return filename.startswith(_STDLIB_DIR) and "site-packages" not in filename
-
 
 # Python math functions have symbolic twins that keep a SymInt/SymFloat symbolic.
 _SYMBOLIC_MATH = {
@@ -102,7 +88,6 @@ _PURE_SCALAR_FUNCTIONS = frozenset(
 )
 _PURE_METHODS = frozenset({"size", "dim", "numel", "stride"})
 
-_NOT_CONSTANT = object()
 #: prefix of the constants the tracer stores on ``traced_model``
 CONSTANT_PREFIX = "_yobx_constant"
 _CONVOLUTIONS = frozenset(
@@ -137,30 +122,7 @@ def _has_symbol(args: Any) -> bool:
     )
 
 
-def _constant_value(val: Any) -> Any:
-    """Returns ``val`` if it is a plain Python constant (no tensor, no symbol)."""
-    if val is None:
-        return _NOT_CONSTANT
-    if isinstance(val, (bool, int, float, str, torch.dtype, torch.device, torch.layout)):
-        return val
-    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        constant = val.node.maybe_as_int() if isinstance(val, torch.SymInt) else None
-        if constant is not None:
-            return constant
-        if isinstance(val, torch.SymBool):
-            constant = val.node.maybe_as_bool()
-            if constant is not None:
-                return constant
-        return _NOT_CONSTANT
-    if isinstance(val, (tuple, list)):
-        items = [_constant_value(v) for v in val]
-        if any(i is _NOT_CONSTANT for i in items):
-            return _NOT_CONSTANT
-        return type(val)(items) if not hasattr(val, "_fields") else type(val)(*items)
-    return _NOT_CONSTANT
-
-
-class CustomTracer(torch.fx.Tracer):
+class CustomTracer(DecisionsMixin, torch.fx.Tracer):
     """A symbolic tracer whose proxies carry fake tensors with symbolic dimensions.
 
     Each traced operation also runs on fake values, so every node gets ``meta["val"]``
@@ -449,38 +411,8 @@ class CustomTracer(torch.fx.Tracer):
         return super().call_module(m, forward, args, kwargs)
 
     def _assign_buffer(self, module: torch.nn.Module, name: str, value: Any) -> bool:
-        """``module.name = value`` on a buffer while tracing (see :mod:`.module_state`).
-
-        Returns False to let a non-traced value through (restored after the trace).
-        """
-        if self._in_fake or not _ORIGINAL_ISINSTANCE(value, CustomProxy):
-            return False
-        buffer = module._buffers[name]
-        qualified = self._tensor_names.get(id(buffer))
-        if qualified is None:
-            return False
-        node = value.node
-        if (
-            node.target in _INPLACE_OPERATORS
-            or (node.op == "call_method" and str(node.target).endswith("_"))
-        ) and _is_buffer_read(node.args[0] if node.args else None, qualified):
-            # `self.count += 1`: the in-place update of the buffer is already recorded
-            return True
-        new, old = node.meta.get("val"), self.dims.from_real(buffer)
-        if (
-            not _ORIGINAL_ISINSTANCE(new, torch.Tensor)
-            or new.dtype != old.dtype
-            or tuple(new.shape) != tuple(old.shape)
-        ):
-            raise TraceError(
-                f"{self.location()}: forward assigns a new value to buffer {qualified!r} "
-                f"({_value_summary(new)} instead of {_value_summary(old)}); a traced graph "
-                f"can only update a buffer in place: keep its shape and dtype (for "
-                f"example `self.{name}.copy_(...)`) or return the new value instead"
-            )
-        target = self.create_proxy("get_attr", qualified, (), {})
-        self.create_proxy("call_method", "copy_", (target, value), {})
-        return True
+        """``module.name = value`` on a buffer while tracing (see :mod:`.module_state`)."""
+        return assign_traced_buffer(self, module, name, value)
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
         """Parameters and buffers of the root become ``get_attr`` proxies."""
@@ -588,8 +520,8 @@ class CustomTracer(torch.fx.Tracer):
                 self._shape_cache.pop(args_[0], None)
             val = self._run_fake(node)
             node.meta["val"] = val
-            constant = _constant_value(val)
-            if constant is not _NOT_CONSTANT:
+            constant = constant_value(val)
+            if constant is not NOT_CONSTANT:
                 if node.target in _COMPARISONS and _has_symbol(node.args):
                     # torch already simplified the comparison from the known ranges:
                     # still a decision the graph relies on, so it is reported.
@@ -723,63 +655,6 @@ class CustomTracer(torch.fx.Tracer):
                 Guard(self.dims.render(guard.expr), True, "specialized", self.location())
             )
 
-    # Python conversions
-
-    def to_bool(self, obj: Proxy) -> bool:
-        """``bool(proxy)``: decided only when provable (see :class:`SymbolicDimensions`)."""
-        val = obj.node.meta.get("val")
-        if isinstance(val, torch.SymBool):
-            return self._decide(val)
-        if isinstance(val, (torch.SymInt, torch.SymFloat)):
-            return self._decide(val != 0)
-        if isinstance(val, torch.Tensor):
-            raise TraceError(
-                f"{self.location()}: the truth value of a traced tensor is data-dependent "
-                f"(`if tensor:`, `assert tensor`, `and`/`or` on tensors); use torch.where, "
-                f"torch.cond, or compare shapes instead of values"
-            )
-        return bool(val)
-
-    def _decide(self, val: torch.SymBool, what: str = "") -> bool:
-        decided = self.dims.decide(val)
-        location = self.location()
-        if decided is None:
-            if not self.specialize_undecidable:
-                raise self.dims.undecidable_error(val, location, what)
-            decided = bool(self.dims.hint(val))
-            self._allowed_guards += 1
-            try:
-                torch._check(val if decided else torch.sym_not(val))
-            finally:
-                self._allowed_guards -= 1
-            reason = "specialized"
-        else:
-            reason = "bounds"
-        self.guards.append(Guard(self.dims.render(val), decided, reason, location))
-        return decided
-
-    def to_int(self, obj: Proxy) -> int:
-        """``int(proxy)`` / ``operator.index``: only for dimensions known to be constant."""
-        val = obj.node.meta.get("val")
-        constant = _constant_value(val)
-        if isinstance(constant, (int, float)):
-            return int(constant)
-        if isinstance(val, (torch.SymInt, torch.SymFloat)) and self.specialize_undecidable:
-            hint = self.dims.hint(val)
-            self._decide(val == hint)
-            return int(hint)
-        raise TraceError(
-            f"{self.location()}: a Python int is needed here (range(), list indexing, "
-            f"int(), a non-torch function) but `{self.dims.render(val)}` depends on dynamic "
-            f"dimension(s) {', '.join(self.dims.symbols_of(val))}; keep it symbolic (torch "
-            f"functions and tensor methods accept it), make the dimension static, or "
-            f"trace with specialize_undecidable=True"
-        )
-
-    def to_float(self, obj: Proxy) -> float:
-        """``float(proxy)`` for a symbolic float: only when it is a known constant."""
-        return float(self.to_int(obj))
-
     def shape_of(self, proxy: CustomProxy) -> Any:
         """``x.shape``: ``torch.Size`` when static, else :class:`CustomProxyShape`."""
         node = proxy.node
@@ -807,68 +682,6 @@ class CustomTracer(torch.fx.Tracer):
         their node gives them the behaviour of :class:`CustomProxy`.
         """
         return iter(self.proxy(obj.node))
-
-    # source locations
-
-    @staticmethod
-    def _user_frame():
-        frame = sys._getframe(2)
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if not _is_internal(filename):
-                return frame
-            frame = frame.f_back
-        return None
-
-    def location(self) -> str:
-        """``file:line`` of the user's code being traced."""
-        frame = self._user_frame()
-        if frame is None:
-            return "<unknown location>"
-        return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-    def stack_trace(self) -> str:
-        """Traceback-like text of the user's line (stored in ``meta["stack_trace"]``)."""
-        frame = self._user_frame()
-        if frame is None:
-            return ""
-        import linecache
-
-        code = frame.f_code
-        line = linecache.getline(code.co_filename, frame.f_lineno).strip()
-        return (
-            f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n'
-        )
-
-    # torch._check
-
-    def check(self, condition: Any, message: Any = None) -> None:
-        """``torch._check(condition)`` on a symbolic condition: records it as a fact."""
-        val = condition.node.meta.get("val") if isinstance(condition, Proxy) else condition
-        if not isinstance(val, torch.SymBool):
-            raise TraceError(
-                f"{self.location()}: torch._check expects a condition on dimensions, got "
-                f"{type(val).__name__}; data-dependent checks on tensor values cannot be traced"
-            )
-        location = self.location()
-        known = self.dims.decide(val)
-        if known is False:
-            raise TraceError(
-                f"{location}: torch._check(`{self.dims.render(val)}`) is false for every "
-                f"allowed size ({self.dims.describe_ranges(val)})"
-            )
-        if known is None:
-            if not self.dims.hint(val):
-                raise TraceError(
-                    f"{location}: torch._check(`{self.dims.render(val)}`) does not hold for "
-                    f"the example inputs"
-                )
-            self._allowed_guards += 1
-            try:
-                self.dims.assume(val)
-            finally:
-                self._allowed_guards -= 1
-        self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))
 
 
 def _is_convolution(node: Node, root: torch.nn.Module) -> bool:
@@ -904,23 +717,6 @@ def _is_simple_output(spec) -> bool:
     if spec.is_leaf():
         return True
     return spec.type is tuple and all(c.is_leaf() for c in spec.children())
-
-
-#: Python's augmented assignments on tensors (recorded by CustomProxy.__iadd__ & co.)
-_INPLACE_OPERATORS = frozenset(
-    getattr(operator, name)
-    for name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior")
-)
-
-
-def _is_buffer_read(arg: Any, qualified: str) -> bool:
-    return isinstance(arg, Node) and arg.op == "get_attr" and arg.target == qualified
-
-
-def _value_summary(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} tensor of shape {tuple(value.shape)}"
-    return type(value).__name__
 
 
 def _describe(node: Node) -> str:

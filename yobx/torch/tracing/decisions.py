@@ -1,0 +1,184 @@
+"""What the tracer decides from symbolic values, and where in the user's code.
+
+Python turns a proxy into a bool, an int or a float (``if``, ``range``, ``int()``):
+:class:`DecisionsMixin` answers only what is provable from the dimensions' ranges and
+facts (or specializes when the user allowed it), records each decision as a
+:class:`~yobx.torch.tracing.symbolic.Guard`, and names the user's ``file:line`` in
+every message. ``torch._check`` adds facts the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+from torch.fx.proxy import Proxy, TraceError
+
+from .symbolic import Guard
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_YOBX_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+_INTERNAL_DIRS = (_TORCH_DIR, _YOBX_DIR + "torch" + os.sep)
+
+#: marks a value that is not a plain Python constant
+NOT_CONSTANT = object()
+
+
+def is_internal(filename: str) -> bool:
+    """Frames of torch, yobx's tracer and the standard library are not user code."""
+    if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<"):
+        return True
+    return filename.startswith(_STDLIB_DIR) and "site-packages" not in filename
+
+
+def constant_value(val: Any) -> Any:
+    """Returns ``val`` if it is a plain Python constant (no tensor, no symbol)."""
+    if val is None:
+        return NOT_CONSTANT
+    if isinstance(val, (bool, int, float, str, torch.dtype, torch.device, torch.layout)):
+        return val
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        constant = val.node.maybe_as_int() if isinstance(val, torch.SymInt) else None
+        if constant is not None:
+            return constant
+        if isinstance(val, torch.SymBool):
+            constant = val.node.maybe_as_bool()
+            if constant is not None:
+                return constant
+        return NOT_CONSTANT
+    if isinstance(val, (tuple, list)):
+        items = [constant_value(v) for v in val]
+        if any(i is NOT_CONSTANT for i in items):
+            return NOT_CONSTANT
+        return type(val)(items) if not hasattr(val, "_fields") else type(val)(*items)
+    return NOT_CONSTANT
+
+
+class DecisionsMixin:
+    """Conversions of proxies to Python values, source locations, ``torch._check``.
+
+    Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
+    ``guards``, ``specialize_undecidable`` and ``_allowed_guards``.
+    """
+
+    # Python conversions
+
+    def to_bool(self, obj: Proxy) -> bool:
+        """``bool(proxy)``: decided only when provable (see :class:`SymbolicDimensions`)."""
+        val = obj.node.meta.get("val")
+        if isinstance(val, torch.SymBool):
+            return self._decide(val)
+        if isinstance(val, (torch.SymInt, torch.SymFloat)):
+            return self._decide(val != 0)
+        if isinstance(val, torch.Tensor):
+            raise TraceError(
+                f"{self.location()}: the truth value of a traced tensor is data-dependent "
+                f"(`if tensor:`, `assert tensor`, `and`/`or` on tensors); use torch.where, "
+                f"torch.cond, or compare shapes instead of values"
+            )
+        return bool(val)
+
+    def _decide(self, val: torch.SymBool, what: str = "") -> bool:
+        decided = self.dims.decide(val)
+        location = self.location()
+        if decided is None:
+            if not self.specialize_undecidable:
+                raise self.dims.undecidable_error(val, location, what)
+            decided = bool(self.dims.hint(val))
+            self._allowed_guards += 1
+            try:
+                torch._check(val if decided else torch.sym_not(val))
+            finally:
+                self._allowed_guards -= 1
+            reason = "specialized"
+        else:
+            reason = "bounds"
+        self.guards.append(Guard(self.dims.render(val), decided, reason, location))
+        return decided
+
+    def to_int(self, obj: Proxy) -> int:
+        """``int(proxy)`` / ``operator.index``: only for dimensions known to be constant."""
+        val = obj.node.meta.get("val")
+        constant = constant_value(val)
+        if isinstance(constant, (int, float)):
+            return int(constant)
+        if isinstance(val, (torch.SymInt, torch.SymFloat)) and self.specialize_undecidable:
+            hint = self.dims.hint(val)
+            self._decide(val == hint)
+            return int(hint)
+        raise TraceError(
+            f"{self.location()}: a Python int is needed here (range(), list indexing, "
+            f"int(), a non-torch function) but `{self.dims.render(val)}` depends on dynamic "
+            f"dimension(s) {', '.join(self.dims.symbols_of(val))}; keep it symbolic (torch "
+            f"functions and tensor methods accept it), make the dimension static, or "
+            f"trace with specialize_undecidable=True"
+        )
+
+    def to_float(self, obj: Proxy) -> float:
+        """``float(proxy)`` for a symbolic float: only when it is a known constant."""
+        return float(self.to_int(obj))
+
+    # source locations
+
+    @staticmethod
+    def _user_frame():
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not is_internal(filename):
+                return frame
+            frame = frame.f_back
+        return None
+
+    def location(self) -> str:
+        """``file:line`` of the user's code being traced."""
+        frame = self._user_frame()
+        if frame is None:
+            return "<unknown location>"
+        return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+    def stack_trace(self) -> str:
+        """Traceback-like text of the user's line (stored in ``meta["stack_trace"]``)."""
+        frame = self._user_frame()
+        if frame is None:
+            return ""
+        import linecache
+
+        code = frame.f_code
+        line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+        return (
+            f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n'
+        )
+
+    # torch._check
+
+    def check(self, condition: Any, message: Any = None) -> None:
+        """``torch._check(condition)`` on a symbolic condition: records it as a fact."""
+        val = condition.node.meta.get("val") if isinstance(condition, Proxy) else condition
+        if not isinstance(val, torch.SymBool):
+            raise TraceError(
+                f"{self.location()}: torch._check expects a condition on dimensions, got "
+                f"{type(val).__name__}; data-dependent checks on tensor values cannot be traced"
+            )
+        location = self.location()
+        known = self.dims.decide(val)
+        if known is False:
+            raise TraceError(
+                f"{location}: torch._check(`{self.dims.render(val)}`) is false for every "
+                f"allowed size ({self.dims.describe_ranges(val)})"
+            )
+        if known is None:
+            if not self.dims.hint(val):
+                raise TraceError(
+                    f"{location}: torch._check(`{self.dims.render(val)}`) does not hold for "
+                    f"the example inputs"
+                )
+            self._allowed_guards += 1
+            try:
+                self.dims.assume(val)
+            finally:
+                self._allowed_guards -= 1
+        self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))
