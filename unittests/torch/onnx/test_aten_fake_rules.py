@@ -77,20 +77,27 @@ def test_aten_rule_matches_torch(env, call):
         with dims.fake_mode:
             values["q_t"] = values["q"].transpose(-1, -2)
     args = [_resolve(n, values) for n in names]
-    # the rule applies (no fallback to torch) ...
-    RULES[op](TensorFactory(dims.fake_mode), tuple(args), dict(kwargs))
-    # ... and gives torch's value
-    with torch.no_grad(), dims.fake_mode:
-        expected = op(*args, **kwargs)
-        with aten_fake_rules(dims.fake_mode):
-            value = op(*args, **kwargs)
+    # The rule applies (no fallback to torch) and gives torch's value. It is called
+    # directly: through the fake mode, a cache hit of the first call would answer.
+    with torch.no_grad():
+        value = RULES[op](TensorFactory(dims.fake_mode), tuple(args), dict(kwargs))
+        with dims.fake_mode:
+            expected = op(*args, **kwargs)
     shape_rules.compare(value, expected, list(torch.utils._pytree.tree_leaves(args)), str(op))
 
 
-def test_dispatch_is_restored(env):
-    dims, _ = env
-    with aten_fake_rules(dims.fake_mode):
-        assert "_dispatch_impl" in dims.fake_mode.__dict__
+def test_dispatch_goes_through_the_rules_and_is_restored(env, monkeypatch):
+    dims, values = env
+    calls = []
+    rule = RULES[aten.neg.default]
+    monkeypatch.setitem(RULES, aten.neg.default, lambda *a: calls.append(1) or rule(*a))
+    dims.fake_mode.cache_enabled = False
+    try:
+        with torch.no_grad(), dims.fake_mode, aten_fake_rules(dims.fake_mode):
+            aten.neg.default(values["q"])
+    finally:
+        dims.fake_mode.cache_enabled = True
+    assert calls == [1]
     assert "_dispatch_impl" not in dims.fake_mode.__dict__
 
 

@@ -564,14 +564,6 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         # and no proxy reaches fake kernels anyway).
         patched_isinstance = builtins.isinstance
         builtins.isinstance = _ORIGINAL_ISINSTANCE
-        # The fake convolution picks a memory format (strides only) by asking the
-        # example's batch size (`batch < 16`): decided without recording anything, so
-        # that this choice never narrows what is known about the dimensions.
-        quiet = (
-            self.shape_env.suppress_guards()
-            if _is_convolution(node, self.root)
-            else contextlib.nullcontext()
-        )
         # Fake values carry no autograd history: recording it costs time, and a
         # rule's output must not be a leaf that requires grad (in-place ops on it
         # would then fail where eager succeeds).
@@ -581,6 +573,15 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             module = self.root.get_submodule(node.target) if node.op == "call_module" else None
             val = self.shape_rules.run(node, args, kwargs, module)
             if val is NotImplemented or self._check_shape_rules:
+                # The fake convolution picks a memory format (strides only) by asking
+                # the example's batch size (`batch < 16`): decided without recording
+                # anything, so that this choice never narrows what is known about the
+                # dimensions.
+                quiet = (
+                    self.shape_env.suppress_guards()
+                    if _is_convolution(node, module)
+                    else contextlib.nullcontext()
+                )
                 with self.fake_mode, quiet:
                     expected = self._dispatch_fake(node, args, kwargs)
                 if val is NotImplemented:
@@ -684,12 +685,10 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         return iter(self.proxy(obj.node))
 
 
-def _is_convolution(node: Node, root: torch.nn.Module) -> bool:
+def _is_convolution(node: Node, module: torch.nn.Module | None) -> bool:
     if node.op == "call_function":
         return node.target in _CONVOLUTIONS
-    if node.op == "call_module":
-        return isinstance(root.get_submodule(node.target), torch.nn.modules.conv._ConvNd)
-    return False
+    return isinstance(module, torch.nn.modules.conv._ConvNd)
 
 
 def graph_fingerprint(graph: torch.fx.Graph) -> str:

@@ -130,29 +130,18 @@ class TensorFactory:
         dtype: torch.dtype,
         device: torch.device,
         requires_grad: bool = False,
+        strides: Sequence[Any] | None = None,
     ) -> FakeTensor:
-        """A fresh contiguous tensor, as ``torch.empty(sizes)`` makes it."""
+        """A fresh tensor: contiguous as ``torch.empty(sizes)`` makes it, or with
+        explicit ``strides``."""
         for size in sizes:
             if size_key(size) == 0:
                 raise Unsupported("empty output")
         with in_kernel_invocation_manager(self.fake_mode):
-            meta = torch.empty(tuple(sizes), dtype=dtype, device="meta")
-        out = FakeTensor(self.fake_mode, meta, device)
-        if requires_grad:
-            out.requires_grad_(True)
-        return out
-
-    def new_strided(
-        self,
-        sizes: Sequence[Any],
-        strides: Sequence[Any],
-        dtype: torch.dtype,
-        device: torch.device,
-        requires_grad: bool = False,
-    ) -> FakeTensor:
-        """A fresh tensor with explicit strides."""
-        with in_kernel_invocation_manager(self.fake_mode):
-            meta = torch.empty_strided(tuple(sizes), tuple(strides), dtype=dtype, device="meta")
+            if strides is None:
+                meta = torch.empty(tuple(sizes), dtype=dtype, device="meta")
+            else:
+                meta = torch.empty_strided(tuple(sizes), tuple(strides), dtype=dtype, device="meta")
         out = FakeTensor(self.fake_mode, meta, device)
         if requires_grad:
             out.requires_grad_(True)

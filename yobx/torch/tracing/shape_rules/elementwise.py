@@ -70,9 +70,7 @@ def _elementwise(
         dtype = out_dtype
     grad = needs_grad(tensors) and dtype.is_floating_point
     strides = output_strides(factory, tensors, shape, fast_binary)
-    if strides is None:
-        return factory.new(shape, dtype, device, grad)
-    return factory.new_strided(shape, strides, dtype, device, grad)
+    return factory.new(shape, dtype, device, grad, strides)
 
 
 def output_strides(
@@ -214,9 +212,7 @@ def where(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     device = common_device([condition, *tensors])
     grad = needs_grad(tensors) and dtype.is_floating_point
     strides = output_strides(factory, [condition, *tensors], shape, False)
-    if strides is None:
-        return factory.new(shape, dtype, device, grad)
-    return factory.new_strided(shape, strides, dtype, device, grad)
+    return factory.new(shape, dtype, device, grad, strides)
 
 
 def masked_fill(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -235,9 +231,7 @@ def masked_fill(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tens
         raise Unsupported("the mask broadcasts the input")
     common_device([x, mask])
     strides = output_strides(factory, [mask, x], shape, False)
-    if strides is None:
-        return factory.new(x.shape, x.dtype, x.device, needs_grad([x]))
-    return factory.new_strided(x.shape, strides, x.dtype, x.device, needs_grad([x]))
+    return factory.new(x.shape, x.dtype, x.device, needs_grad([x]), strides)
 
 
 def _float_unary_with(*allowed):
