@@ -79,8 +79,8 @@ def trace_func(
 
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            recorder = recording._ACTIVE
-            if recorder is None or not recorder.is_recording_thread():
+            recorder = recording.active_recorder()
+            if recorder is None:
                 return f(*args, **kwargs)
             return _record_call(recorder, f, display, stage_name, args, kwargs, "function", False)
 
@@ -109,8 +109,8 @@ def trace_model_func(
 
         @functools.wraps(f)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            recorder = recording._ACTIVE
-            if recorder is None or not recorder.is_recording_thread():
+            recorder = recording.active_recorder()
+            if recorder is None:
                 return f(self, *args, **kwargs)
             owner = (
                 recorder.module_names.get(id(self)) if isinstance(self, torch.nn.Module) else None

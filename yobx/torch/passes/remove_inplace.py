@@ -256,11 +256,10 @@ class _InplaceRemover:
             self._refuse(node, "the mutated value is not a tracked tensor", form)
             return
         root = info.root
-        blocked = [v for v in info.chain if classify(v).scatter is None]
-        if blocked:
-            self._refuse(
-                node, f"it writes through {blocked[0].name!r} which cannot be inverted", form
-            )
+        scatters = [classify(v).scatter for v in info.chain]
+        if None in scatters:
+            blocked = info.chain[scatters.index(None)]
+            self._refuse(node, f"it writes through {blocked.name!r} which cannot be inverted", form)
             return
         other = self._blocking_alias(root, index)
         if other is not None:
@@ -272,7 +271,7 @@ class _InplaceRemover:
             )
             return
         if root.observable and not self.allow_observable:
-            self._refuse(node, "it mutates an input of a subgraph", form)
+            self._refuse(node, "it writes into a graph input or a buffer (kept in place)", form)
             return
         if form.kind == "out" and info.chain:
             self._refuse(node, "out= tensor is a view", form)
@@ -285,7 +284,7 @@ class _InplaceRemover:
         for position in range(len(info.chain) - 1, -1, -1):
             view = info.chain[position]
             base = self._regenerate(_Info(root, info.chain[:position], -1))
-            value = classify(view).scatter(self.graph, view, base, value)
+            value = scatters[position](self.graph, view, base, value)
         root.value = value
         root.version += 1
         root.mutated = True
