@@ -213,3 +213,19 @@ def test_failing_operation_names_user_line():
         trace_module(Unsupported(), {"x": torch.randn(3, 4)})
     assert f"{__file__}:" in str(info.value)
     assert "reshape" in str(info.value)
+
+
+def test_float_of_a_specialized_symbolic_float_keeps_its_value():
+    """``float(math.sqrt(x.shape[-1]))`` with specialization bakes sqrt(5), not 2."""
+    import math
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return x / float(math.sqrt(x.shape[-1]))
+
+    x = torch.randn(2, 5)
+    tracer = CustomTracer(specialize_undecidable=True)
+    graph = tracer.trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {1: "d"}})
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    torch.testing.assert_close(gm(x), Model()(x))
+    assert any(g.reason == "specialized" for g in tracer.guards)

@@ -150,7 +150,7 @@ def build_model(
         detail = f"{type(cause).__name__}: {cause}".splitlines()[0][:300]
         error_class = (
             UnsupportedOperatorError
-            if isinstance(exc, internals.DispatchError)
+            if isinstance(cause, internals.DispatchError)
             else OnnxExportError
         )
         where = f" in subgraph '{module_name}'" if module_name else ""

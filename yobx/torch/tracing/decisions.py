@@ -101,14 +101,21 @@ class DecisionsMixin:
 
     def to_int(self, obj: Proxy) -> int:
         """``int(proxy)`` / ``operator.index``: only for dimensions known to be constant."""
+        return int(self._python_number(obj))
+
+    def to_float(self, obj: Proxy) -> float:
+        """``float(proxy)``: only for values known to be constant (or specialized)."""
+        return float(self._python_number(obj))
+
+    def _python_number(self, obj: Proxy) -> int | float:
         val = obj.node.meta.get("val")
         constant = constant_value(val)
         if isinstance(constant, (int, float)):
-            return int(constant)
+            return constant
         if isinstance(val, (torch.SymInt, torch.SymFloat)) and self.specialize_undecidable:
             hint = self.dims.hint(val)
             self._decide(val == hint)
-            return int(hint)
+            return hint
         raise TraceError(
             f"{self.location()}: a Python int is needed here (range(), list indexing, "
             f"int(), a non-torch function) but `{self.dims.render(val)}` depends on dynamic "
@@ -116,10 +123,6 @@ class DecisionsMixin:
             f"functions and tensor methods accept it), make the dimension static, or "
             f"trace with specialize_undecidable=True"
         )
-
-    def to_float(self, obj: Proxy) -> float:
-        """``float(proxy)`` for a symbolic float: only when it is a known constant."""
-        return float(self.to_int(obj))
 
     # source locations
 
