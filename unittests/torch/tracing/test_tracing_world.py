@@ -23,6 +23,7 @@ PATCHED = [
     (torch, "_check"),
     (torch, "max_pool1d"),
     (torch.Tensor, "__getitem__"),
+    (torch, "baddbmm"),
     (torch.Tensor, "baddbmm"),
     (torch.ops.higher_order, "scan"),
     (builtins, "max"),
@@ -30,6 +31,7 @@ PATCHED = [
     (builtins, "isinstance"),
     (torch.nn.Module, "__call__"),
     (torch.nn.Module, "__getattr__"),
+    (torch.nn.Module, "__setattr__"),
 ]
 
 

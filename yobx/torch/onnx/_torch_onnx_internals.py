@@ -5,7 +5,7 @@ onnxscript's torch_lib. The pieces doing that (registry, dispatcher, per-graph
 translation, opset bookkeeping) work on any aten FX graph whose nodes carry
 ``meta["val"]``, not only on graphs coming from :func:`torch.export.export`; we reuse
 them instead of writing the aten to ONNX translation again.
-``unittests/torch/onnx/test_torch_onnx_internals.py`` checks the assumptions made here,
+``unittests/torch/onnx/test_onnx_internals.py`` checks the assumptions made here,
 so a torch upgrade breaking them fails there first.
 """
 
@@ -117,11 +117,6 @@ def preserve_translatable_composite_ops(opset: int = 18) -> Iterator[None]:
         yield
 
 
-def is_translatable(target: Any, opset: int = 18) -> bool:
-    """Tells whether torch_lib (or a yobx translation) implements ``target``."""
-    return onnx_registry(opset).is_registered(target)
-
-
 class _MetaReusingTypePromotion(type_promotion._TypePromotionInterpreter):
     """torch.onnx's type promotion, without re-running the nodes it leaves alone.
 
@@ -181,11 +176,6 @@ def translate_graph(
 def torch_tensor(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:
     """Wraps a torch tensor as an onnx_ir tensor without copying it."""
     return _core.TorchTensor(tensor, name=name)
-
-
-def onnx_dtype(dtype: torch.dtype) -> ir.DataType:
-    """Converts a torch dtype to an ONNX data type."""
-    return _core.torch_dtype_to_onnx_dtype(dtype)
 
 
 def add_opset_imports(model: ir.Model) -> None:

@@ -25,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from yobx.torch.tracing import shape_rules
+from yobx.torch.tracing.patches import patched_attributes
 from yobx.torch.tracing.shape_rules import elementwise, views
 from yobx.torch.tracing.shape_rules import nn as nn_rules
 from yobx.torch.tracing.shape_rules._base import (
@@ -166,12 +167,5 @@ def aten_fake_rules(fake_mode) -> Iterator[None]:
             shape_rules.compare(value, expected, pytree.tree_leaves((args, kwargs)), str(func))
         return value
 
-    shadowed = fake_mode.__dict__.get("_dispatch_impl")
-    fake_mode._dispatch_impl = dispatch_impl
-    try:
+    with patched_attributes([(fake_mode, "_dispatch_impl", dispatch_impl)]):
         yield
-    finally:
-        if shadowed is None:
-            del fake_mode._dispatch_impl
-        else:
-            fake_mode._dispatch_impl = shadowed

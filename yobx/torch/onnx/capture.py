@@ -64,14 +64,6 @@ def bind_arguments(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any
     return result
 
 
-def flatten_inputs(
-    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any] | None
-) -> list[Any]:
-    """Flattens the inputs in the order of the captured graph's placeholders."""
-    bound = bind_arguments(model, tuple(args), kwargs or {})
-    return pytree.tree_leaves(list(bound.values()))
-
-
 def capture(
     model: torch.nn.Module,
     args: tuple,

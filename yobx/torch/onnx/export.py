@@ -214,14 +214,6 @@ def _check_dynamic_dimensions_kept(
         )
 
 
-def _tracer_available() -> bool:
-    try:
-        from yobx.torch.tracing import CustomTracer  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @contextlib.contextmanager
 def _quiet_constant_folding() -> Iterator[None]:
     """Silences the optimizer's per-node warnings ("Skipping constant folding for op
@@ -282,7 +274,7 @@ def to_onnx(
     stage = _StageRecorder(verbose, progress)
 
     with stage("capture") as info:
-        if tracer == "custom" and _tracer_available():
+        if tracer == "custom":
             captured = capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
         elif tracer in ("custom", "fx"):
             captured = capture_module.capture_with_symbolic_trace(

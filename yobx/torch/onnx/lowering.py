@@ -27,7 +27,7 @@ from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
-from yobx.torch.tracing.patches import symbolic_kernels
+from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 
 #: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
@@ -187,16 +187,6 @@ def _detach_constants(graph_module: torch.fx.GraphModule) -> None:
             node.meta["val"] = plain
 
 
-@contextlib.contextmanager
-def _fake_cache_disabled(fake_mode: FakeTensorMode):
-    enabled = fake_mode.cache_enabled
-    fake_mode.cache_enabled = False
-    try:
-        yield
-    finally:
-        fake_mode.cache_enabled = enabled
-
-
 def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> LoweredGraph:
     """Lowers ``graph_module`` (torch-level, with ``meta["val"]``) to an aten graph.
 
@@ -241,7 +231,7 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         # With symbolic shapes a cache hit rebuilds the output tensor (symbolic
         # storage, strides...), about the cost of computing it, plus hashing: on the
         # benchmarked models the cache made lowering 1.5 to 2 times slower.
-        stack.enter_context(_fake_cache_disabled(fake_mode))
+        stack.enter_context(patched_attributes([(fake_mode, "cache_enabled", False)]))
         # ATen's size arithmetic (strides, numel, contiguity) repeats itself
         stack.enter_context(memoized_symbolic_arithmetic())
         # fake values from the tracer's exact shape rules where they apply

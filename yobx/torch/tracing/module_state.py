@@ -16,7 +16,6 @@ the user's modules, and the graph must still compute what eager does:
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,14 +24,10 @@ from torch.fx.node import Node
 from torch.fx.proxy import TraceError
 
 from .patches import patched_attributes
-from .proxies import CustomProxy
+from .proxies import INPLACE_OPERATORS, CustomProxy
 from .shape_rules._base import Unsupported, size_key
 
-#: Python's augmented assignments on tensors (recorded by CustomProxy.__iadd__ & co.)
-_INPLACE_OPERATORS = frozenset(
-    getattr(operator, name)
-    for name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior")
-)
+_INPLACE_OPERATORS = frozenset(INPLACE_OPERATORS)
 
 _MISSING = object()
 

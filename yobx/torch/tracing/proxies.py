@@ -100,22 +100,28 @@ def _make_inplace(op):
     return impl
 
 
-for _name in (
-    "iadd",
-    "isub",
-    "imul",
-    "itruediv",
-    "ifloordiv",
-    "imod",
-    "ipow",
-    "iand",
-    "ior",
-    "ixor",
-    "ilshift",
-    "irshift",
-    "imatmul",
-):
-    setattr(CustomProxy, f"__{_name}__", _make_inplace(getattr(operator, _name)))
+#: Python's augmented assignments, recorded as ``operator.iadd`` & co.
+INPLACE_OPERATORS = tuple(
+    getattr(operator, name)
+    for name in (
+        "iadd",
+        "isub",
+        "imul",
+        "itruediv",
+        "ifloordiv",
+        "imod",
+        "ipow",
+        "iand",
+        "ior",
+        "ixor",
+        "ilshift",
+        "irshift",
+        "imatmul",
+    )
+)
+
+for _op in INPLACE_OPERATORS:
+    setattr(CustomProxy, f"__{_op.__name__}__", _make_inplace(_op))
 
 _STATIC_TENSOR_ATTRIBUTES = frozenset(
     {

@@ -515,7 +515,6 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 self.dims.from_real(value) if isinstance(value, torch.Tensor) else None
             )
         elif kind != "placeholder":
-            node.meta["stack_trace"] = self.stack_trace()
             if kind == "call_method" and isinstance(target, str) and target.endswith("_"):
                 self._shape_cache.pop(args_[0], None)
             val = self._run_fake(node)
@@ -528,6 +527,8 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                     self._record_folded_comparison(node, constant)
                 self.graph.erase_node(node)
                 return constant
+            # only for nodes that stay (a folded constant is erased above)
+            node.meta["stack_trace"] = self.stack_trace()
         if proxy_factory_fn is not None:
             return proxy_factory_fn(node)
         return self.proxy(node)
