@@ -43,11 +43,15 @@ def _op_types(model_proto: onnx.ModelProto) -> set[str]:
     return types
 
 
-def test_cond_becomes_if_both_branches():
-    # symbolic_trace keeps the wrapped call whole; make_fx turns it into the cond
-    # higher-order operator; both branches must be right for any batch.
+@pytest.mark.parametrize("tracer", ["custom", "fx"])
+def test_cond_becomes_if_both_branches(tracer):
+    # CustomTracer records a CondCCOp node; symbolic_trace keeps the wrapped call whole
+    # and make_fx turns it into the cond higher-order operator; both branches must be
+    # right for any batch.
     x = torch.randn(3, 5)
-    result = export_and_validate(CondModel(), (x,), dynamic_shapes={"x": {0: "batch"}}, tracer="fx")
+    result = export_and_validate(
+        CondModel(), (x,), dynamic_shapes={"x": {0: "batch"}}, tracer=tracer
+    )
     assert "If" in _op_types(result.model_proto)
     from yobx.torch.onnx import validate
 
@@ -55,13 +59,14 @@ def test_cond_becomes_if_both_branches():
     assert report.ok, report.format()
 
 
-def test_scan_becomes_scan_with_dynamic_steps():
+@pytest.mark.parametrize("tracer", ["custom", "fx"])
+def test_scan_becomes_scan_with_dynamic_steps(tracer):
     init, xs = torch.randn(3, 5), torch.randn(7, 3, 5)
     result = export_and_validate(
         ScanModel(),
         (init, xs),
         dynamic_shapes={"init": {0: "batch"}, "xs": {0: "steps", 1: "batch"}},
-        tracer="fx",
+        tracer=tracer,
     )
     assert "Scan" in _op_types(result.model_proto)
     assert onnx_dims(result.model_proto)["xs"] == ["steps", "batch", 5]
