@@ -1,6 +1,7 @@
 """Capture of PyTorch models as torch.fx graphs with sound symbolic shapes."""
 
 from .collection import GraphCollection, ModuleEntry, ModuleFailure
+from .constraints import Constraint, ConstraintViolationError
 from .control_flow import CondCCOp, ScanCCOp
 from .inputs import register_cache_flattening
 from .patches import replace_problematic_function_before_tracing
@@ -19,6 +20,8 @@ from .tracer import CustomTracer, graph_fingerprint
 
 __all__ = [
     "CondCCOp",
+    "Constraint",
+    "ConstraintViolationError",
     "CustomAttribute",
     "CustomParameterProxy",
     "CustomProxy",
