@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.export import Dim
 from torch.fx.proxy import TraceError
 
 from yobx.models import load_model
@@ -234,17 +235,21 @@ def test_compare_detects_a_wrong_rule(monkeypatch):
         CustomTracer().trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {0: "b"}})
 
 
-def test_undecidable_broadcast_still_raises():
-    """A rule never decides: broadcasting two dimensions falls back to torch's guard."""
+def test_undecidable_broadcast_falls_back_to_torch():
+    """A rule never decides: broadcasting two dimensions falls back to torch's guard,
+    adopted as a relation (a named Dim refuses it)."""
 
     class Model(nn.Module):
         def forward(self, x, y):
             return x + y
 
     inputs = {"x": torch.rand(2, 3), "y": torch.rand(2, 4)[:, :3]}
-    with pytest.raises(TraceError, match="not provable"):
+    tracer = CustomTracer()
+    tracer.trace(Model(), concrete_args=inputs, dynamic_shapes={"x": {1: "a"}, "y": {1: "c"}})
+    assert [c.expression for c in tracer.constraints] == ["a == c"]
+    with pytest.raises(TraceError, match="a == c"):
         CustomTracer().trace(
-            Model(), concrete_args=inputs, dynamic_shapes={"x": {1: "a"}, "y": {1: "c"}}
+            Model(), concrete_args=inputs, dynamic_shapes={"x": {1: Dim("a")}, "y": {1: Dim("c")}}
         )
 
 

@@ -43,7 +43,7 @@ def test_memo_is_removed_after_a_trace_and_after_a_failure():
 
     class Model(torch.nn.Module):
         def forward(self, x):
-            if x.shape[0] > 4:  # not provable for batch >= 2: the trace raises
+            if x.shape[0] > 4:  # not provable: a named Dim refuses, the trace raises
                 return x * 2
             return x
 
@@ -51,5 +51,7 @@ def test_memo_is_removed_after_a_trace_and_after_a_failure():
     CustomTracer().trace(torch.nn.Linear(4, 2), concrete_args={"input": x})
     assert _originals() == before
     with pytest.raises(TraceError):
-        CustomTracer().trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {0: "b"}})
+        CustomTracer().trace(
+            Model(), concrete_args={"x": x}, dynamic_shapes={"x": {0: torch.export.Dim("b")}}
+        )
     assert _originals() == before

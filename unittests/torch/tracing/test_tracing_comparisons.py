@@ -1,11 +1,12 @@
-"""Behaviour 3: comparisons on dynamic dimensions are decided only when provable."""
+"""Behaviour 3: comparisons on dynamic dimensions are decided when provable, otherwise
+adopted from the example as constraints the graph checks (or refused for named Dims)."""
 
 import pytest
 import torch
 from torch.export import Dim
 from torch.fx.proxy import TraceError
 
-from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing import ConstraintViolationError, CustomTracer, StrictDimensionError
 
 from ._helpers import check_trace, trace_module
 
@@ -41,14 +42,27 @@ class Large(torch.nn.Module):
         return x.mean(0)
 
 
-def test_unprovable_raises_with_location_and_expression():
-    with pytest.raises(TraceError) as info:
-        trace_module(Large(), {"x": torch.randn(3, 4)}, {"x": {0: "batch"}})
+def test_unprovable_is_adopted_with_location_and_checked():
+    tracer, _, gm = check_trace(
+        Large(), {"x": torch.randn(3, 4)}, {"x": {0: "batch"}}, [{"x": torch.randn(50, 4)}]
+    )
+    (constraint,) = tracer.constraints
+    assert (constraint.expression, constraint.kind) == ("batch <= 99", "range")
+    assert constraint.location.startswith(f"{__file__}:")
+    assert tracer.range_constraints == {"batch": (2, 99)}
+    # never silently wrong: outside the constraint the graph refuses to run
+    with pytest.raises(ConstraintViolationError, match=r"batch <= 99.*batch=120"):
+        gm(torch.randn(120, 4))
+
+
+def test_unprovable_with_a_named_dim_raises_with_location_and_fix():
+    with pytest.raises(StrictDimensionError) as info:
+        trace_module(Large(), {"x": torch.randn(3, 4)}, {"x": {0: Dim("batch")}})
     msg = str(info.value)
     assert f"{__file__}:" in msg
-    assert "batch >= 100" in msg
-    assert "torch._check" in msg and "Dim" in msg
-    # never guessed from the example: the example (3) would have said False
+    assert "batch <= 99" in msg
+    assert 'batch = torch.export.Dim("batch", max=99)' in msg
+    assert info.value.dimensions == ("batch",)
 
 
 def test_bounds_from_dim_make_it_provable():
@@ -97,12 +111,24 @@ class Unchecked(torch.nn.Module):
         return x
 
 
-def test_relation_without_check_raises():
-    with pytest.raises(TraceError, match="n > m"):
+def test_relation_without_check_is_adopted():
+    tracer, _, gm = check_trace(
+        Unchecked(),
+        {"x": torch.randn(5, 3), "y": torch.randn(2, 3)},
+        {"x": {0: "n"}, "y": {0: "m"}},
+        [{"x": torch.randn(9, 3), "y": torch.randn(4, 3)}],
+    )
+    assert [(c.expression, c.kind) for c in tracer.constraints] == [("n > m", "other")]
+    with pytest.raises(ConstraintViolationError, match="n > m"):
+        gm(torch.randn(2, 3), torch.randn(4, 3))
+
+
+def test_relation_with_named_dims_suggests_a_check():
+    with pytest.raises(StrictDimensionError, match=r"torch._check\(n > m\)"):
         trace_module(
             Unchecked(),
             {"x": torch.randn(5, 3), "y": torch.randn(2, 3)},
-            {"x": {0: "n"}, "y": {0: "m"}},
+            {"x": {0: Dim("n")}, "y": {0: Dim("m")}},
         )
 
 
@@ -110,13 +136,14 @@ def test_specialize_undecidable_records_guard():
     tracer, _, _ = trace_module(
         Large(),
         {"x": torch.randn(3, 4)},
-        {"x": {0: "batch"}},
+        {"x": {0: Dim("batch")}},
         tracer_kwargs={"specialize_undecidable": True},
     )
     assert any(
-        g.reason == "specialized" and g.expression == "batch >= 100" and g.value is False
+        g.reason == "adopted" and g.expression == "batch >= 100" and g.value is False
         for g in tracer.guards
     )
+    assert [c.expression for c in tracer.constraints] == ["batch <= 99"]
 
 
 class AssertAndOr(torch.nn.Module):
@@ -153,13 +180,29 @@ class MismatchedBroadcast(torch.nn.Module):
         return x + y
 
 
-def test_operation_needing_unproven_equality_raises():
-    with pytest.raises(TraceError, match="not provable"):
+def test_operation_needing_unproven_equality_is_a_relation():
+    tracer, _, gm = check_trace(
+        MismatchedBroadcast(),
+        {"x": torch.randn(3, 4), "y": torch.randn(3, 4)},
+        {"x": {0: "a"}, "y": {0: "b"}},
+        [{"x": torch.randn(6, 4), "y": torch.randn(6, 4)}],
+    )
+    assert [(c.expression, c.kind) for c in tracer.constraints] == [("a == b", "relation")]
+    with pytest.raises(ConstraintViolationError, match="a == b"):
+        gm(torch.randn(3, 4), torch.randn(1, 4))
+
+
+def test_operation_needing_unproven_equality_with_named_dims_suggests_derived():
+    with pytest.raises(StrictDimensionError) as info:
         trace_module(
             MismatchedBroadcast(),
             {"x": torch.randn(3, 4), "y": torch.randn(3, 4)},
-            {"x": {0: "a"}, "y": {0: "b"}},
+            {"x": {0: Dim("a")}, "y": {0: Dim("b")}},
         )
+    assert "a == b" in str(info.value)
+    ((constraint, fix),) = info.value.needed
+    assert constraint.kind == "relation"
+    assert fix.startswith(("b = a", "a = b"))
 
 
 class DataDependent(torch.nn.Module):
@@ -228,4 +271,6 @@ def test_float_of_a_specialized_symbolic_float_keeps_its_value():
     graph = tracer.trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {1: "d"}})
     gm = torch.fx.GraphModule(tracer.traced_model, graph)
     torch.testing.assert_close(gm(x), Model()(x))
-    assert any(g.reason == "specialized" for g in tracer.guards)
+    assert [(c.expression, c.kind) for c in tracer.constraints] == [("d == 5", "value")]
+    with pytest.raises(ConstraintViolationError, match="d == 5"):
+        gm(torch.randn(2, 6))

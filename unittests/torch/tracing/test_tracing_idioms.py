@@ -4,7 +4,10 @@ import math
 
 import pytest
 import torch
+from torch.export import Dim
 from torch.fx.proxy import TraceError
+
+from yobx.torch.tracing import ConstraintViolationError, SpecializationError
 
 from ._helpers import check_trace, trace_module
 
@@ -71,8 +74,17 @@ class Ranged(torch.nn.Module):
 
 
 def test_python_int_needed_from_dynamic_dimension_is_a_clear_error():
-    with pytest.raises(TraceError, match="Python int is needed"):
+    with pytest.raises(SpecializationError, match="Python int.*batch == 3.*Dim.STATIC") as info:
         trace_module(Ranged(), {"x": torch.randn(3, 5)}, {"x": {0: "batch"}})
+    assert info.value.location.startswith(__file__)
+
+
+def test_python_int_needed_from_an_auto_dimension_makes_it_static():
+    with pytest.warns(UserWarning, match="x_dim_0.*becomes static"):
+        tracer, _, gm = check_trace(Ranged(), {"x": torch.randn(3, 5)}, {"x": {0: Dim.AUTO}})
+    assert [(c.expression, c.kind) for c in tracer.constraints] == [("x_dim_0 == 3", "value")]
+    with pytest.raises(ConstraintViolationError, match="x_dim_0 == 3"):
+        gm(torch.randn(4, 5))
 
 
 class NegativeIndex(torch.nn.Module):

@@ -5,6 +5,8 @@ import torch
 from torch.export import Dim
 from torch.fx.proxy import TraceError
 
+from yobx.torch.tracing import ConstraintViolationError
+
 from ._helpers import check_trace, trace_module
 
 transformers = pytest.importorskip("transformers")
@@ -77,10 +79,16 @@ def test_bert_model():
     _check_text_model(_bert(), seq=Dim("seq", max=512))
 
 
-def test_bert_model_unbounded_sequence_is_refused():
-    # the 512 positions of the buffer bound the sequence: refused, not assumed
-    with pytest.raises(TraceError, match="512"):
-        trace_module(_bert(), _text_inputs(2, 7), _text_dynamic_shapes())
+def test_bert_model_unbounded_sequence_adopts_the_bound():
+    # the 512 positions of the buffer bound the sequence: adopted, reported, checked
+    tracer, _ = _check_text_model(_bert())
+    assert ("seq <= 512", "range") in [(c.expression, c.kind) for c in tracer.constraints]
+    assert tracer.range_constraints["seq"] == (2, 512)
+
+
+def test_bert_model_unbounded_named_sequence_is_refused_with_the_fix():
+    with pytest.raises(TraceError, match=r'Dim\("seq", max=512\)'):
+        trace_module(_bert(), _text_inputs(2, 7), _text_dynamic_shapes(Dim("seq")))
 
 
 def test_transformer_encoder():
@@ -170,10 +178,21 @@ def test_pooling_1d_keeps_length_symbolic():
     )
     pool = next(n for n in graph.nodes if n.op == "call_module" and n.target == "pool")
     assert "length" in tracer.dims.render(pool.meta["val"].shape[-1])
+    assert tracer.constraints == []
     with pytest.raises(TraceError, match="length"):
         trace_module(
-            Pooling1d().eval(), {"x": torch.randn(2, 4, 16)}, {"x": {0: "batch", 2: "length"}}
+            Pooling1d().eval(), {"x": torch.randn(2, 4, 16)}, {"x": {0: "batch", 2: Dim("length")}}
         )
+    # a string name adopts the bound the pooling needs, and the graph checks it
+    tracer, _, gm = check_trace(
+        Pooling1d().eval(),
+        {"x": torch.randn(2, 4, 16)},
+        {"x": {0: "batch", 2: "length"}},
+        other_inputs=[{"x": torch.randn(3, 4, 29)}],
+    )
+    assert [c.kind for c in tracer.constraints] == ["range"]
+    with pytest.raises(ConstraintViolationError, match="length"):
+        gm(torch.randn(2, 4, 3))
 
 
 class _Gelu(torch.autograd.Function):

@@ -189,12 +189,14 @@ class WithUnused(torch.nn.Module):
 def test_middle_submodule_with_undecidable_branch():
     model = Sandwich(Undecidable())
     x = torch.randn(3, 4)
-    tracer, graph, gm = _robust(model, {"x": x}, {"x": {0: "batch"}})
+    batch = torch.export.Dim("batch")  # a named Dim adopts nothing: the branch fails
+    tracer, graph, gm = _robust(model, {"x": x}, {"x": {0: batch}})
     # the module fails, not the model
     assert tracer.is_failed(model.middle)
     assert not tracer.is_failed(model)
     assert tracer.failure(model.middle).location == _line("UNDECIDABLE")
-    assert "batch > 4" in tracer.failure_msg(model.middle)
+    assert "batch <= 4" in tracer.failure_msg(model.middle)
+    assert 'Dim("batch", max=4)' in tracer.failure_msg(model.middle)
     assert tracer.failure_msg(model.pre) is None
     assert _call_targets(graph) == ["pre", "middle", "post"]
     # the leaf's meta["val"] comes from a fake run that keeps the batch symbolic
@@ -206,7 +208,7 @@ def test_middle_submodule_with_undecidable_branch():
         xn = torch.randn(n, 4)
         torch.testing.assert_close(gm(xn), model(xn))
     # recursively: the middle module gets its own (static) graph
-    collection = recursive_trace(model, {"x": x}, {"x": {0: "batch"}})
+    collection = recursive_trace(model, {"x": x}, {"x": {0: batch}})
     assert list(collection) == [model, model.middle]
     assert collection.status(model) == "traced"
     assert collection.status(model.middle) == "failed"
@@ -548,7 +550,7 @@ def test_no_state_left_behind():
 def test_a_leaf_does_not_narrow_the_dimensions_for_the_rest():
     model = torch.nn.Sequential(Sandwich(Undecidable()), Sandwich(Undecidable()))
     x = torch.randn(3, 4)
-    tracer, graph, gm = _robust(model, {"input": x}, {"input": {0: "batch"}})
+    tracer, graph, gm = _robust(model, {"input": x}, {"input": {0: torch.export.Dim("batch")}})
     # the first leaf followed the example's branch (batch <= 4) without making it a
     # fact: the second module's branch is still undecidable
     assert tracer.is_failed(model[0].middle)

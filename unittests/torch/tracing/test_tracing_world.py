@@ -68,7 +68,7 @@ def test_patches_are_restored_after_success_and_failure():
     trace_module(Model().train(), {"x": torch.randn(3, 4)}, {"x": {0: "batch"}})
     assert _snapshot() == before
     with pytest.raises(TraceError):
-        trace_module(Failing(), {"x": torch.randn(3, 3)}, {"x": {0: "batch"}})
+        trace_module(Failing(), {"x": torch.randn(3, 3)}, {"x": {0: torch.export.Dim("batch")}})
     assert _snapshot() == before
     with pytest.raises(RuntimeError), replace_problematic_function_before_tracing():
         raise RuntimeError("boom")

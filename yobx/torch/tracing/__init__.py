@@ -3,6 +3,12 @@
 from .collection import GraphCollection, ModuleEntry, ModuleFailure
 from .constraints import Constraint, ConstraintViolationError
 from .control_flow import CondCCOp, ScanCCOp
+from .errors import (
+    DataDependentError,
+    SpecializationError,
+    StrictDimensionError,
+    TracingError,
+)
 from .inputs import register_cache_flattening
 from .patches import replace_problematic_function_before_tracing
 from .proxies import (
@@ -30,6 +36,7 @@ __all__ = [
     "CustomProxyInt",
     "CustomProxyShape",
     "CustomTracer",
+    "DataDependentError",
     "Guard",
     "GraphCollection",
     "ModuleEntry",
@@ -37,6 +44,9 @@ __all__ = [
     "RecordedCall",
     "RobustTracer",
     "ScanCCOp",
+    "SpecializationError",
+    "StrictDimensionError",
+    "TracingError",
     "graph_fingerprint",
     "record_calls",
     "recursive_trace",

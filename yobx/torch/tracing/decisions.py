@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+import sympy
 import torch
 from torch.fx.proxy import Proxy, TraceError
 
@@ -82,47 +83,73 @@ class DecisionsMixin:
         return bool(val)
 
     def _decide(self, val: torch.SymBool, what: str = "") -> bool:
+        """Decides a condition: proved, or adopted from the example as a constraint."""
         decided = self.dims.decide(val)
         location = self.location()
+        # rendered before adopting: adopting may replace the symbols it names
+        expression = self.dims.render(val)
         if decided is None:
-            if not self.specialize_undecidable:
-                raise self.dims.undecidable_error(val, location, what)
+            what = what or "the condition"
+            if self.dims.is_data_dependent(val):
+                raise self.refinements.data_dependent_error(val, location, what)
             decided = bool(self.dims.hint(val))
-            self._allowed_guards += 1
-            try:
-                torch._check(val if decided else torch.sym_not(val))
-            finally:
-                self._allowed_guards -= 1
-            reason = "specialized"
+            fact = val if decided else torch.sym_not(val)
+            self.refinements.adopt(fact.node.expr, location, what)
+            reason = "adopted"
         else:
+            self.refinements.rely_on_default_bounds(lambda e: e, [val.node.expr], decided, location)
             reason = "bounds"
-        self.guards.append(Guard(self.dims.render(val), decided, reason, location))
+        self.guards.append(Guard(expression, decided, reason, location))
         return decided
 
+    def _assume(self, fact: torch.SymBool | sympy.Basic) -> None:
+        """Makes ``fact`` known to the ShapeEnv (its guard is not judged again)."""
+        if isinstance(fact, sympy.Basic):
+            fact = self.dims.shape_env.create_symboolnode(fact)
+        self._allowed_guards += 1
+        try:
+            self.dims.assume(fact)
+        finally:
+            self._allowed_guards -= 1
+
     def to_int(self, obj: Proxy) -> int:
-        """``int(proxy)`` / ``operator.index``: only for dimensions known to be constant."""
-        return int(self._python_number(obj))
+        """``int(proxy)`` / ``operator.index``: a Python int is needed here."""
+        return int(self._python_number(obj, "a Python int (range(), int(), list indexing)"))
 
     def to_float(self, obj: Proxy) -> float:
-        """``float(proxy)``: only for values known to be constant (or specialized)."""
-        return float(self._python_number(obj))
+        """``float(proxy)``: a Python float is needed here."""
+        return float(self._python_number(obj, "a Python float (float(), a math function)"))
 
-    def _python_number(self, obj: Proxy) -> int | float:
+    def _python_number(self, obj: Proxy, what: str) -> int | float:
+        """A Python number for a symbolic value: the value becomes a constant.
+
+        One dimension involved: it is fixed to its example size (an error for a
+        dimension declared dynamic, see :mod:`.refinement`). Several: their expression
+        is fixed to its example value, a constraint checked when the graph runs.
+        """
         val = obj.node.meta.get("val")
         constant = constant_value(val)
         if isinstance(constant, (int, float)):
             return constant
-        if isinstance(val, (torch.SymInt, torch.SymFloat)) and self.specialize_undecidable:
-            hint = self.dims.hint(val)
-            self._decide(val == hint)
-            return hint
-        raise TraceError(
-            f"{self.location()}: a Python int is needed here (range(), list indexing, "
-            f"int(), a non-torch function) but `{self.dims.render(val)}` depends on dynamic "
-            f"dimension(s) {', '.join(self.dims.symbols_of(val))}; keep it symbolic (torch "
-            f"functions and tensor methods accept it), make the dimension static, or "
-            f"trace with specialize_undecidable=True"
-        )
+        if not isinstance(val, (torch.SymInt, torch.SymFloat)):
+            raise TraceError(
+                f"{self.location()}: {what} is needed here but the value is a {type(val).__name__}"
+            )
+        location = self.location()
+        if self.dims.is_data_dependent(val):
+            raise self.refinements.data_dependent_error(val, location, what)
+        hint = self.dims.hint(val)
+        expression = self.dims.render(val)
+        symbols = val.node.expr.free_symbols
+        if len(symbols) == 1:
+            # int(seq // 2) or float(sqrt(seq)) fix seq itself
+            (symbol,) = symbols
+            fact = self.dims.symint(symbol) == self.dims.hint_of(symbol)
+        else:
+            fact = val == hint
+        self.refinements.adopt(fact.node.expr, location, f"{what} of `{expression}`")
+        self.guards.append(Guard(f"{expression} == {hint!r}", True, "adopted", location))
+        return hint
 
     # source locations
 
@@ -179,9 +206,5 @@ class DecisionsMixin:
                     f"{location}: torch._check(`{self.dims.render(val)}`) does not hold for "
                     f"the example inputs"
                 )
-            self._allowed_guards += 1
-            try:
-                self.dims.assume(val)
-            finally:
-                self._allowed_guards -= 1
+            self._assume(val)
         self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))

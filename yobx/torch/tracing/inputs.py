@@ -17,7 +17,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .symbolic import DEFAULT_MIN, SymbolicDimensions
+from .dynamic_shapes import axes_per_leaf, axis_spec
+from .symbolic import SymbolicDimensions
 
 
 @dataclasses.dataclass
@@ -30,6 +31,7 @@ class FlatInputs:
     :param names: placeholder name of each leaf
     :param leaves: example value of each leaf
     :param sizes: for each tensor leaf, its sizes (ints and SymInts), else None
+    :param var_positional: the name of ``*args`` when it is given (a tuple)
     """
 
     arg_names: list[str]
@@ -38,6 +40,7 @@ class FlatInputs:
     names: list[str]
     leaves: list[Any]
     sizes: list[list[int | torch.SymInt] | None]
+    var_positional: str | None = None
 
     def call(self, fn: Callable, leaves: list[Any], self_arg: Any = None) -> Any:
         """Calls ``fn`` with the structured arguments rebuilt from ``leaves``."""
@@ -45,68 +48,110 @@ class FlatInputs:
         args = [] if self_arg is None else [self_arg]
         kwargs = {}
         for name, value in zip(self.arg_names, values):
-            if name in self.keyword_names:
+            if name == self.var_positional:
+                args.extend(value)
+            elif name in self.keyword_names:
                 kwargs[name] = value
             else:
                 args.append(value)
         return fn(*args, **kwargs)
 
 
-def bind_example_inputs(
-    fn: Callable, concrete_args: dict[str, Any] | None, skip_self: bool
-) -> tuple[list[str], set[str], list[Any]]:
-    """Matches ``concrete_args`` to the signature of ``fn``.
+@dataclasses.dataclass
+class BoundInputs:
+    """Example values bound to the parameters of a function.
 
-    :return: given parameter names in signature order, the keyword ones, their values
+    :param names: the parameters given, in signature order
+    :param keyword_names: those passed by keyword (all but positional-only ones and
+        ``*args``)
+    :param values: their values (a tuple for ``*args``)
+    :param var_positional: the name of ``*args`` when it is given
+    """
+
+    names: list[str]
+    keyword_names: set[str]
+    values: list[Any]
+    var_positional: str | None = None
+
+
+def bind_arguments(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> dict[str, Any]:
+    """Binds call arguments to the names of ``fn``'s parameters, in signature order.
+
+    ``*args`` is bound as a tuple under its name, ``**kwargs`` is expanded: the result
+    is what :func:`bind_example_inputs` (``concrete_args``) takes.
+    """
+    signature = inspect.signature(fn)
+    bound = signature.bind(*args, **(kwargs or {}))
+    result = {}
+    for name, parameter in signature.parameters.items():
+        if name not in bound.arguments:
+            continue
+        if parameter.kind == inspect.Parameter.VAR_KEYWORD:
+            result.update(bound.arguments[name])
+        else:
+            result[name] = bound.arguments[name]
+    return result
+
+
+def bind_example_inputs(fn: Callable, concrete_args: dict[str, Any] | None) -> BoundInputs:
+    """Matches ``concrete_args`` (parameter name -> example) to the signature of ``fn``.
+
+    ``*args`` takes a tuple under its name; names that are not parameters go to
+    ``**kwargs`` when there is one.
+
     :raises TypeError: unknown names or missing required parameters
     """
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())
-    if skip_self and params:
-        params = params[1:]
     concrete_args = dict(concrete_args or {})
     where = f"{getattr(fn, '__qualname__', fn)}{signature}"
     var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
-    known = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    known = {p.name for p in params if p.kind != p.VAR_KEYWORD}
     unknown = [k for k in concrete_args if k not in known]
     if unknown and not var_keyword:
         raise TypeError(
             f"concrete_args names {unknown} which are not parameters of {where}; "
             f"valid names are {sorted(known)}"
         )
-    names, keyword, values = [], set(), []
+    bound = BoundInputs([], set(), [])
     for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if p.kind == p.VAR_KEYWORD:
             continue
         if p.name in concrete_args:
-            names.append(p.name)
-            values.append(concrete_args[p.name])
-            if p.kind != p.POSITIONAL_ONLY:
-                keyword.add(p.name)
-        elif p.default is inspect.Parameter.empty:
+            bound.names.append(p.name)
+            value = concrete_args[p.name]
+            if p.kind == p.VAR_POSITIONAL:
+                if not isinstance(value, (tuple, list)):
+                    raise TypeError(
+                        f"concrete_args[{p.name!r}] is for *{p.name} of {where}: give a "
+                        f"tuple of the positional examples, got {type(value).__name__}"
+                    )
+                value = tuple(value)
+                bound.var_positional = p.name
+            elif p.kind != p.POSITIONAL_ONLY:
+                bound.keyword_names.add(p.name)
+            bound.values.append(value)
+        elif p.default is inspect.Parameter.empty and p.kind != p.VAR_POSITIONAL:
             raise TypeError(
                 f"concrete_args has no example for parameter {p.name!r} of {where}; "
                 f"CustomTracer needs an example value for every parameter without a "
                 f"default: pass concrete_args={{{p.name!r}: <example>, ...}}"
             )
     for k in unknown:
-        names.append(k)
-        keyword.add(k)
-        values.append(concrete_args[k])
-    return names, keyword, values
+        bound.names.append(k)
+        bound.keyword_names.add(k)
+        bound.values.append(concrete_args[k])
+    return bound
 
 
 def flatten_example_inputs(
-    arg_names: list[str],
-    keyword_names: set[str],
-    values: list[Any],
-    dynamic_shapes: Any,
-    dims: SymbolicDimensions,
+    bound: BoundInputs, dynamic_shapes: Any, dims: SymbolicDimensions
 ) -> FlatInputs:
     """Flattens example values and gives each tensor leaf its (symbolic) sizes."""
+    arg_names, values = bound.names, bound.values
     register_cache_flattening(values)
     leaves_with_path, in_spec = pytree.tree_flatten_with_path(tuple(values))
-    specs = _dynamic_specs_per_leaf(arg_names, values, dynamic_shapes)
+    specs = axes_per_leaf(arg_names, values, dynamic_shapes)
     names, leaves, sizes = [], [], []
     used: set[str] = set()
     for (path, leaf), spec in zip(leaves_with_path, specs):
@@ -127,7 +172,9 @@ def flatten_example_inputs(
                     f"which is a {type(leaf).__name__}, not a tensor"
                 )
             sizes.append(None)
-    return FlatInputs(arg_names, keyword_names, in_spec, names, leaves, sizes)
+    return FlatInputs(
+        arg_names, bound.keyword_names, in_spec, names, leaves, sizes, bound.var_positional
+    )
 
 
 def key_path_parts(path: tuple) -> list[str]:
@@ -150,168 +197,20 @@ def _leaf_name(arg_names: list[str], path: tuple) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
 
-# dynamic shapes
-
-# torch's pytree keeps None as a leaf in some versions and as an empty node in others.
-_NONE_IS_LEAF = len(pytree.tree_leaves(None)) == 1
-
-
-def _dynamic_specs_per_leaf(arg_names: list[str], values: list[Any], dynamic_shapes: Any):
-    """Returns, for each pytree leaf of ``values``, a dict ``{axis: Dim or name}``."""
-    if dynamic_shapes is None:
-        n = len(pytree.tree_leaves(tuple(values)))
-        return [{} for _ in range(n)]
-    if isinstance(dynamic_shapes, dict):
-        unknown = [k for k in dynamic_shapes if k not in arg_names]
-        if unknown:
-            raise ValueError(
-                f"dynamic_shapes names {unknown} which are not among the traced inputs "
-                f"{arg_names}; dynamic_shapes must be keyed by parameter name"
-            )
-        per_arg = [dynamic_shapes.get(name) for name in arg_names]
-    elif isinstance(dynamic_shapes, (tuple, list)):
-        if len(dynamic_shapes) != len(arg_names):
-            raise ValueError(
-                f"dynamic_shapes has {len(dynamic_shapes)} entries but the traced inputs "
-                f"are {arg_names}; give one entry per input (None for static ones)"
-            )
-        per_arg = list(dynamic_shapes)
-    else:
-        raise TypeError(
-            f"dynamic_shapes must be a dict keyed by parameter name or a tuple, "
-            f"not {type(dynamic_shapes).__name__}"
-        )
-    result: list[dict] = []
-    for name, value, spec in zip(arg_names, values, per_arg):
-        _match(value, spec, name, result)
-    return result
-
-
-def _is_tensor_spec(spec: Any) -> bool:
-    if isinstance(spec, dict):
-        return all(isinstance(k, int) for k in spec)
-    return False
-
-
-def _match(value: Any, spec: Any, path: str, out: list[dict]) -> None:
-    """Walks ``value`` and ``spec`` together, appending one axis spec per leaf."""
-    if isinstance(value, torch.Tensor):
-        if spec is None:
-            out.append({})
-        elif _is_tensor_spec(spec):
-            out.append(dict(spec))
-        elif isinstance(spec, (tuple, list)) and all(
-            s is None or isinstance(s, (str, torch.export.Dim)) or _is_dim(s) for s in spec
-        ):
-            if len(spec) != value.dim():
-                raise ValueError(
-                    f"dynamic_shapes for {path!r} lists {len(spec)} axes but the input has "
-                    f"{value.dim()} dimensions (shape {tuple(value.shape)})"
-                )
-            out.append({i: s for i, s in enumerate(spec) if s is not None})
-        else:
-            raise ValueError(
-                f"dynamic_shapes for tensor input {path!r} must be a dict "
-                f"{{axis: Dim or name}} or a list with one entry per axis, got {spec!r}"
-            )
-        return
-    node_type = type(value)
-    if value is None or node_type not in pytree.SUPPORTED_NODES:
-        if spec not in (None, {}, [], ()):
-            raise ValueError(
-                f"dynamic_shapes gives {spec!r} for {path!r}, which is a "
-                f"{node_type.__name__}, not a tensor or a container of tensors"
-            )
-        if value is not None or _NONE_IS_LEAF:
-            out.append({})
-        return
-    children, context = pytree.SUPPORTED_NODES[node_type].flatten_fn(value)
-    if spec is None:
-        for i, child in enumerate(children):
-            _match(child, None, f"{path}[{i}]", out)
-        return
-    if isinstance(value, dict) and isinstance(spec, dict) and not _is_tensor_spec(spec):
-        unknown = [k for k in spec if k not in value]
-        if unknown:
-            raise ValueError(f"dynamic_shapes for {path!r} names unknown keys {unknown}")
-        for key, child in zip(context, children):
-            _match(child, spec.get(key), f"{path}[{key!r}]", out)
-        return
-    if isinstance(spec, (tuple, list)) and len(spec) == len(children):
-        for i, (child, s) in enumerate(zip(children, spec)):
-            _match(child, s, f"{path}[{i}]", out)
-        return
-    raise ValueError(
-        f"dynamic_shapes for {path!r} does not match the structure of the input "
-        f"({node_type.__name__} with {len(children)} children): got {spec!r}"
-    )
-
-
-def _is_dim(spec: Any) -> bool:
-    return (hasattr(spec, "__name__") and hasattr(spec, "min")) or type(spec).__name__ in (
-        "_DimHint",
-        "_DerivedDim",
-    )
-
-
-def _sizes(name: str, tensor: torch.Tensor, spec: dict, dims: SymbolicDimensions) -> list:
+def _sizes(name: str, tensor: torch.Tensor, axes: dict, dims: SymbolicDimensions) -> list:
     sizes: list[int | torch.SymInt] = list(tensor.shape)
-    for axis, dim in spec.items():
-        if not isinstance(axis, int) or not -tensor.dim() <= axis < tensor.dim():
-            raise ValueError(
-                f"dynamic_shapes for input {name!r} names axis {axis!r} but the input has "
-                f"{tensor.dim()} dimensions (shape {tuple(tensor.shape)})"
+    for axis, entry in axes.items():
+        spec = axis_spec(entry, name, axis)
+        if spec is None:
+            continue
+        hint = int(tensor.shape[axis])
+        if spec.derived is not None:
+            sizes[axis] = dims.derived_dimension(spec, hint, source=(name, axis))
+        else:
+            sizes[axis] = dims.dimension(
+                spec.name, hint, spec.min, spec.max, spec.policy, source=(name, axis)
             )
-        axis = axis % tensor.dim()
-        sizes[axis] = _symbol_for(name, axis, int(tensor.shape[axis]), dim, dims)
     return sizes
-
-
-def _symbol_for(name: str, axis: int, hint: int, dim: Any, dims: SymbolicDimensions):
-    if dim is None:
-        return hint
-    if isinstance(dim, str):
-        return dims.dimension(dim, hint)
-    kind = type(dim).__name__
-    if kind == "_DimHint":
-        hint_name = str(dim)
-        if "STATIC" in hint_name:
-            return hint
-        return dims.dimension(f"{name}_dim_{axis}", hint)
-    if kind == "_DerivedDim":
-        root = dim.root
-        # The root's size follows from this size; solve the (linear) derivation.
-        root_hint = _solve_root(dim, hint)
-        root_sym = dims.dimension(root.__name__, root_hint, *_bounds(root))
-        derived = dim.fn(root_sym)
-        if dims.hint(derived) != hint:
-            raise ValueError(
-                f"input {name!r} axis {axis} has size {hint} which does not match the "
-                f"derived dimension {dim.__name__}"
-            )
-        return derived
-    if hasattr(dim, "__name__"):
-        return dims.dimension(dim.__name__, hint, *_bounds(dim))
-    raise ValueError(
-        f"dynamic_shapes for input {name!r} axis {axis}: expected torch.export.Dim, "
-        f"a name string or None, got {dim!r}"
-    )
-
-
-def _bounds(dim: Any) -> tuple[int | None, Any]:
-    low = getattr(dim, "min", None)
-    # torch.export.Dim defaults to min=0 although export treats sizes 0 and 1 as
-    # static; a dynamic dimension starts at 2 unless min is 1 or more.
-    if low is not None and low < 1:
-        low = DEFAULT_MIN
-    return low, getattr(dim, "max", None)
-
-
-def _solve_root(dim: Any, size: int) -> int:
-    for candidate in range(0, size + 1):
-        if dim.fn(candidate) == size:
-            return candidate
-    raise ValueError(f"no size of {dim.root.__name__} gives {size} for {dim.__name__}")
 
 
 # transformers caches

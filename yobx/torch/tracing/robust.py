@@ -73,10 +73,17 @@ def example_call(
     fn: Callable, concrete_args: dict[str, Any] | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Turns ``concrete_args`` (values by parameter name) into ``(args, kwargs)`` for ``fn``."""
-    names, keyword, values = bind_example_inputs(fn, concrete_args, skip_self=False)
-    args = tuple(v for n, v in zip(names, values) if n not in keyword)
-    kwargs = {n: v for n, v in zip(names, values) if n in keyword}
-    return args, kwargs
+    bound = bind_example_inputs(fn, concrete_args)
+    args: list[Any] = []
+    kwargs = {}
+    for name, value in zip(bound.names, bound.values):
+        if name == bound.var_positional:
+            args.extend(value)
+        elif name in bound.keyword_names:
+            kwargs[name] = value
+        else:
+            args.append(value)
+    return tuple(args), kwargs
 
 
 def record_calls(
@@ -220,6 +227,9 @@ class RobustTracer(CustomTracer):
     """
 
     _registered_leaves: ClassVar[set[type]] = set()
+    # a module needing a constraint on a named Dim fails where it needs it, and is
+    # isolated as a leaf like any other failure
+    _strict_at_once = True
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -368,8 +378,9 @@ class RobustTracer(CustomTracer):
                 f"RobustTracer.trace expects a torch.nn.Module, got {type(root).__name__}; "
                 f"use CustomTracer for plain callables"
             )
-        names, keyword, values = bind_example_inputs(root.forward, concrete_args, skip_self=False)
-        flatten_example_inputs(names, keyword, values, dynamic_shapes, SymbolicDimensions())
+        flatten_example_inputs(
+            bind_example_inputs(root.forward, concrete_args), dynamic_shapes, SymbolicDimensions()
+        )
         self._failures = {}
         self._user_root = root
         self._concrete_args = concrete_args

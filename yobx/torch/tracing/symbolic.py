@@ -13,10 +13,14 @@ never the example's size.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any
 
 import sympy
 import torch
+from sympy.printing.precedence import PRECEDENCE
+from sympy.printing.str import StrPrinter
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (
@@ -55,7 +59,13 @@ class Guard:
 
 
 class SymbolicDimensions:
-    """Owns the ShapeEnv and FakeTensorMode of one trace and the user names of symbols."""
+    """Owns the ShapeEnv and FakeTensorMode of one trace and the user names of symbols.
+
+    Besides the names, it remembers for every symbol how the user declared it (its
+    :attr:`policies`: may a fact be adopted from the example?) and where its value comes
+    from when the graph runs (:attr:`sources`: an input's axis), which is what the
+    runtime checks of the constraints need.
+    """
 
     def __init__(self) -> None:
         self.shape_env = ShapeEnv(
@@ -69,13 +79,32 @@ class SymbolicDimensions:
         self.by_name: dict[str, torch.SymInt] = {}
         #: ShapeEnv symbol name -> user name
         self.names: dict[str, str] = {}
+        #: symbol -> :data:`~yobx.torch.tracing.dynamic_shapes.DYNAMIC`, ``AUTO``, ``STRICT``
+        self.policies: dict[sympy.Symbol, str] = {}
+        #: symbol -> (input leaf name, axis, a, b): the axis has size ``a * symbol + b``
+        self.sources: dict[sympy.Symbol, tuple[str, int, int, int]] = {}
+        #: every declared dynamic axis: (input leaf name, axis, expected size expression)
+        self.occurrences: list[tuple[str, int, sympy.Expr]] = []
+        #: declared bounds of each symbol, checked when the graph runs
+        self.declared: dict[sympy.Symbol, tuple[int, int | None]] = {}
+        #: symbols whose lower bound is the default one (see :meth:`lowest_bound`)
+        self.default_min: set[sympy.Symbol] = set()
+        #: symbols introduced by a divisibility (``dim == 2*k``): k -> its value
+        #: as an expression of the other symbols (``(dim - r) // m``)
+        self.definitions: dict[sympy.Symbol, sympy.Expr] = {}
         self._hints: dict[str, int] = {}
-        self._rename: dict[sympy.Symbol, sympy.Symbol] = {}
+        self._rename: dict[sympy.Symbol, sympy.Expr] = {}
 
     # creation
 
     def dimension(
-        self, name: str, hint: int, min_value: int | None = None, max_value: int | None = None
+        self,
+        name: str,
+        hint: int,
+        min_value: int | None = None,
+        max_value: int | None = None,
+        policy: str = "dynamic",
+        source: tuple[str, int] | None = None,
     ) -> torch.SymInt:
         """Returns the SymInt for dimension ``name``, creating it the first time.
 
@@ -83,6 +112,9 @@ class SymbolicDimensions:
         :param hint: the size in the example inputs
         :param min_value: lower bound (default :data:`DEFAULT_MIN`)
         :param max_value: upper bound (default unbounded)
+        :param policy: how facts on it may be adopted (see
+            :mod:`yobx.torch.tracing.dynamic_shapes`)
+        :param source: the input leaf and axis holding it
         :raises ValueError: when the example contradicts the bounds or an earlier size
         """
         if name in self.by_name:
@@ -92,7 +124,9 @@ class SymbolicDimensions:
                     f"and {hint} in another; inputs sharing a dimension name must agree, "
                     f"give them different names if they are independent"
                 )
-            return self.by_name[name]
+            symint = self.by_name[name]
+            self._record(symint.node.expr, source, 1, 0)
+            return symint
         low = DEFAULT_MIN if min_value is None else int(min_value)
         high = max_value
         if high is not None and (high in (int_oo, sympy.oo) or high >= 2**62):
@@ -105,17 +139,84 @@ class SymbolicDimensions:
                 f"Dim({name!r}, min=..., max=...) accordingly (dynamic dimensions start "
                 f"at {DEFAULT_MIN} unless min= says otherwise)"
             )
-        source = ConstantSource(f"dim_{len(self.by_name)}_{_identifier(name)}")
+        symbol, symint = self.new_symbol(name, hint, low, high)
+        if min_value is None:
+            self.default_min.add(symbol)
+        self.policies[symbol] = policy
+        self.declared[symbol] = (low, high)
+        self.by_name[name] = symint
+        self._hints[name] = hint
+        self._record(symbol, source, 1, 0)
+        return symint
+
+    def new_symbol(
+        self, name: str, hint: int, low: int, high: int | None
+    ) -> tuple[sympy.Symbol, torch.SymInt]:
+        """Creates a ShapeEnv symbol named ``name`` for the user, in ``[low, high]``."""
+        source = ConstantSource(f"dim_{len(self.names)}_{_identifier(name)}")
         symbol = self.shape_env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
         self.shape_env.constrain_symbol_range(
             symbol, compiler_min=low, compiler_max=int_oo if high is None else int(high)
         )
         symint = self.shape_env.create_symintnode(symbol, hint=hint, source=source)
-        self.by_name[name] = symint
         self.names[str(symbol)] = name
-        self._hints[name] = hint
         self._rename[symbol] = sympy.Symbol(name, integer=True)
-        return symint
+        return symbol, symint
+
+    def derived_dimension(
+        self, spec: Any, hint: int, source: tuple[str, int] | None = None
+    ) -> torch.SymInt:
+        """The SymInt of a derived dim (``2 * seq``) whose axis has size ``hint``."""
+        from .dynamic_shapes import solve_root
+
+        root = spec.root
+        root_sym = self.dimension(
+            root.name, solve_root(spec, hint), root.min, root.max, root.policy
+        )
+        derived = spec.derived(root_sym)
+        if self.hint(derived) != hint:
+            raise ValueError(
+                f"input {source} has size {hint} which does not match the derived "
+                f"dimension {spec.name}"
+            )
+        # sizes a * root + b: the root's value follows from the axis when the graph runs
+        a = int(spec.derived(1)) - int(spec.derived(0))
+        b = int(spec.derived(0))
+        self._record(root_sym.node.expr, source, a, b)
+        return derived
+
+    def _record(self, symbol: sympy.Expr, source: tuple[str, int] | None, a: int, b: int):
+        if source is None:
+            return
+        self.occurrences.append((*source, a * symbol + b))
+        if isinstance(symbol, sympy.Symbol) and (
+            symbol not in self.sources or (a, b) == (1, 0) != self.sources[symbol][2:]
+        ):
+            self.sources[symbol] = (*source, a, b)
+
+    def policy_of(self, symbol: sympy.Symbol) -> str | None:
+        """How facts on ``symbol`` may be adopted; None for data-dependent symbols."""
+        policy = self.policies.get(symbol)
+        if policy is None and symbol in self.definitions:
+            bases = self.definitions[symbol].free_symbols
+            policies = [self.policy_of(s) for s in bases]
+            return "strict" if "strict" in policies else (policies[0] if policies else None)
+        return policy
+
+    def symint(self, symbol: sympy.Symbol) -> torch.SymInt:
+        """A SymInt standing for ``symbol``."""
+        return self.shape_env.create_symintnode(symbol, hint=self.hint_of(symbol))
+
+    def hint_of(self, symbol: sympy.Symbol) -> int:
+        """The size of a dimension in the example inputs."""
+        return int(self.shape_env.backed_var_to_val[symbol])
+
+    def user_expression(self, value: Any) -> sympy.Expr | None:
+        """An expression in the user's dimension names (symbols named after them)."""
+        expr = _expression(value)
+        if expr is None:
+            return None
+        return expr.xreplace(self._rename)
 
     def fake_tensor(self, tensor: torch.Tensor, sizes: list[int | torch.SymInt]) -> torch.Tensor:
         """Returns a fake tensor with the dtype and device of ``tensor`` and ``sizes``."""
@@ -153,14 +254,33 @@ class SymbolicDimensions:
             return ""
         parts = []
         for s in sorted(expr.free_symbols, key=str):
-            vr = self.shape_env.var_to_range.get(s)
             name = self.names.get(str(s), str(s))
-            if vr is None:
+            if self.is_data_dependent(s):
                 parts.append(f"{name} (data-dependent)")
-            else:
-                upper = "inf" if vr.upper >= int_oo else int(vr.upper)
-                parts.append(f"{name} in [{int(vr.lower)}, {upper}]")
+                continue
+            low, high = self.range_of(s)
+            upper = "inf" if high == math.inf else high
+            parts.append(f"{name} in [{low}, {upper}]")
         return ", ".join(parts)
+
+    def range_of(self, expr: sympy.Expr) -> tuple[int | float, int | float]:
+        """The known range of an integer expression, ``math.inf`` when unbounded."""
+        from torch.utils._sympy.value_ranges import bound_sympy
+
+        expr = self.shape_env.replace(expr)
+        bound = bound_sympy(expr, self.shape_env.var_to_range)
+        return _finite(bound.lower), _finite(bound.upper)
+
+    def is_data_dependent(self, value: Any) -> bool:
+        """True when an expression depends on tensor values (``.item()``, ``nonzero``)."""
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        expr = _expression(value)
+        if expr is None:
+            return False
+        return bool(free_unbacked_symbols(expr)) or any(
+            s not in self.shape_env.backed_var_to_val for s in expr.free_symbols
+        )
 
     # decisions
 
@@ -171,6 +291,57 @@ class SymbolicDimensions:
         if statically_known_true(torch.sym_not(value)):
             return False
         return self.prove(value.node.expr)
+
+    def lowest_bound(
+        self, build: Callable[..., sympy.Basic] | None, operands: list[Any], value: Any
+    ) -> tuple[list[sympy.Symbol], int]:
+        """How small the dimensions declared without a lower bound may be for a
+        decision to keep its value.
+
+        Decisions are made with the default range ``[2, inf]`` (as torch.export does),
+        but a graph is only as good as its decisions: ``x.shape[0] == 0 -> False`` is
+        wrong for an empty input, ``seq > 1 -> True`` for one token. The decision is
+        proved again with those dimensions starting at 0, then at 1, on symbols without
+        sympy's positivity assumption (which alone folds ``s == 0`` to False).
+
+        :param build: builds the decided expression from the operands (a comparison
+            returning ``value``, or an expression equal to ``value``); None when
+            unknown, which needs the default bound
+        :param operands: sympy expressions or numbers
+        :param value: what the expression was decided to be
+        :return: the dimensions relaxed, and the lowest bound (0, 1 or 2) they need
+        """
+        from torch.utils._sympy.value_ranges import ValueRanges
+
+        operands = [
+            sympy.sympify(_expression(o) if _expression(o) is not None else o) for o in operands
+        ]
+        symbols = set().union(*(o.free_symbols for o in operands)) if operands else set()
+        relaxable = [
+            s
+            for s in symbols
+            if s in self.default_min and self.shape_env.var_to_range[s].lower == DEFAULT_MIN
+        ]
+        if not relaxable:
+            return [], 0
+        if build is None:
+            return relaxable, DEFAULT_MIN
+        neutral = {s: sympy.Symbol(f"_{s.name}", integer=True) for s in symbols}
+        decided = build(*(o.xreplace(neutral) for o in operands))
+        if isinstance(value, bool) and isinstance(decided, sympy.logic.boolalg.Boolean):
+            claim = decided if value else sympy.Not(decided)
+        else:
+            claim = sympy.Eq(decided, value)
+        if claim is sympy.true:
+            return relaxable, 0
+        ranges = {neutral[s]: self.shape_env.var_to_range[s] for s in symbols}
+        for low in (0, 1):
+            relaxed = dict(ranges)
+            for s in relaxable:
+                relaxed[neutral[s]] = ValueRanges(low, ranges[neutral[s]].upper)
+            if self.prove(claim, (relaxed, {})) is True:
+                return relaxable, low
+        return relaxable, DEFAULT_MIN
 
     def snapshot(self) -> tuple[dict, dict]:
         """What is known now (ranges, replacements), to judge guards added later."""
@@ -295,6 +466,15 @@ def _expression(value: Any) -> sympy.Expr | None:
     return None
 
 
+def _finite(value: Any) -> int | float:
+    """An int, or ``±math.inf`` for sympy's and torch's infinities."""
+    if value in (int_oo, sympy.oo) or value == math.inf:
+        return math.inf
+    if value in (-int_oo, -sympy.oo) or value == -math.inf:
+        return -math.inf
+    return int(value) if value.is_integer else float(value)
+
+
 def _identifier(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
@@ -309,15 +489,64 @@ _RELATIONS = {
 }
 
 
+class _UserPrinter(StrPrinter):
+    """Python-like text of dimension expressions: ``seq <= 128``, ``dim % 2 == 0``,
+    ``(seq + 1) // 2``, ``min(4, seq)``. Floor divisions and remainders are
+    parenthesized when nested, since ``*`` and ``//`` read ambiguously together."""
+
+    def _binary(self, expr, op: str) -> str:
+        # Python's `*`, `//` and `%` share one precedence and associate to the left
+        left = self.parenthesize(expr.args[0], PRECEDENCE["Mul"])
+        right = self.parenthesize(expr.args[1], PRECEDENCE["Mul"], strict=True)
+        return f"({left} {op} {right})"
+
+    def _print_FloorDiv(self, expr):
+        return self._binary(expr, "//")
+
+    def _print_Mod(self, expr):
+        return self._binary(expr, "%")
+
+    _print_PythonMod = _print_Mod
+
+    def _print_CleanDiv(self, expr):
+        return self._binary(expr, "//")
+
+    def _print_Min(self, expr):
+        return f"min({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_Max(self, expr):
+        return f"max({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_Relational(self, expr):
+        op = _RELATIONS.get(type(expr), expr.rel_op)
+        return f"{_strip(self._print(expr.lhs))} {op} {_strip(self._print(expr.rhs))}"
+
+    def _print_Not(self, expr):
+        return f"not ({_strip(self._print(expr.args[0]))})"
+
+    def _print_And(self, expr):
+        return " and ".join(f"({_strip(self._print(a))})" for a in expr.args)
+
+    def _print_Or(self, expr):
+        return " or ".join(f"({_strip(self._print(a))})" for a in expr.args)
+
+
+def _strip(text: str) -> str:
+    """Removes one pair of parentheses enclosing the whole text."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, c in enumerate(text):
+        depth += c == "("
+        depth -= c == ")"
+        if depth == 0 and i < len(text) - 1:
+            return text
+    return text[1:-1]
+
+
+_PRINTER = _UserPrinter()
+
+
 def _pretty(expr: sympy.Basic) -> str:
-    """Python-like rendering of relations (sympy prints ``Eq(a, b)``)."""
-    for cls, op in _RELATIONS.items():
-        if isinstance(expr, cls):
-            return f"{_pretty(expr.lhs)} {op} {_pretty(expr.rhs)}"
-    if isinstance(expr, sympy.Not):
-        return f"not ({_pretty(expr.args[0])})"
-    if isinstance(expr, sympy.And):
-        return " and ".join(f"({_pretty(a)})" for a in expr.args)
-    if isinstance(expr, sympy.Or):
-        return " or ".join(f"({_pretty(a)})" for a in expr.args)
-    return str(expr)
+    """Python-like rendering of an expression (sympy prints ``Eq(a, b)``)."""
+    return _strip(_PRINTER.doprint(expr))

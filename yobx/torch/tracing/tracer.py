@@ -10,15 +10,18 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
+from torch.utils._sympy.functions import FloorDiv, Mod
 
 from ..ops.rnn import leaf_module_call
 from . import shape_rules
+from .constraints import Constraint
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .inputs import (
     FlatInputs,
@@ -34,6 +37,8 @@ from .proxies import (
     CustomProxyShape,
     proxy_class_for,
 )
+from .refinement import Refinements
+from .runtime_checks import RuntimeCheck, declared_checks, insert_runtime_checks
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
 
@@ -104,6 +109,26 @@ _CONVOLUTIONS = frozenset(
 _PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 _ORIGINAL_ISINSTANCE = builtins.isinstance
 
+# how a scalar node's value is built from its operands' expressions
+_SYMPY_OPERATIONS = {
+    operator.eq: sympy.Eq,
+    operator.ne: sympy.Ne,
+    operator.lt: sympy.Lt,
+    operator.le: sympy.Le,
+    operator.gt: sympy.Gt,
+    operator.ge: sympy.Ge,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.neg: operator.neg,
+    operator.floordiv: FloorDiv,
+    operator.mod: Mod,
+    torch.sym_max: sympy.Max,
+    torch.sym_min: sympy.Min,
+    builtins.max: sympy.Max,
+    builtins.min: sympy.Min,
+}
+
 _COMPARISONS = {
     operator.eq: "==",
     operator.ne: "!=",
@@ -139,10 +164,18 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         parameter shapes are always static here
     :param module_leaves: maps a module type to ``f(module, qualified_name) -> bool``
         deciding whether an instance stays a leaf (a ``call_module`` node)
-    :param specialize_undecidable: when a comparison on dynamic dimensions is not
-        provable, take its value on the example inputs and record it as a guard
-        (reason ``"specialized"``) instead of raising :class:`torch.fx.proxy.TraceError`
+    :param specialize_undecidable: adopt facts from the example for every dimension,
+        named ``torch.export.Dim`` included, and let any dimension become static (as if
+        every dimension were declared ``Dim.AUTO``); by default string names and
+        ``Dim.DYNAMIC`` adopt facts as constraints, ``Dim.AUTO`` may also become
+        static, and a named ``Dim`` adopts nothing (see :mod:`.refinement`)
+    :param runtime_checks: the traced graph checks, when it runs, that its inputs
+        satisfy the declared ranges and every adopted constraint
+        (:class:`~yobx.torch.tracing.ConstraintViolationError` otherwise)
     """
+
+    #: raise a named Dim's needed constraint where it is needed (see :mod:`.refinement`)
+    _strict_at_once = False
 
     def __init__(
         self,
@@ -151,6 +184,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         param_shapes_constant: bool = False,
         module_leaves: dict[type, Callable[[torch.nn.Module, str], bool]] | None = None,
         specialize_undecidable: bool = False,
+        runtime_checks: bool = True,
     ):
         super().__init__(
             autowrap_modules=autowrap_modules,
@@ -161,12 +195,14 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         )
         self.module_leaves = dict(module_leaves or {})
         self.specialize_undecidable = specialize_undecidable
+        self.runtime_checks = runtime_checks
         self.proxy_buffer_attributes = True
         #: the module the traced graph belongs to (``GraphModule(tracer.traced_model, g)``)
         self.traced_model: torch.nn.Module | None = None
         #: assumptions the traced graph relies on
         self.guards: list[Guard] = []
         self.dims: SymbolicDimensions | None = None
+        self.refinements: Refinements | None = None
         self._in_fake = 0
         self._allowed_guards = 0
 
@@ -181,6 +217,20 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
     def shape_env(self):
         """The ShapeEnv of the last trace."""
         return None if self.dims is None else self.dims.shape_env
+
+    @property
+    def constraints(self) -> list[Constraint]:
+        """Facts on dynamic dimensions adopted from the example inputs (last trace)."""
+        return [] if self.refinements is None else self.refinements.constraints
+
+    @property
+    def range_constraints(self) -> dict[str, tuple[int | float, int | float]]:
+        """The range of every named dimension, ``math.inf`` when unbounded (last trace)."""
+        if self.dims is None:
+            return {}
+        return {
+            name: self.dims.range_of(symint.node.expr) for name, symint in self.dims.by_name.items()
+        }
 
     @property
     def dimension_names(self) -> dict[str, str]:
@@ -223,8 +273,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         self._reset()
         module = root if isinstance(root, torch.nn.Module) else _CallableModule(root)
         forward = root.forward if isinstance(root, torch.nn.Module) else root
-        names, keyword, values = bind_example_inputs(forward, concrete_args, skip_self=False)
-        self._inputs = flatten_example_inputs(names, keyword, values, dynamic_shapes, self.dims)
+        self._inputs = flatten_example_inputs(
+            bind_example_inputs(forward, concrete_args), dynamic_shapes, self.dims
+        )
         self._index_tensors(module)
         with (
             preserved_modules(module),
@@ -232,7 +283,16 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             memoized_symbolic_arithmetic(),
             buffer_assignments(self._assign_buffer),
         ):
-            graph = super().trace(module)
+            try:
+                graph = super().trace(module)
+            except TraceError as e:
+                strict = self.refinements.strict_error()
+                if strict is None:
+                    raise
+                raise strict from e
+        strict = self.refinements.strict_error()
+        if strict is not None:
+            raise strict
         self._finish(graph, module, root, update_model_with_callable)
         if remove_inplace:
             self._apply_default_passes(graph)
@@ -247,6 +307,12 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         self.dims = SymbolicDimensions()
         self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode)
         self._check_shape_rules = shape_rules.check_enabled()
+        self.refinements = Refinements(
+            self.dims,
+            self._assume,
+            adopt_all=self.specialize_undecidable,
+            strict_at_once=self._strict_at_once,
+        )
         self.guards = []
         self.traced_model = None
         self._constants: dict[str, torch.Tensor] = {}
@@ -310,9 +376,16 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 _PyTreeInfo(list(self._inputs.arg_names), self._inputs.in_spec, self._out_spec)
             )
         _remove_unused_scalar_nodes(graph)
+        if self.runtime_checks:
+            checks = declared_checks(self.dims) + [
+                RuntimeCheck(fact.condition, fact.constraint.expression, fact.constraint.location)
+                for fact in self.refinements.adopted
+            ]
+            insert_runtime_checks(graph, self.dims, checks)
         for n in graph.nodes:
             if n.op == "output":
                 n.meta["guards"] = list(self.guards)
+                n.meta["constraints"] = list(self.constraints)
         if not isinstance(root, torch.nn.Module) and not update_model_with_callable:
             self.traced_model = None
             return
@@ -521,10 +594,10 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             node.meta["val"] = val
             constant = constant_value(val)
             if constant is not NOT_CONSTANT:
-                if node.target in _COMPARISONS and _has_symbol(node.args):
-                    # torch already simplified the comparison from the known ranges:
-                    # still a decision the graph relies on, so it is reported.
-                    self._record_folded_comparison(node, constant)
+                if _has_symbol(node.args):
+                    # torch already simplified the value from the known ranges: still a
+                    # decision the graph relies on, so it is reported and checked.
+                    self._record_folded_value(node, constant)
                 self.graph.erase_node(node)
                 return constant
             # only for nodes that stay (a folded constant is erased above)
@@ -533,12 +606,15 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             return proxy_factory_fn(node)
         return self.proxy(node)
 
-    def _record_folded_comparison(self, node: Node, value: bool) -> None:
-        lhs, rhs = (
-            self.dims.render(_fake_value(a) if isinstance(a, Node) else a) for a in node.args
-        )
-        expression = f"{lhs} {_COMPARISONS[node.target]} {rhs}"
-        self.guards.append(Guard(expression, value, "bounds", self.location()))
+    def _record_folded_value(self, node: Node, value: Any) -> None:
+        operands = [_fake_value(a) if isinstance(a, Node) else a for a in node.args]
+        location = self.location()
+        if node.target in _COMPARISONS:
+            lhs, rhs = (self.dims.render(o) for o in operands)
+            expression = f"{lhs} {_COMPARISONS[node.target]} {rhs}"
+            self.guards.append(Guard(expression, value, "bounds", location))
+        build = _SYMPY_OPERATIONS.get(node.target) if node.op == "call_function" else None
+        self.refinements.rely_on_default_bounds(build, operands, value, location)
 
     def _attribute(self, target: str) -> Any:
         if target in self._constants:
@@ -639,23 +715,14 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
 
     def _new_guards(self, start: int, node: Node, known: tuple[dict, dict]) -> None:
-        """Guards added by an operation are assumptions taken from the example."""
+        """Guards added by an operation are facts taken from the example: adopted as
+        constraints when not provable from what was known before the operation."""
         for guard in self.shape_env.guards[start:]:
             if self._allowed_guards or self.dims.prove(guard.expr, known) is True:
                 continue
-            if not self.specialize_undecidable:
-                names = ", ".join(self.dims.symbols_of(guard.expr))
-                raise TraceError(
-                    f"{self.location()}: {_describe(node)} requires "
-                    f"`{self.dims.render(guard.expr)}`, which is not provable from the "
-                    f"declared dynamic dimensions ({names}); it holds for the example "
-                    f"inputs only. Declare dimensions that must be equal with the same Dim "
-                    f"or name, narrow the ranges (torch.export.Dim(name, min=..., max=...)), "
-                    f"or add torch._check(...) before this line."
-                )
-            self.guards.append(
-                Guard(self.dims.render(guard.expr), True, "specialized", self.location())
-            )
+            location = self.location()
+            constraint = self.refinements.adopt(guard.expr, location, _describe(node), known=True)
+            self.guards.append(Guard(constraint.expression, True, "adopted", location))
 
     def shape_of(self, proxy: CustomProxy) -> Any:
         """``x.shape``: ``torch.Size`` when static, else :class:`CustomProxyShape`."""

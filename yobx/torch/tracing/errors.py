@@ -1,0 +1,65 @@
+"""Errors raised while tracing, with the fields a program needs to act on them.
+
+Every error is a :class:`torch.fx.proxy.TraceError` (what torch.fx users catch) whose
+message starts with the user's ``file:line``; the same facts are fields:
+:attr:`TracingError.location`, :attr:`TracingError.expression` (in the user's
+dimension names) and :attr:`TracingError.dimensions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch.fx.proxy import TraceError
+
+
+class TracingError(TraceError):
+    """A program that cannot be traced soundly as it is written.
+
+    :param message: the full message (starts with the location)
+    :param location: the user's ``file:line``
+    :param expression: the condition or value involved, in the user's dimension names
+    :param dimensions: the user names of the dimensions involved
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        location: str = "",
+        expression: str = "",
+        dimensions: Sequence[str] = (),
+    ):
+        super().__init__(message)
+        self.location = location
+        self.expression = expression
+        self.dimensions = tuple(dimensions)
+
+
+class DataDependentError(TracingError):
+    """Python control flow depends on tensor values (``if x.sum() > 0``)."""
+
+
+class SpecializationError(TracingError):
+    """A dimension declared dynamic would become a constant."""
+
+
+class UndecidableError(TracingError):
+    """A decision on dimensions can be neither proved nor adopted."""
+
+
+class StrictDimensionError(TracingError):
+    """Dimensions declared with a named ``torch.export.Dim`` need constraints.
+
+    :param needed: every constraint the trace needed, each with its suggested fix
+    """
+
+    def __init__(self, message: str, needed: Sequence[tuple[object, str]]):
+        first = needed[0][0] if needed else None
+        super().__init__(
+            message,
+            location=getattr(first, "location", ""),
+            expression=getattr(first, "expression", ""),
+            dimensions=sorted({d for c, _ in needed for d in getattr(c, "dimensions", ())}),
+        )
+        self.needed = list(needed)

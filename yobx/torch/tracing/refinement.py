@@ -1,0 +1,264 @@
+"""Refine, don't refuse: facts adopted from the example inputs during a trace.
+
+A decision on dynamic dimensions that is neither provable nor refutable (``seq <= 128``
+for a position table, ``total == cache + seq`` for a mask, ``dim % 2 == 0`` for a
+reshape into halves) takes the example's answer when the dimensions' declarations
+allow it (see :mod:`yobx.torch.tracing.dynamic_shapes`):
+
+* string names and ``Dim.DYNAMIC`` adopt it as a :class:`Constraint`, reported in the
+  user's names with the line that needed it, and checked when the graph runs; a fact
+  making such a dimension a constant raises :class:`SpecializationError`;
+* ``Dim.AUTO`` adopts everything, and a dimension forced to a constant becomes static
+  with a warning;
+* a named ``torch.export.Dim`` adopts nothing: each needed fact is collected with a
+  paste-able fix, and the trace ends with one :class:`StrictDimensionError` listing
+  them all (tracing goes on after the first, as if the fact held, to find the others).
+
+Adopting a fact makes it known for later decisions (ranges narrow, equal dimensions are
+replaced by one another) so that the graph's decisions stay consistent; a divisibility
+``dim % m == r`` replaces ``dim`` with ``m * q + r`` for a new dimension ``q``, so that
+``dim // m`` and friends are exact from then on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv
+
+from .constraints import Constraint, as_range, classify, normalize, simplest_form
+from .dynamic_shapes import AUTO, DYNAMIC, STRICT
+from .errors import DataDependentError, SpecializationError, StrictDimensionError
+from .symbolic import SymbolicDimensions
+
+
+@dataclasses.dataclass(frozen=True)
+class AdoptedFact:
+    """A constraint and its condition on ShapeEnv symbols (for the runtime checks)."""
+
+    constraint: Constraint
+    condition: sympy.Basic
+
+
+class Refinements:
+    """The facts adopted during one trace, and the fixes named Dims need.
+
+    :param dims: the trace's symbolic dimensions
+    :param assume: makes a fact known to the ShapeEnv (the tracer's, which does not
+        judge the guard it adds)
+    :param adopt_all: adopt facts for every dimension, named Dims included, and let any
+        dimension become static (``specialize_undecidable=True``)
+    :param strict_at_once: raise a named Dim's first needed constraint where it is
+        needed instead of collecting them all (robust tracing isolates the module
+        needing it)
+    """
+
+    def __init__(
+        self,
+        dims: SymbolicDimensions,
+        assume: Callable[[sympy.Basic], None],
+        adopt_all: bool = False,
+        strict_at_once: bool = False,
+    ):
+        self.dims = dims
+        self.assume = assume
+        self.adopt_all = adopt_all
+        self.strict_at_once = strict_at_once
+        #: the adopted facts, in order
+        self.adopted: list[AdoptedFact] = []
+        #: constraints named Dims would need, each with its fix
+        self.needed: list[tuple[Constraint, str]] = []
+        #: the lower bound decisions needed so far, for dimensions declared without one
+        self._lower_bounds: dict[sympy.Symbol, int] = {}
+
+    @property
+    def constraints(self) -> list[Constraint]:
+        """The adopted constraints, in the order the trace needed them."""
+        return [fact.constraint for fact in self.adopted]
+
+    def adopt(self, fact: sympy.Basic, location: str, what: str, known: bool = False) -> Constraint:
+        """Adopts ``fact``, true for the example, as a constraint.
+
+        :param fact: the relation that holds for the example inputs
+        :param location: the user's ``file:line``
+        :param what: what needed it (``the condition``, ``method 'reshape'``)
+        :param known: the ShapeEnv already knows it (a guard installed by a kernel)
+        :raises DataDependentError: the fact depends on tensor values
+        :raises SpecializationError: it would make a dimension declared dynamic a constant
+        """
+        dims = self.dims
+        if dims.is_data_dependent(fact):
+            raise self.data_dependent_error(fact, location, what)
+        original = fact
+        fact = normalize(fact, lambda s: dims.range_of(s)[0] >= 1)
+        kind = classify(fact)
+        form = simplest_form(fact, kind)
+        strict = not self.adopt_all and any(dims.policy_of(s) == STRICT for s in form.free_symbols)
+        if kind == "value" and not strict:
+            self._allow_constant(form, location, what)
+        if strict and self.strict_at_once:
+            names = tuple(dims.symbols_of(form))
+            need = Constraint(dims.render(form), kind, location, names)
+            raise self._strict_error([(need, self._fix(form, kind, location))], what)
+        if not known:
+            self.assume(original)
+        if form != original:
+            # the simplest form tells the ShapeEnv more (`seq <= 128` narrows the range
+            # where `seq == min(128, seq)` does not)
+            self.assume(form)
+        if kind == "other" and len(form.free_symbols) == 1:
+            interval = as_range(form, dims.range_of(next(iter(form.free_symbols))))
+            if interval is not None:
+                kind, form = "range", interval
+        names = tuple(dims.symbols_of(form))
+        constraint = Constraint(dims.render(form), kind, location, names)
+        if strict:
+            self.needed.append((constraint, self._fix(form, kind, location)))
+        else:
+            self.adopted.append(AdoptedFact(constraint, form))
+        if kind == "divisibility":
+            self._introduce_quotient(form)
+        return constraint
+
+    def _allow_constant(self, form: sympy.Basic, location: str, what: str) -> None:
+        (symbol,) = form.free_symbols
+        name = self.dims.render(symbol)
+        if self.adopt_all or self.dims.policy_of(symbol) == AUTO:
+            warnings.warn(
+                f"{location}: {what} needs `{self.dims.render(form)}`: dimension "
+                f"{name!r} (Dim.AUTO) becomes static",
+                stacklevel=2,
+            )
+            return
+        if self.dims.policy_of(symbol) == DYNAMIC:
+            value = form.rhs if form.lhs == symbol else form.lhs
+            raise SpecializationError(
+                f"{location}: {what} needs `{self.dims.render(form)}`, which makes "
+                f"dimension {name!r} always {value} (its size in the example), but it is "
+                f"declared dynamic. If it is static, declare it so: None or "
+                f"torch.export.Dim.STATIC for this axis in dynamic_shapes (or Dim.AUTO to "
+                f"let the tracer make it static with a warning); otherwise rewrite this line "
+                f"so that it works for every size of {name!r}.",
+                location=location,
+                expression=self.dims.render(form),
+                dimensions=(name,),
+            )
+
+    def _introduce_quotient(self, form: sympy.Basic) -> None:
+        """``dim % m == r``: from now on ``dim`` is ``m * q + r`` for a new ``q``."""
+        dims = self.dims
+        base, divisor = form.lhs.args
+        remainder = int(form.rhs)
+        if not base.is_Symbol or base in dims.shape_env.replacements:
+            return
+        modulus = int(divisor)
+        low, high = dims.range_of(base)
+        hint = int(dims.shape_env.backed_var_to_val[base])
+        name = f"{dims.render(base)}_div{modulus}"
+        quotient, _ = dims.new_symbol(
+            name,
+            (hint - remainder) // modulus,
+            max(0, math.ceil((low - remainder) / modulus)),
+            None if high == math.inf else (int(high) - remainder) // modulus,
+        )
+        dims.definitions[quotient] = FloorDiv(base - remainder, modulus)
+        base_name = dims.user_expression(base)
+        dims._rename[quotient] = (base_name - remainder) / modulus
+        dims.shape_env._set_replacement(base, modulus * quotient + remainder, "divisibility")
+
+    def rely_on_default_bounds(
+        self, build: Callable | None, operands: list, value, location: str
+    ) -> None:
+        """A decision proved with the default range ``[2, inf]``: records the lower
+        bound it needs (``batch >= 1`` for ``batch == 0 -> False``) as a range
+        constraint, so that smaller sizes are refused when the graph runs and accepted
+        when nothing depends on them (see :meth:`SymbolicDimensions.lowest_bound`)."""
+        symbols, low = self.dims.lowest_bound(build, operands, value)
+        for symbol in sorted(symbols, key=str):
+            if low <= self._lower_bounds.get(symbol, 0):
+                continue
+            self._lower_bounds[symbol] = low
+            # unevaluated: sympy would fold it to True for a positive symbol
+            form = sympy.Ge(symbol, low, evaluate=False)
+            name = self.dims.render(symbol)
+            constraint = Constraint(f"{name} >= {low}", "range", location, (name,))
+            self.adopted.append(AdoptedFact(constraint, form))
+
+    # strict dimensions
+
+    def _fix(self, form: sympy.Basic, kind: str, location: str) -> str:
+        """A paste-able fix making ``form`` part of the declaration."""
+        dims = self.dims
+        render = dims.render
+        if kind == "range":
+            (symbol,) = form.free_symbols
+            low, high = dims.range_of(symbol)
+            if isinstance(form, sympy.Le):
+                high = min(high, int(form.rhs))
+            elif isinstance(form, sympy.Ge):
+                low = max(low, int(form.rhs))
+            bounds = [f"min={low}"] if low > 2 else []
+            bounds += [] if high == math.inf else [f"max={high}"]
+            name = render(symbol)
+            return f'{name} = torch.export.Dim("{name}", {", ".join(bounds)})'
+        if kind == "divisibility":
+            base, divisor = form.lhs.args
+            name = render(base)
+            shift = f" + {form.rhs}" if form.rhs != 0 else ""
+            return f'{name} = {divisor} * torch.export.Dim("{name}_div{divisor}"){shift}'
+        if kind == "value":
+            (symbol,) = form.free_symbols
+            return (
+                f"None (or torch.export.Dim.STATIC) for the axis of {render(symbol)!r}: "
+                f"the code needs `{render(form)}`"
+            )
+        if kind == "relation":
+            for symbol in sorted(form.free_symbols, key=str):
+                replacement = dims.shape_env.replacements.get(symbol)
+                if replacement is not None and symbol not in replacement.free_symbols:
+                    return (
+                        f"{render(symbol)} = {render(replacement)}  (declare {render(symbol)!r} "
+                        f"as this derived Dim)"
+                    )
+        return f"torch._check({render(form)})  # before {location}"
+
+    def strict_error(self) -> StrictDimensionError | None:
+        """One error listing every constraint named Dims need, None if there is none."""
+        return self._strict_error(self.needed) if self.needed else None
+
+    @staticmethod
+    def _strict_error(needed: list, what: str = "") -> StrictDimensionError:
+        lines = [
+            f"  - `{c.expression}` ({c.kind}, needed at {c.location})\n      fix: {fix}"
+            for c, fix in needed
+        ]
+        where = f"{needed[0][0].location}: {what} needs" if what else "the traced code needs"
+        return StrictDimensionError(
+            f"{where} constraints on dimensions declared with torch.export.Dim, which "
+            f"adopts nothing from the example inputs; declare them ({len(needed)} found):\n"
+            + "\n".join(lines)
+            + "\nor declare the dimensions with a string name or Dim.DYNAMIC to adopt "
+            "such facts as checked constraints.",
+            needed,
+        )
+
+    # data-dependent decisions
+
+    def data_dependent_error(self, fact, location: str, what: str) -> DataDependentError:
+        """The error for a decision that depends on tensor values."""
+        expression = self.dims.render(fact)
+        return DataDependentError(
+            f"{location}: {what} `{expression}` depends on tensor values (.item(), "
+            f"nonzero, a mask's count...), which a graph cannot decide while tracing. "
+            f"Write the branch with torch.cond(pred, true_fn, false_fn, operands), "
+            f"or compute both sides and select with torch.where.",
+            location=location,
+            expression=expression,
+        )
+
+
+__all__ = ["AdoptedFact", "Refinements"]

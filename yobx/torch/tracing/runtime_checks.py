@@ -1,0 +1,296 @@
+"""Runtime checks: a traced graph verifies its constraints on its inputs.
+
+The tracer inserts, right after the placeholders, nodes computing the dynamic
+dimensions of the inputs (``x.size(1)``) and, for each check, its condition and a call
+to :func:`check_constraint`. They are ordinary FX nodes: they survive ``recompile``,
+printing and pickling, and the passes keep them (the function is registered with
+:func:`torch.fx.node.has_side_effect`). Checked, in order:
+
+1. the declared range of every dimension (``batch >= 2`` by default, ``Dim(max=...)``);
+2. inputs sharing a dimension agree (``x.size(0) == mask.size(0)``), and derived
+   dims match their root;
+3. every constraint adopted while tracing (``seq <= 128``, ``dim % 2 == 0``...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.proxy import GraphAppendingTracer, Proxy
+from torch.utils._sympy import functions as torch_sympy
+
+from .constraints import ConstraintViolationError
+from .errors import TracingError
+from .symbolic import SymbolicDimensions
+
+
+@torch.fx.node.has_side_effect
+def check_constraint(
+    condition: Any, expression: str, location: str, values: dict[str, Any]
+) -> None:
+    """Raises :class:`ConstraintViolationError` when ``condition`` is false.
+
+    :param condition: the constraint evaluated on the inputs' sizes
+    :param expression: the constraint in the user's dimension names
+    :param location: the user's ``file:line`` that needed it
+    :param values: the dimensions' values, by user name, for the message
+    """
+    if isinstance(condition, Proxy):
+        # the graph is traced again (torch.fx.symbolic_trace of the GraphModule)
+        condition.tracer.create_proxy(
+            "call_function", check_constraint, (condition, expression, location, values), {}
+        )
+        return
+    if isinstance(condition, torch.SymBool):
+        # fake values (a lowering re-running the graph): only a proven violation
+        if statically_known_true(torch.sym_not(condition)):
+            raise ConstraintViolationError(expression, {}, location)
+        return
+    if not condition:
+        raise ConstraintViolationError(expression, {k: int(v) for k, v in values.items()}, location)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeCheck:
+    """One condition the graph verifies on its inputs.
+
+    :param condition: on ShapeEnv symbols of declared dimensions
+    :param expression: in the user's names
+    :param location: the line that needed it (empty for declarations)
+    """
+
+    condition: sympy.Basic
+    expression: str
+    location: str = ""
+
+
+def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
+    """Declared ranges, and agreement of the inputs sharing a dimension."""
+    checks = []
+    for symbol, (low, high) in dims.declared.items():
+        name = dims.render(symbol)
+        if symbol not in dims.default_min:
+            # the default lower bound is checked only where a decision needs it
+            checks.append(RuntimeCheck(sympy.Ge(symbol, low), f"{name} >= {low} (declared)"))
+        if high is not None:
+            checks.append(RuntimeCheck(sympy.Le(symbol, high), f"{name} <= {high} (declared)"))
+    for leaf, axis, expected in dims.occurrences:
+        symbol = next(iter(expected.free_symbols))
+        source = dims.sources.get(symbol)
+        if (
+            source is not None
+            and expected == source[2] * symbol + source[3]
+            and (source[:2] == (leaf, axis))
+        ):
+            continue  # the axis defining the dimension
+        size = sympy.Symbol(f"{leaf}.size({axis})", integer=True)
+        checks.append(
+            RuntimeCheck(
+                sympy.Eq(size, expected),
+                f"{leaf}.size({axis}) == {dims.render(expected)} (declared)",
+            )
+        )
+    return checks
+
+
+def insert_runtime_checks(
+    graph: torch.fx.Graph, dims: SymbolicDimensions, checks: list[RuntimeCheck]
+) -> int:
+    """Inserts the nodes checking ``checks`` after the placeholders.
+
+    :return: the number of checks inserted (checks that are always true are skipped)
+    """
+    placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
+    anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    if anchor is None or not checks:
+        return 0
+    builder = _CheckBuilder(graph, dims, placeholders)
+    count = 0
+    with graph.inserting_before(anchor):
+        for check in checks:
+            count += builder.add(check)
+    return count
+
+
+class _CheckBuilder:
+    """Builds the nodes of the checks, sharing the size and arithmetic nodes."""
+
+    def __init__(self, graph: torch.fx.Graph, dims: SymbolicDimensions, placeholders: dict):
+        self.graph = graph
+        self.dims = dims
+        self.placeholders = placeholders
+        self.tracer = GraphAppendingTracer(graph)
+        self.proxies: dict[sympy.Expr, Any] = {}
+        #: symbol without sympy's positivity -> the ShapeEnv's symbol
+        self.originals: dict[sympy.Symbol, sympy.Symbol] = {}
+
+    def add(self, check: RuntimeCheck) -> int:
+        condition = self._in_sizes(check.condition)
+        if condition is None:
+            raise self._unchecked(check)
+        # ShapeEnv symbols are positive for sympy, which folds `s >= 1` to True: the
+        # check is built on integer symbols without that assumption
+        condition = condition.xreplace(
+            {s: self._neutral(s) for s in condition.free_symbols if s.is_positive}
+        )
+        if condition is sympy.true:
+            return 0
+        symbols = sorted(condition.free_symbols, key=str)
+        proxies = {s: self._symbol(s) for s in symbols}
+        if any(p is None for p in proxies.values()):
+            raise self._unchecked(check)
+        result = self._interpret(condition)
+        values = {self._display(s): proxies[s].node for s in symbols}
+        node = self.graph.call_function(
+            check_constraint,
+            (
+                result.node if isinstance(result, Proxy) else result,
+                check.expression,
+                check.location,
+                values,
+            ),
+        )
+        node.meta["val"] = None
+        return 1
+
+    def _unchecked(self, check: RuntimeCheck) -> TracingError:
+        # a constraint the graph cannot check would make it silently wrong outside it
+        return TracingError(
+            f"{check.location or '<declaration>'}: the constraint `{check.expression}` "
+            f"involves a value that is not an input's dimension, so the graph cannot "
+            f"check it when it runs; declare the dimensions it needs as dynamic inputs "
+            f"or make them static",
+            location=check.location,
+            expression=check.expression,
+        )
+
+    def _neutral(self, symbol: sympy.Symbol) -> sympy.Symbol:
+        neutral = sympy.Symbol(symbol.name, integer=True)
+        self.originals[neutral] = symbol
+        return neutral
+
+    def _display(self, symbol: sympy.Symbol) -> str:
+        name = str(symbol)
+        return name if "." in name else self.dims.render(self.originals.get(symbol, symbol))
+
+    def _in_sizes(self, condition: sympy.Basic) -> sympy.Basic | None:
+        """Replaces symbols defined from others (``dim == 2*q``: ``q = dim // 2``)."""
+        for _ in range(len(self.dims.definitions) + 1):
+            defined = condition.free_symbols & set(self.dims.definitions)
+            if not defined:
+                return condition
+            condition = condition.xreplace({s: self.dims.definitions[s] for s in defined})
+        return None
+
+    def _symbol(self, symbol: sympy.Symbol) -> Proxy | None:
+        if symbol in self.proxies:
+            return self.proxies[symbol]
+        name = str(symbol)
+        if "." in name:
+            # `leaf.size(axis)`: a size read directly (agreement of declared axes)
+            proxy = self._size(*_parse_size(name))
+        else:
+            source = self.dims.sources.get(self.originals.get(symbol, symbol))
+            if source is None:
+                return None
+            leaf, axis, a, b = source
+            proxy = self._size(leaf, axis)
+            if b:
+                proxy = self._call(operator.sub, (proxy, b))
+            if a != 1:
+                proxy = self._call(operator.floordiv, (proxy, a))
+        self.proxies[symbol] = proxy
+        return proxy
+
+    def _size(self, leaf: str, axis: int) -> Proxy:
+        key = sympy.Symbol(f"{leaf}.size({axis})", integer=True)
+        if key not in self.proxies:
+            placeholder = self.placeholders[leaf]
+            node = self.graph.call_method("size", (placeholder, axis))
+            node.meta["val"] = placeholder.meta["val"].shape[axis]
+            self.proxies[key] = Proxy(node, self.tracer)
+        return self.proxies[key]
+
+    def _interpret(self, expr: sympy.Basic) -> Any:
+        """Builds nodes computing ``expr`` from the symbols' proxies."""
+        if expr in self.proxies:
+            return self.proxies[expr]
+        if isinstance(expr, sympy.Symbol):
+            return self._symbol(expr)
+        if expr.is_Integer or isinstance(expr, sympy.logic.boolalg.BooleanAtom):
+            return int(expr) if expr.is_Integer else bool(expr)
+        function, folds = _operation(expr)
+        args = [self._interpret(a) for a in expr.args]
+        if folds:
+            result = args[0]
+            for other in args[1:]:
+                result = self._call(function, (result, other))
+        else:
+            result = self._call(function, tuple(args))
+        self.proxies[expr] = result
+        return result
+
+    def _call(self, function, operands: tuple) -> Any:
+        if not any(isinstance(a, Proxy) for a in operands):
+            return function(*operands)
+        proxy = self.tracer.create_proxy("call_function", function, operands, {})
+        proxy.node.meta["val"] = None
+        return proxy
+
+
+def _parse_size(name: str) -> tuple[str, int]:
+    leaf, axis = name.rsplit(".size(", 1)
+    return leaf, int(axis.rstrip(")"))
+
+
+_RELATIONS = {
+    sympy.Eq: operator.eq,
+    sympy.Ne: operator.ne,
+    sympy.Lt: operator.lt,
+    sympy.Le: operator.le,
+    sympy.Gt: operator.gt,
+    sympy.Ge: operator.ge,
+}
+_FOLDED = {
+    sympy.Add: operator.add,
+    sympy.Mul: operator.mul,
+    sympy.Min: torch.sym_min,
+    sympy.Max: torch.sym_max,
+    torch_sympy.Min: torch.sym_min,
+    torch_sympy.Max: torch.sym_max,
+    sympy.And: operator.and_,
+    sympy.Or: operator.or_,
+}
+_BINARY = {
+    torch_sympy.FloorDiv: operator.floordiv,  # CleanDiv too (a subclass)
+    torch_sympy.Mod: operator.mod,
+    torch_sympy.PythonMod: operator.mod,
+    sympy.Mod: operator.mod,
+    torch_sympy.PowByNatural: operator.pow,
+    torch_sympy.IntTrueDiv: operator.truediv,
+    torch_sympy.CeilToInt: math.ceil,
+    torch_sympy.FloorToInt: math.floor,
+    sympy.Not: operator.not_,
+}
+
+
+def _operation(expr: sympy.Basic) -> tuple[Any, bool]:
+    """The Python function computing ``expr`` from its arguments, and whether it folds
+    over more than two of them."""
+    for cls, fn in _FOLDED.items():
+        if isinstance(expr, cls):
+            return fn, True
+    for table in (_RELATIONS, _BINARY):
+        for cls, fn in table.items():
+            if isinstance(expr, cls):
+                return fn, False
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+        return operator.pow, False
+    raise NotImplementedError(f"no runtime check for {type(expr).__name__} ({expr})")
