@@ -138,6 +138,9 @@ def _export(options: argparse.Namespace) -> int:
     print(f"  onnx nodes          {result.n_onnx_nodes}")
     print(f"  dynamic dimensions  {dims}")
     print(f"  guards              {len(result.guards)}")
+    print(f"  constraints         {len(result.constraints)}")
+    for constraint in result.constraints:
+        print(f"    {constraint}")
     status = 0
     if result.validation is not None:
         report = result.validation
@@ -177,6 +180,14 @@ def _trace(options: argparse.Namespace) -> int:
     print(f"guards ({len(captured.guards)}):")
     for guard in captured.guards:
         print(f"  {guard}")
+    print(f"constraints ({len(captured.constraints)}):")
+    for constraint in captured.constraints:
+        print(f"  {constraint}")
+    if captured.range_constraints:
+        ranges = ", ".join(
+            f"{name} in [{low}, {high}]" for name, (low, high) in captured.range_constraints.items()
+        )
+        print(f"ranges: {ranges}")
     return 0
 
 

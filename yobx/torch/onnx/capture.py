@@ -8,7 +8,6 @@ flattened outputs, every node carrying ``meta["val"]``.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,7 +15,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..tracing.inputs import key_path_parts
+from ..tracing.dynamic_shapes import axes_per_leaf, axis_spec
+from ..tracing.inputs import bind_arguments, key_path_parts
 
 
 @dataclasses.dataclass
@@ -39,29 +39,10 @@ class CapturedGraph:
     tracer: Any = None
     #: :func:`yobx.torch.tracing.graph_fingerprint` of the graph as the tracer returned it
     fingerprint: str = ""
-
-
-def bind_arguments(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict:
-    """Binds ``args`` and ``kwargs`` to the names of ``model.forward``'s parameters.
-
-    The result is ordered as the signature, which is the order of the flattened
-    inputs of the captured graph.
-    """
-    signature = inspect.signature(model.forward)
-    bound = signature.bind(*args, **kwargs)
-    result = {}
-    for name, parameter in signature.parameters.items():
-        if name not in bound.arguments:
-            continue
-        value = bound.arguments[name]
-        if parameter.kind == inspect.Parameter.VAR_POSITIONAL:
-            for i, item in enumerate(value):
-                result[f"{name}_{i}"] = item
-        elif parameter.kind == inspect.Parameter.VAR_KEYWORD:
-            result.update(value)
-        else:
-            result[name] = value
-    return result
+    #: facts on dynamic dimensions adopted from the example (``Constraint``)
+    constraints: list[Any] = dataclasses.field(default_factory=list)
+    #: the range of every named dimension, ``math.inf`` when unbounded
+    range_constraints: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
 
 def capture(
@@ -75,8 +56,10 @@ def capture(
     from yobx.torch.passes import remove_inplace
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
 
-    concrete_args = bind_arguments(model, tuple(args), kwargs or {})
-    tracer = CustomTracer(module_leaves=module_leaves)
+    concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
+    # ONNX has no assertions: the constraints go to the model's metadata instead of
+    # being checked by the graph
+    tracer = CustomTracer(module_leaves=module_leaves, runtime_checks=False)
     graph = tracer.trace(
         model,
         concrete_args=concrete_args,
@@ -101,6 +84,8 @@ def capture(
         shape_env=getattr(tracer, "shape_env", None),
         tracer=tracer,
         fingerprint=fingerprint,
+        constraints=list(tracer.constraints),
+        range_constraints=dict(tracer.range_constraints),
     )
 
 
@@ -217,25 +202,6 @@ def _leaf_aware_fake_tensor_prop():
     return LeafAwareFakeTensorProp
 
 
-def _is_axes_spec(spec: Any) -> bool:
-    return spec is None or (isinstance(spec, Mapping) and all(isinstance(k, int) for k in spec))
-
-
-def _flat_axes(value: Any, spec: Any) -> list[Mapping[int, Any]]:
-    """Flattens a torch.export-style dynamic shape spec along ``value``'s leaves."""
-    leaves = pytree.tree_leaves(value)
-    if spec is None:
-        return [{}] * len(leaves)
-    if isinstance(value, torch.Tensor):
-        return [spec or {}]
-    specs = pytree.tree_leaves(spec, is_leaf=_is_axes_spec)
-    if len(specs) != len(leaves):
-        raise ValueError(
-            f"dynamic_shapes has {len(specs)} entries for {len(leaves)} tensors: {spec!r}"
-        )
-    return [s or {} for s in specs]
-
-
 def capture_with_symbolic_trace(
     model: torch.nn.Module,
     args: tuple,
@@ -253,7 +219,7 @@ def capture_with_symbolic_trace(
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     fake_prop_class = _leaf_aware_fake_tensor_prop()
-    bound = bind_arguments(model, tuple(args), kwargs or {})
+    bound = bind_arguments(model.forward, tuple(args), kwargs or {})
     concrete_args = {}
     for name, value in bound.items():
         if not isinstance(value, torch.Tensor) and pytree.tree_leaves(value):
@@ -261,12 +227,8 @@ def capture_with_symbolic_trace(
     graph_module = torch.fx.symbolic_trace(model, concrete_args=concrete_args or None)
     shape_env = ShapeEnv()
     fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
-    dynamic_shapes = dynamic_shapes or {}
-    flat_values: list[Any] = []
-    flat_axes: list[Mapping[int, Any]] = []
-    for name, value in bound.items():
-        flat_values.extend(pytree.tree_leaves(value))
-        flat_axes.extend(_flat_axes(value, dynamic_shapes.get(name)))
+    flat_values = pytree.tree_leaves(list(bound.values()))
+    flat_axes = axes_per_leaf(list(bound), list(bound.values()), dynamic_shapes)
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(flat_values):
         raise ValueError(
@@ -275,19 +237,20 @@ def capture_with_symbolic_trace(
         )
     fakes = []
     symbols: dict[str, torch.SymInt] = {}
-    for value, axes in zip(flat_values, flat_axes):
+    for node, value, axes in zip(placeholders, flat_values, flat_axes):
         if not isinstance(value, torch.Tensor):
             fakes.append(value)
             continue
-        fake = fake_mode.from_tensor(value, symbolic_context=_symbolic_context(value, axes))
-        for axis, dim in axes.items():
-            name = dim if isinstance(dim, str) else dim.__name__
+        specs = {axis: axis_spec(entry, node.name, axis) for axis, entry in axes.items()}
+        specs = {axis: spec for axis, spec in specs.items() if spec is not None}
+        fake = fake_mode.from_tensor(value, symbolic_context=_symbolic_context(value, specs))
+        for axis, spec in specs.items():
             size = fake.shape[axis]
-            if name in symbols:
+            if spec.name in symbols:
                 # The same name means the same dimension: unify the symbols.
-                torch._check(size == symbols[name])
+                torch._check(size == symbols[spec.name])
             else:
-                symbols[name] = size
+                symbols[spec.name] = size
         fakes.append(fake)
     fake_prop_class(graph_module, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
     for node, fake in zip(placeholders, fakes):

@@ -15,40 +15,8 @@ from typing import Any
 
 import onnx_ir as ir
 import sympy
-import torch
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
-
-
-def dimension_names_from_dynamic_shapes(
-    placeholders: Mapping[str, Any], dynamic_shapes: Any, input_names: list[str]
-) -> dict[str, str]:
-    """Maps ShapeEnv symbols to the names given in ``dynamic_shapes``.
-
-    Used when the capture does not provide the mapping: ``dynamic_shapes`` follows
-    torch.export's format (per argument name, ``{axis: Dim or str}``), and only tensor
-    arguments given directly (not nested) are looked at.
-
-    :param placeholders: flat input name -> fake value
-    :param dynamic_shapes: the user's dynamic shapes
-    :param input_names: flat input names in order
-    :return: symbol name -> dimension name
-    """
-    names: dict[str, str] = {}
-    if not isinstance(dynamic_shapes, Mapping):
-        return names
-    for arg_name, spec in dynamic_shapes.items():
-        value = placeholders.get(arg_name)
-        if not isinstance(value, torch.Tensor) or not isinstance(spec, Mapping):
-            continue
-        for axis, dim in spec.items():
-            dim_name = dim if isinstance(dim, str) else getattr(dim, "__name__", None)
-            size = value.shape[axis]
-            if dim_name and isinstance(size, torch.SymInt):
-                expr = size.node.expr
-                if isinstance(expr, sympy.Symbol):
-                    names.setdefault(expr.name, dim_name)
-    return names
 
 
 class DimensionRenamer:

@@ -17,7 +17,6 @@ import torch
 from yobx.torch.onnx import capture as capture_module
 from yobx.torch.onnx.dimensions import (
     DimensionRenamer,
-    dimension_names_from_dynamic_shapes,
     dynamic_dimensions,
     rename_dimensions,
 )
@@ -25,6 +24,8 @@ from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.translate import build_model
 from yobx.torch.passes import MUTATIONS_KEY
+from yobx.torch.tracing.dynamic_shapes import AUTO, axes_per_leaf, axis_spec
+from yobx.torch.tracing.inputs import bind_arguments
 
 #: Default ONNX opset: the one torch_lib is written for.
 DEFAULT_OPSET = 18
@@ -73,8 +74,13 @@ class ExportResult:
     :param input_names: ONNX input names (the flat inputs)
     :param output_names: ONNX output names (the flat outputs)
     :param dynamic_dimensions: names of the dynamic dimensions of inputs and outputs
+    :param dimension_names: ShapeEnv symbol name -> the user's dimension name
     :param validation: the validation report when ``validate=True``
     :param filename: where the model was saved, if it was
+    :param constraints: facts on dynamic dimensions the capture adopted from the example
+        (also in the model's ``metadata_props["yobx.constraints"]``): the model is
+        right for inputs satisfying them
+    :param range_constraints: the range of every named dimension
     """
 
     model_proto: onnx.ModelProto
@@ -88,6 +94,8 @@ class ExportResult:
     dimension_names: dict[str, str]
     validation: Any = None
     filename: str | None = None
+    constraints: list[Any] = dataclasses.field(default_factory=list)
+    range_constraints: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
     @property
     def n_graph_nodes(self) -> int:
@@ -115,6 +123,17 @@ class ExportResult:
 
 #: metadata_props key holding the fingerprint of the captured graph
 GRAPH_FINGERPRINT_KEY = "yobx.graph_fingerprint"
+#: metadata_props key holding the constraints the model assumes of its inputs (JSON)
+CONSTRAINTS_KEY = "yobx.constraints"
+
+
+def constraints_to_json(constraints: list[Any]) -> str:
+    """The constraints as a JSON list of ``{"expression", "kind", "location"}``."""
+    import json
+
+    return json.dumps(
+        [{"expression": c.expression, "kind": c.kind, "location": c.location} for c in constraints]
+    )
 
 
 def save_model(model_proto: onnx.ModelProto, filename: str | os.PathLike) -> None:
@@ -186,26 +205,27 @@ def _check_dynamic_dimensions_kept(
     """Raises if a dimension the user declared dynamic came out of the capture static.
 
     An ONNX model with that dimension fixed would be silently wrong for other sizes.
+    ``Dim.AUTO`` allows it (the tracer warned).
     """
-    if not isinstance(dynamic_shapes, Mapping):
+    if dynamic_shapes is None:
         return
-    bound = capture_module.bind_arguments(model, args, kwargs)
+    bound = bind_arguments(model.forward, args, kwargs)
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
-    flat: list[tuple[str, Mapping[int, Any]]] = []
-    for name, value in bound.items():
-        axes = capture_module._flat_axes(value, dynamic_shapes.get(name))
-        flat.extend((name, a) for a in axes)
-    if len(flat) != len(placeholders):
+    flat_axes = axes_per_leaf(list(bound), list(bound.values()), dynamic_shapes)
+    if len(flat_axes) != len(placeholders):
         return
     static = []
-    for node, (_, axes) in zip(placeholders, flat):
+    for node, axes in zip(placeholders, flat_axes):
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor):
             continue
-        for axis, dim in axes.items():
-            if isinstance(value.shape[axis], int):
-                dim_name = dim if isinstance(dim, str) else getattr(dim, "__name__", dim)
-                static.append(f"{dim_name!r} (axis {axis} of {node.name}) = {value.shape[axis]}")
+        for axis, entry in axes.items():
+            spec = axis_spec(entry, node.name, axis)
+            if spec is None or spec.policy == AUTO:
+                continue
+            size = value.shape[axis]
+            if isinstance(size, int) or size.node.maybe_as_int() is not None:
+                static.append(f"{spec.name!r} (axis {axis} of {node.name}) = {int(size)}")
     if static:
         raise OnnxExportError(
             "the capture specialised dynamic dimensions to the example's sizes: "
@@ -296,13 +316,7 @@ def to_onnx(
             captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
         )
         ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
-        placeholders = {
-            n.name: n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"
-        }
-        names = dimension_names_from_dynamic_shapes(
-            placeholders, dynamic_shapes, list(placeholders)
-        )
-        names.update(captured.dimension_names)
+        names = dict(captured.dimension_names)
         rename_dimensions(ir_model, DimensionRenamer(names, captured.shape_env))
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("optimize") as info, _quiet_constant_folding():
@@ -319,6 +333,9 @@ def to_onnx(
             # ONNX values are named after the graph's nodes: tools matching them by name
             # (yobx.torch.inspect) check that they look at the same capture.
             ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
+        if captured.constraints:
+            # ONNX cannot check them: the model says what it assumes of its inputs
+            ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
         proto = ir.to_proto(ir_model)
         if proto.ByteSize() < _TWO_GB:
             onnx.checker.check_model(proto)
@@ -333,6 +350,8 @@ def to_onnx(
         output_names=[v.name for v in ir_model.graph.outputs],
         dynamic_dimensions=dynamic_dimensions(ir_model),
         dimension_names=names,
+        constraints=list(captured.constraints),
+        range_constraints=dict(captured.range_constraints),
     )
     if filename is not None:
         with stage("save"):

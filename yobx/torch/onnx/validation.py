@@ -12,8 +12,9 @@ import onnx
 import torch
 import torch.utils._pytree as pytree
 
-from yobx.torch.onnx.capture import bind_arguments
+from yobx.torch.onnx.sizes import inputs_for_sizes, size_variants
 from yobx.torch.passes import MUTATIONS_KEY
+from yobx.torch.tracing.inputs import bind_arguments
 
 
 @dataclasses.dataclass
@@ -198,7 +199,7 @@ def _run_case(
     rtol: float,
     mutations: Sequence[Mapping[str, Any]] = (),
 ) -> ValidationCase:
-    bound = bind_arguments(model, args, kwargs)
+    bound = bind_arguments(model.forward, args, kwargs)
     flat = [v for v in pytree.tree_leaves(list(bound.values())) if isinstance(v, torch.Tensor)]
     onnx_inputs = session.get_inputs()
     if len(onnx_inputs) > len(flat):
@@ -264,7 +265,7 @@ def _mutated_values(
     outputs (``remove_inplace``'s mutation convention), cloned."""
     if not mutations:
         return []
-    bound = bind_arguments(model, args, kwargs)
+    bound = bind_arguments(model.forward, args, kwargs)
     flat = [v for v in pytree.tree_leaves(list(bound.values())) if isinstance(v, torch.Tensor)]
     by_name = dict(zip(input_names, flat))
     values = []
@@ -310,110 +311,6 @@ def validate(
     return ValidationReport(cases, atol=atol, rtol=rtol)
 
 
-def _new_tensor(example: torch.Tensor, shape: Sequence[int], generator) -> torch.Tensor:
-    """A tensor of ``shape`` whose values look like ``example``'s."""
-    if example.numel() == 0:
-        return torch.zeros(shape, dtype=example.dtype)
-    if example.dtype == torch.bool:
-        if bool(example.all()) or not bool(example.any()):
-            return torch.full(shape, bool(example.flatten()[0]), dtype=torch.bool)
-        return torch.randint(0, 2, tuple(shape), generator=generator).to(torch.bool)
-    low, high = example.min(), example.max()
-    if bool(low == high):
-        return torch.full(shape, low.item(), dtype=example.dtype)
-    if not example.dtype.is_floating_point:
-        # Integer inputs are often indices (token ids): stay in the example's range.
-        return torch.randint(
-            int(low), int(high) + 1, tuple(shape), generator=generator, dtype=example.dtype
-        )
-    mean = example.float().mean()
-    std = example.float().std()
-    values = torch.randn(tuple(shape), generator=generator) * std + mean
-    return values.to(example.dtype)
-
-
-def _symbol_values(shape_env: Any, symbols: set) -> dict:
-    hints = getattr(shape_env, "backed_var_to_val", None)
-    if hints is None:
-        hints = shape_env.var_to_val
-    return {s: int(hints[s]) for s in symbols if s in hints}
-
-
-def _other_value(shape_env: Any, symbol: Any, value: int, step: int) -> int:
-    candidate = value + step
-    ranges = getattr(shape_env, "var_to_range", {}).get(symbol)
-    if ranges is not None:
-        try:
-            upper = int(ranges.upper)
-        except Exception:
-            # sympy raises various errors converting its infinities: no upper bound.
-            upper = None
-        if upper is not None and candidate > upper:
-            candidate = max(int(ranges.lower), value - 1)
-    return candidate
-
-
-def size_variants(
-    placeholder_values: Sequence[Any], shape_env: Any, dimension_names: Mapping[str, str]
-) -> list[tuple[str, dict]]:
-    """Returns symbol assignments: one changing each dynamic dimension alone, one
-    changing them all, so that each dimension is checked with at least two sizes
-    besides the example's."""
-    symbols = set()
-    for value in placeholder_values:
-        if isinstance(value, torch.Tensor):
-            for dim in value.shape:
-                if isinstance(dim, torch.SymInt):
-                    symbols |= shape_env.replace(dim.node.expr).free_symbols
-    base = _symbol_values(shape_env, symbols)
-    ordered = sorted(base, key=lambda s: s.name)
-    variants = []
-    for symbol in ordered:
-        new = _other_value(shape_env, symbol, base[symbol], 3)
-        if new != base[symbol]:
-            name = dimension_names.get(symbol.name, symbol.name)
-            variants.append((f"{name}={new}", {**base, symbol: new}))
-    if ordered:
-        assignment = {s: _other_value(shape_env, s, base[s], 1) for s in ordered}
-        label = ",".join(f"{dimension_names.get(s.name, s.name)}={assignment[s]}" for s in ordered)
-        variants.append((label, assignment))
-    return variants
-
-
-def inputs_for_sizes(
-    model: torch.nn.Module,
-    args: tuple,
-    kwargs: Mapping[str, Any],
-    placeholder_values: Sequence[Any],
-    shape_env: Any,
-    assignment: Mapping[Any, int],
-    seed: int = 0,
-) -> tuple[tuple, dict]:
-    """Builds inputs like the example ones with the dynamic dimensions set to
-    ``assignment`` (symbol -> size)."""
-    bound = bind_arguments(model, tuple(args), dict(kwargs))
-    leaves, spec = pytree.tree_flatten(list(bound.values()))
-    fakes = [v for v in placeholder_values if isinstance(v, torch.Tensor)]
-    tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if len(fakes) != len(tensors):
-        raise ValueError(
-            f"{len(tensors)} tensor inputs but the graph has {len(fakes)} tensor placeholders"
-        )
-    generator = torch.Generator().manual_seed(seed)
-    new_leaves = list(leaves)
-    for index, fake in zip(tensors, fakes):
-        shape = []
-        for dim in fake.shape:
-            if isinstance(dim, torch.SymInt):
-                expr = shape_env.replace(dim.node.expr)
-                shape.append(int(expr.xreplace(dict(assignment))))
-            else:
-                shape.append(int(dim))
-        new_leaves[index] = _new_tensor(leaves[index], shape, generator)
-    values = pytree.tree_unflatten(new_leaves, spec)
-    return (), dict(zip(bound.keys(), values))
-
-
 def validate_export(
     model: torch.nn.Module,
     args: tuple,
@@ -430,8 +327,19 @@ def validate_export(
     inputs_list: list[Any] = [(tuple(args), dict(kwargs))]
     descriptions = ["example"]
     if captured.shape_env is not None:
+        tracer = captured.tracer
+        conditions = (
+            [fact.condition for fact in tracer.refinements.adopted]
+            if tracer is not None and tracer.refinements is not None
+            else []
+        )
+        named = (
+            {name: s.node.expr for name, s in tracer.dims.by_name.items()}
+            if tracer is not None and tracer.dims is not None
+            else None
+        )
         for label, assignment in size_variants(
-            placeholder_values, captured.shape_env, result.dimension_names
+            placeholder_values, captured.shape_env, result.dimension_names, conditions, named
         ):
             inputs_list.append(
                 inputs_for_sizes(

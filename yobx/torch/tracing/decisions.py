@@ -114,13 +114,13 @@ class DecisionsMixin:
 
     def to_int(self, obj: Proxy) -> int:
         """``int(proxy)`` / ``operator.index``: a Python int is needed here."""
-        return int(self._python_number(obj, "a Python int (range(), int(), list indexing)"))
+        return int(self.python_number(obj, "a Python int (range(), int(), list indexing)"))
 
     def to_float(self, obj: Proxy) -> float:
         """``float(proxy)``: a Python float is needed here."""
-        return float(self._python_number(obj, "a Python float (float(), a math function)"))
+        return float(self.python_number(obj, "a Python float (float(), a math function)"))
 
-    def _python_number(self, obj: Proxy, what: str) -> int | float:
+    def python_number(self, obj: Proxy, what: str) -> int | float:
         """A Python number for a symbolic value: the value becomes a constant.
 
         One dimension involved: it is fixed to its example size (an error for a
@@ -147,7 +147,7 @@ class DecisionsMixin:
             fact = self.dims.symint(symbol) == self.dims.hint_of(symbol)
         else:
             fact = val == hint
-        self.refinements.adopt(fact.node.expr, location, f"{what} of `{expression}`")
+        self.refinements.adopt(fact.node.expr, location, f"{what} for `{expression}`")
         self.guards.append(Guard(f"{expression} == {hint!r}", True, "adopted", location))
         return hint
 

@@ -93,6 +93,22 @@ def bind_arguments(fn: Callable, args: tuple = (), kwargs: dict | None = None) -
     return result
 
 
+def call_arguments(fn: Callable, named: dict[str, Any]) -> tuple[tuple, dict]:
+    """The inverse of :func:`bind_arguments`: ``(args, kwargs)`` calling ``fn`` with
+    the values of ``named`` (parameter name -> value, ``*args`` as a tuple)."""
+    bound = bind_example_inputs(fn, named)
+    args: list[Any] = []
+    kwargs = {}
+    for name, value in zip(bound.names, bound.values):
+        if name == bound.var_positional:
+            args.extend(value)
+        elif name in bound.keyword_names:
+            kwargs[name] = value
+        else:
+            args.append(value)
+    return tuple(args), kwargs
+
+
 def bind_example_inputs(fn: Callable, concrete_args: dict[str, Any] | None) -> BoundInputs:
     """Matches ``concrete_args`` (parameter name -> example) to the signature of ``fn``.
 

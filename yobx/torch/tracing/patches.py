@@ -63,6 +63,34 @@ def find_proxy(*values: Any) -> Proxy | None:
     return None
 
 
+def traced_len(obj: Any) -> Any:
+    """``len`` in the traced code: the symbolic first dimension of a traced tensor.
+
+    Installed in the globals of the traced functions (see
+    :func:`patch_len_in`), as ``torch.fx.wrap("len")`` would do; anything else gets
+    the builtin's answer, so other threads using those modules see no difference.
+    """
+    from .proxies import CustomProxy
+
+    if _BUILTIN_ISINSTANCE(obj, CustomProxy):
+        return obj.length()
+    return _BUILTIN_LEN(obj)
+
+
+_BUILTIN_LEN = builtins.len
+_BUILTIN_ISINSTANCE = builtins.isinstance
+
+
+def patch_len_in(function: Any) -> None:
+    """Replaces ``len`` in the globals of ``function`` while the current torch.fx trace
+    lasts (its patcher restores them)."""
+    from torch.fx._symbolic_trace import CURRENT_PATCHER
+
+    frame_dict = getattr(function, "__globals__", None)
+    if CURRENT_PATCHER is not None and frame_dict is not None:
+        CURRENT_PATCHER.patch(frame_dict, "len", traced_len)
+
+
 def _recording(original: Callable) -> Callable:
     """Wraps ``original`` so that a call involving a proxy becomes a graph node."""
 

@@ -51,20 +51,26 @@ class CustomProxy(Proxy):
         return self.val.dim()
 
     def __len__(self) -> int:
+        length = self.length()
+        if isinstance(length, int):
+            return length
+        # Python requires an int here: the dimension would become a constant
+        return self.tracer.python_number(length, "len() (x.shape[0] would stay symbolic)")
+
+    def length(self) -> Any:
+        """``len(x)``: an int when static, the symbolic first dimension otherwise.
+
+        Inside the traced code, ``len`` itself is replaced so that ``n = len(x)`` stays
+        symbolic (as ``torch.fx.wrap("len")`` would); Python's ``__len__`` must return
+        an int.
+        """
         val = self.val
         if isinstance(val, (tuple, list)):
             return len(val)
         if isinstance(val, torch.Tensor):
             if val.dim() == 0:
                 raise TypeError("len() of a 0-d tensor")
-            first = val.shape[0]
-            if isinstance(first, int):
-                return first
-            raise TraceError(
-                f"{self.tracer.location()}: len() of a tensor whose first dimension "
-                f"`{self.tracer.dims.render(first)}` is dynamic cannot be a Python int; "
-                f"use x.shape[0] (or x.size(0)), which stays symbolic"
-            )
+            return self.tracer.shape_of(self)[0]
         raise TraceError(f"{self.tracer.location()}: len() of {type(val).__name__}")
 
     def __iter__(self):

@@ -26,7 +26,7 @@ from torch.fx.proxy import TraceError
 
 from .collection import GraphCollection, ModuleEntry, ModuleFailure
 from .decisions import is_internal
-from .inputs import bind_example_inputs, flatten_example_inputs
+from .inputs import bind_example_inputs, call_arguments, flatten_example_inputs
 from .symbolic import Guard, SymbolicDimensions
 from .tracer import CustomTracer
 
@@ -73,17 +73,7 @@ def example_call(
     fn: Callable, concrete_args: dict[str, Any] | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Turns ``concrete_args`` (values by parameter name) into ``(args, kwargs)`` for ``fn``."""
-    bound = bind_example_inputs(fn, concrete_args)
-    args: list[Any] = []
-    kwargs = {}
-    for name, value in zip(bound.names, bound.values):
-        if name == bound.var_positional:
-            args.extend(value)
-        elif name in bound.keyword_names:
-            kwargs[name] = value
-        else:
-            args.append(value)
-    return tuple(args), kwargs
+    return call_arguments(fn, dict(concrete_args or {}))
 
 
 def record_calls(

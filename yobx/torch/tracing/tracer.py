@@ -30,7 +30,7 @@ from .inputs import (
     register_cache_flattening,
 )
 from .module_state import assign_traced_buffer, buffer_assignments, preserved_modules
-from .patches import TENSOR_FACTORIES, replace_problematic_function_before_tracing
+from .patches import TENSOR_FACTORIES, patch_len_in, replace_problematic_function_before_tracing
 from .proxies import (
     CustomParameterProxy,
     CustomProxy,
@@ -357,6 +357,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         ) != len(inputs.arg_names)
 
         def flat_fn(*placeholder_proxies):
+            patch_len_in(getattr(root_fn, "__func__", root_fn))
             leaves = [
                 leaf if is_baked else p
                 for p, leaf, is_baked in zip(placeholder_proxies, inputs.leaves, baked)
@@ -477,6 +478,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             # computes the same values and keeps the sizes symbolic.
             replacement = leaf_module_call(m, args, kwargs)
             return forward(*args, **kwargs) if replacement is None else replacement
+        patch_len_in(type(m).forward)
         if m not in self.submodule_paths:
             # A module built inside forward (`nn.Softmax(dim=-1)(x)`) has no path in the
             # model: it cannot be a call_module node, its operations are traced instead.
