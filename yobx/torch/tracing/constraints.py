@@ -191,7 +191,10 @@ def _bound_of_single(fact: sympy.Basic) -> sympy.Basic | None:
 
 
 def simplest_form(fact: sympy.Basic, kind: str) -> sympy.Basic:
-    """The form a constraint of ``kind`` is reported in (``seq <= 128``, ``d == 6``)."""
+    """The form a constraint of ``kind`` is reported in (``seq <= 128``, ``d == 6``,
+    ``total == past + seq``)."""
+    if kind == "relation" and fact.rhs.is_Symbol and not fact.lhs.is_Symbol:
+        return sympy.Eq(fact.rhs, fact.lhs)
     if kind == "range":
         bound = _bound_of_single(fact)
         return fact if bound is None else bound

@@ -194,6 +194,8 @@ class DecisionsMixin:
                 f"{type(val).__name__}; data-dependent checks on tensor values cannot be traced"
             )
         location = self.location()
+        # read before assuming it: the ShapeEnv then rewrites it to True
+        condition, text = val.node.expr, self.dims.render(val)
         known = self.dims.decide(val)
         if known is False:
             raise TraceError(
@@ -207,4 +209,6 @@ class DecisionsMixin:
                     f"the example inputs"
                 )
             self._assume(val)
-        self.guards.append(Guard(self.dims.render(val), True, "torch._check", location))
+        # eager raises where the fact does not hold: so does the graph
+        self.refinements.user_checks.append((condition, text, location))
+        self.guards.append(Guard(text, True, "torch._check", location))

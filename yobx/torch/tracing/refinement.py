@@ -72,8 +72,8 @@ class Refinements:
         self.adopted: list[AdoptedFact] = []
         #: constraints named Dims would need, each with its fix
         self.needed: list[tuple[Constraint, str]] = []
-        #: the lower bound decisions needed so far, for dimensions declared without one
-        self._lower_bounds: dict[sympy.Symbol, int] = {}
+        #: conditions of ``torch._check`` calls: (condition, text, location)
+        self.user_checks: list[tuple[sympy.Basic, str, str]] = []
 
     @property
     def constraints(self) -> list[Constraint]:
@@ -97,6 +97,8 @@ class Refinements:
         fact = normalize(fact, lambda s: dims.range_of(s)[0] >= 1)
         kind = classify(fact)
         form = simplest_form(fact, kind)
+        if kind == "value":
+            form = self._declared_value(form)
         strict = not self.adopt_all and any(dims.policy_of(s) == STRICT for s in form.free_symbols)
         if kind == "value" and not strict:
             self._allow_constant(form, location, what)
@@ -123,6 +125,16 @@ class Refinements:
         if kind == "divisibility":
             self._introduce_quotient(form)
         return constraint
+
+    def _declared_value(self, form: sympy.Basic) -> sympy.Basic:
+        """``q == 3`` for ``w == 2*q + 1`` is ``w == 7``: a value in the declared names."""
+        (symbol,) = form.free_symbols
+        definition = self.dims.definitions.get(symbol)
+        if definition is None:
+            return form
+        (base,) = definition.free_symbols
+        value = self.dims.shape_env.replace(base).xreplace({symbol: form.rhs})
+        return self._declared_value(sympy.Eq(base, value)) if value.is_Integer else form
 
     def _allow_constant(self, form: sympy.Basic, location: str, what: str) -> None:
         (symbol,) = form.free_symbols
@@ -173,19 +185,39 @@ class Refinements:
     def rely_on_default_bounds(
         self, build: Callable | None, operands: list, value, location: str
     ) -> None:
-        """A decision proved with the default range ``[2, inf]``: records the lower
-        bound it needs (``batch >= 1`` for ``batch == 0 -> False``) as a range
-        constraint, so that smaller sizes are refused when the graph runs and accepted
-        when nothing depends on them (see :meth:`SymbolicDimensions.lowest_bound`)."""
-        symbols, low = self.dims.lowest_bound(build, operands, value)
-        for symbol in sorted(symbols, key=str):
-            if low <= self._lower_bounds.get(symbol, 0):
+        """A decision proved with the default range ``[2, inf]`` of some dimensions.
+
+        When it does not hold for their smaller sizes too (see
+        :meth:`SymbolicDimensions.lowest_bound`), the decision itself becomes a
+        constraint (``batch >= 1`` for ``batch == 0 -> False``, ``h*w != 1``), so that
+        the graph refuses the sizes it would be wrong for and accepts the others.
+        """
+        dims = self.dims
+        claim, symbols, low = dims.lowest_bound(build, operands, value)
+        if low == 0:
+            return
+        if claim is None:
+            # an operation whose value cannot be rebuilt: the default bound itself
+            claims = [sympy.Ge(dims.twin(s), low) for s in sorted(symbols, key=str)]
+        else:
+            claims = [claim]
+        for fact in claims:
+            fact = normalize(fact, lambda s: True)
+            kind = classify(fact)
+            form = simplest_form(fact, kind)
+            if isinstance(form, sympy.Ne) and 0 in (form.lhs, form.rhs):
+                # a size other than 0 is a size of at least 1
+                form, kind = sympy.Ge(form.lhs + form.rhs, 1), "range"
+            if kind == "other" and len(form.free_symbols) == 1:
+                (symbol,) = form.free_symbols
+                interval = as_range(form, (low, dims.range_of(symbol)[1]))
+                if interval is not None:
+                    kind, form = "range", interval
+            expression = dims.render(form)
+            if any(fact.constraint.expression == expression for fact in self.adopted):
                 continue
-            self._lower_bounds[symbol] = low
-            # unevaluated: sympy would fold it to True for a positive symbol
-            form = sympy.Ge(symbol, low, evaluate=False)
-            name = self.dims.render(symbol)
-            constraint = Constraint(f"{name} >= {low}", "range", location, (name,))
+            names = tuple(dims.symbols_of(form))
+            constraint = Constraint(expression, kind, location, names)
             self.adopted.append(AdoptedFact(constraint, form))
 
     # strict dimensions
@@ -219,7 +251,15 @@ class Refinements:
         if kind == "relation":
             for symbol in sorted(form.free_symbols, key=str):
                 replacement = dims.shape_env.replacements.get(symbol)
-                if replacement is not None and symbol not in replacement.free_symbols:
+                # a derived Dim is `a * root + b`: one root, integer coefficients
+                if (
+                    replacement is not None
+                    and len(replacement.free_symbols) == 1
+                    and symbol not in replacement.free_symbols
+                    and replacement.is_polynomial()
+                    and sympy.Poly(replacement).is_linear
+                    and all(c.is_Integer for c in sympy.Poly(replacement).all_coeffs())
+                ):
                     return (
                         f"{render(symbol)} = {render(replacement)}  (declare {render(symbol)!r} "
                         f"as this derived Dim)"

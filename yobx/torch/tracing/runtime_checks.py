@@ -128,18 +128,13 @@ class _CheckBuilder:
         self.placeholders = placeholders
         self.tracer = GraphAppendingTracer(graph)
         self.proxies: dict[sympy.Expr, Any] = {}
-        #: symbol without sympy's positivity -> the ShapeEnv's symbol
-        self.originals: dict[sympy.Symbol, sympy.Symbol] = {}
 
     def add(self, check: RuntimeCheck) -> int:
-        condition = self._in_sizes(check.condition)
-        if condition is None:
-            raise self._unchecked(check)
         # ShapeEnv symbols are positive for sympy, which folds `s >= 1` to True: the
         # check is built on integer symbols without that assumption
-        condition = condition.xreplace(
-            {s: self._neutral(s) for s in condition.free_symbols if s.is_positive}
-        )
+        condition = self._in_sizes(self.dims.twins(check.condition))
+        if condition is None:
+            raise self._unchecked(check)
         if condition is sympy.true:
             return 0
         symbols = sorted(condition.free_symbols, key=str)
@@ -171,22 +166,20 @@ class _CheckBuilder:
             expression=check.expression,
         )
 
-    def _neutral(self, symbol: sympy.Symbol) -> sympy.Symbol:
-        neutral = sympy.Symbol(symbol.name, integer=True)
-        self.originals[neutral] = symbol
-        return neutral
-
     def _display(self, symbol: sympy.Symbol) -> str:
         name = str(symbol)
-        return name if "." in name else self.dims.render(self.originals.get(symbol, symbol))
+        return name if "." in name else self.dims.render(symbol)
 
     def _in_sizes(self, condition: sympy.Basic) -> sympy.Basic | None:
         """Replaces symbols defined from others (``dim == 2*q``: ``q = dim // 2``)."""
-        for _ in range(len(self.dims.definitions) + 1):
-            defined = condition.free_symbols & set(self.dims.definitions)
+        dims = self.dims
+        for _ in range(len(dims.definitions) + 1):
+            defined = [s for s in condition.free_symbols if dims.original(s) in dims.definitions]
             if not defined:
                 return condition
-            condition = condition.xreplace({s: self.dims.definitions[s] for s in defined})
+            condition = condition.xreplace(
+                {s: dims.twins(dims.definitions[dims.original(s)]) for s in defined}
+            )
         return None
 
     def _symbol(self, symbol: sympy.Symbol) -> Proxy | None:
@@ -197,7 +190,7 @@ class _CheckBuilder:
             # `leaf.size(axis)`: a size read directly (agreement of declared axes)
             proxy = self._size(*_parse_size(name))
         else:
-            source = self.dims.sources.get(self.originals.get(symbol, symbol))
+            source = self.dims.sources.get(self.dims.original(symbol))
             if source is None:
                 return None
             leaf, axis, a, b = source

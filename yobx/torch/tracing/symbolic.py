@@ -94,6 +94,8 @@ class SymbolicDimensions:
         self.definitions: dict[sympy.Symbol, sympy.Expr] = {}
         self._hints: dict[str, int] = {}
         self._rename: dict[sympy.Symbol, sympy.Expr] = {}
+        self._twins: dict[sympy.Symbol, sympy.Symbol] = {}
+        self._originals: dict[sympy.Symbol, sympy.Symbol] = {}
 
     # creation
 
@@ -196,12 +198,36 @@ class SymbolicDimensions:
 
     def policy_of(self, symbol: sympy.Symbol) -> str | None:
         """How facts on ``symbol`` may be adopted; None for data-dependent symbols."""
+        symbol = self.original(symbol)
         policy = self.policies.get(symbol)
         if policy is None and symbol in self.definitions:
             bases = self.definitions[symbol].free_symbols
             policies = [self.policy_of(s) for s in bases]
             return "strict" if "strict" in policies else (policies[0] if policies else None)
         return policy
+
+    def twin(self, symbol: sympy.Symbol) -> sympy.Symbol:
+        """The symbol of the same name for sympy's non-negative integers.
+
+        ShapeEnv symbols are positive for sympy, which folds ``s == 0`` to False and
+        ``s >= 1`` to True on construction: right for the dimensions' ranges, wrong for
+        a condition the graph must check on any input. Conditions checked at run time
+        and decisions re-proved for small sizes use the twins.
+        """
+        twin = self._twins.get(symbol)
+        if twin is None:
+            twin = sympy.Symbol(symbol.name, integer=True, nonnegative=True)
+            self._twins[symbol] = twin
+            self._originals[twin] = symbol
+        return twin
+
+    def twins(self, expr: sympy.Basic) -> sympy.Basic:
+        """``expr`` written with :meth:`twin` symbols."""
+        return expr.xreplace({s: self.twin(s) for s in expr.free_symbols if s.is_positive})
+
+    def original(self, symbol: sympy.Symbol) -> sympy.Symbol:
+        """The ShapeEnv symbol of a :meth:`twin` (itself for any other symbol)."""
+        return self._originals.get(symbol, symbol)
 
     def symint(self, symbol: sympy.Symbol) -> torch.SymInt:
         """A SymInt standing for ``symbol``."""
@@ -216,7 +242,7 @@ class SymbolicDimensions:
         expr = _expression(value)
         if expr is None:
             return None
-        return expr.xreplace(self._rename)
+        return expr.xreplace({s: self._rename.get(self.original(s), s) for s in expr.free_symbols})
 
     def fake_tensor(self, tensor: torch.Tensor, sizes: list[int | torch.SymInt]) -> torch.Tensor:
         """Returns a fake tensor with the dtype and device of ``tensor`` and ``sizes``."""
@@ -237,7 +263,7 @@ class SymbolicDimensions:
         expr = _expression(value)
         if expr is None:
             return str(value)
-        expr = expr.xreplace(self._rename)
+        expr = expr.xreplace({s: self._rename.get(self.original(s), s) for s in expr.free_symbols})
         return _pretty(expr)
 
     def symbols_of(self, value: Any) -> list[str]:
@@ -267,7 +293,7 @@ class SymbolicDimensions:
         """The known range of an integer expression, ``math.inf`` when unbounded."""
         from torch.utils._sympy.value_ranges import bound_sympy
 
-        expr = self.shape_env.replace(expr)
+        expr = self.shape_env.replace(expr.xreplace(self._originals))
         bound = bound_sympy(expr, self.shape_env.var_to_range)
         return _finite(bound.lower), _finite(bound.upper)
 
@@ -279,7 +305,7 @@ class SymbolicDimensions:
         if expr is None:
             return False
         return bool(free_unbacked_symbols(expr)) or any(
-            s not in self.shape_env.backed_var_to_val for s in expr.free_symbols
+            self.original(s) not in self.shape_env.backed_var_to_val for s in expr.free_symbols
         )
 
     # decisions
@@ -294,22 +320,23 @@ class SymbolicDimensions:
 
     def lowest_bound(
         self, build: Callable[..., sympy.Basic] | None, operands: list[Any], value: Any
-    ) -> tuple[list[sympy.Symbol], int]:
+    ) -> tuple[sympy.Basic | None, list[sympy.Symbol], int]:
         """How small the dimensions declared without a lower bound may be for a
         decision to keep its value.
 
         Decisions are made with the default range ``[2, inf]`` (as torch.export does),
         but a graph is only as good as its decisions: ``x.shape[0] == 0 -> False`` is
         wrong for an empty input, ``seq > 1 -> True`` for one token. The decision is
-        proved again with those dimensions starting at 0, then at 1, on symbols without
-        sympy's positivity assumption (which alone folds ``s == 0`` to False).
+        proved again with those dimensions starting at 0, then at 1, on :meth:`twin`
+        symbols (sympy's positivity alone folds ``s == 0`` to False).
 
         :param build: builds the decided expression from the operands (a comparison
             returning ``value``, or an expression equal to ``value``); None when
             unknown, which needs the default bound
-        :param operands: sympy expressions or numbers
+        :param operands: sympy expressions, SymInts or numbers
         :param value: what the expression was decided to be
-        :return: the dimensions relaxed, and the lowest bound (0, 1 or 2) they need
+        :return: the decision as a condition on twin symbols (None when ``build`` is
+            None), the dimensions relaxed, and the lowest bound (0, 1 or 2) they need
         """
         from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -323,25 +350,24 @@ class SymbolicDimensions:
             if s in self.default_min and self.shape_env.var_to_range[s].lower == DEFAULT_MIN
         ]
         if not relaxable:
-            return [], 0
+            return None, [], 0
         if build is None:
-            return relaxable, DEFAULT_MIN
-        neutral = {s: sympy.Symbol(f"_{s.name}", integer=True) for s in symbols}
-        decided = build(*(o.xreplace(neutral) for o in operands))
+            return None, relaxable, DEFAULT_MIN
+        decided = build(*(self.twins(o) for o in operands))
         if isinstance(value, bool) and isinstance(decided, sympy.logic.boolalg.Boolean):
             claim = decided if value else sympy.Not(decided)
         else:
             claim = sympy.Eq(decided, value)
         if claim is sympy.true:
-            return relaxable, 0
-        ranges = {neutral[s]: self.shape_env.var_to_range[s] for s in symbols}
+            return claim, relaxable, 0
+        ranges = {self.twin(s): self.shape_env.var_to_range[s] for s in symbols}
         for low in (0, 1):
             relaxed = dict(ranges)
             for s in relaxable:
-                relaxed[neutral[s]] = ValueRanges(low, ranges[neutral[s]].upper)
+                relaxed[self.twin(s)] = ValueRanges(low, ranges[self.twin(s)].upper)
             if self.prove(claim, (relaxed, {})) is True:
-                return relaxable, low
-        return relaxable, DEFAULT_MIN
+                return claim, relaxable, low
+        return claim, relaxable, DEFAULT_MIN
 
     def snapshot(self) -> tuple[dict, dict]:
         """What is known now (ranges, replacements), to judge guards added later."""

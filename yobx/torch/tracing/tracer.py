@@ -377,8 +377,16 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 _PyTreeInfo(list(self._inputs.arg_names), self._inputs.in_spec, self._out_spec)
             )
         _remove_unused_scalar_nodes(graph)
+        # Pickling or copying a GraphModule traces its code again with this class:
+        # torch.fx's own tracer does that job (it needs no example inputs).
+        graph._tracer_cls = None
         if self.runtime_checks:
-            checks = declared_checks(self.dims) + [
+            checks = declared_checks(self.dims)
+            checks += [
+                RuntimeCheck(condition, f"torch._check({text})", location)
+                for condition, text, location in self.refinements.user_checks
+            ]
+            checks += [
                 RuntimeCheck(fact.condition, fact.constraint.expression, fact.constraint.location)
                 for fact in self.refinements.adopted
             ]

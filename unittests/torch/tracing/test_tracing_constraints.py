@@ -1,0 +1,447 @@
+"""Refine, don't refuse: facts adopted as constraints, reported, and checked at run time.
+
+Each kind of constraint is traced with string names (adopted), with a named
+``torch.export.Dim`` (refused with a paste-able fix) and checked when the graph runs:
+exact inside the constraints, a ConstraintViolationError outside.
+"""
+
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch.export import Dim
+
+from yobx.torch.tracing import (
+    ConstraintViolationError,
+    CustomTracer,
+    DataDependentError,
+    SpecializationError,
+    StrictDimensionError,
+)
+from yobx.torch.tracing.runtime_checks import check_constraint
+
+from ._helpers import check_trace, trace_module
+
+
+def _kinds(tracer):
+    return [(c.expression, c.kind) for c in tracer.constraints]
+
+
+# range: a position table of 128 entries sliced by the sequence length
+
+
+class Positions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(128 * 4, dtype=torch.float32).reshape(128, 4))
+
+    def forward(self, x):
+        return x + self.table[: x.shape[1]]
+
+
+def test_range_is_adopted_reported_and_checked():
+    tracer, graph, gm = check_trace(
+        Positions(),
+        {"x": torch.randn(2, 7, 4)},
+        {"x": {0: "batch", 1: "seq"}},
+        [{"x": torch.randn(3, 128, 4)}, {"x": torch.randn(1, 2, 4)}],
+    )
+    assert _kinds(tracer) == [("seq <= 128", "range")]
+    (constraint,) = tracer.constraints
+    assert constraint.location.startswith(__file__) and constraint.dimensions == ("seq",)
+    assert tracer.range_constraints == {"batch": (2, float("inf")), "seq": (2, 128)}
+    output = next(n for n in graph.nodes if n.op == "output")
+    assert output.meta["constraints"] == tracer.constraints
+    with pytest.raises(ConstraintViolationError, match=r"seq <= 128.*seq=129") as info:
+        gm(torch.randn(2, 129, 4))
+    assert info.value.values == {"seq": 129} and info.value.location == constraint.location
+
+
+def test_range_with_a_named_dim_gives_the_fix():
+    with pytest.raises(StrictDimensionError) as info:
+        trace_module(Positions(), {"x": torch.randn(2, 7, 4)}, {"x": {1: Dim("seq")}})
+    ((constraint, fix),) = info.value.needed
+    assert (constraint.expression, constraint.kind) == ("seq <= 128", "range")
+    assert fix == 'seq = torch.export.Dim("seq", max=128)'
+    # the fix, pasted, traces
+    check_trace(
+        Positions(),
+        {"x": torch.randn(2, 7, 4)},
+        {"x": {1: Dim("seq", max=128)}},
+        [{"x": torch.randn(2, 128, 4)}],
+    )
+
+
+# relation: an attention mask covering the cache and the new tokens
+
+
+class MaskedStep(torch.nn.Module):
+    def forward(self, x, cache, mask):
+        keys = torch.cat([cache, x], dim=1)
+        return keys * mask[:, :, None]
+
+
+def _step_inputs(batch, seq, past):
+    return {
+        "x": torch.randn(batch, seq, 4),
+        "cache": torch.randn(batch, past, 4),
+        "mask": torch.rand(batch, past + seq),
+    }
+
+
+_STEP_SHAPES = {
+    "x": {0: "batch", 1: "seq"},
+    "cache": {0: "batch", 1: "past"},
+    "mask": {0: "batch", 1: "total"},
+}
+
+
+def test_relation_is_adopted_and_checked():
+    tracer, _, gm = check_trace(
+        MaskedStep(), _step_inputs(2, 3, 5), _STEP_SHAPES, [_step_inputs(3, 1, 9)]
+    )
+    assert _kinds(tracer) == [("total == past + seq", "relation")]
+    assert tracer.range_constraints["total"] == (4, float("inf"))
+    with pytest.raises(ConstraintViolationError, match="total == past"):
+        gm(**{**_step_inputs(2, 3, 5), "mask": torch.rand(2, 9)})
+
+
+def test_relation_with_named_dims_suggests_a_check():
+    batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
+    shapes = {"x": {0: batch, 1: seq}, "cache": {0: batch, 1: past}, "mask": {0: batch, 1: total}}
+    with pytest.raises(StrictDimensionError) as info:
+        trace_module(MaskedStep(), _step_inputs(2, 3, 5), shapes)
+    ((constraint, fix),) = info.value.needed
+    assert constraint.kind == "relation"
+    # a Dim derives from one root only: the relation is asserted in the code instead
+    assert fix.startswith("torch._check(total == past + seq)")
+
+    class Checked(MaskedStep):
+        def forward(self, x, cache, mask):
+            torch._check(mask.shape[1] == cache.shape[1] + x.shape[1])
+            return super().forward(x, cache, mask)
+
+    tracer, _, gm = check_trace(Checked(), _step_inputs(2, 3, 5), shapes, [_step_inputs(3, 2, 7)])
+    assert tracer.constraints == []
+    with pytest.raises(ConstraintViolationError, match="torch._check"):
+        gm(**{**_step_inputs(2, 3, 5), "mask": torch.rand(2, 9)})
+
+
+def test_relation_to_one_named_dim_suggests_a_derived_dim():
+    class Shift(torch.nn.Module):
+        def forward(self, x, y):
+            return x[1:] + y
+
+    with pytest.raises(StrictDimensionError) as info:
+        trace_module(
+            Shift(),
+            {"x": torch.randn(5, 2), "y": torch.randn(4, 2)},
+            {"x": {0: Dim("n")}, "y": {0: Dim("m")}},
+        )
+    ((constraint, fix),) = info.value.needed
+    assert constraint.kind == "relation"
+    assert fix.startswith(("n = m + 1", "m = n - 1")), fix
+
+
+# divisibility: a reshape into halves
+
+
+class Halves(torch.nn.Module):
+    def forward(self, x):
+        b, d = x.shape
+        pairs = x.reshape(b, d // 2, 2).sum(-1)
+        # provable once d == 2 * q: no second constraint
+        return pairs.repeat_interleave(2, dim=1) * (d // 2 * 2 == d)
+
+
+def test_divisibility_is_adopted_and_the_dimension_becomes_a_multiple():
+    tracer, graph, gm = check_trace(
+        Halves(), {"x": torch.randn(3, 6)}, {"x": {0: "b", 1: "d"}}, [{"x": torch.randn(2, 10)}]
+    )
+    assert _kinds(tracer) == [("d % 2 == 0", "divisibility")]
+    # later decisions use d == 2 * d_div2
+    assert tracer.range_constraints["d"] == (2, float("inf"))
+    with pytest.raises(ConstraintViolationError, match=r"d % 2 == 0.*d=7"):
+        gm(torch.randn(3, 7))
+
+
+def test_divisibility_with_a_named_dim_gives_the_fix():
+    with pytest.raises(StrictDimensionError) as info:
+        trace_module(Halves(), {"x": torch.randn(3, 6)}, {"x": {1: Dim("d")}})
+    ((_, fix),) = info.value.needed
+    assert fix == 'd = 2 * torch.export.Dim("d_div2")'
+    half = Dim("half")
+    check_trace(
+        Halves(), {"x": torch.randn(3, 6)}, {"x": {1: 2 * half}}, [{"x": torch.randn(3, 8)}]
+    )
+
+
+class OddPadding(torch.nn.Module):
+    """A UNet-style branch: pad odd sizes to even ones."""
+
+    def forward(self, x):
+        if x.shape[-1] % 2 != 0:
+            x = torch.nn.functional.pad(x, (0, 1))
+        return torch.nn.functional.avg_pool1d(x, 2)
+
+
+def test_branch_on_parity_is_a_divisibility():
+    tracer, _, gm = check_trace(
+        OddPadding(), {"x": torch.randn(2, 3, 8)}, {"x": {2: "w"}}, [{"x": torch.randn(2, 3, 4)}]
+    )
+    assert _kinds(tracer) == [("w % 2 == 0", "divisibility")]
+    with pytest.raises(ConstraintViolationError):
+        gm(torch.randn(2, 3, 9))
+    # traced on an odd example, the graph takes the padding branch and checks oddness
+    tracer, _, gm = check_trace(
+        OddPadding(), {"x": torch.randn(2, 3, 7)}, {"x": {2: "w"}}, [{"x": torch.randn(2, 3, 11)}]
+    )
+    assert _kinds(tracer) == [("w % 2 == 1", "divisibility")]
+
+
+# value: a Python int needed from a dimension
+
+
+class Unrolled(torch.nn.Module):
+    def forward(self, x):
+        return sum(x[:, i] for i in range(x.shape[1]))
+
+
+def test_value_on_a_dynamic_dimension_is_an_error_naming_the_line():
+    with pytest.raises(SpecializationError) as info:
+        trace_module(Unrolled(), {"x": torch.randn(2, 3)}, {"x": {1: "n"}})
+    assert info.value.location.startswith(__file__)
+    assert info.value.dimensions == ("n",)
+    assert "Dim.STATIC" in str(info.value) and "n == 3" in str(info.value)
+
+
+def test_value_on_an_auto_dimension_makes_it_static_with_a_warning():
+    with pytest.warns(UserWarning, match="x_dim_1.*becomes static"):
+        tracer, _, gm = check_trace(
+            Unrolled(),
+            {"x": torch.randn(2, 3)},
+            {"x": {0: Dim.AUTO, 1: Dim.AUTO}},
+            [{"x": torch.randn(5, 3)}],
+        )
+    assert _kinds(tracer) == [("x_dim_1 == 3", "value")]
+    with pytest.raises(ConstraintViolationError):
+        gm(torch.randn(2, 4))
+
+
+def test_value_on_a_named_dim_says_to_declare_it_static():
+    with pytest.raises(StrictDimensionError, match="Dim.STATIC"):
+        trace_module(Unrolled(), {"x": torch.randn(2, 3)}, {"x": {1: Dim("n")}})
+
+
+# other: any other formula
+
+
+class Pooled(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[2] * x.shape[3] == 1:
+            return x.flatten(1)
+        return x.mean((2, 3))
+
+
+def test_other_formula_is_kept_as_written():
+    tracer, _, gm = check_trace(
+        Pooled(),
+        {"x": torch.randn(2, 3, 4, 5)},
+        {"x": {2: "h", 3: "w"}},
+        [{"x": torch.randn(2, 3, 1, 7)}],
+    )
+    # decided from the default ranges (h, w >= 2), but wrong for h == w == 1: checked
+    assert _kinds(tracer) == [("h*w != 1", "other")]
+    with pytest.raises(ConstraintViolationError, match=r"h\*w != 1"):
+        gm(torch.randn(2, 3, 1, 1))
+    assert gm(torch.randn(2, 3, 1, 3)).shape == (2, 3)
+
+
+def test_every_needed_constraint_is_listed_once():
+    class Two(torch.nn.Module):
+        def forward(self, x, y):
+            z = x + y  # a == b
+            if z.shape[1] > 8:
+                return z
+            return -z
+
+    with pytest.raises(StrictDimensionError) as info:
+        trace_module(
+            Two(),
+            {"x": torch.randn(3, 4), "y": torch.randn(3, 4)},
+            {"x": {0: Dim("a"), 1: Dim("n")}, "y": {0: Dim("b"), 1: Dim("n")}},
+        )
+    kinds = sorted(c.kind for c, _ in info.value.needed)
+    assert kinds == ["range", "relation"]
+    text = str(info.value)
+    assert "2 found" in text and text.count("fix:") == 2
+
+
+def test_specialize_undecidable_adopts_for_named_dims():
+    tracer, _, _ = trace_module(
+        Positions(),
+        {"x": torch.randn(2, 7, 4)},
+        {"x": {1: Dim("seq")}},
+        tracer_kwargs={"specialize_undecidable": True},
+    )
+    assert _kinds(tracer) == [("seq <= 128", "range")]
+
+
+# default lower bounds: checked only where a decision relies on them
+
+
+class EmptyOrOne(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[0] == 0:
+            return x
+        if x.shape[1] > 1:
+            return x * 2
+        return x
+
+
+def test_default_lower_bound_is_checked_only_where_needed():
+    tracer, _, gm = check_trace(
+        EmptyOrOne(),
+        {"x": torch.randn(3, 5)},
+        {
+            "x": {
+                0: "batch",
+                1: "seq",
+            }
+        },
+        [{"x": torch.randn(1, 4)}],
+    )
+    assert _kinds(tracer) == [("batch >= 1", "range"), ("seq >= 2", "range")]
+    with pytest.raises(ConstraintViolationError, match="batch >= 1"):
+        gm(torch.randn(0, 5))
+    with pytest.raises(ConstraintViolationError, match="seq >= 2"):
+        gm(torch.randn(3, 1))
+
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    tracer, _, gm = check_trace(
+        Plain(), {"x": torch.randn(3, 5)}, {"x": {0: "batch"}}, [{"x": torch.randn(1, 5)}]
+    )
+    assert tracer.constraints == []
+    assert gm(torch.randn(0, 5)).shape == (0, 5)
+
+
+def test_declared_bounds_and_shared_dimensions_are_checked():
+    class Add(torch.nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    shapes = {"x": {0: Dim("batch", min=2, max=8)}, "y": {0: Dim("batch", min=2, max=8)}}
+    _, _, gm = check_trace(
+        Add(),
+        {"x": torch.randn(3, 2), "y": torch.randn(3, 2)},
+        shapes,
+        [{"x": torch.randn(8, 2), "y": torch.randn(8, 2)}],
+    )
+    with pytest.raises(ConstraintViolationError, match="batch <= 8"):
+        gm(torch.randn(9, 2), torch.randn(9, 2))
+    with pytest.raises(ConstraintViolationError, match=r"y.size\(0\) == batch"):
+        gm(torch.randn(4, 2), torch.randn(5, 2))
+
+
+def test_derived_dimension_is_checked():
+    class Shifted(torch.nn.Module):
+        def forward(self, x, y):
+            return x[1:] + y
+
+    n = Dim("n")
+    _, _, gm = check_trace(
+        Shifted(),
+        {"x": torch.randn(5, 2), "y": torch.randn(4, 2)},
+        {"x": {0: n + 1}, "y": {0: n}},
+        [{"x": torch.randn(9, 2), "y": torch.randn(8, 2)}],
+    )
+    with pytest.raises(ConstraintViolationError):
+        gm(torch.randn(9, 2), torch.randn(4, 2))
+
+
+def test_torch_check_is_checked_when_the_graph_runs():
+    class Checked(torch.nn.Module):
+        def forward(self, x, y):
+            torch._check(x.shape[0] >= y.shape[0])
+            return x[: y.shape[0]] + y
+
+    _, _, gm = check_trace(
+        Checked(), {"x": torch.randn(5, 2), "y": torch.randn(3, 2)}, {"x": {0: "n"}, "y": {0: "m"}}
+    )
+    with pytest.raises(ConstraintViolationError, match=r"torch._check\(n >= m\)"):
+        gm(torch.randn(2, 2), torch.randn(3, 2))
+
+
+# the checks in the graph
+
+
+def test_checks_survive_recompile_printing_and_pickling():
+    _, graph, gm = check_trace(MaskedStep(), _step_inputs(2, 3, 5), _STEP_SHAPES)
+    assert "check_constraint" in gm.code and "total == past + seq" in str(graph)
+    gm.recompile()
+    clone = pickle.loads(pickle.dumps(gm))
+    with pytest.raises(ConstraintViolationError):
+        clone(**{**_step_inputs(2, 3, 5), "mask": torch.rand(2, 9)})
+    # dead-code elimination keeps them: they have a side effect
+    graph.eliminate_dead_code()
+    assert any(n.target is check_constraint for n in graph.nodes)
+
+
+def test_runtime_checks_can_be_turned_off():
+    tracer = CustomTracer(runtime_checks=False)
+    graph = tracer.trace(
+        Positions(), concrete_args={"x": torch.randn(2, 7, 4)}, dynamic_shapes={"x": {1: "seq"}}
+    )
+    assert [c.expression for c in tracer.constraints] == ["seq <= 128"]
+    assert not any(n.target is check_constraint for n in graph.nodes)
+
+
+def test_checks_retrace_with_symbolic_trace():
+    _, _, gm = check_trace(MaskedStep(), _step_inputs(2, 3, 5), _STEP_SHAPES)
+    again = torch.fx.symbolic_trace(gm)
+    assert sum(n.target is check_constraint for n in again.graph.nodes) >= 1
+    with pytest.raises(ConstraintViolationError):
+        again(**{**_step_inputs(2, 3, 5), "mask": torch.rand(2, 9)})
+
+
+# errors
+
+
+class ValueBranch(torch.nn.Module):
+    def forward(self, x):
+        if x.sum().item() > 0:
+            return x
+        return -x
+
+
+def test_branch_on_a_tensor_value_names_the_line_and_suggests_cond():
+    with pytest.raises(DataDependentError) as info:
+        trace_module(ValueBranch(), {"x": torch.randn(3, 2)}, {"x": {0: "batch"}})
+    message = str(info.value)
+    assert info.value.location.startswith(__file__)
+    assert "depends on tensor values" in message
+    assert "torch.cond" in message and "torch.where" in message
+
+
+class Lengths(torch.nn.Module):
+    def forward(self, x):
+        n = len(x)
+        return x.reshape(n, -1) / n
+
+
+def test_len_stays_symbolic():
+    tracer, graph, _ = check_trace(
+        Lengths(), {"x": torch.randn(4, 3, 2)}, {"x": {0: "n"}}, [{"x": torch.randn(7, 3, 2)}]
+    )
+    assert tracer.constraints == []
+    assert len is __builtins__["len"] if isinstance(__builtins__, dict) else len is __builtins__.len
+
+
+def test_no_warning_for_a_clean_trace():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_trace(Lengths(), {"x": torch.randn(4, 3, 2)}, {"x": {0: "n"}})
