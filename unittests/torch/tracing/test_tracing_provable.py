@@ -277,6 +277,11 @@ def test_exports_to_onnx_with_dynamic_dimensions(name):
     assert report.n_checked >= 2, report.format()
     declared = {n for spec in dynamic if spec for n in spec.values()}
     assert declared <= set(result.dynamic_dimensions), result.dynamic_dimensions
+    # each declared axis of each input is named in the ONNX model, not a number
+    for onnx_input, spec in zip(result.model_proto.graph.input, dynamic):
+        dims = onnx_input.type.tensor_type.shape.dim
+        for axis, dim_name in (spec or {}).items():
+            assert dims[axis].dim_param == dim_name, (onnx_input.name, axis, dims[axis])
 
 
 def test_mixture_of_experts_on_cpu_float32():

@@ -2,8 +2,8 @@
 
 transpose, permute, unsqueeze, squeeze, expand, view/reshape/flatten (strides from
 ATen's ``computeStride``; ``reshape`` copies when no view exists), split/chunk along a
-static dimension, basic indexing (ints, full or static slices, ``None``, ``...``),
-``contiguous`` and ``to(dtype)``.
+static dimension, basic indexing (ints, symbolic ints known inside their dimension,
+full or static slices, ``None``, ``...``), ``contiguous`` and ``to(dtype)``.
 """
 
 from __future__ import annotations
