@@ -55,6 +55,7 @@ def capture(
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer`."""
     from yobx.torch.passes import remove_inplace
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
+    from yobx.torch.tracing.patches import symbolic_kernels
 
     concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
     # ONNX has no assertions: the constraints go to the model's metadata instead of
@@ -70,7 +71,10 @@ def capture(
     graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
     # ONNX has no in-place writes: the final values of mutated inputs and buffers
     # become extra outputs (listed in the output node's meta["yobx_mutations"]).
-    remove_inplace(graph, recursive=True, exc=False)
+    # The pass computes fake values with the tracer's symbolic kernels (torch's would
+    # specialize x[:, n - 1] = v to the example's n).
+    with symbolic_kernels():
+        remove_inplace(graph, recursive=True, exc=False)
     codegen = graph_module.graph._codegen
     pytree_info = getattr(codegen, "pytree_info", None)
     out_spec = pytree_info.out_spec if pytree_info is not None else None

@@ -185,11 +185,16 @@ def _run_passes(graph_module: torch.fx.GraphModule) -> dict[str, int]:
         from yobx.torch import passes
     except ImportError:
         return {}
+    from yobx.torch.tracing.patches import symbolic_kernels
+
     counts = {}
-    for name in ("remove_unnecessary_slices", "remove_batch_dim_nodes", "remove_inplace"):
-        function = getattr(passes, name, None)
-        if function is not None:
-            counts[name] = function(graph_module.graph)
+    # the passes compute fake values of the nodes they create with the kernels the
+    # tracer used, which keep the dimensions symbolic
+    with symbolic_kernels():
+        for name in ("remove_unnecessary_slices", "remove_batch_dim_nodes", "remove_inplace"):
+            function = getattr(passes, name, None)
+            if function is not None:
+                counts[name] = function(graph_module.graph)
     graph_module.graph.lint()
     graph_module.recompile()
     return counts

@@ -29,6 +29,7 @@ from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
+from yobx.torch.tracing.symbolic_variants import function_variant
 
 #: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
 SOURCE_NODE_KEY = "yobx_source_node"
@@ -144,6 +145,10 @@ class _LoweringInterpreter(torch.fx.Interpreter):
                     # Only the first tensor of a multi-output node keeps the node's name.
                     break
         return result
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        # the tracer computed this node's value with the same symbolic variant
+        return super().call_function(function_variant(target), args, kwargs)
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
         submodule = self.fetch_attr(target)

@@ -246,15 +246,23 @@ def symbolic_kernels() -> Iterator[None]:
 
     Used while tracing and by anything that re-runs a traced graph on its fake values
     (the ONNX lowering): ``torch.max_pool1d`` becomes ``max_pool1d_with_indices``,
-    ``baddbmm`` becomes ``bmm`` and additions. Only fake tensors take the detour.
-    Restored on exit.
+    ``baddbmm`` becomes ``bmm`` and additions, plus the variants of
+    :mod:`.symbolic_variants` (indexing with a symbolic integer, ``take_along_dim``,
+    ``reshape``/``flatten``, ``F.pad``, ``F.interpolate``, float32 ``_grouped_mm``).
+    Only fake tensors take the detour. Restored on exit.
     """
-    with patched_attributes(
-        [
-            (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
-            (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
-            (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
-        ]
+    from . import symbolic_variants
+
+    with (
+        patched_attributes(
+            [
+                (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
+                (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
+                (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
+                *symbolic_variants.replacements(),
+            ]
+        ),
+        symbolic_variants.grouped_mm_fake_values(),
     ):
         yield
 

@@ -31,6 +31,8 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.fx.proxy import TraceError
 from torch.utils._sympy.numbers import int_oo
 
+from .integer_bounds import nonpositive
+
 #: Default lower bound of a dynamic dimension, the same as torch.export's.
 DEFAULT_MIN = 2
 
@@ -389,6 +391,13 @@ class SymbolicDimensions:
         expr = expr.xreplace(replacements)
         if expr in (sympy.true, sympy.false):
             return bool(expr)
+        if isinstance(expr, (sympy.And, sympy.Or)):
+            # torch._check(a and b) in torch's kernels: each part is judged alone
+            parts = [self.prove(part, known) for part in expr.args]
+            decisive = isinstance(expr, sympy.Or)  # the value one part decides
+            if decisive in parts:
+                return decisive
+            return None if None in parts else not decisive
         if isinstance(expr, (sympy.Ne, sympy.Eq)):
             # a != b follows from a < b or a > b
             apart = self.prove(sympy.Lt(expr.lhs, expr.rhs), known) or self.prove(
@@ -396,6 +405,11 @@ class SymbolicDimensions:
             )
             if apart:
                 return isinstance(expr, sympy.Ne)
+            # a == b follows from a <= b and a >= b
+            if self.prove(sympy.Le(expr.lhs, expr.rhs), known) and self.prove(
+                sympy.Ge(expr.lhs, expr.rhs), known
+            ):
+                return isinstance(expr, sympy.Eq)
             return None
         if not isinstance(expr, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
             return None
@@ -410,6 +424,13 @@ class SymbolicDimensions:
         low = self._bound(diff, ranges, upper=False)
         if low is not None and (low > 0 or (strict and low >= 0)):
             return False
+        if diff.is_integer:
+            # sizes are integers: see integer_bounds (Min/Max, x <= 0 from x < 1,
+            # divisions by a dimension)
+            if nonpositive(diff + 1 if strict else diff, ranges, self._bound):
+                return True
+            if nonpositive(-diff if strict else 1 - diff, ranges, self._bound):
+                return False
         return None
 
     @staticmethod

@@ -30,7 +30,12 @@ from .inputs import (
     register_cache_flattening,
 )
 from .module_state import assign_traced_buffer, buffer_assignments, preserved_modules
-from .patches import TENSOR_FACTORIES, patch_len_in, replace_problematic_function_before_tracing
+from .patches import (
+    TENSOR_FACTORIES,
+    patch_len_in,
+    replace_problematic_function_before_tracing,
+    symbolic_kernels,
+)
 from .proxies import (
     CustomParameterProxy,
     CustomProxy,
@@ -41,6 +46,7 @@ from .refinement import Refinements
 from .runtime_checks import RuntimeCheck, declared_checks, insert_runtime_checks
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
+from .symbolic_variants import function_variant
 
 # Python math functions have symbolic twins that keep a SymInt/SymFloat symbolic.
 _SYMBOLIC_MATH = {
@@ -435,7 +441,11 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         # observable=False: writes into inputs and buffers stay in-place, so that the
         # graph returns what the model returns and has the same side effects
         # (to_onnx runs the pass itself to turn them into extra outputs).
-        remove_inplace(graph, recursive=True, exc=False, observable=False)
+        # the pass computes the fake values of the nodes it creates (x[:, n - 1] = v
+        # becomes select_scatter...): with the same symbolic kernels as the trace, or
+        # torch's would specialize the dimensions
+        with symbolic_kernels():
+            remove_inplace(graph, recursive=True, exc=False, observable=False)
 
     # graph passes (thin calls into yobx.torch.passes, kept on the tracer's public API)
 
@@ -700,7 +710,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 isinstance(a, (torch.SymInt, torch.SymFloat)) for a in args
             ):
                 target = _SYMBOLIC_MATH[target]
-            return target(*args, **kwargs)
+            return function_variant(target)(*args, **kwargs)
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         return self._run_leaf_module(node.target, args, kwargs)

@@ -2,8 +2,8 @@
 
 transpose, permute, unsqueeze, squeeze, expand, view/reshape/flatten (strides from
 ATen's ``computeStride``; ``reshape`` copies when no view exists), split/chunk along a
-static dimension, basic indexing (ints, full or static slices, ``None``, ``...``),
-``contiguous`` and ``to(dtype)``.
+static dimension, basic indexing (ints, symbolic ints known inside their dimension,
+full or static slices, ``None``, ``...``), ``contiguous`` and ``to(dtype)``.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def expand(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     return factory.view(x, out_sizes, out_strides)
 
 
-def _infer_sizes(x: torch.Tensor, target: tuple) -> list[Any]:
+def infer_sizes(x: torch.Tensor, target: tuple) -> list[Any]:
     """Replaces a ``-1`` by the size it stands for, proving the element count matches."""
     numel = x.numel()
     known: Any = 1
@@ -159,13 +159,13 @@ def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bo
     target = _sizes_argument(args[1:])
     if not target or any(isinstance(t, torch.dtype) for t in target):
         raise Unsupported("view(dtype) or empty shape")
-    sizes = _infer_sizes(x, target)
+    sizes = infer_sizes(x, target)
     if any(is_one(size) for size in (*sizes, *x.shape)):
         # torch's view algorithm gives size-1 dimensions strides of its own choosing
         raise Unsupported("size-1 dimensions")
     if exactly_contiguous(x):
         return factory.view(x, sizes, contiguous_strides(sizes))
-    strides = _view_strides(list(x.shape), list(x.stride()), sizes)
+    strides = view_strides(list(x.shape), list(x.stride()), sizes)
     if strides is not None:
         return factory.view(x, sizes, strides)
     if not copy:
@@ -185,7 +185,7 @@ def reshape(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     return _view_or_reshape(factory, args, kwargs, copy=True)
 
 
-def _view_strides(old_sizes: list, old_strides: list, new_sizes: list) -> list | None:
+def view_strides(old_sizes: list, old_strides: list, new_sizes: list) -> list | None:
     """ATen's ``computeStride``: the strides of a view, ``None`` when a copy is needed.
 
     Every comparison of sizes goes through :func:`decide` (known from the ranges, or
@@ -324,6 +324,11 @@ def getitem(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
                 raise Unsupported("index maybe out of range")
             offset = offset + position * strides[dim]
             del sizes[dim], strides[dim]
+        elif isinstance(item, torch.SymInt):
+            # x[:, n - 1]: torch selects (see patches.symbolic_kernels) when the index
+            # is known inside the dimension, with the same sign for every size
+            offset = offset + _symbolic_position(item, sizes[dim]) * strides[dim]
+            del sizes[dim], strides[dim]
         elif type(item) is slice:
             start, stop, step = _static_slice(item, sizes[dim])
             if start is not None:
@@ -336,6 +341,17 @@ def getitem(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
         else:
             raise Unsupported("advanced indexing")
     return factory.view(x, sizes, strides, offset)
+
+
+def _symbolic_position(index: torch.SymInt, length: Any) -> Any:
+    """The position ``select`` reads for a symbolic index (falls back when its sign or
+    its range is not known from the dimensions' ranges)."""
+    if decide(index >= 0):
+        if decide(index < length):
+            return index
+    elif decide(index >= -length):
+        return length + index
+    raise Unsupported("index maybe out of range")
 
 
 def _gather_every_dimension(factory: TensorFactory, x: torch.Tensor, items: tuple):
