@@ -314,13 +314,19 @@ def test_mixture_of_experts_on_cpu_float32():
     assert any(n.target is torch._grouped_mm for n in graph.nodes)
 
 
-def test_pad_needing_a_real_constraint_is_still_refused():
+def test_pad_needing_a_real_constraint_is_adopted_and_checked():
     """Reflection needs the pad below the size: false for w = 2 (2 % 3 == 2)."""
-    from torch.fx.proxy import TraceError
+    from torch.export import Dim
+
+    from yobx.torch.tracing import ConstraintViolationError, StrictDimensionError
 
     model = _Positional(lambda x: F.pad(x, (1, x.shape[-1] % 3), mode="reflect"), 1)
-    with pytest.raises(TraceError, match="not provable"):
-        check_trace(model, {"a0": _randn(1, 2, 6)}, {"a0": {2: "w"}})
+    tracer, _, gm = check_trace(model, {"a0": _randn(1, 2, 6)}, {"a0": {2: "w"}})
+    assert tracer.constraints, "the fact reflection needs is reported"
+    with pytest.raises(ConstraintViolationError):
+        gm(_randn(1, 2, 2))
+    with pytest.raises(StrictDimensionError):
+        check_trace(model, {"a0": _randn(1, 2, 6)}, {"a0": {2: Dim("w")}})
 
 
 # the prover: facts that hold for every size

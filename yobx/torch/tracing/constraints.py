@@ -76,6 +76,8 @@ def normalize(fact: sympy.Basic, positive: Callable[[sympy.Symbol], bool]) -> sy
     :param fact: a relation that holds
     :param positive: tells whether a symbol is known to be at least 1
     """
+    if isinstance(fact, (sympy.And, sympy.Or)):
+        return _normalize_connective(fact, positive)
     if isinstance(fact, (sympy.Eq, sympy.Ne)):
         fact = _normalize_extremum(fact)
     if isinstance(fact, (sympy.Eq, sympy.Ne)):
@@ -97,8 +99,41 @@ def normalize(fact: sympy.Basic, positive: Callable[[sympy.Symbol], bool]) -> sy
 _EXTREMA = (sympy.Min, sympy.Max, Min, Max)
 
 
+def _normalize_connective(fact: sympy.Basic, positive) -> sympy.Basic:
+    """``and``/``or`` of normalized parts; on one dimension, the interval it leaves
+    (``seq == min(64, seq) or min(64, seq) == 1`` is ``seq <= 64``)."""
+    fact = fact.func(*(normalize(part, positive) for part in fact.args))
+    if len(fact.free_symbols) != 1 or fact.has(FloorDiv, Mod, PythonMod, Min, Max):
+        return fact
+    (symbol,) = fact.free_symbols
+    try:
+        solutions = fact.as_set().intersect(sympy.Interval(0, sympy.oo))
+    except (NotImplementedError, TypeError, ValueError):
+        return fact
+    if isinstance(solutions, sympy.Interval) and not solutions.left_open:
+        if solutions.right is sympy.oo:
+            return sympy.Ge(symbol, sympy.ceiling(solutions.left))
+        if solutions.left <= 0:
+            return sympy.Le(symbol, sympy.floor(solutions.right))
+    return fact
+
+
 def _normalize_extremum(fact: sympy.Basic) -> sympy.Basic:
-    """``s == min(s, c)`` is ``s <= c``; ``s == max(s, c)`` is ``s >= c``."""
+    """``s == min(s, c)`` is ``s <= c``; ``s == max(s, c)`` is ``s >= c``;
+    ``min(s, c) == v`` is ``s == v`` below ``c``."""
+    for side, other in ((fact.lhs, fact.rhs), (fact.rhs, fact.lhs)):
+        if (
+            isinstance(other, _EXTREMA)
+            and len(other.args) == 2
+            and side.is_number
+            and any(a.is_number for a in other.args)
+        ):
+            (bound,) = [a for a in other.args if a.is_number]
+            (rest,) = [a for a in other.args if not a.is_number] or [None]
+            minimum = isinstance(other, (sympy.Min, Min))
+            if rest is not None and ((side < bound) if minimum else (side > bound)):
+                holds = sympy.Eq(rest, side)
+                return holds if isinstance(fact, sympy.Eq) else sympy.Ne(rest, side)
     for side, other in ((fact.lhs, fact.rhs), (fact.rhs, fact.lhs)):
         if isinstance(other, _EXTREMA) and len(other.args) == 2 and side in other.args:
             (bound,) = [a for a in other.args if a != side]
@@ -157,6 +192,34 @@ def classify(fact: sympy.Basic) -> str:
     return "other"
 
 
+def _isolated(fact: sympy.Basic) -> sympy.Basic:
+    """``past + seq - total <= 0`` as ``total >= past + seq``: a linear inequality with
+    a dimension of coefficient 1 alone on the left, the other side with as few
+    negative terms as possible."""
+    if fact.lhs.is_Symbol and not any(
+        t.could_extract_minus_sign() for t in sympy.Add.make_args(fact.rhs)
+    ):
+        return fact
+    difference = sympy.expand(fact.lhs - fact.rhs)
+    strict = isinstance(fact, (sympy.Lt, sympy.Gt))
+    # the fact is `difference < 0` (small) or `difference > 0`
+    small = isinstance(fact, (sympy.Le, sympy.Lt))
+    candidates = []
+    for symbol in sorted(difference.free_symbols, key=str):
+        sign = difference.coeff(symbol)
+        if sign not in (1, -1) or (difference - sign * symbol).has(symbol):
+            continue
+        # difference = sign * (symbol - rest)
+        rest = sympy.expand(symbol - difference / sign)
+        below = (sign > 0) == small
+        negatives = sum(t.could_extract_minus_sign() for t in sympy.Add.make_args(rest))
+        relation = (
+            (sympy.Lt if strict else sympy.Le) if below else (sympy.Gt if strict else sympy.Ge)
+        )
+        candidates.append((negatives, str(symbol), relation(symbol, rest)))
+    return min(candidates, key=lambda c: c[:2])[2] if candidates else fact
+
+
 def _solve_single(fact: sympy.Basic) -> sympy.Expr | None:
     from torch.utils._sympy.solve import try_solve
 
@@ -195,6 +258,8 @@ def simplest_form(fact: sympy.Basic, kind: str) -> sympy.Basic:
     ``total == past + seq``)."""
     if kind == "relation" and fact.rhs.is_Symbol and not fact.lhs.is_Symbol:
         return sympy.Eq(fact.rhs, fact.lhs)
+    if kind == "other" and isinstance(fact, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
+        return _isolated(fact)
     if kind == "range":
         bound = _bound_of_single(fact)
         return fact if bound is None else bound

@@ -110,14 +110,32 @@ def _symbolic_extremum(original: Callable, symbolic: Callable) -> Callable:
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        if kwargs or len(args) < 2 or find_proxy(args) is None:
+        if kwargs or find_proxy(args) is None:
             return original(*args, **kwargs)
-        result = args[0]
-        for other in args[1:]:
+        # min(a, b, ...) or min(iterable): Swin's min(input_resolution)
+        items = list(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        if not items:
+            return original(*args, **kwargs)
+        result = items[0]
+        for other in items[1:]:
             result = symbolic(result, other)
         return result
 
     return wrapper
+
+
+def _proxy_aware_is_tensor(original: Callable) -> Callable:
+    """``torch.is_tensor(x)`` is True for a proxy of a tensor (diffusers checks timesteps
+    that way); torch's own frames never call it with a proxy."""
+    from .proxies import CustomProxy
+
+    @functools.wraps(original)
+    def is_tensor(obj):
+        if _BUILTIN_ISINSTANCE(obj, CustomProxy):
+            return _BUILTIN_ISINSTANCE(obj.node.meta.get("val"), torch.Tensor)
+        return original(obj)
+
+    return is_tensor
 
 
 def _proxy_aware_isinstance(original: Callable) -> Callable:
@@ -294,6 +312,7 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
         (torch.func, "vmap", vmap),
         (torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan)),
         (builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance)),
+        (torch, "is_tensor", _proxy_aware_is_tensor(torch.is_tensor)),
         (builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max)),
         (builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min)),
     ]

@@ -199,15 +199,19 @@ class Refinements:
         if claim is None:
             # an operation whose value cannot be rebuilt: the default bound itself
             claims = [sympy.Ge(dims.twin(s), low) for s in sorted(symbols, key=str)]
+        elif isinstance(claim, sympy.Ne) and 0 in (claim.lhs, claim.rhs):
+            # a product of sizes other than 0 (`numel() == 0 -> False`): each is >= 1
+            product = claim.lhs + claim.rhs
+            factors = [f for f in sympy.Mul.make_args(product) if not f.is_number]
+            claims = (
+                [sympy.Ge(f, 1) for f in factors] if all(f.is_Symbol for f in factors) else [claim]
+            )
         else:
             claims = [claim]
         for fact in claims:
             fact = normalize(fact, lambda s: True)
             kind = classify(fact)
             form = simplest_form(fact, kind)
-            if isinstance(form, sympy.Ne) and 0 in (form.lhs, form.rhs):
-                # a size other than 0 is a size of at least 1
-                form, kind = sympy.Ge(form.lhs + form.rhs, 1), "range"
             if kind == "other" and len(form.free_symbols) == 1:
                 (symbol,) = form.free_symbols
                 interval = as_range(form, (low, dims.range_of(symbol)[1]))

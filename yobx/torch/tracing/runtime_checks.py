@@ -15,6 +15,7 @@ printing and pickling, and the passes keep them (the function is registered with
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import math
 import operator
 from typing import Any
@@ -219,6 +220,14 @@ class _CheckBuilder:
             return self._symbol(expr)
         if expr.is_Integer or isinstance(expr, sympy.logic.boolalg.BooleanAtom):
             return int(expr) if expr.is_Integer else bool(expr)
+        if expr.is_Rational:
+            # exact arithmetic: sizes divided by a constant they are multiples of
+            proxy = self.tracer.create_proxy(
+                "call_function", fractions.Fraction, (int(expr.p), int(expr.q)), {}
+            )
+            proxy.node.meta["val"] = None
+            self.proxies[expr] = proxy
+            return proxy
         function, folds = _operation(expr)
         args = [self._interpret(a) for a in expr.args]
         if folds:

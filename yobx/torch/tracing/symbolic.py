@@ -32,6 +32,7 @@ from torch.fx.proxy import TraceError
 from torch.utils._sympy.numbers import int_oo
 
 from .integer_bounds import nonpositive
+from .residues import is_identity
 
 #: Default lower bound of a dynamic dimension, the same as torch.export's.
 DEFAULT_MIN = 2
@@ -405,10 +406,12 @@ class SymbolicDimensions:
             )
             if apart:
                 return isinstance(expr, sympy.Ne)
-            # a == b follows from a <= b and a >= b
-            if self.prove(sympy.Le(expr.lhs, expr.rhs), known) and self.prove(
-                sympy.Ge(expr.lhs, expr.rhs), known
-            ):
+            # a == b follows from a <= b and a >= b, or from an identity on residues
+            # (padding to a multiple: `n + (4 - n % 4) % 4` is divisible by 4)
+            if (
+                self.prove(sympy.Le(expr.lhs, expr.rhs), known)
+                and self.prove(sympy.Ge(expr.lhs, expr.rhs), known)
+            ) or is_identity(expr.lhs - expr.rhs):
                 return isinstance(expr, sympy.Eq)
             return None
         if not isinstance(expr, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .shape_rules._base import Unsupported, exactly_contiguous, same_size, size_key
@@ -234,7 +235,12 @@ def _python_dispatched(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def wrapper(input, *args, **kwargs):
-        if _symbolic_fake(input):
+        # a static input resized to a symbolic size (a position table interpolated
+        # to the image's patch grid) needs it as well
+        if _symbolic_fake(input) or (
+            type(input) is FakeTensor
+            and any(isinstance(a, torch.SymInt) for a in pytree.tree_leaves((args, kwargs)))
+        ):
             with enable_python_dispatcher():
                 return original(input, *args, **kwargs)
         return original(input, *args, **kwargs)

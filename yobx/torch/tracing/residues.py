@@ -1,0 +1,72 @@
+"""Proofs of identities with remainders and floor divisions by constants.
+
+Padding to a multiple and splitting into windows write sizes such as
+``n + (4 - n % 4) % 4`` and then ask torch questions like
+``16*b*X*Y == 256*b*(X // 4)*(Y // 4)`` for ``X`` of that form: true for every size
+(``X`` is a multiple of 4), but out of reach of interval bounds.
+
+An expression built from sums, products, remainders ``a % c`` and floor divisions
+``a // c`` by positive constants only depends on its symbols through polynomials once
+their residues modulo ``L`` (the least common multiple of the divisors) are fixed:
+writing each symbol ``s = L*t + r``, every remainder becomes a constant and every floor
+division ``(a - a % c) / c`` a polynomial in ``t``. An equality is then proved by
+checking, for each combination of residues, that the difference of both sides expands
+to zero. This holds for every non-negative integer, so for every size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+#: at most this many residue combinations are enumerated
+MAX_CASES = 4096
+
+
+def is_identity(difference: sympy.Expr) -> bool:
+    """Whether ``difference`` is 0 for every non-negative integer value of its symbols.
+
+    False means "not shown", never "false".
+    """
+    expr = _plain(difference)
+    if expr is None:
+        return False
+    divisors = [int(m.args[1]) for m in expr.atoms(sympy.Mod)]
+    if not divisors:
+        return sympy.expand(expr) == 0
+    modulus = math.lcm(*divisors)
+    symbols = sorted(set().union(*(m.args[0].free_symbols for m in expr.atoms(sympy.Mod))), key=str)
+    if modulus ** len(symbols) > MAX_CASES:
+        return False
+    fresh = {s: sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True) for s in symbols}
+    for residues in itertools.product(range(modulus), repeat=len(symbols)):
+        case = expr.xreplace({s: modulus * fresh[s] + r for s, r in zip(symbols, residues)})
+        case = sympy.expand(case)
+        if case.has(sympy.Mod) or case != 0:
+            return False
+    return True
+
+
+def _plain(expr: sympy.Expr) -> sympy.Expr | None:
+    """``expr`` with sympy's ``Mod`` only: ``a // c`` is ``(a - a % c) / c``; None when
+    a division or a remainder is not by a positive integer constant, or anything else
+    than sums, products and integer powers appears."""
+    if expr.is_Atom:
+        return expr if (expr.is_Symbol or expr.is_Integer or expr.is_Rational) else None
+    args = [_plain(a) for a in expr.args]
+    if any(a is None for a in args):
+        return None
+    if isinstance(expr, (FloorDiv, Mod, PythonMod, sympy.Mod)):
+        base, divisor = args
+        if not (divisor.is_Integer and divisor > 0):
+            return None
+        remainder = sympy.Mod(base, divisor)
+        return remainder if not isinstance(expr, FloorDiv) else (base - remainder) / divisor
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        return expr.func(*args)
+    if isinstance(expr, sympy.Pow) and args[1].is_Integer and args[1] >= 0:
+        return args[0] ** args[1]
+    return None
