@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
@@ -26,12 +27,18 @@ from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 MAX_CASES = 4096
 
 
-def is_identity(difference: sympy.Expr) -> bool:
+def is_identity(
+    difference: sympy.Expr, positive: Callable[[sympy.Expr], bool] | None = None
+) -> bool:
     """Whether ``difference`` is 0 for every non-negative integer value of its symbols.
 
     False means "not shown", never "false".
+
+    :param positive: tells whether an expression is at least 1 for every size; a floor
+        division by such an expression that divides exactly (``(16*b*x*y) // (x*y)``,
+        a view's ``-1``) is replaced by its quotient
     """
-    expr = _plain(difference)
+    expr = _plain(difference, positive)
     if expr is None:
         return False
     divisors = [int(m.args[1]) for m in expr.atoms(sympy.Mod)]
@@ -50,17 +57,23 @@ def is_identity(difference: sympy.Expr) -> bool:
     return True
 
 
-def _plain(expr: sympy.Expr) -> sympy.Expr | None:
+def _plain(expr: sympy.Expr, positive) -> sympy.Expr | None:
     """``expr`` with sympy's ``Mod`` only: ``a // c`` is ``(a - a % c) / c``; None when
-    a division or a remainder is not by a positive integer constant, or anything else
-    than sums, products and integer powers appears."""
+    a division or a remainder is not by a positive integer constant (or an exact
+    division by a positive expression), or anything else than sums, products and
+    integer powers appears."""
     if expr.is_Atom:
         return expr if (expr.is_Symbol or expr.is_Integer or expr.is_Rational) else None
-    args = [_plain(a) for a in expr.args]
+    args = [_plain(a, positive) for a in expr.args]
     if any(a is None for a in args):
         return None
     if isinstance(expr, (FloorDiv, Mod, PythonMod, sympy.Mod)):
         base, divisor = args
+        if not divisor.is_number and positive is not None:
+            quotient = sympy.cancel(base / divisor)
+            exact = sympy.fraction(quotient)[1].is_number
+            if exact and positive(divisor):
+                return quotient if isinstance(expr, FloorDiv) else sympy.Integer(0)
         if not (divisor.is_Integer and divisor > 0):
             return None
         remainder = sympy.Mod(base, divisor)

@@ -411,7 +411,7 @@ class SymbolicDimensions:
             if (
                 self.prove(sympy.Le(expr.lhs, expr.rhs), known)
                 and self.prove(sympy.Ge(expr.lhs, expr.rhs), known)
-            ) or is_identity(expr.lhs - expr.rhs):
+            ) or is_identity(expr.lhs - expr.rhs, lambda e: self._at_least_one(e, ranges)):
                 return isinstance(expr, sympy.Eq)
             return None
         if not isinstance(expr, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
@@ -435,6 +435,11 @@ class SymbolicDimensions:
             if nonpositive(-diff if strict else 1 - diff, ranges, self._bound):
                 return False
         return None
+
+    def _at_least_one(self, expr: sympy.Expr, ranges: dict) -> bool:
+        """Whether an integer expression is at least 1 for every size in ``ranges``."""
+        low = self._bound(expr, ranges, upper=False)
+        return low is not None and low >= 1
 
     @staticmethod
     def _bound(diff: sympy.Expr, var_to_range: dict, upper: bool):
