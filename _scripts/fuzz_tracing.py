@@ -27,6 +27,7 @@ from unittests.torch.tracing.program_generator import (
     shrink_program,
 )
 from unittests.torch.tracing.program_harness import OUTCOMES, run_program
+from unittests.torch.tracing.test_tracing_fuzz import ALLOWED_REFUSALS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     refusals: dict[str, list] = collections.defaultdict(list)
     narrowings: dict[str, list] = collections.defaultdict(list)
     wrong = []
+    checked = skipped = 0
     for seed in range(args.seed, args.seed + args.count):
         outcome = run_program(generate_program(seed, other_sizes=args.sizes - 1), args.sizes)
         outcomes[outcome.kind] += 1
+        checked, skipped = checked + outcome.checked, skipped + outcome.skipped
         if outcome.kind == "refused":
             refusals[outcome.category].append(outcome)
         elif outcome.kind == "narrowed":
@@ -60,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for kind in OUTCOMES:
         print(f"  {kind:13s} {outcomes[kind]:6d}")
-    _print_groups("refusal categories (reason@operator or idiom, kinds of fact)", refusals, fact=True)
+    print(f"size sets compared with eager: {checked}, skipped (eager raised): {skipped}")
+    title = "refusal categories (reason@operator or idiom, kinds of fact)"
+    _print_groups(title, refusals, fact=True)
     _print_groups("narrowing constraints", narrowings)
     for outcome in wrong:
         print(f"\n==== WRONG (seed {outcome.program.seed})\n{outcome.report()}")
@@ -77,6 +82,8 @@ def _print_groups(title: str, groups: dict[str, list], fact: bool = False) -> No
     for name, group in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         facts = collections.Counter(o.fact for o in group)
         suffix = f"  [{', '.join(f'{k}: {v}' for k, v in facts.most_common())}]" if fact else ""
+        if fact and name not in ALLOWED_REFUSALS:
+            suffix += "  NOT IN THE TEST'S ALLOW-LIST"
         print(f"  {len(group):6d}  {name}{suffix}")
 
 

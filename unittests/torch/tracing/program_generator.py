@@ -239,11 +239,12 @@ def _random_inputs(rng: random.Random) -> tuple[InputSpec, ...]:
 def _random_sizes(rng: random.Random, names: list[str], others: int) -> list[dict[str, int]]:
     """Distinct values per dimension; some dimensions take only even values."""
     sets: list[dict[str, int]] = [{} for _ in range(others + 1)]
+    high = 17 if others <= 2 else 17 + 2 * others
     for name in names:
         if rng.random() < 0.35:
-            example, pool = rng.choice((4, 6, 8)), range(2, 17, 2)
+            example, pool = rng.choice((4, 6, 8)), range(2, high, 2)
         else:
-            example, pool = rng.randint(3, 8), range(2, 17)
+            example, pool = rng.randint(3, 8), range(2, high)
         values = [example, *rng.sample([v for v in pool if v != example], others)]
         for dims, value in zip(sets, values):
             dims[name] = value

@@ -17,6 +17,8 @@ import inspect
 import pytest
 import torch
 
+from yobx.torch.tracing import Constraint, ConstraintViolationError
+
 from . import program_harness
 from .program_generator import generate_program
 from .program_harness import run_program
@@ -121,25 +123,35 @@ def _first_correct_program():
     raise AssertionError("no program of seeds 0..49 traces")
 
 
-def _break_graph(monkeypatch, change):
-    """Makes every captured graph apply ``change(outputs, inputs)`` after running."""
+def _break_graph(monkeypatch, change, constraints=None):
+    """Makes every captured graph return ``change(outputs, inputs, dims)`` and report
+    ``constraints`` (when given) instead of the tracer's."""
     capture = program_harness._capture
 
-    def broken_capture(*args):
-        run, constraints = capture(*args)
+    def broken_capture(tool, program, module, example):
+        run, reported = capture(tool, program, module, example)
 
         def broken_run(**inputs):
-            return change(run(**inputs), inputs)
+            dims = _dims_of(program, inputs)
+            return change(run(**inputs), inputs, dims)
 
-        return broken_run, constraints
+        return broken_run, reported if constraints is None else constraints
 
     monkeypatch.setattr(program_harness, "_capture", broken_capture)
+
+
+def _dims_of(program, inputs) -> dict[str, int]:
+    for dims in program.size_sets:
+        shapes = {k: t.shape for k, t in program.make_inputs(dims).items()}
+        if shapes == {k: t.shape for k, t in inputs.items()}:
+            return dims
+    raise AssertionError("inputs of unknown sizes")
 
 
 def test_harness_reports_wrong_outputs(monkeypatch):
     program = _first_correct_program()
 
-    def shift(outputs, inputs):
+    def shift(outputs, inputs, dims):
         return torch.utils._pytree.tree_map(
             lambda t: t + 1e-3 if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
             outputs,
@@ -153,10 +165,58 @@ def test_harness_reports_wrong_outputs(monkeypatch):
 def test_harness_reports_writes_into_inputs(monkeypatch):
     program = _first_correct_program()
 
-    def write(outputs, inputs):
+    def write(outputs, inputs, dims):
         next(iter(inputs.values())).add_(1)
         return outputs
 
     _break_graph(monkeypatch, write)
     outcome = run_program(program)
     assert outcome.kind == "wrong" and "input after the call" in outcome.message, outcome.report()
+
+
+def _example_value(program) -> tuple[str, int]:
+    """A dimension and its example value (the other size sets give it other values)."""
+    return sorted(program.example_dims.items())[0]
+
+
+def _refusing_other_sizes(expression: str, name: str, value: int):
+    """A graph change raising ConstraintViolationError(expression) when ``name != value``."""
+
+    def refuse(outputs, inputs, dims):
+        if dims[name] != value:
+            raise ConstraintViolationError(expression, dims)
+        return outputs
+
+    return refuse
+
+
+def test_harness_reports_narrowing(monkeypatch):
+    program = _first_correct_program()
+    name, value = _example_value(program)
+    constraint = Constraint(f"{name} == {value}", "value", "", (name,))
+    _break_graph(
+        monkeypatch, _refusing_other_sizes(constraint.expression, name, value), (constraint,)
+    )
+    outcome = run_program(program)
+    assert outcome.kind == "narrowed", outcome.report()
+    assert outcome.category == constraint.expression and outcome.checked == 1
+
+
+def test_harness_reports_constraints_not_checked_when_the_graph_runs(monkeypatch):
+    program = _first_correct_program()
+    name, value = _example_value(program)
+    constraint = Constraint(f"{name} == {value}", "value", "", (name,))
+    _break_graph(monkeypatch, lambda outputs, inputs, dims: outputs, (constraint,))
+    outcome = run_program(program)
+    assert outcome.kind == "wrong" and "outside its constraint" in outcome.message
+
+
+def test_harness_reports_refusals_inside_the_constraints(monkeypatch):
+    program = _first_correct_program()
+    name, value = _example_value(program)
+    constraint = Constraint(f"{name} >= 2", "range", "", (name,))
+    _break_graph(
+        monkeypatch, _refusing_other_sizes(constraint.expression, name, value), (constraint,)
+    )
+    outcome = run_program(program)
+    assert outcome.kind == "wrong" and "inside its constraints" in outcome.message
