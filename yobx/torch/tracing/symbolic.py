@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import (
     statically_known_true,
 )
 from torch.fx.proxy import TraceError
+from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 from torch.utils._sympy.numbers import int_oo
 
 from .integer_bounds import nonpositive
@@ -99,6 +100,37 @@ class SymbolicDimensions:
         self._rename: dict[sympy.Symbol, sympy.Expr] = {}
         self._twins: dict[sympy.Symbol, sympy.Symbol] = {}
         self._originals: dict[sympy.Symbol, sympy.Symbol] = {}
+
+    def consult_prover(self) -> None:
+        """Lets torch's own static decisions use :meth:`prove` when it finds no answer.
+
+        Kernels ask the ShapeEnv questions like ``max(0, min(1, s - s//2)) == 1``
+        (``expand`` after a slice), true for every size but beyond its simplifier;
+        without an answer they guard on the example or, size-obliviously, take the
+        answer for large sizes, which can be wrong. Only a proof is returned; the hook
+        is set on this ShapeEnv instance, nothing global changes.
+        """
+        shape_env = self.shape_env
+        original = shape_env._maybe_evaluate_static
+
+        def maybe_evaluate_static(expr, **kwargs):
+            result = original(expr, **kwargs)
+            if (
+                result is not None
+                or kwargs.get("var_to_range") is not None
+                or kwargs.get("axioms") is not None
+                or kwargs.get("unbacked_only")
+                or not isinstance(expr, sympy.logic.boolalg.Boolean)
+                or not expr.has(FloorDiv, Mod, PythonMod, Min, Max, sympy.Min, sympy.Max)
+            ):
+                return result
+            proved = self.prove(expr)
+            return None if proved is None else sympy.sympify(proved)
+
+        # torch clears the method's lru_cache when ranges change
+        maybe_evaluate_static.cache_clear = original.cache_clear
+        maybe_evaluate_static.cache_info = original.cache_info
+        shape_env._maybe_evaluate_static = maybe_evaluate_static
 
     # creation
 
@@ -443,22 +475,23 @@ class SymbolicDimensions:
 
     @staticmethod
     def _bound(diff: sympy.Expr, var_to_range: dict, upper: bool):
-        from torch.utils._sympy.functions import FloorDiv
         from torch.utils._sympy.value_ranges import bound_sympy
 
         diff = sympy.expand(diff)
-        replacements = {}
-        for term in diff.atoms(FloorDiv):
-            base, divisor = term.args
-            if not (divisor.is_Integer and divisor > 0):
-                return None
-            coefficient = diff.coeff(term)
-            if not coefficient.is_number or term in coefficient.free_symbols:
-                return None
-            take_high = (coefficient > 0) == upper
-            replacements[term] = (base / divisor) if take_high else (base - divisor + 1) / divisor
-        free = diff.xreplace(replacements)
-        if free.atoms(FloorDiv) or any(not s.is_Symbol for s in free.free_symbols):
+        # A floor division that is a term of the sum (times a number) is replaced by
+        # the rational bound on the side that makes the sum largest (or smallest);
+        # anywhere else (inside a remainder, a product of symbols, a minimum) it is
+        # left to bound_sympy, which bounds it on its own.
+        terms = []
+        for term in sympy.Add.make_args(diff):
+            coefficient, rest = term.as_coeff_Mul()
+            if isinstance(rest, FloorDiv) and rest.args[1].is_Integer and rest.args[1] > 0:
+                base, divisor = rest.args
+                take_high = (coefficient > 0) == upper
+                rest = (base / divisor) if take_high else (base - divisor + 1) / divisor
+            terms.append(coefficient * rest)
+        free = sympy.Add(*terms)
+        if any(not s.is_Symbol for s in free.free_symbols):
             return None
         ranges = {s: var_to_range[s] for s in free.free_symbols if s in var_to_range}
         if len(ranges) != len(free.free_symbols):

@@ -299,11 +299,74 @@ def replacements() -> list[tuple[Any, str, Any]]:
     ]
 
 
+# torch.tensor(x.shape[-1]): a tensor holding sizes
+
+
+def _symbolic_scalars(data: Any) -> tuple[list, list[int]] | None:
+    """The flat items and the shape of nested lists holding a SymInt or a SymFloat."""
+    if isinstance(data, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return [data], []
+    if not isinstance(data, (list, tuple)) or not data:
+        return None
+    items, shapes, symbolic = [], set(), False
+    for item in data:
+        if isinstance(item, (list, tuple)):
+            found = _symbolic_scalars(item) or _plain_scalars(item)
+            if found is None:
+                return None
+            items.extend(found[0])
+            shapes.add(tuple(found[1]))
+        elif isinstance(item, (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            items.append(item)
+            shapes.add(())
+        else:
+            return None
+        symbolic = symbolic or any(isinstance(i, (torch.SymInt, torch.SymFloat)) for i in items)
+    if len(shapes) != 1 or not symbolic:
+        return None
+    return items, [len(data), *shapes.pop()]
+
+
+def _plain_scalars(data: Any) -> tuple[list, list[int]] | None:
+    values = torch.tensor(data)
+    return values.flatten().tolist(), list(values.shape)
+
+
+def _symbolic_tensor(original: Callable) -> Callable:
+    """``torch.tensor`` of sizes: ``scalar_tensor`` per size, stacked.
+
+    torch's constructor reads each SymInt as a Python int, which fixes the size to the
+    example's; ``scalar_tensor`` takes it as it is (make_fx records it with the size).
+    """
+
+    @functools.wraps(original)
+    def tensor(data, *args, dtype=None, device=None, requires_grad=False, **kwargs):
+        found = None if args or kwargs else _symbolic_scalars(data)
+        if found is None:
+            return original(
+                data, *args, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs
+            )
+        items, shape = found
+        if dtype is None:
+            if all(isinstance(i, (bool, torch.SymBool)) for i in items):
+                dtype = torch.bool
+            elif all(isinstance(i, (bool, int, torch.SymInt)) for i in items):
+                dtype = torch.int64
+            else:
+                dtype = torch.get_default_dtype()
+        parts = [torch.scalar_tensor(i, dtype=dtype, device=device) for i in items]
+        return parts[0] if not shape else torch.stack(parts).reshape(shape)
+
+    return tensor
+
+
 #: call_function targets (the builtins recorded in graphs) -> their variant; attribute
 #: patches do not reach a graph node holding the builtin itself
 FUNCTION_VARIANTS: dict[Any, Callable] = {
     getattr(torch, name): variant for owner, name, variant in _STABLE_REPLACEMENTS if owner is torch
 }
+FUNCTION_VARIANTS[torch.tensor] = _symbolic_tensor(torch.tensor)
+FUNCTION_VARIANTS[torch.as_tensor] = _symbolic_tensor(torch.as_tensor)
 
 
 def function_variant(target: Any) -> Any:

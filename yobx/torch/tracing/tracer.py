@@ -311,6 +311,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
 
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()
+        self.dims.consult_prover()
         self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode)
         self._check_shape_rules = shape_rules.check_enabled()
         self.refinements = Refinements(
