@@ -30,7 +30,12 @@ from collections.abc import Callable
 import torch
 from torch.fx.proxy import TraceError
 
-from yobx.torch.tracing import ConstraintViolationError, CustomTracer
+from yobx.torch.tracing import (
+    ConstraintViolationError,
+    CustomTracer,
+    DataDependentError,
+    SpecializationError,
+)
 
 from .program_generator import Program
 
@@ -245,6 +250,11 @@ def classify_refusal(error: BaseException) -> tuple[str, str]:
     text = str(error)
     if not isinstance(error, TraceError):
         return f"crash-{type(error).__name__}", "op"
+    # the tracer's own refusals say what they are
+    if isinstance(error, SpecializationError):
+        return "specialization", "value"
+    if isinstance(error, DataDependentError):
+        return "data-dependent", "op"
     reason = next((r for fragment, r in _REASONS if fragment in text), "other-trace-error")
     if reason == "fake-tensor-failure":
         match = re.search(r"failed on fake tensors with (\w+)", text)

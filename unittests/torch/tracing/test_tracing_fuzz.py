@@ -26,49 +26,17 @@ from .program_harness import run_program
 PROGRAMS_PER_BATCH = 25
 BATCHES = 8
 
-# (i): a fact torch.export adopts from the example and checks when the program runs
-# (range, relation, divisibility, value); refining instead of refusing absorbs them.
-# (ii): an operator or tracer failure (a kernel specializing, a missing shape rule, a
-# provable fact the tracer does not prove); each needs its own fix.
+# Facts torch.export adopts from the example (range, relation, divisibility) are
+# adopted as constraints too, and checked when the graph runs. What stays refused is a
+# dimension declared dynamic that the program makes a constant: a SpecializationError
+# naming the line (torch.export refuses these as well, "Constraints violated").
 ALLOWED_REFUSALS: dict[str, str] = {
-    # decisions in the program's own code
-    "undecidable-condition@branch_on_dim": "(i) range/value: `if seq > k` on a dimension",
-    "undecidable-condition@branch_on_parity": "(i) divisibility: `if seq % 2 != 0` (Swin/UNet)",
-    "undecidable-condition@branch_compare_dims": "(i) relation: `if a == b`, a and b independent",
-    "python-int-needed@int_of_dim": "(i) value: int(x.shape[0]) makes the dimension static",
-    "python-int-needed@scalar_from_dims": "(i) value: float(x.shape[-1]) makes it static",
-    "len-of-dynamic-dimension@dim_arithmetic": "(ii) len(x) of a dynamic dimension (issue 10)",
-    "len-of-dynamic-dimension@reshape_len": "(ii) len(x) of a dynamic dimension (issue 10)",
-    # operators needing facts on dimensions
-    "unprovable-op-requirement@chunk": "(ii) chunk(2) count is provably 2 for n >= 2; (i) chunk(3)",
-    "unprovable-op-requirement@split": "(i) split(2) has a size-dependent count",
-    "unprovable-op-requirement@unbind": "(i) value: unbind's output count is the dimension",
-    "unprovable-op-requirement@narrow": "(ii) narrow(d, 0, min(n, k)) / narrow(d, h, h) bounds",
-    "unprovable-op-requirement@view": "(i) divisibility: view(n // 2, 2) needs n even",
-    "unprovable-op-requirement@unflatten": "(i) divisibility: unflatten(d, (-1, 2)) needs n even",
-    "unprovable-op-requirement@reshape": "(i) a computed size that may be 1, or divisibility",
-    "unprovable-op-requirement@flatten": "(i) a computed size that may be 1 (`n - 1 != 1`)",
-    "unprovable-op-requirement@contiguous": "(i) a computed size that may be 1 or 0",
-    "unprovable-op-requirement@matmul": "(i) a computed size that may be 1 (broadcasting)",
-    "unprovable-op-requirement@expand": "(i) expand of a computed size that may be 1",
-    "unprovable-op-requirement@add": "(i) range: x + table[: x.shape[-1]] needs seq <= 32",
-    "unprovable-op-requirement@mul": "(i) broadcasting two computed sizes needs them equal",
-    "unprovable-op-requirement@group_norm": "(i) a computed size that may be 1",
-    "unprovable-op-requirement@scaled_dot_product_attention": "(i) a size that may be 1",
-    "unprovable-op-requirement@logsumexp": "(i) a computed size that may be 0",
-    "unprovable-op-requirement@avg_pool1d": "(i) range: the pooled size must be >= 1",
-    "unprovable-op-requirement@max_pool2d": "(i) range: the pooled size must be >= 1",
-    "unprovable-op-requirement@adaptive_avg_pool1d": "(i) a computed size that must be > 0",
-    "unprovable-op-requirement@unfold": "(i) range: unfold needs size >= window",
-    "unprovable-op-requirement@topk": "(ii) topk(min(n, 3)) needs Min(3, n) <= n, not proven",
-    "unprovable-op-requirement@getitem": "(ii) x[:, x.shape[1] - 1] specializes (issue 10)",
-    "unprovable-op-requirement@setitem": "(i) range: t[0] = ... on a slice that may be empty",
-    "unprovable-op-requirement@tensor": "(ii) torch.tensor(x.shape[-1]) specializes (export: not)",
-    "unprovable-op-requirement@take_along_dim": "(ii) take_along_dim specializes (issue 10)",
-    "unprovable-op-requirement@interpolate": "(ii) F.interpolate specializes (issue 10)",
-    "unprovable-op-requirement@pad": "(ii) F.pad specializes the padded dim (issue 10)",
-    "fake-tensor-failure-RuntimeError@pad": "(ii) F.pad(computed pads): kernel wants ints",
-    "fake-tensor-failure-RuntimeError@interpolate": "(ii) interpolate(size=2*s): kernel wants ints",
+    "specialization@int_of_dim": "int(x.shape[0]) makes the dimension a constant",
+    "specialization@scalar_from_dims": "float(x.shape[-1]) makes the dimension a constant",
+    "specialization@unbind": "unbind returns one tensor per index: the count is the dimension",
+    "specialization@split_int": "split(k) on a dimension k does not divide: a size-dependent count",
+    "specialization@split": "split(k) makes as many pieces as the dimension allows",
+    "specialization@chunk": "chunk(k) on a short dimension: the count is the dimension",
 }
 
 

@@ -81,3 +81,30 @@ def test_buffer_rebinding_to_another_shape_is_refused():
     with pytest.raises(TraceError, match="can only update a buffer in place"):
         _trace(model, torch.randn(3, 4))
     assert isinstance(model.state, torch.Tensor) and model.state.shape == (4,)
+
+
+def test_hooks_installed_by_the_traced_call_are_removed():
+    """transformers installs output-capturing hooks on a model's first call: when that
+    call is the traced one, the model must not keep them (a later eager call would
+    install them again and return every hidden state twice)."""
+
+    class Counted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.seen = []
+
+        def forward(self, x):
+            if not getattr(self, "_installed", False):
+                self._installed = True
+                self.lin.register_forward_hook(lambda m, i, o: self.seen.append(o))
+            return self.lin(x)
+
+    model = Counted()
+    hooks_before = dict(model.lin._forward_hooks)
+    tracer = CustomTracer()
+    tracer.trace(model, concrete_args={"x": torch.randn(2, 3)})
+    assert dict(model.lin._forward_hooks) == hooks_before
+    assert not hasattr(model, "_installed") and model.seen == []
+    model(torch.randn(2, 3))
+    assert len(model.seen) == 1

@@ -34,29 +34,77 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def preserved_modules(root: torch.nn.Module) -> Iterator[None]:
-    """Restores the state of every module of ``root`` on exit."""
-    snapshot = [
-        (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
-        for m in root.modules()
-    ]
+    """Restores the state of every module of ``root`` on exit.
+
+    Attributes, parameters, buffers, submodules, and the contents of every dict, list
+    or set a module holds (the hook registries: transformers installs its
+    output-capturing hooks on the first call, which may be the traced one), and the
+    global module hooks.
+    """
+    from torch.nn.modules import module as module_globals
+
+    snapshot = [(m, _contents(m.__dict__)) for m in root.modules()]
+    hooks = {
+        name: dict(getattr(module_globals, name))
+        for name in _GLOBAL_HOOKS
+        if isinstance(getattr(module_globals, name, None), dict)
+    }
     try:
         yield
     finally:
-        for module, attributes, parameters, buffers, modules in snapshot:
-            for table, saved in (
-                (module._parameters, parameters),
-                (module._buffers, buffers),
-                (module._modules, modules),
-            ):
-                if table != saved:
-                    table.clear()
-                    table.update(saved)
+        for module, attributes in snapshot:
             current = module.__dict__
             for name in [name for name in current if name not in attributes]:
                 del current[name]
-            for name, value in attributes.items():
+            for name, (value, contents) in attributes.items():
                 if current.get(name, _MISSING) is not value:
                     current[name] = value
+                _refill(value, contents)
+        for name, saved in hooks.items():
+            _refill(getattr(module_globals, name), saved)
+
+
+#: the registries of hooks applying to every module
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_forward_hooks_with_kwargs",
+    "_global_forward_hooks_always_called",
+)
+
+
+def _contents(attributes: dict) -> dict[str, tuple[Any, Any]]:
+    """Each attribute with a copy of its items when it is a container."""
+    saved = {}
+    for name, value in attributes.items():
+        if isinstance(value, dict):
+            contents: Any = dict(value)
+        elif isinstance(value, (list, set)):
+            contents = type(value)(value)
+        else:
+            contents = None
+        saved[name] = (value, contents)
+    return saved
+
+
+def _refill(container: Any, contents: Any) -> None:
+    """Puts ``contents`` back into ``container`` in place, when they differ."""
+    if contents is None:
+        return
+    if isinstance(container, dict):
+        if container.keys() != contents.keys() or any(
+            container[k] is not v for k, v in contents.items()
+        ):
+            container.clear()
+            container.update(contents)
+    elif isinstance(container, list):
+        if len(container) != len(contents) or any(a is not b for a, b in zip(container, contents)):
+            container[:] = contents
+    elif isinstance(container, set) and container != contents:
+        container.clear()
+        container.update(contents)
 
 
 @contextlib.contextmanager

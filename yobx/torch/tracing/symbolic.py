@@ -37,6 +37,8 @@ from .residues import is_identity
 
 #: Default lower bound of a dynamic dimension, the same as torch.export's.
 DEFAULT_MIN = 2
+#: torch's own undecided questions longer than this are not given to the prover
+_MAX_PROVED_OPERATIONS = 24
 
 
 @dataclasses.dataclass
@@ -112,6 +114,10 @@ class SymbolicDimensions:
         """
         shape_env = self.shape_env
         original = shape_env._maybe_evaluate_static
+        # kernels ask the same questions again and again (every view of a layer):
+        # answers are kept until the ShapeEnv learns something new
+        answers: dict[sympy.Basic, Any] = {}
+        version = [None]
 
         def maybe_evaluate_static(expr, **kwargs):
             result = original(expr, **kwargs)
@@ -121,11 +127,21 @@ class SymbolicDimensions:
                 or kwargs.get("axioms") is not None
                 or kwargs.get("unbacked_only")
                 or not isinstance(expr, sympy.logic.boolalg.Boolean)
-                or not expr.has(FloorDiv, Mod, PythonMod, Min, Max, sympy.Min, sympy.Max)
+                # torch's own bounds handle floor divisions; minima, maxima and
+                # remainders are where its simplifier stops short
+                or not expr.has(Mod, PythonMod, Min, Max, sympy.Min, sympy.Max)
+                # long expressions are the strides of contiguity questions, which only
+                # choose a layout; proving them costs more than it brings
+                or sympy.count_ops(expr) > _MAX_PROVED_OPERATIONS
             ):
                 return result
-            proved = self.prove(expr)
-            return None if proved is None else sympy.sympify(proved)
+            if version[0] != shape_env._version_counter:
+                answers.clear()
+                version[0] = shape_env._version_counter
+            if expr not in answers:
+                proved = self.prove(expr)
+                answers[expr] = None if proved is None else sympy.sympify(proved)
+            return answers[expr]
 
         # torch clears the method's lru_cache when ranges change
         maybe_evaluate_static.cache_clear = original.cache_clear

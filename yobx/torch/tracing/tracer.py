@@ -686,7 +686,11 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                     val = expected
                 else:
                     shape_rules.compare(
-                        val, expected, pytree.tree_leaves((args, kwargs)), _describe(node)
+                        val,
+                        expected,
+                        pytree.tree_leaves((args, kwargs)),
+                        _describe(node),
+                        self.dims.prove,
                     )
         except (TraceError, shape_rules.ShapeRuleMismatch):
             raise

@@ -23,6 +23,7 @@ both and compare shapes, strides, storage offsets, dtypes, devices, aliasing and
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -109,14 +110,33 @@ def _has_symbolic_tensor(args: tuple, kwargs: dict) -> bool:
     )
 
 
-def compare(value: Any, expected: Any, inputs: list[Any], what: str) -> None:
-    """Raises :class:`ShapeRuleMismatch` when a rule's value differs from torch's."""
+def compare(
+    value: Any,
+    expected: Any,
+    inputs: list[Any],
+    what: str,
+    prove: Callable[[Any], bool | None] | None = None,
+) -> None:
+    """Raises :class:`ShapeRuleMismatch` when a rule's value differs from torch's.
+
+    :param prove: decides a symbolic equality that the ShapeEnv cannot (torch writes a
+        size-1 stride as ``max(1, n)`` where a rule may write ``n`` with ``n >= 1``)
+    """
     if isinstance(expected, (tuple, list)):
         if not isinstance(value, (tuple, list)) or len(value) != len(expected):
             raise ShapeRuleMismatch(f"shape rule of {what}: {value!r} instead of {expected!r}")
         for v, e in zip(value, expected):
-            compare(v, e, inputs, what)
+            compare(v, e, inputs, what, prove)
         return
+
+    def _equal(a: Any, b: Any) -> bool:
+        if _known_equal(a, b):
+            return True
+        equal = a == b
+        if isinstance(equal, bool):
+            return equal
+        return prove is not None and prove(equal.node.expr) is True
+
     if not isinstance(expected, torch.Tensor) or not isinstance(value, torch.Tensor):
         raise ShapeRuleMismatch(f"shape rule of {what}: {value!r} instead of {expected!r}")
     problems = []
@@ -141,7 +161,7 @@ def compare(value: Any, expected: Any, inputs: list[Any], what: str) -> None:
         raise ShapeRuleMismatch(f"shape rule of {what}: " + "; ".join(problems))
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _known_equal(a: Any, b: Any) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     return statically_known_true(a == b)

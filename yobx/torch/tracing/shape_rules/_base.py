@@ -178,6 +178,9 @@ def contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
             if size != 1:
                 acc = acc * size
         else:
+            # as torch's make_contiguous_strides_for: an empty dimension counts as 1
+            # (`max(n, 1)`, which stays `n` when n is known to be at least 1)
+            size = torch.sym_max(size, 1)
             acc = size if type(acc) is int and acc == 1 else acc * size
     return strides
 
