@@ -39,6 +39,8 @@ class CapturedGraph:
     tracer: Any = None
     #: :func:`yobx.torch.tracing.graph_fingerprint` of the graph as the tracer returned it
     fingerprint: str = ""
+    #: [passes, issue 11] results of :func:`yobx.torch.passes.run_default_passes`
+    passes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def bind_arguments(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> dict:
@@ -72,7 +74,6 @@ def capture(
     module_leaves: Any = None,
 ) -> CapturedGraph:
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer`."""
-    from yobx.torch.passes import remove_inplace
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
 
     concrete_args = bind_arguments(model, tuple(args), kwargs or {})
@@ -85,9 +86,7 @@ def capture(
     )
     fingerprint = graph_fingerprint(graph)
     graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
-    # ONNX has no in-place writes: the final values of mutated inputs and buffers
-    # become extra outputs (listed in the output node's meta["yobx_mutations"]).
-    remove_inplace(graph, recursive=True, exc=False)
+    passes = _run_default_passes(graph)
     codegen = graph_module.graph._codegen
     pytree_info = getattr(codegen, "pytree_info", None)
     out_spec = pytree_info.out_spec if pytree_info is not None else None
@@ -101,7 +100,17 @@ def capture(
         shape_env=getattr(tracer, "shape_env", None),
         tracer=tracer,
         fingerprint=fingerprint,
+        passes=passes,
     )
+
+
+def _run_default_passes(graph: torch.fx.Graph) -> dict[str, Any]:
+    """[passes, issue 11] The default passes, run once per capture. ONNX has no in-place
+    writes: the final values of mutated inputs and buffers become extra outputs (listed
+    in the output node's meta["yobx_mutations"])."""
+    from yobx.torch.passes import run_default_passes
+
+    return run_default_passes(graph, mutations="outputs", exc=False, recursive=True)
 
 
 def _expand_tuple_nodes(graph: torch.fx.Graph, value: Any) -> Any:
@@ -292,6 +301,7 @@ def capture_with_symbolic_trace(
     fake_prop_class(graph_module, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
     for node, fake in zip(placeholders, fakes):
         node.meta["val"] = fake
+    passes = _run_default_passes(graph_module.graph)
     pytree_info = getattr(graph_module.graph._codegen, "pytree_info", None)
     if pytree_info is not None and pytree_info.out_spec is not None:
         out_spec = pytree_info.out_spec
@@ -304,4 +314,5 @@ def capture_with_symbolic_trace(
         dimension_names=names,
         guards=[str(g.expr) for g in shape_env.guards],
         shape_env=shape_env,
+        passes=passes,
     )

@@ -25,8 +25,10 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from ._node_kinds import example_value
+from ._targets import example_value
+from .aliasing import has_side_effect
 from .erase import graph_erase_node
+from .result import PassResult
 
 _FUNCTORCH_MODULES = ("torch._functorch", "torch._C._functorch", "torch.func")
 
@@ -285,7 +287,7 @@ def _fresh_attribute(owner: torch.nn.Module, base: str) -> str:
     return f"_yobx_vmap{base}_{index}"
 
 
-def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
+def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> PassResult:
     """Rewrites the vmap regions of a graph (``_add_batch_dim`` ... ``_remove_batch_dim``).
 
     Each region is re-traced with ``make_fx(torch.vmap(region, in_dims, out_dims))`` on the
@@ -297,7 +299,7 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
 
     :param graph: graph to modify in place
     :param verbose: verbosity
-    :return: number of removed nodes
+    :return: the number of removed nodes (a :class:`PassResult`)
     """
     spans, removed = _collect_spans(graph)
     for span in sorted(spans, key=lambda s: -s.depth):
@@ -326,7 +328,7 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
                 not getattr(node, "_erased", False)
                 and not node.users
                 and node.op != "placeholder"
-                and not node.is_impure()
+                and not has_side_effect(node)
             ):
                 removed += graph_erase_node(graph, node)
         removed += len(span.removes) + len(region) + len(span.adds) + len(span.bookkeeping)
@@ -338,4 +340,4 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
     graph.lint()
     if graph.owning_module is not None:
         graph.owning_module.recompile()
-    return removed
+    return PassResult("remove_batch_dim_nodes", removed)

@@ -346,14 +346,14 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         return wrapper
 
     def _apply_default_passes(self, graph) -> None:
-        from ..passes import remove_inplace
+        # [passes, issue 11] the one default pass order shared with to_onnx. exc=False:
+        # what a pass cannot prove exact stays as it is (still correct), tracing must not
+        # fail because of it. mutations="write_back": the body becomes functional and
+        # ends with copy_ into the mutated inputs and buffers, so the graph returns what
+        # the model returns and has the same side effects (to_onnx asks for "outputs").
+        from ..passes import run_default_passes
 
-        # exc=False: what the pass cannot prove safe stays in-place, which is still
-        # correct with eager semantics; tracing must not fail because of it.
-        # observable=False: writes into inputs and buffers stay in-place, so that the
-        # graph returns what the model returns and has the same side effects
-        # (to_onnx runs the pass itself to turn them into extra outputs).
-        remove_inplace(graph, recursive=True, exc=False, observable=False)
+        run_default_passes(graph, mutations="write_back", exc=False, recursive=True)
 
     # graph passes (thin calls into yobx.torch.passes, kept on the tracer's public API)
 
@@ -362,8 +362,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         """See :func:`yobx.torch.passes.remove_inplace`."""
         from ..passes import remove_inplace
 
-        return remove_inplace(
-            graph, exported_program, verbose=verbose, exc=exc, recursive=recursive
+        # [passes, issue 11] the seed's classmethods return plain ints
+        return int(
+            remove_inplace(graph, exported_program, verbose=verbose, exc=exc, recursive=recursive)
         )
 
     @classmethod
@@ -371,14 +372,14 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         """See :func:`yobx.torch.passes.remove_unnecessary_slices`."""
         from ..passes import remove_unnecessary_slices
 
-        return remove_unnecessary_slices(graph, verbose=verbose)
+        return int(remove_unnecessary_slices(graph, verbose=verbose))
 
     @classmethod
     def remove_batch_dim_nodes(cls, graph, verbose=0):
         """See :func:`yobx.torch.passes.remove_batch_dim_nodes`."""
         from ..passes import remove_batch_dim_nodes
 
-        return remove_batch_dim_nodes(graph, verbose=verbose)
+        return int(remove_batch_dim_nodes(graph, verbose=verbose))
 
     @classmethod
     def graph_erase_node(cls, graph, node):
