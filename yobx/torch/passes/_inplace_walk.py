@@ -217,8 +217,13 @@ class InplaceWalk:
             ),
             "",
         )
+        # every input and attribute exists from the start: a write must know the
+        # attributes sharing its storage even when they are read later
+        for node in nodes:
+            if node.op in ("placeholder", "get_attr") and not getattr(node, "_erased", False):
+                self._record(node, classify(node), ())
         for index, node in enumerate(nodes):
-            if getattr(node, "_erased", False):
+            if getattr(node, "_erased", False) or node.op in ("placeholder", "get_attr"):
                 continue
             if node.op == "output":
                 with self.graph.inserting_before(node):
@@ -325,7 +330,7 @@ class InplaceWalk:
         if alias.kind == NONTENSOR:
             return
         if node.op in ("placeholder", "get_attr"):
-            if node.op == "get_attr" or is_tensor(node) is not False:
+            if node not in self.infos and is_tensor(node) is not False:
                 self._attribute_root(node)
             return
         if node in self.infos:

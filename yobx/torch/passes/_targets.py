@@ -194,6 +194,21 @@ FRESH_MODULES = (
 )
 
 
+def tensor_type_kind(schema_type: Any) -> str | None:
+    """``"tensor"``, ``"list"`` (a list of tensors) or None for a schema argument type."""
+    if isinstance(schema_type, torch.OptionalType):
+        schema_type = schema_type.getElementType()
+    if isinstance(schema_type, torch.TensorType):
+        return "tensor"
+    if isinstance(schema_type, torch.ListType):
+        element = schema_type.getElementType()
+        if isinstance(element, torch.OptionalType):
+            element = element.getElementType()
+        if isinstance(element, torch.TensorType):
+            return "list"
+    return None
+
+
 def example_value(node: Any) -> Any:
     """Returns the value recorded on a node by the tracer (``meta["val"]``) or None."""
     if not isinstance(node, Node):
@@ -272,7 +287,7 @@ def overload_schemas(packet: Any) -> list[Any]:
         schema = getattr(packet, name)._schema
         if schema.is_mutable or not schema.arguments:
             continue
-        if str(schema.arguments[0].type).startswith("Tensor"):
+        if tensor_type_kind(schema.arguments[0].type) is not None:
             schemas.append(schema)
     return schemas
 
@@ -298,7 +313,9 @@ def aten_returns_tensor(name: str) -> bool | None:
     if packet is None:
         return None
     schemas = overload_schemas(packet)
-    single = [len(s.returns) == 1 and str(s.returns[0].type) == "Tensor" for s in schemas]
+    single = [
+        len(s.returns) == 1 and isinstance(s.returns[0].type, torch.TensorType) for s in schemas
+    ]
     if not single:
         return None
     if all(single):
@@ -374,7 +391,7 @@ def is_tensor(node: Any) -> bool | None:
         return None
     if isinstance(target, torch._ops.OpOverload):
         returns = target._schema.returns
-        return len(returns) == 1 and str(returns[0].type) == "Tensor"
+        return len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)
     name = callable_name(node)
     if name is not None:
         return aten_returns_tensor(name)
@@ -394,9 +411,16 @@ def returns_only_tensors(node: Any) -> bool:
             return False
         schemas = overload_schemas(packet)
     return bool(schemas) and all(
-        r and all(str(t.type) in ("Tensor", "Tensor[]") for t in r)
+        r and all(tensor_type_kind(t.type) is not None for t in r)
         for r in (s.returns for s in schemas)
     )
+
+
+def recompile_owner(graph: Any) -> None:
+    """Regenerates the code of the ``GraphModule`` owning a graph, if any."""
+    owner = graph.owning_module
+    if isinstance(owner, torch.fx.GraphModule):
+        owner.recompile()
 
 
 def fetch_attr(owner: torch.nn.Module, node: Node) -> Any:

@@ -52,6 +52,7 @@ from ._targets import (
     fetch_attr,
     is_tensor,
     module_of,
+    tensor_type_kind,
 )
 from ._views import (
     Scatter,
@@ -244,7 +245,7 @@ def _classify_aten(node: Node) -> Alias:
     schema = target._schema
     returns = schema.returns
     name = schema.name.split("::")[-1]
-    if not any(str(r.type).startswith("Tensor") for r in returns):
+    if not any(tensor_type_kind(r.type) is not None for r in returns):
         return NONTENSOR_ALIAS
     aliased = [r for r in returns if r.alias_info is not None]
     if not aliased:
@@ -252,11 +253,13 @@ def _classify_aten(node: Node) -> Alias:
     if len(returns) != 1:
         return MAY_ALIAS_ALIAS
     sets = aliased[0].alias_info.before_set
+    # a list return ``Tensor(a)[]`` exposes no set in Python: its argument is ``(a -> *)``
     position = next(
         (
             i
             for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and a.alias_info.before_set & sets
+            if a.alias_info is not None
+            and (a.alias_info.before_set & sets if sets else "*" in a.alias_info.after_set)
         ),
         None,
     )
@@ -266,7 +269,7 @@ def _classify_aten(node: Node) -> Alias:
     if aliased[0].alias_info.is_write:
         # in-place and out= results are the written argument itself
         return Alias(VIEW, base, scatter_identity)
-    if str(returns[0].type).endswith("[]"):
+    if tensor_type_kind(returns[0].type) == "list":
         return Alias(VIEWS, base, path=(node,)) if position == 0 else MAY_ALIAS_ALIAS
     if position != 0:
         return MAY_ALIAS_ALIAS

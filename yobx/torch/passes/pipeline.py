@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.fx import Graph
 
 from .remove_batch_dim import BatchDimRemovalError, remove_batch_dim_nodes
@@ -24,6 +27,7 @@ def run_default_passes(
     recursive: bool = True,
     verbose: int = 0,
     exported_program: Any = None,
+    module: torch.nn.Module | None = None,
 ) -> dict[str, PassResult]:
     """Runs :data:`DEFAULT_PASSES` on a graph.
 
@@ -35,8 +39,35 @@ def run_default_passes(
     :param recursive: also clean the subgraphs of ``torch.cond`` / scan
     :param verbose: verbosity
     :param exported_program: the ``ExportedProgram`` owning the graph, if any
+    :param module: the module holding the graph's attributes (parameters, buffers,
+        subgraphs) when the graph has no owning module yet, as right after a trace: the
+        passes then know which buffers share storage and which attributes are subgraphs
     :return: the result of each pass, by name
     """
+    with _owned_by(graph, module):
+        return _run(graph, mutations, exc, recursive, verbose, exported_program)
+
+
+@contextlib.contextmanager
+def _owned_by(graph: Graph, module: torch.nn.Module | None) -> Iterator[None]:
+    if module is None or graph.owning_module is not None:
+        yield
+        return
+    graph.owning_module = module
+    try:
+        yield
+    finally:
+        graph.owning_module = None
+
+
+def _run(
+    graph: Graph,
+    mutations: str,
+    exc: bool,
+    recursive: bool,
+    verbose: int,
+    exported_program: Any,
+) -> dict[str, PassResult]:
     results: dict[str, PassResult] = {}
     try:
         results["remove_batch_dim_nodes"] = remove_batch_dim_nodes(graph, verbose=verbose)

@@ -25,7 +25,7 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from ._targets import example_value
+from ._targets import example_value, recompile_owner
 from .aliasing import has_side_effect
 from .erase import graph_erase_node
 from .result import PassResult
@@ -338,6 +338,5 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> PassResult:
                 f"by {len(traced.graph.nodes)} batched node(s)"
             )
     graph.lint()
-    if graph.owning_module is not None:
-        graph.owning_module.recompile()
+    recompile_owner(graph)
     return PassResult("remove_batch_dim_nodes", removed)

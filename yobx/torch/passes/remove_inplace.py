@@ -21,6 +21,7 @@ from ._mutations import (
     record_outputs,
     write_back,
 )
+from ._targets import recompile_owner
 from .result import PassResult, Refusal
 
 __all__ = ["InplaceRemovalError", "MUTATIONS_KEY", "WRITE_BACK_KEY", "remove_inplace"]
@@ -134,6 +135,5 @@ def _remove_inplace(
             write_back(graph, finals)
     propagate_values(graph, original)
     graph.lint()
-    if owner is not None:
-        owner.recompile()
+    recompile_owner(graph)
     return changed, refused

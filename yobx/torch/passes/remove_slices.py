@@ -11,7 +11,7 @@ from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._indexing import is_full_slice
-from ._targets import INT64_MAX, aten, callable_name, example_value, is_tensor
+from ._targets import INT64_MAX, aten, callable_name, example_value, is_tensor, recompile_owner
 from .aliasing import changes_metadata, mutates_container, writes
 from .erase import erase_with_inputs
 from .result import PassResult
@@ -203,6 +203,5 @@ def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> PassResult:
         # a self copy_ writes nothing: it goes although copy_ has a side effect in general
         removed += erase_with_inputs(graph, node)
     graph.lint()
-    if graph.owning_module is not None:
-        graph.owning_module.recompile()
+    recompile_owner(graph)
     return PassResult("remove_unnecessary_slices", removed)

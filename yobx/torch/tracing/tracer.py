@@ -353,7 +353,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         # the model returns and has the same side effects (to_onnx asks for "outputs").
         from ..passes import run_default_passes
 
-        run_default_passes(graph, mutations="write_back", exc=False, recursive=True)
+        run_default_passes(
+            graph, mutations="write_back", exc=False, recursive=True, module=self.traced_model
+        )
 
     # graph passes (thin calls into yobx.torch.passes, kept on the tracer's public API)
 
