@@ -13,6 +13,7 @@ from passes_capture import capture
 from passes_test_helpers import assert_same, clone, has_inplace, write_backs
 
 from yobx.torch.passes import (
+    MUTATIONS_KEY,
     InplaceRemovalError,
     graph_erase_node,
     mark_storages,
@@ -385,3 +386,41 @@ def test_schemas_which_lie_are_listed(name, call):
     assert result.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
     assert name in ALIASING_DESPITE_SCHEMA
     assert not aten_returns_fresh(name)
+
+
+def test_second_run_keeps_the_write_back():
+    gm = capture("symbolic_trace", Counter(), (X,))
+    assert remove_inplace(gm.graph, assume_distinct_inputs=True) == 2
+
+    def structure():
+        return [(n.op, str(n.target), len(n.args)) for n in gm.graph.nodes]
+
+    before = structure()
+    # the write-backs of the first run are recognized: nothing left to do, same graph
+    result = remove_inplace(gm.graph, assume_distinct_inputs=True)
+    assert result == 0 and not result.modified
+    assert structure() == before
+    _check_against_eager(Counter(), gm, [(X,)], calls=2)
+    # and they can become outputs afterwards
+    remove_inplace(gm.graph, mutations="outputs", assume_distinct_inputs=True)
+    assert not write_backs(gm.graph)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    assert [r["target"] for r in output.meta[MUTATIONS_KEY]] == ["x", "count"]
+    out, new_x, new_count = gm(X.clone())
+    model, x = Counter(), X.clone()
+    assert_same(model(x), out)
+    assert_same(model.count, new_count)
+    assert_same(x, new_x)
+
+
+def test_default_passes_results():
+    from yobx.torch.passes import DEFAULT_PASSES, PassResult, run_default_passes
+
+    gm = torch.fx.symbolic_trace(AliasedInputs())
+    results = run_default_passes(gm.graph)
+    assert tuple(results) == DEFAULT_PASSES
+    assert all(isinstance(r, PassResult) for r in results.values())
+    inplace = results["remove_inplace"]
+    assert inplace == -1 and inplace.count == 0 and len(inplace.refused) == 1
+    assert inplace.refused[0].node == "add_"
+    assert "refused" in repr(inplace) and "add_" in inplace.summary()

@@ -195,12 +195,25 @@ class InplaceWalk:
             if known is not None and known[0] == root.version and step is not view:
                 value = known[1]
                 continue
-            parent = value
-            value = self.graph.node_copy(
-                step, lambda a, s=step, p=parent: p if a is s.args[0] else self.env.get(a, a)
-            )
+            value = self._copy(step, value)
             self.regenerated[step] = (root.version, value)
         return value
+
+    def _copy(self, view: Node, parent: Node) -> Node:
+        """Re-runs ``view`` on a new value of its first argument.
+
+        Not ``Graph.node_copy``: it would start naming from the copied node's name and
+        walk every used suffix (``getitem_57``, ``getitem_58``...), quadratic overall.
+        """
+
+        def arg(a: Node) -> Node:
+            return parent if a is view.args[0] else self.env.get(a, a)
+
+        copy = self.graph.create_node(
+            view.op, view.target, map_arg(view.args, arg), map_arg(view.kwargs, arg)
+        )
+        copy.meta = dict(view.meta)
+        return copy
 
     # main loop
 
@@ -235,8 +248,8 @@ class InplaceWalk:
 
     def _visit(self, node: Node, index: int) -> None:
         inputs = (node.args, node.kwargs)
-        alias = classify(node, self.aliases)
         form = inplace_form(node)
+        alias = classify(node, self.aliases, form)
         if form is not None and form.kind != "number":
             with self.graph.inserting_before(node):
                 self._rewrite(node, form, index)

@@ -123,6 +123,7 @@ class Alias:
     module_state: bool = False
 
 
+_UNSET = object()
 FRESH_ALIAS = Alias(FRESH)
 MAY_ALIAS_ALIAS = Alias(MAY_ALIAS)
 NONTENSOR_ALIAS = Alias(NONTENSOR)
@@ -385,10 +386,11 @@ def _classify_attribute(node: Node) -> Alias:
     return NONTENSOR_ALIAS if is_tensor(node) is False else MAY_ALIAS_ALIAS
 
 
-def _classify(node: Node, known: Mapping[Node, Alias] | None) -> Alias:
+def _classify(node: Node, known: Mapping[Node, Alias] | None, form: Any) -> Alias:
     if node.op in ("placeholder", "get_attr", "output"):
         return FRESH_ALIAS
-    form = inplace_form(node)
+    if form is _UNSET:
+        form = inplace_form(node)
     if form is not None and form.kind != "number":
         if form.kind == "setitem":
             return NONTENSOR_ALIAS
@@ -430,14 +432,15 @@ def _holds_no_tensor(node: Node) -> bool:
     )
 
 
-def classify(node: Node, known: Mapping[Node, Alias] | None = None) -> Alias:
+def classify(node: Node, known: Mapping[Node, Alias] | None = None, form: Any = _UNSET) -> Alias:
     """Tells how a node's result relates to the storage of its inputs.
 
     :param node: the node
     :param known: classifications of earlier nodes (saves re-classifying tuples)
+    :param form: ``inplace_form(node)`` when the caller already has it
     :return: an :class:`Alias`
     """
-    alias = _classify(node, known)
+    alias = _classify(node, known, form)
     # the fake values may say otherwise than the tables: trust the values
     if (
         alias.kind == FRESH
