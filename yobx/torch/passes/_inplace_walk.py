@@ -26,7 +26,7 @@ from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
 from ._indexing import apply_step, plan_index, scatter_step
-from ._targets import aten, describe, example_value, fetch_attr, is_tensor, module_of
+from ._targets import aten, copy_node, describe, example_value, fetch_attr, is_tensor, module_of
 from .aliasing import (
     MAY_ALIAS,
     NONTENSOR,
@@ -200,20 +200,10 @@ class InplaceWalk:
         return value
 
     def _copy(self, view: Node, parent: Node) -> Node:
-        """Re-runs ``view`` on a new value of its first argument.
-
-        Not ``Graph.node_copy``: it would start naming from the copied node's name and
-        walk every used suffix (``getitem_57``, ``getitem_58``...), quadratic overall.
-        """
-
-        def arg(a: Node) -> Node:
-            return parent if a is view.args[0] else self.env.get(a, a)
-
-        copy = self.graph.create_node(
-            view.op, view.target, map_arg(view.args, arg), map_arg(view.kwargs, arg)
+        """Re-runs ``view`` on a new value of its first argument."""
+        return copy_node(
+            self.graph, view, lambda a: parent if a is view.args[0] else self.env.get(a, a)
         )
-        copy.meta = dict(view.meta)
-        return copy
 
     # main loop
 

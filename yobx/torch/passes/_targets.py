@@ -416,6 +416,23 @@ def returns_only_tensors(node: Any) -> bool:
     )
 
 
+def copy_node(graph: Any, node: Node, transform: Any) -> Node:
+    """Copies ``node`` into ``graph`` at the insertion point, ``transform`` mapping its
+    node arguments.
+
+    Unlike ``Graph.node_copy``, the copy does not start from the node's name: the
+    namespace would walk every used suffix (``sub_3``, ``sub_4``...), quadratic over a
+    graph made of many copies.
+    """
+    from torch.fx.node import map_arg
+
+    copy = graph.create_node(
+        node.op, node.target, map_arg(node.args, transform), map_arg(node.kwargs, transform)
+    )
+    copy.meta = dict(node.meta)
+    return copy
+
+
 def recompile_owner(graph: Any) -> None:
     """Regenerates the code of the ``GraphModule`` owning a graph, if any."""
     owner = graph.owning_module

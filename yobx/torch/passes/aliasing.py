@@ -28,28 +28,39 @@ from __future__ import annotations
 
 import builtins
 import operator
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.fx import Graph, Node
+from torch.fx import Node
 
 from ._indexing import plan_index
 from ._inplace_forms import InplaceForm, inplace_form
+from ._side_effects import (
+    changes_metadata,
+    has_side_effect,
+    mutates_container,
+    op_name,
+    writes,
+)
+from ._storages import (
+    STORAGE_KEY,
+    mark_storages,
+    shared_storage_groups,
+    storage_key,
+    tensor_storages,
+)
 from ._targets import (
     ALIASING_DESPITE_SCHEMA,
     FRESH_MODULES,
     FUNCTIONAL_OPERATORS,
     INPLACE_MODULES,
     INPLACE_OPERATORS,
-    METADATA_INPLACE,
     NON_TENSOR_METHODS,
     VIEW_ATTRIBUTES,
     aten_returns_fresh,
-    callable_name,
     example_value,
-    fetch_attr,
     is_tensor,
     module_of,
     tensor_type_kind,
@@ -83,10 +94,6 @@ __all__ = [
     "storage_key",
     "writes",
 ]
-
-#: ``node.meta`` key of placeholders and ``get_attr`` nodes: equal values mean the
-#: tensors share storage (written by tracers whose fake values do not show it).
-STORAGE_KEY = "yobx_storage"
 
 FRESH = "fresh"
 VIEW = "view"
@@ -155,83 +162,6 @@ _ATEN_ALWAYS_VIEWS = frozenset(
         "values",
     }
 )
-_PURE_MODULES = (
-    *FRESH_MODULES,
-    *INPLACE_MODULES,
-    torch.nn.Identity,
-    torch.nn.Flatten,
-    torch.nn.Unflatten,
-    torch.nn.Sequential,
-    torch.nn.ModuleList,
-    torch.nn.ModuleDict,
-    torch.nn.Softmin,
-    torch.nn.Softsign,
-    torch.nn.Tanhshrink,
-    torch.nn.Hardshrink,
-    torch.nn.Softshrink,
-    torch.nn.LogSigmoid,
-    torch.nn.PReLU,
-    torch.nn.modules.dropout._DropoutNd,
-    torch.nn.RNNBase,
-    torch.nn.MultiheadAttention,
-    torch.nn.EmbeddingBag,
-    torch.nn.Upsample,
-    torch.nn.PixelShuffle,
-    torch.nn.modules.pooling._AdaptiveAvgPoolNd,
-    torch.nn.modules.pooling._AdaptiveMaxPoolNd,
-)
-_CONTAINER_MUTATORS = frozenset(
-    {
-        "append",
-        "extend",
-        "insert",
-        "pop",
-        "remove",
-        "clear",
-        "sort",
-        "reverse",
-        "update",
-        "setdefault",
-        "popitem",
-    }
-)
-_SIDE_EFFECT_METHODS = _CONTAINER_MUTATORS | frozenset(
-    {
-        "backward",
-        "register_hook",
-        "register_post_accumulate_grad_hook",
-        "retain_grad",
-        "record_stream",
-    }
-)
-_PURE_MODULE_NAMES = ("_operator", "operator", "math", "torch", "torch.nn.functional")
-# torch functions changing global state or checking something (bookkeeping of vmap,
-# autocast, grad mode, random seeds, runtime asserts)
-_IMPURE_TORCH_PREFIXES = (
-    "_check",
-    "_assert",
-    "_vmap_",
-    "_jvp_",
-    "_enter",
-    "_exit",
-    "_set",
-    "set_",
-    "manual_seed",
-    "seed",
-    "sym_constrain",
-    "_constrain",
-    "lazy_load",
-    "_record",
-)
-_IMPURE_BUILTINS = frozenset(
-    {builtins.print, builtins.setattr, builtins.delattr, builtins.exec, builtins.eval}
-)
-
-
-def _op_name(node: Node) -> str | None:
-    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-        return node.target._schema.name.split("::")[-1]
-    return callable_name(node)
 
 
 def _argument(node: Node, schema: Any, position: int) -> Any:
@@ -416,7 +346,7 @@ def _classify(node: Node, known: Mapping[Node, Alias] | None, form: Any) -> Alia
             return NONTENSOR_ALIAS if is_tensor(node) is False else FRESH_ALIAS
     if is_tensor(node) is False and _holds_no_tensor(node):
         return NONTENSOR_ALIAS
-    name = _op_name(node)
+    name = op_name(node)
     if name is None:
         return MAY_ALIAS_ALIAS
     return _classify_by_name(node, name)
@@ -426,7 +356,7 @@ def _holds_no_tensor(node: Node) -> bool:
     val = example_value(node)
     if val is not None:
         return not any(isinstance(v, torch.Tensor) for v in torch.utils._pytree.tree_leaves(val))
-    name = _op_name(node)
+    name = op_name(node)
     return name in NON_TENSOR_METHODS or (
         node.op == "call_function" and node.target is builtins.getattr
     )
@@ -452,209 +382,15 @@ def classify(node: Node, known: Mapping[Node, Alias] | None = None, form: Any = 
     return alias
 
 
-def _storages(value: Any) -> list[Any]:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    result = []
-    for leaf in torch.utils._pytree.tree_leaves(value):
-        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
-            try:
-                result.append(StorageWeakRef(leaf.untyped_storage()))
-            except (RuntimeError, NotImplementedError):
-                continue
-    return result
-
-
 def _shares_input_storage(node: Node) -> bool:
     """Tells if the recorded values show an output sharing an input's storage."""
     val = example_value(node)
     if val is None:
         return False
-    outputs = _storages(val)
+    outputs = tensor_storages(val)
     if not outputs:
         return False
     inputs: list[Any] = []
     for arg in node.all_input_nodes:
-        inputs.extend(_storages(example_value(arg)))
+        inputs.extend(tensor_storages(example_value(arg)))
     return bool(set(outputs) & set(inputs))
-
-
-# mutation and side effects
-
-
-def writes(node: Node) -> list[Any]:
-    """Returns what a node may write into: the mutated argument of an in-place form,
-    every tensor argument of a module call with in-place children, else nothing."""
-    form = inplace_form(node)
-    if form is not None and form.kind != "number":
-        if isinstance(form.mutated, Node):
-            return [form.mutated]
-        return [a for a in node.all_input_nodes if is_tensor(a) is not False]
-    if node.op == "call_module" and _module_writes_inputs(module_of(node)):
-        return [a for a in node.all_input_nodes if is_tensor(a) is not False]
-    return []
-
-
-def _module_writes_inputs(module: Any) -> bool:
-    """A module with an in-place child may write into its inputs (unknown module: no,
-    as torch.fx assumes; its own buffers are updated in place at run time)."""
-    return module is not None and any(
-        getattr(sub, "inplace", False) is True for sub in module.modules()
-    )
-
-
-def mutates_container(node: Node) -> bool:
-    """Tells if a node may change a Python container (``append``, ``setitem``...)."""
-    if node.op == "call_function" and node.target in (operator.setitem, operator.delitem):
-        return True
-    # ``x.sort()`` on a tensor returns new tensors, ``values.sort()`` on a list sorts it
-    return (
-        node.op == "call_method"
-        and node.target in _CONTAINER_MUTATORS
-        and bool(node.args)
-        and is_tensor(node.args[0]) is not True
-    )
-
-
-def changes_metadata(node: Node) -> bool:
-    """Tells if a node changes the shape, strides or storage of its input in place."""
-    return _op_name(node) in METADATA_INPLACE
-
-
-def _module_has_side_effect(module: Any) -> bool:
-    if module is None:
-        return True
-    for sub in module.modules():
-        if getattr(sub, "inplace", False) is True:
-            return True
-        if isinstance(sub, torch.fx.GraphModule):
-            if any(has_side_effect(n) for n in sub.graph.nodes if n.op != "output"):
-                return True
-            continue
-        if isinstance(sub, torch.nn.modules.batchnorm._NormBase):
-            if sub.training and sub.track_running_stats:
-                return True
-            continue
-        if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.training:
-            return True
-        if not isinstance(sub, _PURE_MODULES):
-            return True
-    return False
-
-
-def _known_pure_function(target: Any) -> bool:
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return True
-    if target in _IMPURE_BUILTINS:
-        return False
-    if getattr(builtins, getattr(target, "__name__", ""), None) is target:
-        return True
-    module = getattr(target, "__module__", None) or ""
-    if module in _PURE_MODULE_NAMES or module.startswith("torch."):
-        name = getattr(target, "__name__", "")
-        return not name.startswith(_IMPURE_TORCH_PREFIXES)
-    return False
-
-
-def has_side_effect(node: Node) -> bool:
-    """Tells if erasing a node (even unused) would change what the graph does.
-
-    True for placeholders and outputs, impure nodes (``Node.is_impure``: mutable
-    schemas, random ops, functions registered with ``torch.fx.node.has_side_effect``),
-    every in-place form (methods, functions, ``setitem``, ``copy_``, ``out=``,
-    ``inplace=True``), container mutations, module calls which may mutate (in-place
-    children, batch norms updating their statistics, unknown leaf modules) and calls of
-    Python functions the passes do not know.
-    """
-    if node.op in ("placeholder", "output"):
-        return True
-    if node.op == "get_attr":
-        return False
-    form = inplace_form(node)
-    if form is not None and form.kind != "number":
-        return True
-    if node.op == "call_module":
-        return _module_has_side_effect(module_of(node))
-    if node.op == "call_method":
-        return (
-            mutates_container(node)
-            or node.target in _SIDE_EFFECT_METHODS - _CONTAINER_MUTATORS
-            or node.target in METADATA_INPLACE
-        )
-    if node.target in (operator.setitem, operator.delitem):
-        return True
-    try:
-        if node.is_impure():
-            return True
-    except (AssertionError, AttributeError):
-        return True
-    return not _known_pure_function(node.target)
-
-
-# storage of graph inputs, parameters and buffers
-
-
-def storage_key(node: Node) -> Hashable | None:
-    """Identifies the storage of a placeholder or ``get_attr`` node, None if unknown.
-
-    Equal keys mean shared storage. The key is, in this order: the group a tracer wrote
-    in ``meta["yobx_storage"]``, the storage of the attribute's real tensor when the
-    graph has an owning module, the storage of the recorded value (``meta["val"]``).
-    """
-    if STORAGE_KEY in node.meta:
-        return ("group", node.meta[STORAGE_KEY])
-    if node.op == "get_attr":
-        owner = node.graph.owning_module
-        if owner is not None:
-            try:
-                value = fetch_attr(owner, node)
-            except AttributeError:
-                value = None
-            storages = _storages(value) if isinstance(value, torch.Tensor) else []
-            if storages:
-                return storages[0]
-    storages = _storages(example_value(node))
-    if isinstance(example_value(node), torch.Tensor) and storages:
-        return storages[0]
-    return None
-
-
-def shared_storage_groups(tensors: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """Groups the names of the tensors sharing storage (only groups of two or more).
-
-    :param tensors: name -> tensor (example inputs, parameters, buffers); other values
-        are ignored
-    :return: tuples of names, in the mapping's order
-    """
-    groups: dict[Any, list[str]] = {}
-    for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        for storage in _storages(value)[:1]:
-            groups.setdefault(storage, []).append(name)
-    return [tuple(names) for names in groups.values() if len(names) > 1]
-
-
-def mark_storages(graph: Graph, tensors: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """Records which placeholders and attributes of ``graph`` share storage.
-
-    A tracer whose fake values are created independently for each input calls it with
-    the real example inputs, parameters and buffers, so that the passes know exactly
-    which of them alias (``f(a, a[1])``, a buffer registered as a view of another).
-
-    :param graph: the traced graph
-    :param tensors: placeholder target or attribute name -> real tensor
-    :return: the groups of names sharing storage
-    """
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    ids: dict[Any, int] = {}
-    for node in graph.nodes:
-        if node.op not in ("placeholder", "get_attr"):
-            continue
-        value = tensors.get(node.target)
-        if not isinstance(value, torch.Tensor):
-            continue
-        storage = StorageWeakRef(value.untyped_storage())
-        node.meta[STORAGE_KEY] = ids.setdefault(storage, len(ids))
-    return shared_storage_groups(tensors)

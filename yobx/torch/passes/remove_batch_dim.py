@@ -25,7 +25,7 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from ._targets import example_value, recompile_owner
+from ._targets import copy_node, example_value, recompile_owner
 from .aliasing import has_side_effect
 from .erase import graph_erase_node
 from .result import PassResult
@@ -327,7 +327,7 @@ def _splice(graph: Graph, span: _Span, traced: torch.fx.GraphModule, free: list[
                 env[node] = graph.get_attr(name)
                 env[node].meta.update(node.meta)
                 continue
-            env[node] = graph.node_copy(node, env.__getitem__)
+            env[node] = copy_node(graph, node, env.__getitem__)
     for remove, new in zip(span.removes, outputs):
         remove.replace_all_uses_with(new)
 
