@@ -55,6 +55,9 @@ _VIEWS = (
     "{v}.to(torch.float32)",
     "{v}.movedim(0, -1)",
     "{v}.unflatten(-1, (2, 3))",
+    "{v}.mT",
+    "{v}.swapaxes(0, 1)",
+    "{v}[:, None, 1:]",
 )
 _TUPLE_VIEWS = (
     "{v}.split(2, -1)[{i}]",
@@ -76,6 +79,7 @@ _FRESH = (
     "{v}.sum(0)",
     "torch.cat([{v}, {v}])",
     "{v} - {w}",
+    "torch.where({v} > 0, {v}, {w})",
 )
 _INPLACE = (
     "{v}.add_(1.5)",
@@ -97,6 +101,10 @@ _INPLACE = (
     "{v}.addcmul_({w}, {w})",
     "{v}.lerp_({w}, 0.5)",
     "{v}.t_()",
+    "{v}.add_({w}.double())",
+    "{v}.masked_fill_({w} > 0, -1.0)",
+    "{v}.copy_({w}.t())",
+    "torch.Tensor.mul_({v}, 0.5)",
 )
 _SETITEM = (
     "{v}[0] = 1.0",
@@ -200,15 +208,52 @@ def _names(program: Program, count: int) -> list[str]:
     return names + [f"v{i}" for i in range(count)]
 
 
+_WRITING_DUNDERS = frozenset(
+    {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__"}
+)
+
+
+class _ReadSourcesFirst(torch.overrides.TorchFunctionMode):
+    """Clones what an in-place operation reads before it writes: the program's result
+    must not depend on it, or it depends on memory overlaps torch does not always
+    detect (``v[1:] = v[:-1]`` on a non-contiguous ``v``), which is undefined."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if (name.endswith("_") and not name.startswith("_")) or name in _WRITING_DUNDERS:
+
+            def clone(t):
+                return t.clone() if isinstance(t, torch.Tensor) else t
+
+            args = (args[0], *torch.utils._pytree.tree_map(clone, tuple(args[1:])))
+            kwargs = torch.utils._pytree.tree_map(clone, kwargs)
+        return func(*args, **kwargs)
+
+
+def _runs(program: Program, module: torch.nn.Module, rows: int) -> list:
+    run = copy.deepcopy(module)
+    return [program.run_eager(run, rows) for _ in range(program.calls())]
+
+
+def _same_runs(a: list, b: list) -> bool:
+    flat_a, flat_b = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+    return len(flat_a) == len(flat_b) and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(flat_a, flat_b)
+    )
+
+
 def _valid(program: Program) -> bool:
-    """Eager runs the program at every size (twice for stateful ones), without warnings
-    about resized outputs."""
+    """Eager runs the program at every size (twice for stateful ones), and its result does
+    not depend on the order in which an in-place operation reads and writes."""
     try:
         module = program.build()
         for rows in SIZES:
-            run = copy.deepcopy(module)
-            for _ in range(program.calls()):
-                program.run_eager(run, rows)
+            runs = _runs(program, module, rows)
+            with _ReadSourcesFirst():
+                reference = _runs(program, module, rows)
+            if not _same_runs(runs, reference):
+                return False
     except Exception:
         return False
     return True

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import map_arg
 
 from ._indexing import apply_step, plan_index, scatter_step
@@ -437,10 +438,10 @@ class InplaceWalk:
         root.version += 1
         root.mutated = root.written = True
         root.last_use = max(root.last_use, self.last_use[node])
-        if info.chain:
-            self.regenerated[info.chain[-1]] = (root.version, new_value)
+        # the written view is read again as a view of the root's new value, not as
+        # ``new_value``: a write left in place later must reach the root's storage
         self.env[node] = new_value
-        self.infos[node] = _Info(root, info.chain, root.version)
+        self.infos[node] = _Info(root, info.chain, -1)
         self.removed.append(node)
         self.changed += 1
         if self.verbose > 1:
@@ -490,6 +491,8 @@ class InplaceWalk:
             intermediates.append(apply_step(graph, intermediates[-1], step))
         view = intermediates[-1]
         new_value = args[2]
+        if value_kind:
+            new_value = self._strip_leading_ones(new_value, value)
         if plan.advanced:
             indices = [
                 None
@@ -512,6 +515,18 @@ class InplaceWalk:
         for step, base in zip(reversed(plan.steps), reversed(intermediates[:-1])):
             new_view = scatter_step(graph, base, new_view, step)
         return new_view
+
+    def _strip_leading_ones(self, value: Node, original: Node) -> Node:
+        """``x[i] = v`` drops the leading dimensions of size 1 of ``v`` before copying
+        (``x[0] = y[None]`` works): ``squeeze(0)`` removes one when its size is 1."""
+        val = example_value(original)
+        if not isinstance(val, torch.Tensor):
+            return value
+        for size in val.shape:
+            if statically_known_true(size != 1):
+                break
+            value = self.graph.call_method("squeeze", (value, 0))
+        return value
 
     # final values of inputs and buffers
 
