@@ -424,3 +424,21 @@ def test_default_passes_results():
     assert inplace == -1 and inplace.count == 0 and len(inplace.refused) == 1
     assert inplace.refused[0].node == "add_"
     assert "refused" in repr(inplace) and "add_" in inplace.summary()
+
+
+@pytest.mark.parametrize("tool", ["export", "tracer"])
+def test_write_through_a_dtype_view_is_left(tool):
+    # x.view(torch.int32) reinterprets the bytes: no reshape gives x back
+    class M(torch.nn.Module):
+        def forward(self, x):
+            bits = x.view(torch.int32)
+            bits.add_(1)
+            return x * 2
+
+    captured = capture(tool, M(), (X,))
+    graph = captured.graph_module.graph if tool == "export" else captured.graph
+    exported = captured if tool == "export" else None
+    result = remove_inplace(graph, exported_program=exported, exc=False)
+    assert result == -1 and "cannot be inverted" in result.refused[0].reason
+    gm = captured.module() if tool == "export" else captured
+    _check_against_eager(M(), gm, [(X,)])

@@ -235,7 +235,8 @@ _ATEN_VIEWS: dict[str, Callable[[Node], Scatter | None]] = {
     "transpose": lambda n: _scatter_transpose(True),
     "t": lambda n: _scatter_t(True),
     "permute": lambda n: _scatter_permute(True) if _permute_is_constant(n, True) else None,
-    "view": lambda n: _scatter_reshape(True),
+    # view.dtype reinterprets the bytes: it cannot be inverted by a reshape
+    "view": lambda n: None if n.target._overloadname == "dtype" else _scatter_reshape(True),
     "_reshape_alias": lambda n: _scatter_reshape(True),
     "unsqueeze": lambda n: _scatter_reshape(True),
     "squeeze": lambda n: _scatter_reshape(True),
@@ -243,7 +244,21 @@ _ATEN_VIEWS: dict[str, Callable[[Node], Scatter | None]] = {
     "view_as": lambda n: _scatter_reshape(True),
     "alias": lambda n: _scatter_identity,
     "detach": lambda n: _scatter_identity,
+    "swapaxes": lambda n: _scatter_transpose(True),
+    "swapdims": lambda n: _scatter_transpose(True),
+    "numpy_T": lambda n: _scatter_self_inverse,
+    "movedim": lambda n: _scatter_aten_movedim,
 }
+
+
+def _scatter_self_inverse(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+    """Views which are their own inverse (``numpy_T`` reverses the dimensions)."""
+    return _call(graph, view.target, new, *view.args[1:])
+
+
+def _scatter_aten_movedim(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+    source, destination = _arg(view, 1, "source"), _arg(view, 2, "destination")
+    return _call(graph, view.target, new, destination, source)
 
 
 def scatter_t_attribute(graph: Graph, view: Node, base: Node, new: Node) -> Node:
@@ -264,10 +279,12 @@ def torch_view_scatter(name: str, node: Node) -> tuple[bool, Scatter | None]:
     return True, factory(node)
 
 
-def aten_view_scatter(name: str, node: Node) -> Scatter | None:
-    """Scatter of an aten view overload named ``name`` (None if it cannot be inverted)."""
+def aten_view_scatter(name: str, node: Node) -> tuple[bool, Scatter | None]:
+    """Tells if aten ``name`` is always a view of its first argument, and its scatter."""
     factory = _ATEN_VIEWS.get(name)
-    return None if factory is None else factory(node)
+    if factory is None:
+        return False, None
+    return True, factory(node)
 
 
 def may_be_view(name: str) -> bool:

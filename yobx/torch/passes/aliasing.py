@@ -204,11 +204,9 @@ def _classify_aten(node: Node) -> Alias:
         return Alias(VIEWS, base, path=(node,)) if position == 0 else MAY_ALIAS_ALIAS
     if position != 0:
         return MAY_ALIAS_ALIAS
-    scatter = aten_view_scatter(name, node)
-    if scatter is not None:
+    always, scatter = aten_view_scatter(name, node)
+    if always or name in _ATEN_ALWAYS_VIEWS:
         return Alias(VIEW, base, scatter, (node,))
-    if name in _ATEN_ALWAYS_VIEWS:
-        return Alias(VIEW, base, None, (node,))
     if name in ("reshape", "flatten", "_reshape_alias") and is_contiguous(example_value(base)):
         return Alias(VIEW, base, scatter_reshape(True), (node,))
     return MAY_ALIAS_ALIAS
