@@ -209,7 +209,7 @@ def _classify_aten(node: Node) -> Alias:
         return Alias(VIEW, base, scatter, (node,))
     if name in ("reshape", "flatten", "_reshape_alias") and is_contiguous(example_value(base)):
         return Alias(VIEW, base, scatter_reshape(True), (node,))
-    return MAY_ALIAS_ALIAS
+    return _conversion(node, name, base) or MAY_ALIAS_ALIAS
 
 
 def _classify_getitem(node: Node, known: Mapping[Node, Alias] | None) -> Alias:
@@ -298,7 +298,52 @@ def _classify_by_name(node: Node, name: str) -> Alias:
         if is_contiguous(example_value(base)):
             return Alias(VIEW, base, scatter_reshape(False), (node,))
         return MAY_ALIAS_ALIAS
+    conversion = _conversion(node, name, base)
+    if conversion is not None:
+        return conversion
     return FRESH_ALIAS if aten_returns_fresh(name) else MAY_ALIAS_ALIAS
+
+
+# Conversions returning their input itself when nothing changes (``x.to(x.dtype)``).
+_CONVERSIONS = frozenset(
+    {
+        "to",
+        "type_as",
+        "type",
+        "float",
+        "double",
+        "half",
+        "bfloat16",
+        "int",
+        "long",
+        "short",
+        "bool",
+        "char",
+        "byte",
+        "cpu",
+    }
+)
+
+
+def _conversion(node: Node, name: str, base: Node) -> Alias | None:
+    """Decides ``contiguous`` and dtype or device conversions from the recorded values:
+    the input itself when nothing changes, a new tensor when the dtype or device does,
+    None when it cannot be proven for every size."""
+    if name == "contiguous":
+        if not node.kwargs and len(node.args) == 1 and is_contiguous(example_value(base)):
+            return Alias(VIEW, base, scatter_identity)
+        return None
+    if name not in _CONVERSIONS or "copy" in node.kwargs or "memory_format" in node.kwargs:
+        return None
+    if any(isinstance(a, bool) for a in node.args[1:]):
+        # to(dtype, non_blocking, copy): a copy may be forced
+        return None
+    before, after = example_value(base), example_value(node)
+    if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
+        return None
+    if (before.dtype, before.device) != (after.dtype, after.device):
+        return FRESH_ALIAS
+    return Alias(VIEW, base, scatter_identity)
 
 
 def _classify_attribute(node: Node) -> Alias:
