@@ -310,9 +310,26 @@ def test_export_signature_updated():
 
 
 def _refused_contiguous(m, x, y):
-    c = x.contiguous()
+    # x.t() is not contiguous: contiguous() copies it (the values do not say whether it
+    # would for every size, so it may alias x)
+    c = x.t().contiguous()
     x.add_(1.0)
     return c * 2
+
+
+def test_contiguous_of_contiguous_is_its_input():
+    from passes_capture import capture
+
+    def fn(m, x, y):
+        c = x.contiguous()
+        x.add_(1.0)
+        return c * 2
+
+    gm = capture("tracer", Lambda(fn), (X, Y))
+    assert remove_inplace(gm.graph) == 1
+    x = X.clone()
+    assert_same((X + 1) * 2, gm(x, Y))
+    assert_same(X + 1, x)
 
 
 def _refused_expand(m, x, y):
