@@ -7,7 +7,7 @@ import copy
 import torch
 import torch.utils._pytree as pytree
 
-from yobx.torch.passes import MUTATIONS_KEY
+from yobx.torch.passes import MUTATIONS_KEY, WRITE_BACK_KEY
 
 
 def clone(values):
@@ -79,7 +79,12 @@ def assert_runs_alike(expected, got, buffer_names=None):
 
 
 def has_inplace(graph: torch.fx.Graph) -> bool:
-    """Tells if a graph still contains an in-place node."""
-    from yobx.torch.passes._node_kinds import inplace_form
+    """Tells if a graph still contains an in-place node (the final write-backs aside)."""
+    from yobx.torch.passes.aliasing import writes
 
-    return any((form := inplace_form(n)) is not None and form.kind != "number" for n in graph.nodes)
+    return any(writes(n) for n in graph.nodes if not n.meta.get(WRITE_BACK_KEY))
+
+
+def write_backs(graph: torch.fx.Graph) -> list[str]:
+    """Targets written back at the end of a rewritten graph."""
+    return [n.args[0].target for n in graph.nodes if n.meta.get(WRITE_BACK_KEY)]

@@ -43,6 +43,8 @@ class CapturedGraph:
     constraints: list[Any] = dataclasses.field(default_factory=list)
     #: the range of every named dimension, ``math.inf`` when unbounded
     range_constraints: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    #: [passes, issue 11] results of :func:`yobx.torch.passes.run_default_passes`
+    passes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def capture(
@@ -53,9 +55,7 @@ def capture(
     module_leaves: Any = None,
 ) -> CapturedGraph:
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer`."""
-    from yobx.torch.passes import remove_inplace
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
-    from yobx.torch.tracing.patches import symbolic_kernels
 
     concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
     # ONNX has no assertions: the constraints go to the model's metadata instead of
@@ -69,12 +69,7 @@ def capture(
     )
     fingerprint = graph_fingerprint(graph)
     graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
-    # ONNX has no in-place writes: the final values of mutated inputs and buffers
-    # become extra outputs (listed in the output node's meta["yobx_mutations"]).
-    # The pass computes fake values with the tracer's symbolic kernels (torch's would
-    # specialize x[:, n - 1] = v to the example's n).
-    with symbolic_kernels():
-        remove_inplace(graph, recursive=True, exc=False)
+    passes = _run_default_passes(graph)
     codegen = graph_module.graph._codegen
     pytree_info = getattr(codegen, "pytree_info", None)
     out_spec = pytree_info.out_spec if pytree_info is not None else None
@@ -90,7 +85,21 @@ def capture(
         fingerprint=fingerprint,
         constraints=list(tracer.constraints),
         range_constraints=dict(tracer.range_constraints),
+        passes=passes,
     )
+
+
+def _run_default_passes(graph: torch.fx.Graph) -> dict[str, Any]:
+    """[passes, issue 11] The default passes, run once per capture. ONNX has no in-place
+    writes: the final values of mutated inputs and buffers become extra outputs (listed
+    in the output node's meta["yobx_mutations"])."""
+    from yobx.torch.passes import run_default_passes
+    from yobx.torch.tracing.patches import symbolic_kernels
+
+    # fake values of new nodes with the tracer's symbolic kernels (torch's would
+    # specialize x[:, n - 1] = v to the example's n)
+    with symbolic_kernels():
+        return run_default_passes(graph, mutations="outputs", exc=False, recursive=True)
 
 
 def _expand_tuple_nodes(graph: torch.fx.Graph, value: Any) -> Any:
@@ -259,6 +268,7 @@ def capture_with_symbolic_trace(
     fake_prop_class(graph_module, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
     for node, fake in zip(placeholders, fakes):
         node.meta["val"] = fake
+    passes = _run_default_passes(graph_module.graph)
     pytree_info = getattr(graph_module.graph._codegen, "pytree_info", None)
     if pytree_info is not None and pytree_info.out_spec is not None:
         out_spec = pytree_info.out_spec
@@ -271,4 +281,5 @@ def capture_with_symbolic_trace(
         dimension_names=names,
         guards=[str(g.expr) for g in shape_env.guards],
         shape_env=shape_env,
+        passes=passes,
     )

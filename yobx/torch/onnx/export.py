@@ -179,25 +179,9 @@ class _StageRecorder:
             print(f"[to_onnx] {name} done in {stage.duration_s:.3f}s", flush=True)
 
 
-def _run_passes(graph_module: torch.fx.GraphModule) -> dict[str, int]:
-    """Runs yobx's cleaning passes that are available, returns their counts."""
-    try:
-        from yobx.torch import passes
-    except ImportError:
-        return {}
-    from yobx.torch.tracing.patches import symbolic_kernels
-
-    counts = {}
-    # the passes compute fake values of the nodes they create with the kernels the
-    # tracer used, which keep the dimensions symbolic
-    with symbolic_kernels():
-        for name in ("remove_unnecessary_slices", "remove_batch_dim_nodes", "remove_inplace"):
-            function = getattr(passes, name, None)
-            if function is not None:
-                counts[name] = function(graph_module.graph)
-    graph_module.graph.lint()
-    graph_module.recompile()
-    return counts
+def _pass_counts(captured: Any) -> dict[str, int]:
+    """[passes, issue 11] The counts of the default passes, which the capture ran once."""
+    return {name: int(result) for name, result in captured.passes.items()}
 
 
 def _check_dynamic_dimensions_kept(
@@ -311,7 +295,7 @@ def to_onnx(
         info["nodes"] = len(graph_module.graph.nodes)
     _check_dynamic_dimensions_kept(model, args, kwargs, dynamic_shapes, graph_module)
     with stage("passes") as info:
-        info.update(_run_passes(graph_module))
+        info.update(_pass_counts(captured))
     with stage("lower") as info:
         lowered = lower_to_aten(graph_module, opset=DEFAULT_OPSET)
         info["aten_nodes"] = len(lowered.graph_module.graph.nodes)

@@ -1,10 +1,11 @@
-"""Aliasing of FX nodes: which nodes are views of their input and how to write through them.
+"""Views of a tensor and how to write through them.
 
-A *view* node shares storage with its first argument; writing a new value into the view
-means computing a new value of that argument (a *scatter*: ``slice_scatter``,
-``select_scatter``, an inverse permutation, ...). ``classify`` returns for each node
-whether its result is fresh storage, a view (with its scatter when one exists), an
-*opaque* value that may or may not alias its inputs, or not a tensor at all.
+A *view* node shares storage with its base; writing a new value into the view means
+computing a new value of the base (a *scatter*: ``slice_scatter``, ``select_scatter``, an
+inverse permutation, ...). This module maps each view operation to its scatter, including
+the elements of tuple-of-views operations (``split``, ``chunk``, ``unbind``,
+``tensor_split``, ``split_with_sizes``, ``hsplit``...). A view without a scatter
+(``expand``, ``as_strided``...) still aliases its base; writing through it is refused.
 """
 
 from __future__ import annotations
@@ -12,53 +13,26 @@ from __future__ import annotations
 import builtins
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ._node_kinds import (
-    _FRESH_MODULES,
-    _FUNCTIONAL_OPERATORS,
-    INT64_MAX,
-    VIEW_ATTRIBUTES,
-    _callable_name,
-    _module_of,
-    aten,
-    aten_returns_fresh,
-    example_value,
-    is_tensor,
-)
+from ._indexing import basic_index_steps, scatter_steps
+from ._targets import aten, example_value
 
 # scatter(graph, view_node, base_value, new_view_value) -> new base value
 Scatter = Callable[[Graph, Node, Node, Node], Node]
 
 
-@dataclass
-class Alias:
-    """How a node's result relates to the storage of its inputs.
-
-    :param kind: ``"fresh"``, ``"view"`` (of ``node.args[0]``), ``"opaque"`` (may alias any
-        tensor argument) or ``"nontensor"``
-    :param scatter: for views, builds the new value of the input from a new value of the
-        view; None when the view cannot be written through (expand, as_strided, ...)
-    """
-
-    kind: str
-    scatter: Scatter | None = None
-
-
-FRESH = Alias("fresh")
-OPAQUE = Alias("opaque")
-NONTENSOR = Alias("nontensor")
-
-
-def _arg(node: Node, index: int, name: str, default: Any = None) -> Any:
+def _arg(node: Node, index: int, name: str, default: Any = None, *aliases: str) -> Any:
     if len(node.args) > index:
         return node.args[index]
-    return node.kwargs.get(name, default)
+    for key in (name, *aliases):
+        if key in node.kwargs:
+            return node.kwargs[key]
+    return default
 
 
 def _varargs(node: Node, name: str) -> list[Any]:
@@ -131,7 +105,8 @@ def _permute_is_constant(node: Node, aten_level: bool) -> bool:
 
 def _scatter_transpose(aten_level: bool) -> Scatter:
     def scatter(graph: Graph, view: Node, base: Node, new: Node) -> Node:
-        dim0, dim1 = _arg(view, 1, "dim0"), _arg(view, 2, "dim1")
+        dim0 = _arg(view, 1, "dim0", None, "axis0")
+        dim1 = _arg(view, 2, "dim1", None, "axis1")
         if aten_level:
             return _call(graph, aten.transpose.int, new, dim0, dim1)
         return _call(graph, torch.transpose, new, dim0, dim1)
@@ -194,187 +169,10 @@ def _scatter_diagonal(aten_level: bool) -> Scatter:
     return scatter
 
 
-def _scatter_getitem(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+def scatter_getitem(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+    """Writes through a basic ``base[index]`` view."""
     steps = basic_index_steps(view.args[1])
     return scatter_steps(graph, base, new, steps)
-
-
-def is_full_slice(item: Any) -> bool:
-    """Tells if a Python slice selects a whole dimension whatever its size."""
-    return (
-        isinstance(item, slice)
-        and item.start in (None, 0)
-        and item.stop in (None, INT64_MAX)
-        and item.step in (None, 1)
-    )
-
-
-def _entry_kind(entry: Any) -> str | None:
-    if entry is None:
-        return "newaxis"
-    if entry is Ellipsis:
-        return "ellipsis"
-    if isinstance(entry, bool):
-        return None
-    if isinstance(entry, int):
-        return "int"
-    if isinstance(entry, slice):
-        bounds = (entry.start, entry.stop, entry.step)
-        if any(isinstance(b, Node) and is_tensor(b) is not False for b in bounds):
-            return None
-        return "slice"
-    if isinstance(entry, Node):
-        kind = is_tensor(entry)
-        if kind is False:
-            return "int"
-        return "advanced" if kind else None
-    if isinstance(entry, (list, tuple)) and all(
-        isinstance(e, int) and not isinstance(e, bool) for e in entry
-    ):
-        return "advanced"
-    return None
-
-
-@dataclass
-class IndexPlan:
-    """Decomposition of a ``__getitem__``/``__setitem__`` index.
-
-    :param steps: basic views applied in order, ``("select", dim, index)``,
-        ``("slice", dim, slice)`` or ``("unsqueeze", dim)``
-    :param advanced: indices for ``index_put`` on the result of the steps (None entries for
-        whole dimensions), empty when the index is basic
-    """
-
-    steps: list[tuple]
-    advanced: list[Any]
-
-
-def plan_index(index: Any, base_rank: int | None = None) -> IndexPlan | None:
-    """Decomposes an index the way torch applies it, None when it cannot be proven."""
-    entries = index if isinstance(index, tuple) else (index,)
-    kinds = [_entry_kind(e) for e in entries]
-    if any(k is None for k in kinds) or kinds.count("ellipsis") > 1:
-        return None
-    split = kinds.index("ellipsis") if "ellipsis" in kinds else len(kinds)
-    steps: list[tuple] = []
-    advanced: list[Any] = []
-    dim: int | None = 0
-    for entry, kind in zip(entries[:split], kinds[:split]):
-        if kind in ("int", "slice", "newaxis") and dim is None:
-            return None
-        if kind == "newaxis":
-            steps.append(("unsqueeze", dim))
-            advanced.append(None)
-            dim += 1
-        elif kind == "int":
-            steps.append(("select", dim, entry))
-        elif kind == "slice":
-            if not is_full_slice(entry):
-                steps.append(("slice", dim, entry))
-            advanced.append(None)
-            dim += 1
-        else:
-            advanced.append(entry)
-            dim = None if _mask_rank(entry) is None else dim + _mask_rank(entry)
-    right = list(zip(entries[split + 1 :], kinds[split + 1 :]))
-    if any(kind == "advanced" for _, kind in right):
-        if base_rank is None or dim is None:
-            return None
-        return _plan_right_advanced(entries, kinds, split, base_rank)
-    negative = -1
-    for entry, kind in reversed(right):
-        if kind == "newaxis":
-            steps.append(("unsqueeze", negative))
-            negative -= 1
-        elif kind == "int":
-            steps.append(("select", negative, entry))
-        else:
-            if not is_full_slice(entry):
-                steps.append(("slice", negative, entry))
-            negative -= 1
-    if not any(a is not None for a in advanced):
-        advanced = []
-    return IndexPlan(steps, advanced)
-
-
-def _plan_right_advanced(
-    entries: tuple, kinds: list[str], split: int, base_rank: int
-) -> IndexPlan | None:
-    """Expands the ellipsis when advanced indices follow it (the rank must be known)."""
-    consumed = 0
-    for entry, kind in zip(entries, kinds):
-        if kind in ("int", "slice"):
-            consumed += 1
-        elif kind == "advanced":
-            rank = _mask_rank(entry)
-            if rank is None:
-                return None
-            consumed += rank
-    fill = base_rank - consumed
-    if fill < 0:
-        return None
-    expanded = (*entries[:split], *([slice(None)] * fill), *entries[split + 1 :])
-    return plan_index(expanded, None)
-
-
-def _mask_rank(entry: Any) -> int | None:
-    """Number of dimensions an advanced index consumes (a boolean mask consumes its rank)."""
-    if isinstance(entry, (list, tuple)):
-        return 1
-    val = example_value(entry)
-    if not isinstance(val, torch.Tensor):
-        return None
-    return val.dim() if val.dtype in (torch.bool, torch.uint8) else 1
-
-
-def _index_for_dim(dim: int, entry: Any) -> tuple:
-    if dim >= 0:
-        return (*([slice(None)] * dim), entry)
-    return (Ellipsis, entry, *([slice(None)] * (-dim - 1)))
-
-
-def apply_step(graph: Graph, value: Node, step: tuple) -> Node:
-    """Emits the view described by one step of an ``IndexPlan``."""
-    if step[0] == "unsqueeze":
-        return _call(graph, torch.unsqueeze, value, step[1])
-    return _call(graph, operator.getitem, value, _index_for_dim(step[1], step[2]))
-
-
-def scatter_step(graph: Graph, base: Node, new: Node, step: tuple) -> Node:
-    """Emits the new value of ``base`` once the view ``step`` of it receives ``new``."""
-    if step[0] == "unsqueeze":
-        return _call(graph, torch.squeeze, new, step[1])
-    if step[0] == "select":
-        return _call(graph, torch.select_scatter, base, new, step[1], step[2])
-    item: slice = step[2]
-    return _call(
-        graph,
-        torch.slice_scatter,
-        base,
-        new,
-        step[1],
-        item.start,
-        item.stop,
-        1 if item.step is None else item.step,
-    )
-
-
-def scatter_steps(graph: Graph, base: Node, new: Node, steps: list[tuple]) -> Node:
-    """Writes ``new`` into the view of ``base`` described by ``steps``."""
-    intermediates = [base]
-    for step in steps[:-1]:
-        intermediates.append(apply_step(graph, intermediates[-1], step))
-    for step, value in zip(reversed(steps), reversed(intermediates)):
-        new = scatter_step(graph, value, new, step)
-    return new
-
-
-def basic_index_steps(index: Any) -> list[tuple] | None:
-    """Returns the views of a basic index (ints, slices, None, Ellipsis), else None."""
-    plan = plan_index(index)
-    if plan is None or plan.advanced:
-        return None
-    return plan.steps
 
 
 def is_contiguous(val: Any) -> bool:
@@ -425,14 +223,6 @@ _TORCH_VIEWS: dict[str, Callable[[Node], Scatter | None]] = {
     "imag": lambda n: None,
     "view_as_real": lambda n: None,
     "view_as_complex": lambda n: None,
-    "split": lambda n: None,
-    "chunk": lambda n: None,
-    "unbind": lambda n: None,
-    "tensor_split": lambda n: None,
-    "split_with_sizes": lambda n: None,
-    "hsplit": lambda n: None,
-    "vsplit": lambda n: None,
-    "dsplit": lambda n: None,
 }
 # Reshapes alias their input only when it is contiguous.
 _MAYBE_VIEWS = frozenset({"reshape", "reshape_as", "flatten", "ravel"})
@@ -445,7 +235,8 @@ _ATEN_VIEWS: dict[str, Callable[[Node], Scatter | None]] = {
     "transpose": lambda n: _scatter_transpose(True),
     "t": lambda n: _scatter_t(True),
     "permute": lambda n: _scatter_permute(True) if _permute_is_constant(n, True) else None,
-    "view": lambda n: _scatter_reshape(True),
+    # view.dtype reinterprets the bytes: it cannot be inverted by a reshape
+    "view": lambda n: None if n.target._overloadname == "dtype" else _scatter_reshape(True),
     "_reshape_alias": lambda n: _scatter_reshape(True),
     "unsqueeze": lambda n: _scatter_reshape(True),
     "squeeze": lambda n: _scatter_reshape(True),
@@ -453,123 +244,211 @@ _ATEN_VIEWS: dict[str, Callable[[Node], Scatter | None]] = {
     "view_as": lambda n: _scatter_reshape(True),
     "alias": lambda n: _scatter_identity,
     "detach": lambda n: _scatter_identity,
+    "swapaxes": lambda n: _scatter_transpose(True),
+    "swapdims": lambda n: _scatter_transpose(True),
+    "numpy_T": lambda n: _scatter_self_inverse,
+    "movedim": lambda n: _scatter_aten_movedim,
 }
-_ATEN_OTHER_VIEWS = frozenset(
+
+
+def _scatter_self_inverse(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+    """Views which are their own inverse (``numpy_T`` reverses the dimensions)."""
+    return _call(graph, view.target, new, *view.args[1:])
+
+
+def _scatter_aten_movedim(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+    source, destination = _arg(view, 1, "source"), _arg(view, 2, "destination")
+    return _call(graph, view.target, new, destination, source)
+
+
+def scatter_t_attribute(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+    """Inverse of ``x.T``: reversing the dimensions is its own inverse."""
+    return _call(graph, builtins.getattr, new, "T")
+
+
+def scatter_mt_attribute(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+    """Inverse of ``x.mT``."""
+    return _call(graph, torch.transpose, new, -2, -1)
+
+
+def torch_view_scatter(name: str, node: Node) -> tuple[bool, Scatter | None]:
+    """Tells if torch-level ``name`` is always a view of its first argument, and its scatter."""
+    factory = _TORCH_VIEWS.get(name)
+    if factory is None:
+        return False, None
+    return True, factory(node)
+
+
+def aten_view_scatter(name: str, node: Node) -> tuple[bool, Scatter | None]:
+    """Tells if aten ``name`` is always a view of its first argument, and its scatter."""
+    factory = _ATEN_VIEWS.get(name)
+    if factory is None:
+        return False, None
+    return True, factory(node)
+
+
+def may_be_view(name: str) -> bool:
+    """Reshapes alias their input when its layout allows it, else they copy."""
+    return name in _MAYBE_VIEWS
+
+
+def scatter_reshape(aten_level: bool) -> Scatter:
+    """Writes a reshaped view back (the reshape of a contiguous tensor is a view)."""
+    return _scatter_reshape(aten_level)
+
+
+scatter_identity = _scatter_identity
+
+
+# Operations returning a tuple of views of their first argument.
+SPLIT_FAMILY = frozenset(
     {
-        "expand",
-        "expand_as",
-        "as_strided",
-        "unfold",
-        "real",
-        "imag",
-        "view_as_real",
-        "view_as_complex",
         "split",
         "split_with_sizes",
         "chunk",
         "unbind",
         "tensor_split",
-        "movedim",
-        "swapaxes",
-        "swapdims",
-        "indices",
-        "values",
+        "hsplit",
+        "vsplit",
+        "dsplit",
+        "unsafe_split",
+        "unsafe_chunk",
+        "unsafe_split_with_sizes",
     }
+)
+_AMOUNT_NAMES = (
+    "split_size_or_sections",
+    "split_size",
+    "split_sizes",
+    "chunks",
+    "indices_or_sections",
+    "sections",
+    "indices",
 )
 
 
-def _classify_aten(node: Node) -> Alias:
-    target: torch._ops.OpOverload = node.target
-    schema = target._schema
-    returns = schema.returns
-    name = schema.name.split("::")[-1]
-    if not any(str(r.type) in ("Tensor", "Tensor[]", "Tensor?") for r in returns):
-        return NONTENSOR
-    if name in ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"):
-        return OPAQUE
-    if all(r.alias_info is None for r in returns):
-        return FRESH
-    if any(r.alias_info is not None and r.alias_info.is_write for r in returns):
-        # in-place ops are handled by the pass itself; their result is the mutated input
-        return Alias("view", _scatter_identity)
-    if name in _ATEN_VIEWS:
-        return Alias("view", _ATEN_VIEWS[name](node))
-    if name in _ATEN_OTHER_VIEWS:
-        return Alias("view", None)
-    if name in ("reshape", "flatten") and is_contiguous(example_value(node.args[0])):
-        return Alias("view", _scatter_reshape(True))
-    return OPAQUE
-
-
-def classify(node: Node) -> Alias:
-    """Tells whether a node's result is fresh, a view of ``node.args[0]``, opaque or no tensor."""
-    if node.op in ("placeholder", "get_attr", "output"):
-        return FRESH
-    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-        return _classify_aten(node)
-    tensor = is_tensor(node)
-    if node.op == "call_module":
-        module = _module_of(node)
-        if isinstance(module, torch.nn.Identity):
-            return Alias("view", _scatter_identity)
-        if isinstance(module, _FRESH_MODULES):
-            return FRESH
-        return OPAQUE
+def _split_name(node: Node) -> str:
     target = node.target
-    base = node.args[0] if node.args else None
-    if node.op == "call_function" and target is operator.getitem:
-        base_kind = is_tensor(base)
-        if base_kind is True:
-            plan = plan_index(node.args[1])
-            if plan is None:
-                return OPAQUE
-            if plan.advanced:
-                return FRESH
-            return Alias("view", _scatter_getitem)
-        if tensor is False:
-            return NONTENSOR
-        if base_kind is False and isinstance(base, Node) and _returns_new_tensors(base):
-            # element of a tuple of new tensors (max.dim, sort, topk...)
-            return FRESH
-        # element of a tuple of views (split, chunk...) or of unknown origin
-        return OPAQUE
-    if node.op == "call_function" and target is builtins.getattr:
-        if node.args[1] in VIEW_ATTRIBUTES:
-            if node.args[1] == "T":
-                return Alias("view", _scatter_t_attribute)
-            if node.args[1] == "mT":
-                return Alias("view", _scatter_mt_attribute)
-            return Alias("view", None)
-        return NONTENSOR if tensor is False else OPAQUE
-    if tensor is False:
-        return NONTENSOR
-    if node.op == "call_function" and target in _FUNCTIONAL_OPERATORS:
-        return FRESH
-    name = _callable_name(node)
-    if name is None:
-        return OPAQUE
-    if isinstance(base, Node) and name in _TORCH_VIEWS:
-        return Alias("view", _TORCH_VIEWS[name](node))
-    if isinstance(base, Node) and name in _MAYBE_VIEWS:
-        if is_contiguous(example_value(base)):
-            return Alias("view", _scatter_reshape(False))
-        return OPAQUE
-    return FRESH if aten_returns_fresh(name) else OPAQUE
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", "")
 
 
-def _returns_new_tensors(node: Node) -> bool:
-    """Tells if a node producing several values allocates all of them (sort, max.dim...)."""
-    if node.op not in ("call_function", "call_method"):
+def _split_dim(node: Node, name: str) -> Any:
+    if name in ("hsplit", "vsplit", "dsplit"):
+        if name == "vsplit":
+            return 0
+        if name == "dsplit":
+            return 2
+        val = example_value(node.args[0])
+        if not isinstance(val, torch.Tensor):
+            return None
+        return 1 if val.dim() > 1 else 0
+    position = 1 if name == "unbind" else 2
+    return _arg(node, position, "dim", 0)
+
+
+def _arith(graph: Graph, op: Any, a: Any, b: Any) -> Any:
+    """``op(a, b)`` computed now on ints, emitted as a node on symbolic values."""
+    if isinstance(a, int) and isinstance(b, int):
+        return op(a, b)
+    return _call(graph, op, a, b)
+
+
+def _minimum(graph: Graph, a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return _call(graph, torch.sym_min, a, b)
+
+
+def _is_size(value: Any) -> bool:
+    """An int or a node holding an int (a tensor of indices is not a size)."""
+    if isinstance(value, bool):
         return False
-    if isinstance(node.target, torch._ops.OpOverload):
-        return _classify_aten(node) is FRESH
-    name = _callable_name(node)
-    return name is not None and aten_returns_fresh(name) is True
+    if isinstance(value, int):
+        return True
+    if isinstance(value, Node):
+        return isinstance(example_value(value), (int, torch.SymInt))
+    return False
 
 
-def _scatter_t_attribute(graph: Graph, view: Node, base: Node, new: Node) -> Node:
-    return _call(graph, builtins.getattr, new, "T")
+def _split_spec(container: Node, index: int) -> tuple[str, int, Any] | None:
+    """``(name, dim, amount)`` of a split-like node when element ``index`` has exact bounds."""
+    name = _split_name(container).removeprefix("unsafe_")
+    if name not in SPLIT_FAMILY or index < 0:
+        return None
+    dim = _split_dim(container, name)
+    if not isinstance(dim, int):
+        return None
+    if name == "unbind":
+        return name, dim, None
+    amount = _arg(container, 1, _AMOUNT_NAMES[0], None, *_AMOUNT_NAMES[1:])
+    if isinstance(amount, (list, tuple)):
+        if not all(_is_size(a) for a in amount):
+            return None
+        if name in ("split", "split_with_sizes") and index >= len(amount):
+            return None
+        return name, dim, list(amount)
+    if name == "split_with_sizes" or not _is_size(amount):
+        return None
+    return name, dim, amount
 
 
-def _scatter_mt_attribute(graph: Graph, view: Node, base: Node, new: Node) -> Node:
-    return _call(graph, torch.transpose, new, -2, -1)
+def _element_bounds(graph: Graph, spec: tuple, base: Node, index: int, aten_level: bool) -> tuple:
+    """Emits ``(dim, start, end)`` of element ``index`` of a split-like node."""
+    name, dim, amount = spec
+    if isinstance(amount, list):
+        if name in ("split", "split_with_sizes"):
+            start: Any = 0
+            for size in amount[:index]:
+                start = _arith(graph, operator.add, start, size)
+            return dim, start, _arith(graph, operator.add, start, amount[index])
+        # tensor_split, hsplit... with indices: slice semantics between the indices
+        start = amount[index - 1] if index > 0 else 0
+        return dim, start, amount[index] if index < len(amount) else None
+    if name == "split":
+        start = _arith(graph, operator.mul, index, amount)
+        return dim, start, _arith(graph, operator.add, start, amount)
+    size = _size(graph, base, dim, aten_level)
+    if name == "chunk":
+        # chunk(n) is split(ceil(size / n))
+        rounded = _arith(graph, operator.sub, _arith(graph, operator.add, size, amount), 1)
+        step = _arith(graph, operator.floordiv, rounded, amount)
+        start = _arith(graph, operator.mul, index, step)
+        return dim, start, _arith(graph, operator.add, start, step)
+    # tensor_split, hsplit, vsplit, dsplit with a number of sections: the first
+    # ``size % sections`` sections get one more element
+    quotient = _arith(graph, operator.floordiv, size, amount)
+    remainder = _arith(graph, operator.mod, size, amount)
+
+    def bound(i: int) -> Any:
+        scaled = _arith(graph, operator.mul, i, quotient)
+        return _arith(graph, operator.add, scaled, _minimum(graph, i, remainder))
+
+    return dim, bound(index), bound(index + 1)
+
+
+def element_scatter(container: Node, index: int) -> Scatter | None:
+    """Scatter writing element ``index`` of a split-like ``container`` back into its base,
+    None when its bounds cannot be known (a tensor of indices, an unknown rank...)."""
+    spec = _split_spec(container, index)
+    if spec is None:
+        return None
+    aten_level = isinstance(container.target, torch._ops.OpOverload)
+
+    def scatter(graph: Graph, view: Node, base: Node, new: Node) -> Node:
+        if spec[0] == "unbind":
+            target = aten.select_scatter.default if aten_level else torch.select_scatter
+            return _call(graph, target, base, new, spec[1], index)
+        dim, start, end = _element_bounds(graph, spec, base, index, aten_level)
+        target = aten.slice_scatter.default if aten_level else torch.slice_scatter
+        return _call(graph, target, base, new, dim, start, end)
+
+    return scatter
+
+
+def is_split(node: Node) -> bool:
+    """Tells if a node is a tuple-of-views operation (split, chunk, unbind...)."""
+    return _split_name(node).removeprefix("unsafe_") in SPLIT_FAMILY

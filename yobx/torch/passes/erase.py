@@ -4,22 +4,25 @@ from __future__ import annotations
 
 from torch.fx import Graph, Node
 
+from .aliasing import has_side_effect
+
 
 def _removable(node: Node) -> bool:
     """Tells if a node without users can go: no side effect and not part of the signature."""
-    if node.op in ("placeholder", "output") or node.users:
-        return False
-    return not node.is_impure()
+    return not node.users and not has_side_effect(node)
 
 
 def graph_erase_node(graph: Graph, node: Node) -> int:
     """Erases a node and every predecessor that was used only by it (transitively).
 
-    Placeholders, nodes with side effects (``Node.is_impure``) and nodes still used by
-    other nodes are kept.
+    Placeholders, nodes still used by other nodes and nodes with a side effect are kept:
+    in-place methods and functions (``x.add_(1)`` recorded as ``call_method`` included),
+    ``setitem``, ``copy_``, ``out=``, module calls which may mutate, runtime checks and
+    anything :meth:`torch.fx.Node.is_impure` reports
+    (see :func:`yobx.torch.passes.aliasing.has_side_effect`).
 
     :param graph: graph owning ``node``
-    :param node: node to erase, it must have no users
+    :param node: node to erase, it must have no users and no side effect
     :return: number of erased nodes
     """
     if node.graph is not graph:
@@ -29,6 +32,17 @@ def graph_erase_node(graph: Graph, node: Node) -> int:
         raise ValueError(f"node {node.name!r} is still used by {users}")
     if node.op in ("placeholder", "output"):
         raise ValueError(f"node {node.name!r} is a {node.op} and cannot be erased")
+    if has_side_effect(node):
+        raise ValueError(
+            f"node {node.name!r} ({node.op} {node.target}) has a side effect and cannot be "
+            "erased; use graph.erase_node to remove it anyway"
+        )
+    return erase_with_inputs(graph, node)
+
+
+def erase_with_inputs(graph: Graph, node: Node) -> int:
+    """Erases ``node`` (its caller proved it useless) and its predecessors used only by it
+    and free of side effects."""
     erased = 0
     stack = [node]
     seen: set[Node] = set()

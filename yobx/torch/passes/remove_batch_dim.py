@@ -25,8 +25,10 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
-from ._node_kinds import example_value
+from ._targets import copy_node, example_value, recompile_owner
+from .aliasing import has_side_effect
 from .erase import graph_erase_node
+from .result import PassResult
 
 _FUNCTORCH_MODULES = ("torch._functorch", "torch._C._functorch", "torch.func")
 
@@ -185,9 +187,54 @@ def _run_node(node: Node, env: dict[Node, Any]) -> Any:
     raise BatchDimRemovalError(f"unexpected node {node.name!r} ({node.op}) in a vmap region")
 
 
-def _batched_graph(span: _Span, region: list[Node], free: list[Node]) -> torch.fx.GraphModule:
-    from torch.fx.experimental.proxy_tensor import make_fx
+def _value_key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        shape = tuple(str(s) for s in value.shape)
+        stride = tuple(str(s) for s in value.stride())
+        return ("tensor", shape, stride, value.dtype, str(value.device))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("symbol", str(value))
+    hash(value)
+    return value
 
+
+def _region_key(span: _Span, region: list[Node], free: list[Node], values: list) -> Any:
+    """What the batched graph of a region depends on, None if it cannot be hashed.
+
+    Two regions with the same key (same operations on inputs of the same symbolic
+    shapes, same in/out dims) have the same batched graph: it is traced once.
+    """
+    index: dict[Node, tuple] = {n: ("add", i) for i, n in enumerate(span.adds)}
+    index.update({n: ("free", i) for i, n in enumerate(free)})
+    index.update({n: ("node", i) for i, n in enumerate(region)})
+
+    def encode(value: Any) -> Any:
+        if isinstance(value, Node):
+            return index[value]
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(encode(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", tuple((k, encode(v)) for k, v in sorted(value.items())))
+        if isinstance(value, slice):
+            return ("slice", encode(value.start), encode(value.stop), encode(value.step))
+        return _value_key(value)
+
+    try:
+        return (
+            tuple((n.op, n.target, encode(n.args), encode(n.kwargs)) for n in region),
+            tuple(encode(r.args[0]) for r in span.removes),
+            tuple(_value_key(v) for v in values),
+            tuple(encode(a.args[1]) for a in span.adds),
+            tuple(encode(r.args[3]) for r in span.removes),
+            span.randomness,
+        )
+    except (TypeError, KeyError):
+        return None
+
+
+def _batched_graph(
+    span: _Span, region: list[Node], free: list[Node], cache: dict[Any, torch.fx.GraphModule]
+) -> torch.fx.GraphModule:
     inputs = [a.args[0] for a in span.adds] + free
     values = [example_value(n) for n in inputs]
     missing = [n.name for n, v in zip(inputs, values) if v is None and isinstance(n, Node)]
@@ -195,6 +242,20 @@ def _batched_graph(span: _Span, region: list[Node], free: list[Node]) -> torch.f
         raise BatchDimRemovalError(
             f"nodes {missing} have no meta['val']; the vmap region cannot be re-traced"
         )
+    key = _region_key(span, region, free, values)
+    traced = cache.get(key) if key is not None else None
+    if traced is None:
+        traced = _trace_batched(span, region, free, inputs, values)
+        if key is not None:
+            cache[key] = traced
+    return traced
+
+
+def _trace_batched(
+    span: _Span, region: list[Node], free: list[Node], inputs: list[Node], values: list
+) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     adds, removes = span.adds, span.removes
 
     def per_example(*args: Any) -> tuple:
@@ -266,7 +327,7 @@ def _splice(graph: Graph, span: _Span, traced: torch.fx.GraphModule, free: list[
                 env[node] = graph.get_attr(name)
                 env[node].meta.update(node.meta)
                 continue
-            env[node] = graph.node_copy(node, env.__getitem__)
+            env[node] = copy_node(graph, node, env.__getitem__)
     for remove, new in zip(span.removes, outputs):
         remove.replace_all_uses_with(new)
 
@@ -285,7 +346,7 @@ def _fresh_attribute(owner: torch.nn.Module, base: str) -> str:
     return f"_yobx_vmap{base}_{index}"
 
 
-def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
+def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> PassResult:
     """Rewrites the vmap regions of a graph (``_add_batch_dim`` ... ``_remove_batch_dim``).
 
     Each region is re-traced with ``make_fx(torch.vmap(region, in_dims, out_dims))`` on the
@@ -297,9 +358,10 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
 
     :param graph: graph to modify in place
     :param verbose: verbosity
-    :return: number of removed nodes
+    :return: the number of removed nodes (a :class:`PassResult`)
     """
     spans, removed = _collect_spans(graph)
+    cache: dict[Any, torch.fx.GraphModule] = {}
     for span in sorted(spans, key=lambda s: -s.depth):
         if not span.removes:
             raise BatchDimRemovalError("a vmap region has no _remove_batch_dim node")
@@ -308,7 +370,7 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
         bookkeeping_inputs = {
             i for n in [*span.removes, *span.bookkeeping] for i in n.all_input_nodes
         }
-        traced = _batched_graph(span, region, free)
+        traced = _batched_graph(span, region, free, cache)
         _splice(graph, span, traced, free)
         for node in [*span.removes, *reversed(region)]:
             _erase(graph, node)
@@ -326,7 +388,7 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
                 not getattr(node, "_erased", False)
                 and not node.users
                 and node.op != "placeholder"
-                and not node.is_impure()
+                and not has_side_effect(node)
             ):
                 removed += graph_erase_node(graph, node)
         removed += len(span.removes) + len(region) + len(span.adds) + len(span.bookkeeping)
@@ -336,6 +398,5 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> int:
                 f"by {len(traced.graph.nodes)} batched node(s)"
             )
     graph.lint()
-    if graph.owning_module is not None:
-        graph.owning_module.recompile()
-    return removed
+    recompile_owner(graph)
+    return PassResult("remove_batch_dim_nodes", removed)

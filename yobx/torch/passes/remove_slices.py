@@ -10,21 +10,11 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ._node_kinds import (
-    INT64_MAX,
-    METADATA_INPLACE,
-    _callable_name,
-    aten,
-    example_value,
-    inplace_form,
-    is_tensor,
-)
-from ._views import is_full_slice
-from .erase import graph_erase_node
-
-_CONTAINER_MUTATORS = frozenset(
-    {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"}
-)
+from ._indexing import is_full_slice
+from ._targets import INT64_MAX, aten, callable_name, example_value, is_tensor, recompile_owner
+from .aliasing import changes_metadata, mutates_container, writes
+from .erase import erase_with_inputs
+from .result import PassResult
 
 
 def _is_size_of(node: Any, base: Node, dim: int, rank: int | None) -> bool:
@@ -98,12 +88,7 @@ def _full_getitem(node: Node) -> bool:
 
 def _mutates(node: Node) -> bool:
     """Tells if a user may change the object itself (metadata or container content)."""
-    if node.op == "call_method" and node.target in _CONTAINER_MUTATORS:
-        return True
-    if node.op == "call_function" and node.target in (operator.setitem, operator.delitem):
-        return True
-    name = _callable_name(node)
-    return name in METADATA_INPLACE or name in _CONTAINER_MUTATORS
+    return changes_metadata(node) or mutates_container(node)
 
 
 def _identity_slice(node: Node) -> Node | None:
@@ -127,7 +112,7 @@ def _identity_slice(node: Node) -> Node | None:
         if start in (None, 0) and step == 1 and _covers(end, base, dim):
             return base
         return None
-    name = _callable_name(node)
+    name = callable_name(node)
     if name == "narrow" and len(node.args) == 4 and not node.kwargs:
         base, dim, start, length = node.args
         if isinstance(base, Node) and start == 0 and _covers_exactly(length, base, dim):
@@ -154,14 +139,14 @@ def _covers_exactly(length: Any, base: Node, dim: Any) -> bool:
 def _is_clone(node: Node) -> bool:
     if node.op == "call_function" and node.target is aten.clone.default:
         return True
-    return _callable_name(node) == "clone" and len(node.args) == 1
+    return callable_name(node) == "clone" and len(node.args) == 1
 
 
 def _redundant_copy(node: Node, has_inplace: bool) -> Node | None:
     """Returns the value a copy node can be replaced with, or None."""
     if node.op not in ("call_function", "call_method"):
         return None
-    name = _callable_name(node)
+    name = callable_name(node)
     if name == "copy_" and len(node.args) >= 2 and node.args[0] is node.args[1]:
         return node.args[0]
     if _is_clone(node):
@@ -188,7 +173,7 @@ def _redundant_copy(node: Node, has_inplace: bool) -> Node | None:
     return None
 
 
-def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> int:
+def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> PassResult:
     """Removes slices selecting everything and copies changing nothing.
 
     Handles ``x[:]``, ``x[:, :]``, ``x[..., :]``, ``x[0:9223372036854775807]``,
@@ -200,9 +185,9 @@ def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> int:
 
     :param graph: graph to modify in place
     :param verbose: verbosity
-    :return: number of removed nodes
+    :return: the number of removed nodes (a :class:`PassResult`)
     """
-    has_inplace = any(inplace_form(n) is not None for n in graph.nodes)
+    has_inplace = any(writes(n) for n in graph.nodes)
     removed = 0
     for node in list(graph.nodes):
         if node.graph is not graph:
@@ -215,8 +200,8 @@ def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> int:
         if verbose:
             print(f"[remove_unnecessary_slices] {node.name} -> {replacement.name}")
         node.replace_all_uses_with(replacement)
-        removed += graph_erase_node(graph, node)
+        # a self copy_ writes nothing: it goes although copy_ has a side effect in general
+        removed += erase_with_inputs(graph, node)
     graph.lint()
-    if graph.owning_module is not None:
-        graph.owning_module.recompile()
-    return removed
+    recompile_owner(graph)
+    return PassResult("remove_unnecessary_slices", removed)

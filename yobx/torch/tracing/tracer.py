@@ -300,6 +300,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         if strict is not None:
             raise strict
         self._finish(graph, module, root, update_model_with_callable)
+        self._mark_storages(graph, module)
         if remove_inplace:
             self._apply_default_passes(graph)
         graph.lint()
@@ -434,19 +435,35 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             setattr(wrapper, name, torch.fx.GraphModule(wrapper, subgraph))
         return wrapper
 
-    def _apply_default_passes(self, graph) -> None:
-        from ..passes import remove_inplace
+    def _mark_storages(self, graph: torch.fx.Graph, module: torch.nn.Module) -> None:
+        """Tells the passes which inputs, parameters and buffers share storage.
 
-        # exc=False: what the pass cannot prove safe stays in-place, which is still
-        # correct with eager semantics; tracing must not fail because of it.
-        # observable=False: writes into inputs and buffers stay in-place, so that the
-        # graph returns what the model returns and has the same side effects
-        # (to_onnx runs the pass itself to turn them into extra outputs).
-        # the pass computes the fake values of the nodes it creates (x[:, n - 1] = v
-        # becomes select_scatter...): with the same symbolic kernels as the trace, or
-        # torch's would specialize the dimensions
+        Each input gets its own fake tensor, so ``f(a, a[1])`` or a buffer registered
+        as a view of another look independent in the graph: the real tensors say which
+        alias, and a write into one of them is then rewritten exactly or refused.
+        """
+        from ..passes import mark_storages
+
+        tensors: dict[str, Any] = dict(zip(self._inputs.names, self._inputs.leaves))
+        tensors.update(module.named_parameters(remove_duplicate=False))
+        tensors.update(module.named_buffers(remove_duplicate=False))
+        mark_storages(graph, tensors)
+
+    def _apply_default_passes(self, graph) -> None:
+        # [passes, issue 11] the one default pass order shared with to_onnx. exc=False:
+        # what a pass cannot prove exact stays as it is (still correct), tracing must not
+        # fail because of it. mutations="write_back": the body becomes functional and
+        # ends with copy_ into the mutated inputs and buffers, so the graph returns what
+        # the model returns and has the same side effects (to_onnx asks for "outputs").
+        from ..passes import run_default_passes
+
+        # the passes compute the fake values of the nodes they create (x[:, n - 1] = v
+        # becomes select_scatter...) with the tracer's symbolic kernels: torch's would
+        # specialize the dimensions
         with symbolic_kernels():
-            remove_inplace(graph, recursive=True, exc=False, observable=False)
+            run_default_passes(
+                graph, mutations="write_back", exc=False, recursive=True, module=self.traced_model
+            )
 
     # graph passes (thin calls into yobx.torch.passes, kept on the tracer's public API)
 
@@ -455,8 +472,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         """See :func:`yobx.torch.passes.remove_inplace`."""
         from ..passes import remove_inplace
 
-        return remove_inplace(
-            graph, exported_program, verbose=verbose, exc=exc, recursive=recursive
+        # [passes, issue 11] the seed's classmethods return plain ints
+        return int(
+            remove_inplace(graph, exported_program, verbose=verbose, exc=exc, recursive=recursive)
         )
 
     @classmethod
@@ -464,14 +482,14 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         """See :func:`yobx.torch.passes.remove_unnecessary_slices`."""
         from ..passes import remove_unnecessary_slices
 
-        return remove_unnecessary_slices(graph, verbose=verbose)
+        return int(remove_unnecessary_slices(graph, verbose=verbose))
 
     @classmethod
     def remove_batch_dim_nodes(cls, graph, verbose=0):
         """See :func:`yobx.torch.passes.remove_batch_dim_nodes`."""
         from ..passes import remove_batch_dim_nodes
 
-        return remove_batch_dim_nodes(graph, verbose=verbose)
+        return int(remove_batch_dim_nodes(graph, verbose=verbose))
 
     @classmethod
     def graph_erase_node(cls, graph, node):

@@ -1,0 +1,89 @@
+"""The default passes, in the one order ``CustomTracer.trace`` and ``to_onnx`` share."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.fx import Graph
+
+from .remove_batch_dim import BatchDimRemovalError, remove_batch_dim_nodes
+from .remove_inplace import remove_inplace
+from .remove_slices import remove_unnecessary_slices
+from .result import PassResult, Refusal
+
+#: The default passes in their order: vmap regions first (they re-trace code which may
+#: contain in-place ops), then in-place removal, then the slices the rewrite made useless.
+DEFAULT_PASSES = ("remove_batch_dim_nodes", "remove_inplace", "remove_unnecessary_slices")
+
+
+def run_default_passes(
+    graph: Graph,
+    *,
+    mutations: str = "write_back",
+    exc: bool = False,
+    recursive: bool = True,
+    verbose: int = 0,
+    exported_program: Any = None,
+    module: torch.nn.Module | None = None,
+) -> dict[str, PassResult]:
+    """Runs :data:`DEFAULT_PASSES` on a graph.
+
+    :param graph: the graph (modified in place)
+    :param mutations: how mutated inputs and buffers keep their new values,
+        ``"write_back"`` (``copy_`` at the end of the graph) or ``"outputs"`` (extra
+        outputs, torch.export's convention); see :func:`remove_inplace`
+    :param exc: raise when an in-place node has to be left in place
+    :param recursive: also clean the subgraphs of ``torch.cond`` / scan
+    :param verbose: verbosity
+    :param exported_program: the ``ExportedProgram`` owning the graph, if any
+    :param module: the module holding the graph's attributes (parameters, buffers,
+        subgraphs) when the graph has no owning module yet, as right after a trace: the
+        passes then know which buffers share storage and which attributes are subgraphs
+    :return: the result of each pass, by name
+    """
+    with _owned_by(graph, module):
+        return _run(graph, mutations, exc, recursive, verbose, exported_program)
+
+
+@contextlib.contextmanager
+def _owned_by(graph: Graph, module: torch.nn.Module | None) -> Iterator[None]:
+    if module is None or graph.owning_module is not None:
+        yield
+        return
+    graph.owning_module = module
+    try:
+        yield
+    finally:
+        graph.owning_module = None
+
+
+def _run(
+    graph: Graph,
+    mutations: str,
+    exc: bool,
+    recursive: bool,
+    verbose: int,
+    exported_program: Any,
+) -> dict[str, PassResult]:
+    results: dict[str, PassResult] = {}
+    try:
+        results["remove_batch_dim_nodes"] = remove_batch_dim_nodes(graph, verbose=verbose)
+    except BatchDimRemovalError as e:
+        # a region that cannot be batched is left as it is (it still runs with functorch)
+        if exc:
+            raise
+        refusal = Refusal("vmap", str(e))
+        results["remove_batch_dim_nodes"] = PassResult("remove_batch_dim_nodes", 0, (refusal,))
+    results["remove_inplace"] = remove_inplace(
+        graph,
+        exported_program,
+        verbose=verbose,
+        exc=exc,
+        recursive=recursive,
+        mutations=mutations,
+    )
+    results["remove_unnecessary_slices"] = remove_unnecessary_slices(graph, verbose=verbose)
+    return results
