@@ -116,9 +116,9 @@ def test_export_compares_every_rule(monkeypatch):
     compared = []
     original = shape_rules.compare
 
-    def counting(value, expected, inputs, what):
+    def counting(value, expected, inputs, what, prove=None):
         compared.append(what)
-        return original(value, expected, inputs, what)
+        return original(value, expected, inputs, what, prove)
 
     monkeypatch.setenv("YOBX_CHECK_SHAPE_RULES", "1")
     monkeypatch.setattr(shape_rules, "compare", counting)

@@ -51,9 +51,14 @@ def _in_range(shape_env: Any, symbol: sympy.Symbol, value: int) -> bool:
 
 
 def _admissible(shape_env: Any, conditions: Sequence[sympy.Basic], assignment: dict) -> bool:
+    # conditions may be written with symbols of the same names without sympy's
+    # positivity (see SymbolicDimensions.twin): they are matched by name
+    symbols = {s.name: s for s in shape_env.var_to_range}
     for condition in conditions:
-        value = shape_env.replace(condition).xreplace(assignment)
-        if value not in (sympy.true, True):
+        condition = condition.xreplace(
+            {s: symbols[s.name] for s in condition.free_symbols if s.name in symbols}
+        )
+        if shape_env.replace(condition).xreplace(assignment) not in (sympy.true, True):
             return False
     return True
 
