@@ -14,6 +14,7 @@ import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
@@ -712,6 +713,13 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                     )
         except (TraceError, shape_rules.ShapeRuleMismatch):
             raise
+        except GuardOnDataDependentSymNode as e:
+            # an operation whose result depends on tensor values (x[mask].view(n, ...))
+            raise self.refinements.data_dependent_error(
+                e.cond if hasattr(e, "cond") else sympy.true,
+                self.location(),
+                f"{_describe(node)} needs a decision on",
+            ) from e
         except Exception as e:
             raise TraceError(
                 f"{self.location()}: {_describe(node)} failed on fake tensors "
