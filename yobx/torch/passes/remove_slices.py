@@ -12,7 +12,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._indexing import is_full_slice
 from ._targets import INT64_MAX, aten, callable_name, example_value, is_tensor, recompile_owner
-from .aliasing import changes_metadata, mutates_container, writes
+from .aliasing import FRESH, changes_metadata, classify, mutates_container, writes
 from .erase import erase_with_inputs
 from .result import PassResult
 
@@ -173,13 +173,80 @@ def _redundant_copy(node: Node, has_inplace: bool) -> Node | None:
     return None
 
 
+def _is_copy_(node: Node) -> bool:
+    if node.op == "call_method":
+        return node.target == "copy_"
+    return node.op == "call_function" and node.target in (
+        aten.copy_.default,
+        torch.Tensor.copy_,
+    )
+
+
+def _same_layout(dst: Any, src: Any) -> bool:
+    """Same dtype, device, shape and strides: nothing tells one tensor from the other."""
+    if not (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor)):
+        return False
+    if (dst.dtype, dst.device, dst.dim()) != (src.dtype, src.device, src.dim()):
+        return False
+    pairs = [*zip(dst.shape, src.shape), *zip(dst.stride(), src.stride())]
+    return all(statically_known_true(a == b) for a, b in pairs)
+
+
+def _filled_fresh_tensor(node: Node) -> tuple[Node, Node] | None:
+    """``dst.copy_(src)`` where ``dst`` is a fresh tensor read for the first time there
+    (``torch.empty_like(x)``, ``torch.zeros(...)``) and ``src`` a fresh tensor used only
+    there, both of the same dtype, device, shape and strides: ``dst`` after the copy
+    holds ``src`` exactly, and nothing else can observe ``src`` or the old ``dst``.
+
+    :return: ``(dst, src)`` or None
+    """
+    if not _is_copy_(node) or len(node.args) != 2 or node.kwargs:
+        return None
+    dst, src = node.args
+    if not (isinstance(dst, Node) and isinstance(src, Node)) or dst is src:
+        return None
+    if any(n.op in ("placeholder", "get_attr") for n in (dst, src)):
+        return None
+    if list(src.users) != [node] or classify(src).kind != FRESH:
+        return None
+    if classify(dst).kind != FRESH or writes(dst):
+        return None
+    # the copy is the first use of dst: nothing read or wrote its old value
+    if not _first_user(dst, node):
+        return None
+    if not _same_layout(example_value(dst), example_value(src)):
+        return None
+    return dst, src
+
+
+def _first_user(node: Node, user: Node) -> bool:
+    """Tells if no other user of ``node`` comes before ``user`` in the graph."""
+    current = node.next
+    while current is not user:
+        if current in node.users or current.op == "output":
+            return False
+        current = current.next
+    return True
+
+
+def _replace_filled_fresh_tensor(graph: Graph, node: Node, dst: Node, src: Node) -> int:
+    """Makes every use of ``dst`` and of the copy use ``src``; erases the copy and
+    ``dst``'s construction."""
+    node.replace_all_uses_with(src)
+    dst.replace_all_uses_with(src, delete_user_cb=lambda user: user is not node)
+    # src is defined before the copy, maybe after dst: uses of dst come after the copy
+    return erase_with_inputs(graph, node)
+
+
 def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> PassResult:
     """Removes slices selecting everything and copies changing nothing.
 
     Handles ``x[:]``, ``x[:, :]``, ``x[..., :]``, ``x[0:9223372036854775807]``,
     ``x[:x.shape[0]]``, ``aten.slice.Tensor(x, d, 0, INT64_MAX)``, ``narrow`` of the whole
     length, ``x.copy_(x)``, ``clone(clone(x))`` and, in graphs without in-place nodes,
-    ``aten.copy(a, b)`` when ``a`` and ``b`` have the same shape, dtype and device. A bound
+    ``aten.copy(a, b)`` when ``a`` and ``b`` have the same shape, dtype and device,
+    ``dst.copy_(src)`` filling a fresh tensor (``torch.empty_like(x)``) with a fresh value
+    of the same dtype, device, shape and strides used nowhere else. A bound
     is considered full only when it is provably so (constant, size of the same dimension,
     or ``meta["val"]``); other slices are kept.
 
@@ -191,6 +258,13 @@ def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> PassResult:
     removed = 0
     for node in list(graph.nodes):
         if node.graph is not graph:
+            continue
+        filled = _filled_fresh_tensor(node)
+        if filled is not None:
+            if verbose:
+                dst, src = filled
+                print(f"[remove_unnecessary_slices] {node.name}: {dst.name} is {src.name}")
+            removed += _replace_filled_fresh_tensor(graph, node, *filled)
             continue
         replacement = _identity_slice(node)
         if replacement is None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch._ops import HigherOrderOperator
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
@@ -28,14 +29,28 @@ _ORIGINAL_SCAN = torch.ops.higher_order.scan
 _ORIGINAL_VMAP = torch.vmap
 
 
-class CondCCOp:
+class CondCCOp(HigherOrderOperator):
     """Graph target of ``torch.cond``: ``CondCCOp()(pred, true_gm, false_gm, operands)``.
 
-    At run time it calls ``torch.cond`` (so ``make_fx``/``torch.export`` of the traced
-    graph still see a ``cond``).
+    A torch :class:`~torch._ops.HigherOrderOperator` registered as
+    ``torch.ops.higher_order.yobx_cond``, so generated code, pickling and graph
+    printing resolve it like torch's own control-flow operators. Calling it runs
+    ``torch.cond``, so ``make_fx`` and ``torch.export`` of a traced graph still see a
+    ``cond``. Every ``CondCCOp()`` is the same operator.
     """
 
-    __name__ = "CondCCOp"
+    _instance: CondCCOp | None = None
+
+    def __new__(cls):
+        # One operator per name: HigherOrderOperator registers itself in a global
+        # table by name, and graphs compare targets by identity.
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+            HigherOrderOperator.__init__(cls._instance, "yobx_cond")
+        return cls._instance
+
+    def __init__(self):
+        pass
 
     def __call__(self, pred, true_fn, false_fn, operands):
         return _ORIGINAL_COND(pred, true_fn, false_fn, tuple(operands))
@@ -44,14 +59,25 @@ class CondCCOp:
         return "CondCCOp()"
 
 
-class ScanCCOp:
+class ScanCCOp(HigherOrderOperator):
     """Graph target of scan: ``ScanCCOp()(body_gm, init, xs, additional_inputs)``.
 
-    At run time it calls ``torch.ops.higher_order.scan`` and returns the final carries
-    followed by the stacked per-step outputs.
+    A torch :class:`~torch._ops.HigherOrderOperator` registered as
+    ``torch.ops.higher_order.yobx_scan``. Calling it runs
+    ``torch.ops.higher_order.scan`` and returns the final carries followed by the
+    stacked per-step outputs. Every ``ScanCCOp()`` is the same operator.
     """
 
-    __name__ = "ScanCCOp"
+    _instance: ScanCCOp | None = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+            HigherOrderOperator.__init__(cls._instance, "yobx_scan")
+        return cls._instance
+
+    def __init__(self):
+        pass
 
     def __call__(self, combine_fn, init, xs, additional_inputs):
         return _ORIGINAL_SCAN(combine_fn, list(init), list(xs), list(additional_inputs))
@@ -104,9 +130,7 @@ def trace_subgraph(tracer, fn: Callable, inputs: list[Any], prefix: str):
 
 
 def _register_subgraph(tracer, graph: torch.fx.Graph, prefix: str) -> Node:
-    name = f"_cb_{prefix}_{len(tracer._subgraphs)}"
-    tracer._subgraphs[name] = graph
-    return tracer.graph.get_attr(name)
+    return tracer.register_callable(f"_cb_{prefix}_{len(tracer._subgraphs)}", graph)
 
 
 def _fake(value: Any) -> Any:

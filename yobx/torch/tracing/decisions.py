@@ -17,6 +17,7 @@ import sympy
 import torch
 from torch.fx.proxy import Proxy, TraceError
 
+from .errors import TracingError
 from .symbolic import Guard
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -67,8 +68,36 @@ class DecisionsMixin:
 
     # Python conversions
 
+    def missing_example_error(self, obj: Proxy, what: str) -> TracingError:
+        """The error for a decision on a value computed from inputs given no example.
+
+        Names the parameters to give examples for: the placeholders without value
+        ``obj`` is computed from.
+        """
+        missing, stack, seen = [], [obj.node], set()
+        while stack:
+            node = stack.pop()
+            if node in seen or "val" in node.meta:
+                continue
+            seen.add(node)
+            if node.op == "placeholder":
+                missing.append(node.target)
+            stack.extend(node.all_input_nodes)
+        names = ", ".join(repr(n) for n in sorted(missing)) or "an input"
+        example = ", ".join(f"{n!r}: <example>" for n in sorted(missing)) or "..."
+        location = self.location()
+        return TracingError(
+            f"{location}: {what} needs the value of `{obj.node.name}`, computed from "
+            f"{names} traced without an example (only what needs no decision on "
+            f"values or shapes traces then, as with torch.fx); pass an example: "
+            f"concrete_args={{{example}}}",
+            location=location,
+        )
+
     def to_bool(self, obj: Proxy) -> bool:
         """``bool(proxy)``: decided only when provable (see :class:`SymbolicDimensions`)."""
+        if "val" not in obj.node.meta:
+            raise self.missing_example_error(obj, "a Python bool (if, assert, and/or)")
         val = obj.node.meta.get("val")
         if isinstance(val, torch.SymBool):
             return self._decide(val)
@@ -127,6 +156,8 @@ class DecisionsMixin:
         dimension declared dynamic, see :mod:`.refinement`). Several: their expression
         is fixed to its example value, a constraint checked when the graph runs.
         """
+        if "val" not in obj.node.meta:
+            raise self.missing_example_error(obj, what)
         val = obj.node.meta.get("val")
         constant = constant_value(val)
         if isinstance(constant, (int, float)):

@@ -21,6 +21,17 @@ from .dynamic_shapes import axes_per_leaf, axis_spec
 from .symbolic import SymbolicDimensions
 
 
+class _NoExample:
+    """The value of a parameter traced without an example (as torch.fx traces)."""
+
+    def __repr__(self) -> str:
+        return "NO_EXAMPLE"
+
+
+#: the leaf of a parameter given no example: a placeholder without metadata
+NO_EXAMPLE = _NoExample()
+
+
 @dataclasses.dataclass
 class FlatInputs:
     """The example inputs of a trace, bound to the signature and flattened.
@@ -109,12 +120,16 @@ def call_arguments(fn: Callable, named: dict[str, Any]) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
-def bind_example_inputs(fn: Callable, concrete_args: dict[str, Any] | None) -> BoundInputs:
+def bind_example_inputs(
+    fn: Callable, concrete_args: dict[str, Any] | None, allow_missing: bool = False
+) -> BoundInputs:
     """Matches ``concrete_args`` (parameter name -> example) to the signature of ``fn``.
 
     ``*args`` takes a tuple under its name; names that are not parameters go to
     ``**kwargs`` when there is one.
 
+    :param allow_missing: a parameter without default and without example is bound to
+        :data:`NO_EXAMPLE` (traced as torch.fx does) instead of raising
     :raises TypeError: unknown names or missing required parameters
     """
     signature = inspect.signature(fn)
@@ -148,11 +163,17 @@ def bind_example_inputs(fn: Callable, concrete_args: dict[str, Any] | None) -> B
                 bound.keyword_names.add(p.name)
             bound.values.append(value)
         elif p.default is inspect.Parameter.empty and p.kind != p.VAR_POSITIONAL:
-            raise TypeError(
-                f"concrete_args has no example for parameter {p.name!r} of {where}; "
-                f"CustomTracer needs an example value for every parameter without a "
-                f"default: pass concrete_args={{{p.name!r}: <example>, ...}}"
-            )
+            if not allow_missing:
+                raise TypeError(
+                    f"concrete_args has no example for parameter {p.name!r} of {where}; "
+                    f"an example value is needed for every parameter without a "
+                    f"default: pass concrete_args={{{p.name!r}: <example>, ...}}"
+                )
+            # traced as torch.fx does: a placeholder whose value is unknown
+            bound.names.append(p.name)
+            bound.values.append(NO_EXAMPLE)
+            if p.kind != p.POSITIONAL_ONLY:
+                bound.keyword_names.add(p.name)
     for k in unknown:
         bound.names.append(k)
         bound.keyword_names.add(k)
@@ -181,6 +202,13 @@ def flatten_example_inputs(
         leaves.append(leaf)
         if isinstance(leaf, torch.Tensor):
             sizes.append(_sizes(name, leaf, spec, dims))
+        elif leaf is NO_EXAMPLE:
+            if spec:
+                raise ValueError(
+                    f"dynamic_shapes gives dynamic dimensions {spec} to input {name!r}, "
+                    f"which has no example in concrete_args: give one"
+                )
+            sizes.append(None)
         else:
             if spec:
                 raise ValueError(

@@ -16,6 +16,9 @@ import torch
 import torch.fx
 from torch.fx.proxy import Attribute, Proxy, TraceError
 
+# torch.cat as imported, not the recording replacement installed while tracing
+_TORCH_CAT = torch.cat
+
 
 class CustomProxy(Proxy):
     """Proxy of a tensor (or of any non-scalar value) whose node carries ``meta["val"]``."""
@@ -24,6 +27,22 @@ class CustomProxy(Proxy):
     def val(self) -> Any:
         """The fake value of the node (FakeTensor, SymInt, tuple...)."""
         return self.node.meta.get("val")
+
+    @property
+    def known(self) -> bool:
+        """Whether the value is known (False for an input traced without an example and
+        what it computes, as with torch.fx)."""
+        return "val" in self.node.meta
+
+    @staticmethod
+    def cat(tensors: Any, dim: int = 0) -> Any:
+        """``torch.cat(tensors, dim)`` recorded in the graph of the first proxy found."""
+        from .patches import find_proxy
+
+        proxy = find_proxy(tensors)
+        if proxy is None:
+            return _TORCH_CAT(tensors, dim)
+        return proxy.tracer.create_proxy("call_function", _TORCH_CAT, (tensors,), {"dim": dim})
 
     def __getattr__(self, name: str) -> Any:
         val = self.node.meta.get("val")
@@ -42,15 +61,29 @@ class CustomProxy(Proxy):
         return CustomAttribute(self, name)
 
     def size(self, dim: int | None = None) -> Any:
-        """Same as ``torch.Tensor.size``: static dimensions are ints."""
+        """Same as ``torch.Tensor.size``: static dimensions are ints, dynamic ones
+        :class:`CustomProxyInt`, the whole shape a ``torch.Size`` or a
+        :class:`CustomProxyShape`; a node when the value is unknown."""
+        if not self.known:
+            args = (self,) if dim is None else (self, dim)
+            return self.tracer.create_proxy("call_method", "size", args, {})
         shape = self.tracer.shape_of(self)
         return shape if dim is None else shape[dim]
 
     def dim(self) -> int:
-        """Rank of the tensor (always static)."""
+        """Rank of the tensor (always static; a node when the value is unknown)."""
+        if not self.known:
+            return self.tracer.create_proxy("call_method", "dim", (self,), {})
         return self.val.dim()
 
+    def numel(self) -> Any:
+        """Number of elements: an int, a :class:`CustomProxyInt` for dynamic shapes
+        (a node when the value is unknown)."""
+        return self.tracer.create_proxy("call_method", "numel", (self,), {})
+
     def __len__(self) -> int:
+        if not self.known:
+            raise self.tracer.missing_example_error(self, "len() needs a Python int:")
         length = self.length()
         if isinstance(length, int):
             return length
@@ -64,6 +97,8 @@ class CustomProxy(Proxy):
         symbolic (as ``torch.fx.wrap("len")`` would); Python's ``__len__`` must return
         an int.
         """
+        if not self.known:
+            return self.tracer.create_proxy("call_function", len, (self,), {})
         val = self.val
         if isinstance(val, (tuple, list)):
             return len(val)
@@ -74,6 +109,8 @@ class CustomProxy(Proxy):
         raise TraceError(f"{self.tracer.location()}: len() of {type(val).__name__}")
 
     def __iter__(self):
+        if not self.known:
+            raise self.tracer.missing_example_error(self, "iterating over a value")
         val = self.val
         if isinstance(val, (tuple, list)):
             return iter([self[i] for i in range(len(val))])
@@ -89,6 +126,8 @@ class CustomProxy(Proxy):
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
 
     def __contains__(self, item: Any) -> bool:
+        if not self.known:
+            raise self.tracer.missing_example_error(self, "`in`")
         val = self.val
         if isinstance(val, (tuple, list)):
             return any(item is v for v in val)
@@ -150,12 +189,52 @@ _STATIC_TENSOR_ATTRIBUTES = frozenset(
 
 
 class CustomParameterProxy(CustomProxy):
-    """Proxy of a parameter or a buffer (a ``get_attr`` node); its shape is static."""
+    """Proxy of a parameter or a buffer (a ``get_attr`` node); its shape is static.
+
+    Shape questions are answered from the parameter itself, also for a proxy built by
+    hand outside a trace.
+
+    :param tracer: the tracer owning the graph
+    :param node: the ``get_attr`` node
+    :param name: the attribute's qualified name
+    :param param: the parameter or buffer
+    """
 
     def __init__(self, tracer, node, name: str, param: torch.Tensor):
         super().__init__(node, tracer)
         self.param = param
         self.name = name
+
+    @property
+    def shape(self) -> torch.Size:
+        """The parameter's shape."""
+        return self.param.shape
+
+    @property
+    def ndim(self) -> int:
+        """The parameter's rank."""
+        return self.param.dim()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameter's dtype."""
+        return self.param.dtype
+
+    def size(self, dim: int | None = None) -> Any:
+        """The parameter's shape, or one of its dimensions."""
+        return self.param.shape if dim is None else self.param.shape[dim]
+
+    def dim(self) -> int:
+        """The parameter's rank."""
+        return self.param.dim()
+
+    def numel(self) -> int:
+        """The parameter's number of elements."""
+        return self.param.numel()
+
+    def nelement(self) -> int:
+        """The parameter's number of elements."""
+        return self.param.numel()
 
     def __repr__(self) -> str:
         return f"CustomParameterProxy({self.name})"
@@ -200,9 +279,91 @@ class _ScalarProxy(CustomProxy):
 
 
 class CustomProxyInt(_ScalarProxy):
-    """Proxy of a symbolic integer (a dynamic dimension or an expression of some)."""
+    """Proxy of a symbolic integer (a dynamic dimension or an expression of some).
+
+    Inside a trace its node carries a SymInt and comparisons are decided soundly by the
+    tracer. A proxy built by hand on a node without value says what is known of it:
+
+    :param node: the node
+    :param tracer: the tracer owning the graph
+    :param concrete_val: the value on the example inputs, when known
+    :param only_positive: the value is at least 1 (a size that is never empty)
+    :param can_be_null: the value may be 0
+
+    With no value on the node, a comparison with a number these facts settle is a
+    Python bool (``n > 0``, ``n >= 1`` and ``n != 0`` are True for ``only_positive``;
+    ``n == 0`` is False unless ``can_be_null``; ``n < 0`` is always False); any other
+    comparison is a node, as in torch.fx.
+    """
+
+    def __init__(
+        self,
+        node,
+        tracer=None,
+        concrete_val: int | None = None,
+        only_positive: bool = False,
+        can_be_null: bool = True,
+    ):
+        super().__init__(node, tracer)
+        self._concrete_val = concrete_val
+        self.only_positive = only_positive
+        self.can_be_null = can_be_null and not only_positive
+
+    @property
+    def concrete_val(self) -> int | None:
+        """The value on the example inputs (None when unknown)."""
+        val = self.val
+        if isinstance(val, torch.SymInt):
+            return int(val.node.hint) if val.node.hint is not None else None
+        if isinstance(val, int):
+            return val
+        return self._concrete_val
+
+    def _settled(self, op: str, other: Any) -> bool | None:
+        """A comparison with a number decided by ``only_positive``/``can_be_null``
+        (the value is an integer, at least 0, at least 1 when it cannot be null)."""
+        if self.known or not isinstance(other, (int, float)) or isinstance(other, bool):
+            return None
+        low = 0 if self.can_be_null else 1
+        if op in ("==", "!="):
+            if other < low or other != int(other):
+                return op == "!="
+            return None
+        below = {"<": other <= low, "<=": other < low}
+        above = {">": other < low, ">=": other <= low}
+        if op in below:
+            return False if below[op] else None
+        return True if above[op] else None
+
+    def __eq__(self, other):
+        settled = self._settled("==", other)
+        return super().__eq__(other) if settled is None else settled
+
+    def __ne__(self, other):
+        settled = self._settled("!=", other)
+        return super().__ne__(other) if settled is None else settled
+
+    def __lt__(self, other):
+        settled = self._settled("<", other)
+        return super().__lt__(other) if settled is None else settled
+
+    def __le__(self, other):
+        settled = self._settled("<=", other)
+        return super().__le__(other) if settled is None else settled
+
+    def __gt__(self, other):
+        settled = self._settled(">", other)
+        return super().__gt__(other) if settled is None else settled
+
+    def __ge__(self, other):
+        settled = self._settled(">=", other)
+        return super().__ge__(other) if settled is None else settled
+
+    __hash__ = _ScalarProxy.__hash__
 
     def __repr__(self) -> str:
+        if not self.known:
+            return f"CustomProxyInt({self.node.name})"
         return f"CustomProxyInt({self.tracer.dims.render(self.val)})"
 
 
@@ -246,6 +407,25 @@ class CustomProxyShape(tuple):
 
     def __radd__(self, other):
         return CustomProxyShape(tuple(other) + tuple(self), self.tracer)
+
+    @classmethod
+    def from_proxy(cls, proxy: Any) -> CustomProxyShape | torch.Size:
+        """The shape of a traced tensor (``torch.Size`` when static), or the items of a
+        traced shape (the value of ``x.size()``) as a :class:`CustomProxyShape`."""
+        if isinstance(proxy, CustomProxyShape):
+            return proxy
+        if isinstance(proxy, torch.Size):
+            return proxy
+        val = proxy.node.meta.get("val") if isinstance(proxy, Proxy) else None
+        if isinstance(val, torch.Tensor):
+            return proxy.tracer.shape_of(proxy)
+        if isinstance(val, (tuple, list, torch.Size)):
+            return cls([proxy[i] for i in range(len(val))], proxy.tracer)
+        where = proxy.tracer.location() if isinstance(proxy, Proxy) else "from_proxy"
+        raise TraceError(
+            f"{where}: CustomProxyShape.from_proxy needs the proxy of a traced tensor or "
+            f"shape, got {type(val if isinstance(proxy, Proxy) else proxy).__name__}"
+        )
 
     def numel(self):
         """Product of the dimensions (symbolic when one is dynamic)."""

@@ -15,16 +15,18 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.fx.graph import _PyTreeInfo
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
 from torch.utils._sympy.functions import FloorDiv, Mod
 
 from ..ops.rnn import leaf_module_call
 from . import shape_rules
+from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
 from .constraints import Constraint
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .inputs import (
+    NO_EXAMPLE,
     FlatInputs,
     bind_example_inputs,
     flatten_example_inputs,
@@ -204,14 +206,35 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         self.specialize_undecidable = specialize_undecidable
         self.runtime_checks = runtime_checks
         self.proxy_buffer_attributes = True
+        #: the symbolic dimensions of the last trace (None before any)
+        self.dims: SymbolicDimensions | None = None
+        self.refinements: Refinements | None = None
+        self.shape_rules: shape_rules.ShapeRules | None = None
+        self._check_shape_rules = False
+        self._clear()
+
+    def _clear(self) -> None:
+        """The state of one trace, empty: also what a tracer used by hand (nodes and
+        proxies built outside :meth:`trace`) works with."""
         #: the module the traced graph belongs to (``GraphModule(tracer.traced_model, g)``)
         self.traced_model: torch.nn.Module | None = None
         #: assumptions the traced graph relies on
         self.guards: list[Guard] = []
-        self.dims: SymbolicDimensions | None = None
-        self.refinements: Refinements | None = None
+        self._constants: dict[str, torch.Tensor] = {}
+        self._constant_nodes: dict[int, Node] = {}
+        self._subgraphs: dict[str, torch.fx.Graph | torch.nn.Module] = {}
+        self._shape_cache: dict[Node, Any] = {}
+        self._lift_stack: list[dict[Node, Node]] = []
+        self._tensor_names: dict[int, str] = {}
+        self._inputs: FlatInputs | None = None
+        self._out_spec = None
+        self._structured = False
         self._in_fake = 0
         self._allowed_guards = 0
+        # torch.fx's bookkeeping of the modules being traced; a trace that raised
+        # leaves entries behind, and a tracer may be used again.
+        self.module_stack = collections.OrderedDict()
+        self.num_calls = {}
 
     # public state
 
@@ -255,11 +278,18 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         dynamic_shapes: Any = None,
         verbose: int = 0,
     ) -> torch.fx.Graph:
-        """Traces ``root`` with example inputs and returns the graph.
+        """Traces ``root``, with example inputs when given, and returns the graph.
 
         :param root: a ``torch.nn.Module`` or a callable
-        :param concrete_args: example input per parameter name; the inputs stay
-            placeholders (they are examples, not constants), Python scalars excepted
+        :param concrete_args: example input per parameter name (optional); tensor
+            inputs stay placeholders (they are examples, not constants) whose nodes
+            carry fake values with symbolic dimensions; Python constants (None, ints,
+            bools, strings, lists of them) are baked in and checked when the graph
+            runs; lists, tuples and dicts keep their structure. A parameter without an
+            example becomes a placeholder without metadata, as in
+            ``torch.fx.symbolic_trace``: everything that needs no decision on its values
+            or shapes traces, and the first decision that does raises a
+            :class:`~torch.fx.proxy.TraceError` naming the line and the example to pass
         :param remove_inplace: make the graph functional with
             :func:`yobx.torch.passes.remove_inplace` (when available)
         :param update_model_with_callable: when ``root`` is a plain callable, wrap it
@@ -281,7 +311,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         module = root if isinstance(root, torch.nn.Module) else _CallableModule(root)
         forward = root.forward if isinstance(root, torch.nn.Module) else root
         self._inputs = flatten_example_inputs(
-            bind_example_inputs(forward, concrete_args), dynamic_shapes, self.dims
+            bind_example_inputs(forward, concrete_args, allow_missing=True),
+            dynamic_shapes,
+            self.dims,
         )
         self._index_tensors(module)
         with (
@@ -322,23 +354,10 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             adopt_all=self.specialize_undecidable,
             strict_at_once=self._strict_at_once,
         )
-        self.guards = []
-        self.traced_model = None
-        self._constants: dict[str, torch.Tensor] = {}
-        self._constant_nodes: dict[int, Node] = {}
-        self._subgraphs: dict[str, torch.fx.Graph] = {}
-        self._shape_cache: dict[Node, Any] = {}
-        self._lift_stack: list[dict[Node, Node]] = []
-        self._out_spec = None
-        self._in_fake = 0
-        self._allowed_guards = 0
-        # torch.fx's bookkeeping of the modules being traced; a trace that raised
-        # leaves entries behind, and a tracer may be used again.
-        self.module_stack = collections.OrderedDict()
-        self.num_calls = {}
+        self._clear()
 
     def _index_tensors(self, module: torch.nn.Module) -> None:
-        self._tensor_names: dict[int, str] = {}
+        self._tensor_names = {}
         for name, p in module.named_parameters(remove_duplicate=True):
             self._tensor_names.setdefault(id(p), name)
         for name, b in module.named_buffers(remove_duplicate=True):
@@ -350,6 +369,11 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         proxies, baked = [], []
         for name, leaf, sizes in zip(inputs.names, inputs.leaves, inputs.sizes):
             node = self.create_node("placeholder", name, (), {})
+            if leaf is NO_EXAMPLE:
+                # no example: a placeholder without metadata, as torch.fx makes
+                baked.append(False)
+                proxies.append(CustomProxy(node, self))
+                continue
             node.meta["example_value"] = leaf
             if sizes is None:
                 # Python scalars and other constants are baked in, as torch.export does.
@@ -381,10 +405,14 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         return flat_fn, proxies
 
     def _finish(self, graph, module, root, update_model_with_callable) -> None:
+        constants = self._traced_constants(graph)
         if self._structured:
-            graph._codegen = _PyTreeCodeGen(
-                _PyTreeInfo(list(self._inputs.arg_names), self._inputs.in_spec, self._out_spec)
+            graph._codegen = CheckedPyTreeCodeGen(
+                _PyTreeInfo(list(self._inputs.arg_names), self._inputs.in_spec, self._out_spec),
+                constants,
             )
+        elif constants:
+            graph._codegen = CheckedCodeGen(constants)
         _remove_unused_scalar_nodes(graph)
         # Pickling or copying a GraphModule traces its code again with this class:
         # torch.fx's own tracer does that job (it needs no example inputs).
@@ -408,6 +436,18 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             self.traced_model = None
             return
         self.traced_model = self._build_traced_model(module, graph)
+
+    def _traced_constants(self, graph) -> dict[str, Any]:
+        """Placeholder name -> the Python constant it was traced with."""
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        inputs = self._inputs
+        if len(placeholders) != len(inputs.leaves):
+            return {}
+        return {
+            node.name: leaf
+            for node, leaf, sizes in zip(placeholders, inputs.leaves, inputs.sizes)
+            if sizes is None and leaf is not NO_EXAMPLE
+        }
 
     def _build_traced_model(self, module: torch.nn.Module, graph) -> torch.nn.Module:
         """The user's module if the graph only refers to it, else a shallow wrapper.
@@ -433,7 +473,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         for name, tensor in self._constants.items():
             wrapper.register_buffer(name, tensor, persistent=False)
         for name, subgraph in self._subgraphs.items():
-            setattr(wrapper, name, torch.fx.GraphModule(wrapper, subgraph))
+            if isinstance(subgraph, torch.fx.Graph):
+                subgraph = torch.fx.GraphModule(wrapper, subgraph)
+            setattr(wrapper, name, subgraph)
         return wrapper
 
     def _mark_storages(self, graph: torch.fx.Graph, module: torch.nn.Module) -> None:
@@ -604,9 +646,38 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
 
     # proxies and fake values
 
-    def proxy(self, node: Node) -> CustomProxy:
-        """Wraps a node in the proxy class matching its fake value."""
-        return proxy_class_for(node.meta.get("val"))(node, self)
+    def proxy(self, node: Node, cls: type | None = None, **kwargs: Any) -> CustomProxy:
+        """Wraps a node in a proxy.
+
+        :param node: the node (of this tracer's graph)
+        :param cls: the proxy class; by default the one matching the node's value
+            (:class:`CustomProxyInt` for a SymInt...)
+        :param kwargs: given to the class (``concrete_val=...`` for
+            :class:`CustomProxyInt`)
+        """
+        if cls is None:
+            cls = proxy_class_for(node.meta.get("val"))
+        return cls(node, self, **kwargs)
+
+    def register_callable(self, name: str, fn: Callable[..., Any]) -> Node:
+        """Stores ``fn`` on the traced model and returns a ``get_attr`` node to it.
+
+        A module (a ``GraphModule`` branch of ``torch.cond``, any ``nn.Module``) is
+        stored as it is, a ``torch.fx.Graph`` becomes a ``GraphModule`` of the traced
+        model, any other callable is wrapped in a module; the name is made unique
+        (``name``, ``name_1``...). The graph can then call it (``call_module`` on the
+        returned node's target, or pass the node to a higher-order operator).
+        """
+        if not isinstance(fn, (torch.nn.Module, torch.fx.Graph)):
+            fn = _CallableModule(fn)
+        base, index = _identifier_of(name), 0
+        unique = base
+        root = getattr(self, "root", None)
+        while unique in self._subgraphs or (root is not None and hasattr(root, unique)):
+            index += 1
+            unique = f"{base}_{index}"
+        self._subgraphs[unique] = fn
+        return self.graph.get_attr(unique)
 
     def create_proxy(
         self,
@@ -622,7 +693,11 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         args_ = self.create_arg(args)
         kwargs_ = self.create_arg(kwargs)
         node = self.create_node(kind, target, args_, kwargs_, name, type_expr)
-        if kind == "get_attr":
+        if self.dims is None or not _known_inputs(node):
+            # outside a trace, or from an input traced without example: torch.fx's
+            # proxies, which know nothing of their values
+            node.meta["stack_trace"] = self.stack_trace()
+        elif kind == "get_attr":
             value = self._attribute(target)
             node.meta["val"] = (
                 self.dims.from_real(value) if isinstance(value, torch.Tensor) else None
@@ -822,6 +897,16 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         their node gives them the behaviour of :class:`CustomProxy`.
         """
         return iter(self.proxy(obj.node))
+
+
+def _identifier_of(name: str) -> str:
+    text = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return text if text and not text[0].isdigit() else f"_{text}"
+
+
+def _known_inputs(node: Node) -> bool:
+    """Whether every node the node reads has a value (``meta["val"]``)."""
+    return all("val" in n.meta for n in node.all_input_nodes)
 
 
 def _is_squeeze(node: Node) -> bool:
