@@ -186,6 +186,11 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
     #: raise a named Dim's needed constraint where it is needed (see :mod:`.refinement`)
     _strict_at_once = False
 
+    #: the module the traced graph belongs to (``GraphModule(tracer.traced_model, g)``)
+    traced_model: torch.nn.Module | None
+    #: assumptions the traced graph relies on (last trace)
+    guards: list[Guard]
+
     def __init__(
         self,
         autowrap_modules: tuple = (math,),
