@@ -22,7 +22,8 @@ from .command import inspect_model, run_inspect
 from .compare import CallComparison, Comparison, ValueComparison, compare, first_divergence
 from .decorators import trace_func, trace_model_func
 from .recording import record_run, trace_graph_module
-from .results import CallList, Params, TraceCall, TraceResult, TraceStage
+from .results import CallList, Params, TraceCall, TraceStage
+from .trace_result import TraceResult
 from .values import (
     ObjectSummary,
     SummaryCache,

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .results import TraceCall, TraceResult, TraceStage
+from .results import RecordedStages, TraceCall, TraceStage
 from .values import TensorSummary, ValueSummary, flatten_summaries, short_text
 
 #: Default absolute and relative tolerances, loose enough for ONNX vs eager in float32.
@@ -324,7 +324,7 @@ def _fits(value_a: Any, value_b: Any) -> bool:
 def _pick_stages(a: Any, b: Any, stage: str | None) -> tuple[TraceStage, TraceStage]:
     if isinstance(a, TraceStage) and isinstance(b, TraceStage):
         return a, b
-    if isinstance(a, TraceResult) and isinstance(b, TraceResult):
+    if isinstance(a, RecordedStages) and isinstance(b, RecordedStages):
         if stage is None:
             common = [s for s in a.stages if s in b.stages]
             if not common:
@@ -338,8 +338,8 @@ def _pick_stages(a: Any, b: Any, stage: str | None) -> tuple[TraceStage, TraceSt
 
 
 def compare(
-    a: TraceStage | TraceResult,
-    b: TraceStage | TraceResult,
+    a: TraceStage | RecordedStages,
+    b: TraceStage | RecordedStages,
     *,
     stage: str | None = None,
     atol: float = DEFAULT_ATOL,
@@ -419,8 +419,8 @@ def compare(
 
 
 def first_divergence(
-    a: TraceStage | TraceResult,
-    b: TraceStage | TraceResult,
+    a: TraceStage | RecordedStages,
+    b: TraceStage | RecordedStages,
     *,
     stage: str | None = None,
     atol: float = DEFAULT_ATOL,

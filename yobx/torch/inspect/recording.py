@@ -19,7 +19,8 @@ import torch
 import torch.fx
 
 from .chrome_trace import JSONTraceHandler, current_rss_bytes
-from .results import TraceCall, TraceResult, TraceStage
+from .results import TraceCall, TraceStage
+from .trace_result import TraceResult
 from .values import SummaryCache, summarize
 
 #: Stages :func:`record_run` knows how to record, in pipeline order.

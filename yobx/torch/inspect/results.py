@@ -271,8 +271,9 @@ class TraceStage(KeyedAccess):
         return f"{self.summary_line()}\n{self.table()}"
 
 
-class TraceResult(KeyedAccess):
-    """Everything recorded by :func:`record_run`: stages by name, inputs, and the profile."""
+class RecordedStages(KeyedAccess):
+    """Stages by name, inputs and the profile: the data of a
+    :class:`~yobx.torch.inspect.TraceResult` (which adds the comparisons)."""
 
     _kind = "result"
 
@@ -303,16 +304,6 @@ class TraceResult(KeyedAccess):
 
     def __len__(self) -> int:
         return len(self.stages)
-
-    def compare(self, stage_a: str, stage_b: str, **kwargs: Any):
-        """Compare two stages of this result, see :func:`yobx.torch.inspect.compare`."""
-        from .compare import compare
-
-        return compare(self[stage_a], self[stage_b], **kwargs)
-
-    def first_divergence(self, stage_a: str, stage_b: str, **kwargs: Any):
-        """First call whose outputs differ between two stages, or None."""
-        return self.compare(stage_a, stage_b, **kwargs).first_divergence
 
     def summary(self, max_rows: int = 20) -> str:
         """Readable summary: each stage with its calls (first ``max_rows``) and slowest calls."""
