@@ -22,7 +22,7 @@ from torch._ops import HigherOrderOperator
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
-from .patches import find_proxy
+from .proxies import find_proxy
 
 _ORIGINAL_COND = torch.cond
 _ORIGINAL_SCAN = torch.ops.higher_order.scan

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.fx.proxy import Proxy
 
+from .proxies import find_proxy
+
 #: factories whose size arguments may hold symbolic dimensions
 TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
     getattr(torch, name)
@@ -45,22 +47,6 @@ TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
 )
 
 _LIST_FUNCTIONS = ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "broadcast_tensors")
-
-
-def find_proxy(*values: Any) -> Proxy | None:
-    """Returns the first proxy found in (nested tuples, lists, dicts of) ``values``."""
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, Proxy):
-            return v
-        if isinstance(v, (tuple, list)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, slice):
-            stack.extend((v.start, v.stop, v.step))
-    return None
 
 
 def traced_len(obj: Any) -> Any:

@@ -20,6 +20,22 @@ from torch.fx.proxy import Attribute, Proxy, TraceError
 _TORCH_CAT = torch.cat
 
 
+def find_proxy(*values: Any) -> Proxy | None:
+    """Returns the first proxy found in (nested tuples, lists, dicts of) ``values``."""
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Proxy):
+            return v
+        if isinstance(v, (tuple, list)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, slice):
+            stack.extend((v.start, v.stop, v.step))
+    return None
+
+
 class CustomProxy(Proxy):
     """Proxy of a tensor (or of any non-scalar value) whose node carries ``meta["val"]``."""
 
@@ -37,8 +53,6 @@ class CustomProxy(Proxy):
     @staticmethod
     def cat(tensors: Any, dim: int = 0) -> Any:
         """``torch.cat(tensors, dim)`` recorded in the graph of the first proxy found."""
-        from .patches import find_proxy
-
         proxy = find_proxy(tensors)
         if proxy is None:
             return _TORCH_CAT(tensors, dim)
