@@ -269,8 +269,8 @@ def test_nested_failures_three_levels():
     level1, level2, level3 = model.level1, model.level1.level2, model.level1.level2.level3
     helper = level3.helper
     for module, marker, error in (
-        (level1, "NUMPY", "TraceError"),
-        (level2, "ASSERT", "TraceError"),
+        (level1, "NUMPY", "TracingError"),
+        (level2, "ASSERT", "TracingError"),
         (level3, "THIRD", "NotImplementedError"),
     ):
         assert collection.is_failed(module), module

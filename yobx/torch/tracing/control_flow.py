@@ -22,6 +22,7 @@ from torch._ops import HigherOrderOperator
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
+from .errors import TracingError
 from .proxies import find_proxy
 
 _ORIGINAL_COND = torch.cond
@@ -114,9 +115,10 @@ def trace_subgraph(tracer, fn: Callable, inputs: list[Any], prefix: str):
         flat, spec = pytree.tree_flatten(out)
         for value in flat:
             if not isinstance(value, Proxy):
-                raise TraceError(
-                    f"{tracer.location()}: the traced function of {prefix} must return "
-                    f"tensors, got {type(value).__name__}"
+                raise TracingError.at(
+                    tracer.location(),
+                    f"the traced function of {prefix} must return "
+                    f"tensors, got {type(value).__name__}",
                 )
         output = graph.output(tuple(tracer.create_arg(v) for v in flat))
         vals = [n.meta["val"] for n in output.args[0]]
@@ -160,9 +162,9 @@ def cond_function(original: Callable) -> Callable:
             tracer, false_fn, inputs, "cond_false"
         )
         if spec != false_spec or len(true_vals) != len(false_vals):
-            raise TraceError(
-                f"{tracer.location()}: torch.cond branches return different structures "
-                f"({spec} vs {false_spec})"
+            raise TracingError.at(
+                tracer.location(),
+                f"torch.cond branches return different structures ({spec} vs {false_spec})",
             )
         for i, (a, b) in enumerate(zip(true_vals, false_vals)):
             _check_same_metadata(tracer, a, b, i)
@@ -197,10 +199,11 @@ def _check_same_metadata(tracer, a: Any, b: Any, index: int) -> None:
                     continue
                 same = False
         if not same:
-            raise TraceError(
-                f"{tracer.location()}: torch.cond branches return output {index} with "
+            raise TracingError.at(
+                tracer.location(),
+                f"torch.cond branches return output {index} with "
                 f"different dtypes or shapes: {a.dtype}{tuple(a.shape)} vs "
-                f"{b.dtype}{tuple(b.shape)}"
+                f"{b.dtype}{tuple(b.shape)}",
             )
 
 
@@ -257,9 +260,9 @@ def scan_function(original: Callable) -> Callable:
         )
         n_carry = len(init)
         if len(vals) < n_carry:
-            raise TraceError(
-                f"{tracer.location()}: the scan body returns {len(vals)} values but "
-                f"{n_carry} carries are needed"
+            raise TracingError.at(
+                tracer.location(),
+                f"the scan body returns {len(vals)} values but {n_carry} carries are needed",
             )
         length = _fake(xs[0]).shape[0] if xs else None
         with tracer.fake_mode:
@@ -299,9 +302,10 @@ def vmap_function(original: Callable) -> Callable:
             if proxy is None:
                 return batched_eager(*args, **kwargs)
             if kwargs:
-                raise TraceError(
-                    f"{proxy.tracer.location()}: keyword arguments to a vmapped function "
-                    f"are not supported while tracing; pass them positionally"
+                raise TracingError.at(
+                    proxy.tracer.location(),
+                    "keyword arguments to a vmapped function "
+                    "are not supported while tracing; pass them positionally",
                 )
             return _trace_vmap(proxy.tracer, func, in_dims, out_dims, randomness, args)
 
@@ -373,9 +377,10 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
             )
         )(*batched_inputs)
     except Exception as e:
-        raise TraceError(
-            f"{tracer.location()}: torch.vmap could not batch the traced function: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        raise TracingError.at(
+            tracer.location(),
+            f"torch.vmap could not batch the traced function: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
         ) from e
     outer_inputs = [
         nodes[i] if isinstance(nodes[i], Node) else nodes[i].node for i in tensor_inputs
@@ -427,9 +432,10 @@ def _inline(tracer, batched: torch.fx.GraphModule, outer_inputs: list[Node], out
             node.op, node.target = "call_method", "size"
     placeholders = [n for n in batched.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(outer_inputs):
-        raise TraceError(
-            f"{tracer.location()}: internal error while inlining vmap "
-            f"({len(placeholders)} inputs vs {len(outer_inputs)})"
+        raise TracingError.at(
+            tracer.location(),
+            f"internal error while inlining vmap "
+            f"({len(placeholders)} inputs vs {len(outer_inputs)})",
         )
     val_map = dict(zip(placeholders, outer_inputs))
     before = set(tracer.graph.nodes)

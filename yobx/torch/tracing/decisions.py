@@ -15,7 +15,7 @@ from typing import Any
 
 import sympy
 import torch
-from torch.fx.proxy import Proxy, TraceError
+from torch.fx.proxy import Proxy
 
 from .errors import TracingError
 from .symbolic import Guard
@@ -86,12 +86,12 @@ class DecisionsMixin:
         names = ", ".join(repr(n) for n in sorted(missing)) or "an input"
         example = ", ".join(f"{n!r}: <example>" for n in sorted(missing)) or "..."
         location = self.location()
-        return TracingError(
-            f"{location}: {what} needs the value of `{obj.node.name}`, computed from "
+        return TracingError.at(
+            location,
+            f"{what} needs the value of `{obj.node.name}`, computed from "
             f"{names} traced without an example (only what needs no decision on "
             f"values or shapes traces then, as with torch.fx); pass an example: "
             f"concrete_args={{{example}}}",
-            location=location,
         )
 
     def to_bool(self, obj: Proxy) -> bool:
@@ -104,10 +104,11 @@ class DecisionsMixin:
         if isinstance(val, (torch.SymInt, torch.SymFloat)):
             return self._decide(val != 0)
         if isinstance(val, torch.Tensor):
-            raise TraceError(
-                f"{self.location()}: the truth value of a traced tensor is data-dependent "
-                f"(`if tensor:`, `assert tensor`, `and`/`or` on tensors); use torch.where, "
-                f"torch.cond, or compare shapes instead of values"
+            raise TracingError.at(
+                self.location(),
+                "the truth value of a traced tensor is data-dependent "
+                "(`if tensor:`, `assert tensor`, `and`/`or` on tensors); use torch.where, "
+                "torch.cond, or compare shapes instead of values",
             )
         return bool(val)
 
@@ -163,8 +164,8 @@ class DecisionsMixin:
         if isinstance(constant, (int, float)):
             return constant
         if not isinstance(val, (torch.SymInt, torch.SymFloat)):
-            raise TraceError(
-                f"{self.location()}: {what} is needed here but the value is a {type(val).__name__}"
+            raise TracingError.at(
+                self.location(), f"{what} is needed here but the value is a {type(val).__name__}"
             )
         location = self.location()
         if self.dims.is_data_dependent(val):
@@ -220,24 +221,26 @@ class DecisionsMixin:
         """``torch._check(condition)`` on a symbolic condition: records it as a fact."""
         val = condition.node.meta.get("val") if isinstance(condition, Proxy) else condition
         if not isinstance(val, torch.SymBool):
-            raise TraceError(
-                f"{self.location()}: torch._check expects a condition on dimensions, got "
-                f"{type(val).__name__}; data-dependent checks on tensor values cannot be traced"
+            raise TracingError.at(
+                self.location(),
+                f"torch._check expects a condition on dimensions, got "
+                f"{type(val).__name__}; data-dependent checks on tensor values cannot be traced",
             )
         location = self.location()
         # read before assuming it: the ShapeEnv then rewrites it to True
         condition, text = val.node.expr, self.dims.render(val)
         known = self.dims.decide(val)
         if known is False:
-            raise TraceError(
-                f"{location}: torch._check(`{self.dims.render(val)}`) is false for every "
-                f"allowed size ({self.dims.describe_ranges(val)})"
+            raise TracingError.at(
+                location,
+                f"torch._check(`{self.dims.render(val)}`) is false for every "
+                f"allowed size ({self.dims.describe_ranges(val)})",
             )
         if known is None:
             if not self.dims.hint(val):
-                raise TraceError(
-                    f"{location}: torch._check(`{self.dims.render(val)}`) does not hold for "
-                    f"the example inputs"
+                raise TracingError.at(
+                    location,
+                    f"torch._check(`{self.dims.render(val)}`) does not hold for the example inputs",
                 )
             self._assume(val)
         # eager raises where the fact does not hold: so does the graph

@@ -35,6 +35,20 @@ class TracingError(TraceError):
         self.expression = expression
         self.dimensions = tuple(dimensions)
 
+    @classmethod
+    def at(
+        cls,
+        location: str,
+        text: str,
+        *,
+        expression: str = "",
+        dimensions: Sequence[str] = (),
+    ) -> TracingError:
+        """The error for ``text`` at the user's ``location``: the one place where a
+        message is built from the fields (``file:line: text``)."""
+        message = f"{location}: {text}" if location else text
+        return cls(message, location=location, expression=expression, dimensions=dimensions)
+
 
 class DataDependentError(TracingError):
     """Python control flow depends on tensor values (``if x.sum() > 0``)."""

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 from torch.fx.node import Node
-from torch.fx.proxy import TraceError
 
+from .errors import TracingError
 from .patches import patched_attributes
 from .proxies import INPLACE_OPERATORS, CustomProxy
 from .shape_rules._base import Unsupported, size_key
@@ -146,11 +146,12 @@ def assign_traced_buffer(tracer: Any, module: torch.nn.Module, name: str, value:
         return True
     new, old = node.meta.get("val"), tracer.dims.from_real(buffer)
     if not _same_layout(new, old):
-        raise TraceError(
-            f"{tracer.location()}: forward assigns a new value to buffer {qualified!r} "
+        raise TracingError.at(
+            tracer.location(),
+            f"forward assigns a new value to buffer {qualified!r} "
             f"({_summary(new)} instead of {_summary(old)}); a traced graph can only "
             f"update a buffer in place: keep its shape and dtype (for example "
-            f"`self.{name}.copy_(...)`) or return the new value instead"
+            f"`self.{name}.copy_(...)`) or return the new value instead",
         )
     target = tracer.create_proxy("get_attr", qualified, (), {})
     tracer.create_proxy("call_method", "copy_", (target, value), {})

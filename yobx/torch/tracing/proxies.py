@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx.proxy import Attribute, Proxy, TraceError
+from torch.fx.proxy import Attribute, Proxy
+
+from .errors import TracingError
 
 # torch.cat as imported, not the recording replacement installed while tracing
 _TORCH_CAT = torch.cat
@@ -120,7 +122,7 @@ class CustomProxy(Proxy):
             if val.dim() == 0:
                 raise TypeError("len() of a 0-d tensor")
             return self.tracer.shape_of(self)[0]
-        raise TraceError(f"{self.tracer.location()}: len() of {type(val).__name__}")
+        raise TracingError.at(self.tracer.location(), f"len() of {type(val).__name__}")
 
     def __iter__(self):
         if not self.known:
@@ -145,7 +147,7 @@ class CustomProxy(Proxy):
         val = self.val
         if isinstance(val, (tuple, list)):
             return any(item is v for v in val)
-        raise TraceError(f"{self.tracer.location()}: `in` on a traced tensor is data-dependent")
+        raise TracingError.at(self.tracer.location(), "`in` on a traced tensor is data-dependent")
 
 
 # In-place operators: Python falls back to ``x = x + y`` when ``__iadd__`` is missing,
@@ -436,9 +438,10 @@ class CustomProxyShape(tuple):
         if isinstance(val, (tuple, list, torch.Size)):
             return cls([proxy[i] for i in range(len(val))], proxy.tracer)
         where = proxy.tracer.location() if isinstance(proxy, Proxy) else "from_proxy"
-        raise TraceError(
-            f"{where}: CustomProxyShape.from_proxy needs the proxy of a traced tensor or "
-            f"shape, got {type(val if isinstance(proxy, Proxy) else proxy).__name__}"
+        raise TracingError.at(
+            where,
+            f"CustomProxyShape.from_proxy needs the proxy of a traced tensor or "
+            f"shape, got {type(val if isinstance(proxy, Proxy) else proxy).__name__}",
         )
 
     def numel(self):

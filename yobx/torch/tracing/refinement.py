@@ -148,14 +148,14 @@ class Refinements:
             return
         if self.dims.policy_of(symbol) == DYNAMIC:
             value = form.rhs if form.lhs == symbol else form.lhs
-            raise SpecializationError(
-                f"{location}: {what} needs `{self.dims.render(form)}`, which makes "
+            raise SpecializationError.at(
+                location,
+                f"{what} needs `{self.dims.render(form)}`, which makes "
                 f"dimension {name!r} always {value} (its size in the example), but it is "
                 f"declared dynamic. If it is static, declare it so: None or "
                 f"torch.export.Dim.STATIC for this axis in dynamic_shapes (or Dim.AUTO to "
                 f"let the tracer make it static with a warning); otherwise rewrite this line "
                 f"so that it works for every size of {name!r}.",
-                location=location,
                 expression=self.dims.render(form),
                 dimensions=(name,),
             )
@@ -296,12 +296,12 @@ class Refinements:
     def data_dependent_error(self, fact, location: str, what: str) -> DataDependentError:
         """The error for a decision that depends on tensor values."""
         expression = self.dims.render(fact)
-        return DataDependentError(
-            f"{location}: {what} `{expression}` depends on tensor values (.item(), "
+        return DataDependentError.at(
+            location,
+            f"{what} `{expression}` depends on tensor values (.item(), "
             f"nonzero, a mask's count...), which a graph cannot decide while tracing. "
             f"Write the branch with torch.cond(pred, true_fn, false_fn, operands), "
             f"or compute both sides and select with torch.where.",
-            location=location,
             expression=expression,
         )
 

@@ -14,7 +14,6 @@ import copy
 import dataclasses
 import inspect
 import os
-import re
 import traceback
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -26,6 +25,7 @@ from torch.fx.proxy import TraceError
 
 from .collection import GraphCollection, ModuleEntry, ModuleFailure
 from .decisions import is_internal
+from .errors import TracingError
 from .inputs import bind_example_inputs, call_arguments, flatten_example_inputs
 from .symbolic import Guard, SymbolicDimensions
 from .tracer import CustomTracer
@@ -128,18 +128,15 @@ def record_calls(
 # failures
 
 
-_LOCATION = re.compile(r"^(?P<file>[^\n]+?):(?P<line>\d+):")
-
-
 def failure_location(e: BaseException) -> str:
     """The user's ``file:line`` that raised ``e``.
 
-    Taken from a TraceError message (which starts with ``file:line:``), else from the
-    last frame of the traceback (or of its causes) that is user code.
+    Taken from :attr:`TracingError.location <yobx.torch.tracing.TracingError>`, else
+    from the last frame of the traceback (or of its causes) that is user code.
     """
-    match = _LOCATION.match(str(e))
-    if match and os.path.isfile(match.group("file")):
-        return f"{match.group('file')}:{match.group('line')}"
+    location = getattr(e, "location", "") if isinstance(e, TracingError) else ""
+    if location and os.path.isfile(location.rsplit(":", 1)[0]):
+        return location
     seen: set[int] = set()
     current: BaseException | None = e
     while current is not None and id(current) not in seen:

@@ -158,12 +158,12 @@ class _CheckBuilder:
 
     def _unchecked(self, check: RuntimeCheck) -> TracingError:
         # a constraint the graph cannot check would make it silently wrong outside it
-        return TracingError(
-            f"{check.location or '<declaration>'}: the constraint `{check.expression}` "
+        return TracingError.at(
+            check.location or "<declaration>",
+            f"the constraint `{check.expression}` "
             f"involves a value that is not an input's dimension, so the graph cannot "
             f"check it when it runs; declare the dimensions it needs as dynamic inputs "
             f"or make them static",
-            location=check.location,
             expression=check.expression,
         )
 

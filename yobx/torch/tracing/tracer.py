@@ -25,6 +25,7 @@ from . import shape_rules
 from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
 from .constraints import Constraint
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
+from .errors import TracingError
 from .inputs import (
     NO_EXAMPLE,
     FlatInputs,
@@ -803,9 +804,10 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 f"{_describe(node)} needs a decision on",
             ) from e
         except Exception as e:
-            raise TraceError(
-                f"{self.location()}: {_describe(node)} failed on fake tensors "
-                f"with {type(e).__name__}: {_first_line(e)}"
+            raise TracingError.at(
+                self.location(),
+                f"{_describe(node)} failed on fake tensors "
+                f"with {type(e).__name__}: {_first_line(e)}",
             ) from e
         finally:
             torch.set_grad_enabled(grad_mode)
