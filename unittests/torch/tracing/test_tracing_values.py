@@ -7,7 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from yobx.torch.tracing import CustomProxyInt, CustomProxyShape, CustomTracer
 
-from ._helpers import check_trace, trace_module
+from ._helpers import check_trace
 
 DYN = {"x": {0: "batch", 1: "seq"}}
 
