@@ -1,7 +1,8 @@
 """PyTorch side of yobx: capture (tracing), rewrite (passes), ONNX export, inspection.
 
-The names below are loaded on first use, so that ``import yobx.torch.passes`` does not
-load the tracer or the exporter.
+``yobx.torch`` offers the public names of :mod:`yobx.torch.tracing` and
+:func:`~yobx.torch.onnx.to_onnx`. They are loaded on first use, so that
+``import yobx.torch.passes`` loads neither the tracer nor the exporter.
 """
 
 from __future__ import annotations
@@ -9,40 +10,26 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: public name -> the subpackage defining it
-_LAZY = {
-    "to_onnx": "onnx",
-    **{
-        name: "tracing"
-        for name in (
-            "CondCCOp",
-            "CustomAttribute",
-            "CustomParameterProxy",
-            "CustomProxy",
-            "CustomProxyBool",
-            "CustomProxyFloat",
-            "CustomProxyInt",
-            "CustomProxyShape",
-            "CustomTracer",
-            "GraphCollection",
-            "RobustTracer",
-            "ScanCCOp",
-            "recursive_trace",
-            "replace_problematic_function_before_tracing",
-        )
-    },
-}
 
-__all__ = sorted(_LAZY)
+def _exported() -> dict[str, Any]:
+    tracing = importlib.import_module(f"{__name__}.tracing")
+    onnx = importlib.import_module(f"{__name__}.onnx")
+    names = {name: getattr(tracing, name) for name in tracing.__all__}
+    names["to_onnx"] = onnx.to_onnx
+    return names
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
+    if name.startswith("__") and name != "__all__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+    names = _exported()
+    if name == "__all__":
+        return sorted(names)
+    if name not in names:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = names[name]
+    return names[name]
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_exported()))

@@ -30,7 +30,28 @@ _ORIGINAL_SCAN = torch.ops.higher_order.scan
 _ORIGINAL_VMAP = torch.vmap
 
 
-class CondCCOp(HigherOrderOperator):
+class _GraphOperator(HigherOrderOperator):
+    """A HigherOrderOperator with one instance per class: torch registers operators in
+    a global table by name, and graphs compare their targets by identity."""
+
+    _registered_name = ""
+    _instances: dict[type, _GraphOperator] = {}
+
+    def __new__(cls):
+        if cls not in _GraphOperator._instances:
+            instance = super().__new__(cls)
+            HigherOrderOperator.__init__(instance, cls._registered_name)
+            _GraphOperator._instances[cls] = instance
+        return _GraphOperator._instances[cls]
+
+    def __init__(self):
+        pass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class CondCCOp(_GraphOperator):
     """Graph target of ``torch.cond``: ``CondCCOp()(pred, true_gm, false_gm, operands)``.
 
     A torch :class:`~torch._ops.HigherOrderOperator` registered as
@@ -40,27 +61,13 @@ class CondCCOp(HigherOrderOperator):
     ``cond``. Every ``CondCCOp()`` is the same operator.
     """
 
-    _instance: CondCCOp | None = None
-
-    def __new__(cls):
-        # One operator per name: HigherOrderOperator registers itself in a global
-        # table by name, and graphs compare targets by identity.
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-            HigherOrderOperator.__init__(cls._instance, "yobx_cond")
-        return cls._instance
-
-    def __init__(self):
-        pass
+    _registered_name = "yobx_cond"
 
     def __call__(self, pred, true_fn, false_fn, operands):
         return _ORIGINAL_COND(pred, true_fn, false_fn, tuple(operands))
 
-    def __repr__(self) -> str:
-        return "CondCCOp()"
 
-
-class ScanCCOp(HigherOrderOperator):
+class ScanCCOp(_GraphOperator):
     """Graph target of scan: ``ScanCCOp()(body_gm, init, xs, additional_inputs)``.
 
     A torch :class:`~torch._ops.HigherOrderOperator` registered as
@@ -69,22 +76,10 @@ class ScanCCOp(HigherOrderOperator):
     stacked per-step outputs. Every ``ScanCCOp()`` is the same operator.
     """
 
-    _instance: ScanCCOp | None = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-            HigherOrderOperator.__init__(cls._instance, "yobx_scan")
-        return cls._instance
-
-    def __init__(self):
-        pass
+    _registered_name = "yobx_scan"
 
     def __call__(self, combine_fn, init, xs, additional_inputs):
         return _ORIGINAL_SCAN(combine_fn, list(init), list(xs), list(additional_inputs))
-
-    def __repr__(self) -> str:
-        return "ScanCCOp()"
 
 
 def trace_subgraph(tracer, fn: Callable, inputs: list[Any], prefix: str):
