@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
+from yobx.torch.tracing import RobustTracer, recursive_trace
 from yobx.torch.tracing.collection import GraphCollection
-from yobx.torch.tracing.robust import RobustTracer, recursive_trace
 
 from ._helpers import assert_same
 

@@ -20,7 +20,9 @@ from .proxies import (
     CustomProxyInt,
     CustomProxyShape,
 )
-from .robust import RecordedCall, RobustTracer, record_calls, recursive_trace
+from .recorded_calls import RecordedCall, record_calls
+from .recursive import recursive_trace
+from .robust import RobustTracer
 from .symbolic import Guard
 from .tracer import CustomTracer, graph_fingerprint
 

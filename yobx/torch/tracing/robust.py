@@ -3,19 +3,13 @@
 :class:`RobustTracer` traces like :class:`~yobx.torch.tracing.CustomTracer`; when
 tracing into a submodule raises, that submodule becomes a leaf (a ``call_module``
 node) and the trace is repeated, until no new module fails.
-:func:`recursive_trace` then traces every failing module on its own, with the real
-inputs it received in one eager run of the model, and returns a
-:class:`~yobx.torch.tracing.collection.GraphCollection`.
+:func:`~yobx.torch.tracing.recursive_trace` (:mod:`.recursive`) then traces every
+failing module on its own.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import inspect
-import os
-import traceback
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -23,10 +17,9 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.proxy import TraceError
 
-from .collection import GraphCollection, ModuleEntry, ModuleFailure
-from .decisions import is_internal
-from .errors import TracingError
-from .inputs import bind_example_inputs, call_arguments, flatten_example_inputs
+from .collection import ModuleFailure
+from .inputs import bind_example_inputs, flatten_example_inputs
+from .recorded_calls import RecordedCall, example_call, failure_location, record_calls
 from .symbolic import Guard, SymbolicDimensions
 from .tracer import CustomTracer
 
@@ -45,110 +38,6 @@ class _ModuleFailed(_Restart):
 
 class _NeedExampleRun(_Restart):
     """A leaf cannot run on fake tensors: record one eager run, then retry."""
-
-
-# recorded eager run
-
-
-@dataclasses.dataclass
-class RecordedCall:
-    """One call of a module during the eager run: inputs (copied before it ran), output."""
-
-    args: tuple
-    kwargs: dict
-    output: Any = None
-
-
-def _copy(value: Any) -> Any:
-    """Copies inputs so that in-place code running later cannot change the record."""
-    try:
-        return copy.deepcopy(value)
-    except Exception:
-        return pytree.tree_map(
-            lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, value
-        )
-
-
-def example_call(
-    fn: Callable, concrete_args: dict[str, Any] | None
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Turns ``concrete_args`` (values by parameter name) into ``(args, kwargs)`` for ``fn``."""
-    return call_arguments(fn, dict(concrete_args or {}))
-
-
-def record_calls(
-    model: torch.nn.Module, args: tuple, kwargs: dict
-) -> dict[torch.nn.Module, list[RecordedCall]]:
-    """Runs ``model`` once eagerly and records the inputs and output of every module call.
-
-    Forward hooks (``with_kwargs=True``) are removed and the buffers restored afterwards,
-    also on errors, so that the model is left as it was (BatchNorm running statistics,
-    caches updated in place...). The inputs of the run are copies of ``args``/``kwargs``.
-
-    :return: for each module, its calls in execution order
-    """
-    calls: dict[torch.nn.Module, list[RecordedCall]] = {}
-    pending: dict[torch.nn.Module, list[RecordedCall]] = {}
-
-    def pre_hook(module, hook_args, hook_kwargs):
-        call = RecordedCall(_copy(tuple(hook_args)), _copy(dict(hook_kwargs)))
-        calls.setdefault(module, []).append(call)
-        pending.setdefault(module, []).append(call)
-
-    def post_hook(module, hook_args, hook_kwargs, output):
-        stack = pending.get(module)
-        if stack:
-            stack.pop().output = pytree.tree_map(
-                lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, output
-            )
-
-    handles = []
-    saved = [
-        (owner, name, tensor, tensor.detach().clone())
-        for owner in model.modules()
-        for name, tensor in owner._buffers.items()
-        if tensor is not None
-    ]
-    try:
-        for module in model.modules():
-            handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-            handles.append(module.register_forward_hook(post_hook, with_kwargs=True))
-        with torch.no_grad():
-            model(*_copy(args), **_copy(kwargs))
-    finally:
-        for handle in handles:
-            handle.remove()
-        with torch.no_grad():
-            for owner, name, tensor, value in saved:
-                owner._buffers[name] = tensor
-                tensor.copy_(value)
-    return calls
-
-
-# failures
-
-
-def failure_location(e: BaseException) -> str:
-    """The user's ``file:line`` that raised ``e``.
-
-    Taken from :attr:`TracingError.location <yobx.torch.tracing.TracingError>`, else
-    from the last frame of the traceback (or of its causes) that is user code.
-    """
-    location = getattr(e, "location", "") if isinstance(e, TracingError) else ""
-    if location and os.path.isfile(location.rsplit(":", 1)[0]):
-        return location
-    seen: set[int] = set()
-    current: BaseException | None = e
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        for frame in reversed(traceback.extract_tb(current.__traceback__)):
-            if not is_internal(frame.filename):
-                return f"{frame.filename}:{frame.lineno}"
-        current = current.__cause__ or current.__context__
-    return ""
-
-
-# the tracer
 
 
 class _LeafRoot(torch.nn.Module):
@@ -170,7 +59,7 @@ def _leaf_root_wrapper(root: torch.nn.Module) -> torch.nn.Module:
     return cls(root)
 
 
-def _is_container(module: torch.nn.Module) -> bool:
+def is_container(module: torch.nn.Module) -> bool:
     """ModuleList, ModuleDict and the like define no forward of their own."""
     return type(module).forward is torch.nn.Module.forward
 
@@ -444,7 +333,7 @@ class RobustTracer(CustomTracer):
                 continue
             if any(path.startswith(p + ".") for p in leaf_paths):
                 continue
-            if _is_container(m) and any(c.startswith(path + ".") for c in called_paths):
+            if is_container(m) and any(c.startswith(path + ".") for c in called_paths):
                 continue
             self._unvisited[m] = path
 
@@ -521,189 +410,4 @@ class RobustTracer(CustomTracer):
         return call.output
 
 
-# recursive tracing
-
-
-def _concrete_args_of(module: torch.nn.Module, call: RecordedCall) -> dict[str, Any]:
-    """Names the recorded positional and keyword inputs after ``module.forward``'s parameters.
-
-    :raises TypeError: when ``forward`` takes ``*args`` and received some
-    """
-    signature = inspect.signature(module.forward)
-    bound = signature.bind(*call.args, **call.kwargs)
-    result: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind == inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                raise TypeError(
-                    f"{type(module).__name__}.forward takes *{name}: its inputs cannot be "
-                    f"named, it is not traced on its own"
-                )
-        elif kind == inspect.Parameter.VAR_KEYWORD:
-            result.update(value)
-        else:
-            result[name] = value
-    return result
-
-
-def _children_through_containers(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """Direct children, looking through ModuleList/ModuleDict."""
-    result = []
-    for child in module.children():
-        if _is_container(child):
-            result.extend(_children_through_containers(child))
-        else:
-            result.append(child)
-    return result
-
-
-def _mark_containers(collection: GraphCollection, model: torch.nn.Module) -> None:
-    """Containers get the status ``container`` when one of their descendants was reached."""
-    for path, module in model.named_modules():
-        if not _is_container(module) or collection.get_entry(module) is not None:
-            continue
-        statuses = [
-            collection.status(m) for m in module.modules() if collection.status(m) is not None
-        ]
-        if any(s != "unvisited" for s in statuses):
-            collection.set_entry(ModuleEntry(path, module, "container"))
-        elif statuses:
-            collection.set_entry(ModuleEntry(path, module, "unvisited"))
-
-
-def _join(prefix: str, path: str) -> str:
-    return f"{prefix}.{path}" if prefix and path else prefix or path
-
-
-def recursive_trace(
-    model: torch.nn.Module,
-    concrete_args: dict[str, Any] | None = None,
-    dynamic_shapes: Any = None,
-) -> GraphCollection:
-    """Traces ``model`` with :class:`RobustTracer`, then every failing module on its own.
-
-    The model runs once eagerly first (forward hooks record the inputs every module
-    receives, the hooks are removed and the buffers restored afterwards). Each
-    failing module is then traced with the real inputs of its first call, so that its
-    children are traced with concrete-aware shapes too, and so on recursively. When
-    the failure comes from the module's own code, its direct children that are not
-    leaves are traced on their own instead.
-
-    Submodules are traced with static shapes (``dynamic_shapes=None``): their graphs
-    are exact for the recorded inputs; only the root graph keeps ``dynamic_shapes``.
-
-    :param model: the model
-    :param concrete_args: example input per parameter name
-    :param dynamic_shapes: dynamic dimensions of the root's inputs (torch.export's format)
-    :return: the root graph, graphs of the traceable parts of failing modules, and one
-        status per module
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"recursive_trace expects a torch.nn.Module, got {type(model).__name__}")
-    args, kwargs = example_call(model.forward, concrete_args)
-    recording = record_calls(model, args, kwargs)
-    collection = GraphCollection(model)
-    paths = {m: p for p, m in model.named_modules()}
-    _trace_recursively(
-        collection, model, paths, concrete_args, dynamic_shapes, recording, (args, kwargs)
-    )
-    _mark_containers(collection, model)
-    return collection
-
-
-def _trace_recursively(
-    collection: GraphCollection,
-    module: torch.nn.Module,
-    paths: dict[torch.nn.Module, str],
-    concrete_args: dict[str, Any] | None,
-    dynamic_shapes: Any,
-    recording: dict[torch.nn.Module, list[RecordedCall]],
-    inputs: tuple[tuple, dict],
-) -> None:
-    path = paths.get(module, "")
-    known = collection.get_entry(module)
-    entry = collection.set_entry(
-        ModuleEntry(
-            path=path,
-            module=module,
-            status="failed" if known is not None and known.status == "failed" else "traced",
-            failure=None if known is None else known.failure,
-            inputs=inputs,
-        )
-    )
-    tracer = RobustTracer()
-    tracer._shared_recording = recording
-    try:
-        graph = tracer.trace(module, concrete_args, dynamic_shapes)
-    except Exception as e:
-        entry.status = "failed"
-        entry.failure = entry.failure or ModuleFailure(
-            path, type(module).__name__, type(e).__name__, str(e), failure_location(e)
-        )
-        return
-    own_failure = tracer.failure(module)
-    opaque = own_failure is not None or tracer.is_registered_leaf(module)
-    if not opaque or module is collection.model:
-        # a nested module that cannot be traced into keeps no graph: its children do
-        entry.graph, entry.traced_model, entry.guards = graph, tracer.traced_model, tracer.guards
-        entry.opaque = opaque
-    if own_failure is not None:
-        entry.status = "failed"
-        entry.failure = entry.failure or dataclasses.replace(own_failure, path=path)
-    elif tracer.is_registered_leaf(module):
-        entry.status = "leaf"
-        return
-
-    for sub, (rel, is_leaf) in tracer.called_modules().items():
-        if sub is module:
-            continue
-        failure = tracer.failure(sub)
-        sub_path = _join(path, rel)
-        status = "failed" if failure is not None else "leaf" if is_leaf else "inlined"
-        if failure is not None:
-            failure = dataclasses.replace(failure, path=sub_path)
-        collection.set_entry(ModuleEntry(sub_path, sub, status, failure))
-    for rel, sub in tracer.unvisited_modules().items():
-        collection.set_entry(ModuleEntry(_join(path, rel), sub, "unvisited"))
-    to_trace = [m for m in tracer.called_modules() if m is not module and tracer.is_failed(m)]
-    if own_failure is not None:
-        # the module's own code fails: its children are the traceable parts
-        for child in _children_through_containers(module):
-            child_path = paths.get(child, "")
-            failure = tracer.failure(child)
-            if failure is not None:
-                failure = dataclasses.replace(failure, path=child_path)
-                collection.set_entry(ModuleEntry(child_path, child, "failed", failure))
-                to_trace.append(child)
-            elif child not in recording:
-                collection.set_entry(ModuleEntry(child_path, child, "unvisited"))
-            elif tracer.is_registered_leaf(child) or CustomTracer.is_leaf_module(
-                tracer, child, child_path
-            ):
-                collection.set_entry(ModuleEntry(child_path, child, "leaf"))
-            else:
-                to_trace.append(child)
-    for sub in to_trace:
-        known = collection.get_entry(sub)
-        if known is not None and known.graph is not None:
-            continue
-        calls = recording.get(sub)
-        if not calls:
-            continue
-        try:
-            sub_args = _concrete_args_of(sub, calls[0])
-        except TypeError as e:
-            entry_sub = collection.get_entry(sub) or collection.set_entry(
-                ModuleEntry(paths.get(sub, ""), sub, "failed")
-            )
-            entry_sub.failure = entry_sub.failure or ModuleFailure(
-                entry_sub.path, type(sub).__name__, type(e).__name__, str(e), ""
-            )
-            continue
-        _trace_recursively(
-            collection, sub, paths, sub_args, None, recording, (calls[0].args, calls[0].kwargs)
-        )
-
-
-__all__ = ["RecordedCall", "RobustTracer", "record_calls", "recursive_trace"]
+__all__ = ["RobustTracer", "is_container"]
