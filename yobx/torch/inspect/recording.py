@@ -424,6 +424,17 @@ def record_run(
     :param kwargs: keyword inputs of the first run
     :return: the :class:`TraceResult`; if a run raises, the exception propagates with
         the partial result in its ``yobx_trace_result`` attribute
+
+    Example (record the eager modules and the traced graph, then compare them)::
+
+        >>> import torch
+        >>> from yobx.torch.inspect import record_run
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> result = record_run(model, torch.randn(2, 4))
+        >>> result.keys()
+        ['eager', 'graph']
+        >>> result.compare("eager", "graph").first_divergence is None
+        True
     """
     global _ACTIVE
     model = model_or_graph_module

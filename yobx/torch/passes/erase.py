@@ -24,6 +24,17 @@ def graph_erase_node(graph: Graph, node: Node) -> int:
     :param graph: graph owning ``node``
     :param node: node to erase, it must have no users and no side effect
     :return: number of erased nodes
+
+    Example::
+
+        >>> import operator, torch
+        >>> from yobx.torch.passes import graph_erase_node
+        >>> graph = torch.fx.Graph()
+        >>> x = graph.placeholder("x")
+        >>> dead = graph.call_function(operator.mul, (graph.call_function(operator.add, (x, 1)), 2))
+        >>> _ = graph.output(x)
+        >>> graph_erase_node(graph, dead)
+        2
     """
     if node.graph is not graph:
         raise ValueError(f"node {node.name!r} does not belong to this graph")

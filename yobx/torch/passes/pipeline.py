@@ -43,6 +43,19 @@ def run_default_passes(
         subgraphs) when the graph has no owning module yet, as right after a trace: the
         passes then know which buffers share storage and which attributes are subgraphs
     :return: the result of each pass, by name
+
+    Example::
+
+        >>> import torch
+        >>> from yobx.torch.passes import run_default_passes
+        >>> class Model(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         x.mul_(2)
+        ...         return x[:, :] + 1
+        >>> gm = torch.fx.symbolic_trace(Model())
+        >>> results = run_default_passes(gm.graph)
+        >>> [n.target for n in gm.graph.nodes if n.op == "call_method"]
+        ['mul', 'copy_']
     """
     with _owned_by(graph, module):
         return _run(graph, mutations, exc, recursive, verbose, exported_program)

@@ -359,6 +359,20 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> PassResult:
     :param graph: graph to modify in place
     :param verbose: verbosity
     :return: the number of removed nodes (a :class:`PassResult`)
+
+    Example (the vmap region of a ``torch.export`` graph becomes batched operators)::
+
+        >>> import torch
+        >>> from yobx.torch.passes import remove_batch_dim_nodes
+        >>> class Model(torch.nn.Module):
+        ...     def forward(self, x, y):
+        ...         return torch.vmap(lambda a, b: a * b.sum())(x, y)
+        >>> x, y = torch.randn(3, 4), torch.randn(3, 2)
+        >>> ep = torch.export.export(Model(), (x, y))
+        >>> remove_batch_dim_nodes(ep.graph_module.graph).count > 0
+        True
+        >>> torch.allclose(ep.module()(x, y), Model()(x, y))
+        True
     """
     spans, removed = _collect_spans(graph)
     cache: dict[Any, torch.fx.GraphModule] = {}

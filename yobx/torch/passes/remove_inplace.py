@@ -83,6 +83,21 @@ def remove_inplace(
         an input is rewritten only when no other input or buffer is read after it
     :return: a :class:`~yobx.torch.passes.PassResult`, equal to the number of rewritten
         nodes, or to ``-k`` when ``k`` in-place nodes were left (with ``exc=False``)
+
+    Example::
+
+        >>> import torch
+        >>> from yobx.torch.passes import remove_inplace
+        >>> class Model(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         y = x * 2
+        ...         y.add_(1)
+        ...         return y
+        >>> gm = torch.fx.symbolic_trace(Model())
+        >>> remove_inplace(gm.graph)
+        PassResult('remove_inplace', count=1)
+        >>> [n.target for n in gm.graph.nodes if n.op == "call_method"]
+        ['add']
     """
     convention = _mutation_convention(mutations, observable, exported_program)
     count, refused = _remove_inplace(

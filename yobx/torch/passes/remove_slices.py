@@ -253,6 +253,16 @@ def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> PassResult:
     :param graph: graph to modify in place
     :param verbose: verbosity
     :return: the number of removed nodes (a :class:`PassResult`)
+
+    Example::
+
+        >>> import torch
+        >>> from yobx.torch.passes import remove_unnecessary_slices
+        >>> gm = torch.fx.symbolic_trace(lambda x: x[:, :].relu())
+        >>> remove_unnecessary_slices(gm.graph)
+        PassResult('remove_unnecessary_slices', count=1)
+        >>> [n.op for n in gm.graph.nodes]
+        ['placeholder', 'call_method', 'output']
     """
     has_inplace = any(writes(n) for n in graph.nodes)
     removed = 0

@@ -91,6 +91,24 @@ def recursive_trace(
     :param dynamic_shapes: dynamic dimensions of the root's inputs (torch.export's format)
     :return: the root graph, graphs of the traceable parts of failing modules, and one
         status per module
+
+    Example (a value-dependent branch in a submodule)::
+
+        >>> import torch
+        >>> from yobx.torch.tracing import recursive_trace
+        >>> class Branchy(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return x * 2 if x.sum().item() > 0 else x
+        >>> class Model(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.linear = torch.nn.Linear(3, 3)
+        ...         self.branchy = Branchy()
+        ...     def forward(self, x):
+        ...         return self.branchy(self.linear(x))
+        >>> collection = recursive_trace(Model(), concrete_args={"x": torch.randn(2, 3)})
+        >>> collection.get_entry(collection.model.branchy).status
+        'failed'
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"recursive_trace expects a torch.nn.Module, got {type(model).__name__}")

@@ -307,6 +307,23 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         :return: the graph; run it with ``torch.fx.GraphModule(tracer.traced_model, graph)``
         :raises TraceError: when the code cannot be traced soundly (the message names
             the user's file and line)
+
+        Example (a slice by half the dynamic batch, checked at another size)::
+
+            >>> import torch
+            >>> from yobx.torch.tracing import CustomTracer
+            >>> class Half(torch.nn.Module):
+            ...     def forward(self, x):
+            ...         return x[: x.shape[0] // 2] * 2
+            >>> tracer = CustomTracer()
+            >>> graph = tracer.trace(
+            ...     Half(),
+            ...     concrete_args={"x": torch.randn(6, 3)},
+            ...     dynamic_shapes={"x": {0: "batch"}},
+            ... )
+            >>> gm = torch.fx.GraphModule(tracer.traced_model, graph)
+            >>> gm(torch.ones(4, 3)).shape
+            torch.Size([2, 3])
         """
         if not isinstance(root, torch.nn.Module) and not callable(root):
             raise TypeError(
