@@ -16,6 +16,8 @@ import torch
 import torch.fx
 from torch.fx.proxy import Attribute, Proxy, TraceError
 
+from .symbolic_text import shape_text, symbolic_text
+
 
 class CustomProxy(Proxy):
     """Proxy of a tensor (or of any non-scalar value) whose node carries ``meta["val"]``."""
@@ -185,6 +187,16 @@ class _ScalarProxy(CustomProxy):
     def __hash__(self) -> int:
         return id(self)
 
+    # text: the expression in the user's names, fixed only if used as a value
+    def __str__(self) -> str:
+        return symbolic_text(self)
+
+    def __repr__(self) -> str:
+        return symbolic_text(self)
+
+    def __format__(self, spec: str) -> str:
+        return symbolic_text(self, spec)
+
     # x += 1 on a dimension is a new value, never a mutation.
     def __iadd__(self, other):
         return self + other
@@ -202,9 +214,6 @@ class _ScalarProxy(CustomProxy):
 class CustomProxyInt(_ScalarProxy):
     """Proxy of a symbolic integer (a dynamic dimension or an expression of some)."""
 
-    def __repr__(self) -> str:
-        return f"CustomProxyInt({self.tracer.dims.render(self.val)})"
-
 
 class CustomProxyFloat(_ScalarProxy):
     """Proxy of a symbolic float."""
@@ -212,15 +221,9 @@ class CustomProxyFloat(_ScalarProxy):
     def __float__(self) -> float:
         return self.tracer.to_float(self)
 
-    def __repr__(self) -> str:
-        return f"CustomProxyFloat({self.tracer.dims.render(self.val)})"
-
 
 class CustomProxyBool(_ScalarProxy):
     """Proxy of a symbolic boolean (a comparison of dimensions)."""
-
-    def __repr__(self) -> str:
-        return f"CustomProxyBool({self.tracer.dims.render(self.val)})"
 
 
 class CustomProxyShape(tuple):
@@ -254,8 +257,17 @@ class CustomProxyShape(tuple):
             result = result * d
         return result
 
+    # text: torch.Size's with the user's names, fixed only if used as a value
+    def __str__(self) -> str:
+        return self.__format__("")
+
     def __repr__(self) -> str:
-        return f"CustomProxyShape({list(self)!r})"
+        return self.__format__("")
+
+    def __format__(self, spec: str) -> str:
+        if self.tracer is None:
+            return format(tuple(self), spec)
+        return shape_text(self, self.tracer, spec)
 
 
 class CustomAttribute(Attribute):
