@@ -79,9 +79,10 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
     done = threading.Event()
     eager = {"cond": 0, "plain": 0, "while_patched": 0, "fx_flag_seen": False}
 
-    def eager_loop():
+    def plain_loop():
+        # eager code calling what a trace patches runs beside the trace
         try:
-            while not done.is_set() or eager["cond"] < 2:
+            while not done.is_set() or eager["plain"] < 2:
                 i = eager["plain"] % len(inputs)
                 with torch.no_grad():
                     patched = hasattr(torch.cat, "__yobx_gate__")
@@ -90,8 +91,18 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
                     eager["while_patched"] += patched and hasattr(torch.cat, "__yobx_gate__")
                     eager["fx_flag_seen"] |= bool(fx_symbolic_trace.is_fx_tracing())
                     eager["fx_flag_seen"] |= torch.fx.experimental._config.backed_size_oblivious
+        except BaseException as e:
+            errors.append(e)
+
+    def cond_loop():
+        # eager torch.cond waits while a trace runs (make_fx's state is process-wide),
+        # then works
+        try:
+            while not done.is_set() or eager["cond"] < 2:
+                i = eager["cond"] % len(inputs)
+                with torch.no_grad():
                     torch.testing.assert_close(cond_model(inputs[i]), expected_cond[i])
-                    eager["cond"] += 1
+                eager["cond"] += 1
         except BaseException as e:
             errors.append(e)
 
@@ -102,15 +113,17 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
             errors.append(e)
 
     threads = [threading.Thread(target=tracing, args=(i,)) for i in range(2)]
-    eager_thread = threading.Thread(target=eager_loop)
-    eager_thread.start()
+    eager_threads = [threading.Thread(target=loop) for loop in (plain_loop, cond_loop)]
+    for thread in eager_threads:
+        thread.start()
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=600)
     done.set()
-    eager_thread.join(timeout=600)
+    for thread in eager_threads:
+        thread.join(timeout=600)
     assert not errors, errors
     assert sorted(traced) == [0, 0, 0, 1, 1, 1], traced
     # eager code ran, also while the patches were installed, and never saw the trace's

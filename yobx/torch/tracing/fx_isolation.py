@@ -257,10 +257,10 @@ def _new_patcher():
 
 @any_thread
 def _is_fx_tracing() -> bool:
-    """``is_fx_tracing()`` while a window is open: the flag is global, set by the
-    tracing thread and cleared for a while by another thread's eager ``torch.cond``."""
-    if bool(FX_TRACING_FLAG):
-        return True
+    """``is_fx_tracing()`` while a window is open: the flag is global, set by the tracing
+    thread (and cleared by it while torch.cond compiles there)."""
+    if THREAD_STATE.window is not None:
+        return bool(_symbolic_trace._is_fx_tracing_flag)
     # a torch.fx trace of another thread, started before the window and not waited for
     return _symbolic_trace.CURRENT_PATCHER is not None and bool(_symbolic_trace._is_fx_tracing_flag)
 
