@@ -23,6 +23,7 @@ import torch
 from torch.fx.node import Node
 
 from .errors import TracingError
+from .patch_window import patch_window, register_undo
 from .patches import patched_attributes
 from .proxies import INPLACE_OPERATORS, CustomProxy
 from .shape_rules._base import Unsupported, size_key
@@ -49,9 +50,8 @@ def preserved_modules(root: torch.nn.Module) -> Iterator[None]:
         for name in _GLOBAL_HOOKS
         if isinstance(getattr(module_globals, name, None), dict)
     }
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         for module, attributes in snapshot:
             current = module.__dict__
             for name in [name for name in current if name not in attributes]:
@@ -62,6 +62,13 @@ def preserved_modules(root: torch.nn.Module) -> Iterator[None]:
                 _refill(value, contents)
         for name, saved in hooks.items():
             _refill(getattr(module_globals, name), saved)
+
+    # journaled: the trace's window restores the modules if an interrupt skips the exit
+    undo = register_undo(restore)
+    try:
+        yield
+    finally:
+        undo()
 
 
 #: the registries of hooks applying to every module
@@ -111,16 +118,18 @@ def _refill(container: Any, contents: Any) -> None:
 def buffer_assignments(assign: Callable[[torch.nn.Module, str, Any], bool]) -> Iterator[None]:
     """Patches ``Module.__setattr__``: ``assign(module, name, value)`` handles the
     assignment when it returns True; otherwise it happens as usual."""
-    original = torch.nn.Module.__setattr__
+    with patch_window():
+        original = torch.nn.Module.__setattr__
 
-    def setattr_(module: torch.nn.Module, name: str, value: Any) -> None:
-        buffers = module.__dict__.get("_buffers")
-        if buffers is not None and buffers.get(name) is not None and assign(module, name, value):
-            return
-        original(module, name, value)
+        def setattr_(module: torch.nn.Module, name: str, value: Any) -> None:
+            buffers = module.__dict__.get("_buffers")
+            is_buffer = buffers is not None and buffers.get(name) is not None
+            if is_buffer and assign(module, name, value):
+                return
+            original(module, name, value)
 
-    with patched_attributes([(torch.nn.Module, "__setattr__", setattr_)]):
-        yield
+        with patched_attributes([(torch.nn.Module, "__setattr__", setattr_)]):
+            yield
 
 
 def assign_traced_buffer(tracer: Any, module: torch.nn.Module, name: str, value: Any) -> bool:

@@ -6,6 +6,10 @@
 :func:`replace_problematic_function_before_tracing` swaps them for versions that
 record a node when a proxy is involved and call the original otherwise; everything is
 restored on exit, also when tracing raises.
+
+Every replacement is installed inside a :mod:`patch window <.patch_window>`: one trace at
+a time in the process, and the functions installed on modules and classes answer with
+the original behaviour in every thread but the tracing one.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import torch
 from torch.fx.proxy import Proxy
 
+from .patch_window import any_thread, gated_value, patch_window, register_undo
 from .proxies import find_proxy
 
 #: factories whose size arguments may hold symbolic dimensions
@@ -70,11 +75,12 @@ _BUILTIN_ISINSTANCE = builtins.isinstance
 def patch_len_in(function: Any) -> None:
     """Replaces ``len`` in the globals of ``function`` while the current torch.fx trace
     lasts (its patcher restores them)."""
-    from torch.fx._symbolic_trace import CURRENT_PATCHER
+    from .world_state import current_fx_patcher
 
+    patcher = current_fx_patcher()
     frame_dict = getattr(function, "__globals__", None)
-    if CURRENT_PATCHER is not None and frame_dict is not None:
-        CURRENT_PATCHER.patch(frame_dict, "len", traced_len)
+    if patcher is not None and frame_dict is not None:
+        patcher.patch(frame_dict, "len", traced_len)
 
 
 def _recording(original: Callable) -> Callable:
@@ -137,6 +143,8 @@ def _proxy_aware_isinstance(original: Callable) -> Callable:
     tensor = torch.Tensor
     torch_dir = os.path.dirname(torch.__file__) + os.sep
 
+    # called very often: no thread gate, the original answers for anything but a proxy
+    @any_thread
     def isinstance_(obj, classinfo):
         if (
             original(obj, CustomProxy)
@@ -228,20 +236,31 @@ def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[Non
 
     An attribute the owner only inherited (``Tensor.__getitem__`` comes from the C
     base class) is deleted again rather than set, so that inheritance is restored.
+    The block runs in a :func:`~.patch_window.patch_window` (one at a time in the
+    process); a function set on a module or a class is wrapped by
+    :func:`~.patch_window.thread_gate`, so that other threads keep the original; the
+    restoration is journaled on the window, which completes it if an interrupt cuts
+    this block's exit short.
     """
-    saved = []
-    try:
-        for owner, name, value in replacements:
-            saved.append((owner, name, vars(owner).get(name, _MISSING)))
-            setattr(owner, name, value)
-        yield
-    finally:
-        for owner, name, value in reversed(saved):
-            if value is _MISSING:
-                with contextlib.suppress(AttributeError):
+    with patch_window():
+        saved: list[tuple[Any, str, Any]] = []
+
+        def undo() -> None:
+            for owner, name, value in reversed(saved):
+                if value is not _MISSING:
+                    setattr(owner, name, value)
+                elif name in vars(owner):
                     delattr(owner, name)
-            else:
-                setattr(owner, name, value)
+
+        restore = register_undo(undo)
+        try:
+            for owner, name, value in replacements:
+                # saved before the change: an interrupt in between is undone too
+                saved.append((owner, name, vars(owner).get(name, _MISSING)))
+                setattr(owner, name, gated_value(owner, name, value))
+            yield
+        finally:
+            restore()
 
 
 @contextlib.contextmanager
@@ -258,6 +277,7 @@ def symbolic_kernels() -> Iterator[None]:
     from . import symbolic_variants
 
     with (
+        patch_window(),
         patched_attributes(
             [
                 (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
@@ -278,13 +298,32 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
     Inside it, ``torch.cat``/``torch.stack`` (lists mixing proxies and tensors), tensor
     factories (``torch.zeros(x.size(0), 4)``, ``torch.full(x.shape[:2], 1.0)``),
     ``torch.cond``, ``torch.vmap``, ``torch.ops.higher_order.scan``, ``torch._check``
-    and the builtins ``max``/``min`` accept proxies. Outside calls behave as usual.
-    Everything is restored on exit, including when the body raises.
+    and the builtins ``max``/``min`` accept proxies. Calls without proxies, and every
+    call from another thread, behave as usual. Everything is restored on exit,
+    including when the body raises; only one such block is open at a time in the
+    process (another thread waits).
     """
+    # the context expressions run in order: the originals are read inside the window,
+    # once another thread's trace is over
+    with (
+        patch_window(),
+        patched_attributes(_replacements()),
+        symbolic_kernels(),
+        # Inside torch, `guard_or_false(size == 1)` (broadcasting, contiguity) would
+        # otherwise decide from the example and guard on it. Size-oblivious answers
+        # pick the path that is right for every size, and what really needs a fact
+        # still asks for it with torch._check, which the tracer checks. The config is
+        # a ContextVar: only the tracing thread sees it.
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+    ):
+        yield
+
+
+def _replacements() -> list[tuple[Any, str, Any]]:
     from .control_flow import cond_function, scan_function, vmap_function
 
     vmap = vmap_function(torch.vmap)
-    replacements = [
+    return [
         *((torch, fn.__name__, _recording(fn)) for fn in TENSOR_FACTORIES),
         *(
             (torch, name, _recording(getattr(torch, name)))
@@ -302,10 +341,3 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
         (builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max)),
         (builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min)),
     ]
-    # Inside torch, `guard_or_false(size == 1)` (broadcasting, contiguity) would
-    # otherwise decide from the example and guard on it. Size-oblivious answers
-    # pick the path that is right for every size, and what really needs a fact
-    # still asks for it with torch._check, which the tracer checks.
-    oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=True)
-    with patched_attributes(replacements), symbolic_kernels(), oblivious:
-        yield

@@ -17,6 +17,7 @@ import torch.fx
 from torch.fx.proxy import Attribute, Proxy
 
 from .errors import TracingError
+from .symbolic_text import shape_text, symbolic_text
 
 # torch.cat as imported, not the recording replacement installed while tracing
 _TORCH_CAT = torch.cat
@@ -280,6 +281,16 @@ class _ScalarProxy(CustomProxy):
     def __hash__(self) -> int:
         return id(self)
 
+    # text: the expression in the user's names, fixed only if used as a value
+    def __str__(self) -> str:
+        return symbolic_text(self)
+
+    def __repr__(self) -> str:
+        return symbolic_text(self)
+
+    def __format__(self, spec: str) -> str:
+        return symbolic_text(self, spec)
+
     # x += 1 on a dimension is a new value, never a mutation.
     def __iadd__(self, other):
         return self + other
@@ -377,11 +388,6 @@ class CustomProxyInt(_ScalarProxy):
 
     __hash__ = _ScalarProxy.__hash__
 
-    def __repr__(self) -> str:
-        if not self.known:
-            return f"CustomProxyInt({self.node.name})"
-        return f"CustomProxyInt({self.tracer.dims.render(self.val)})"
-
 
 class CustomProxyFloat(_ScalarProxy):
     """Proxy of a symbolic float."""
@@ -389,15 +395,9 @@ class CustomProxyFloat(_ScalarProxy):
     def __float__(self) -> float:
         return self.tracer.to_float(self)
 
-    def __repr__(self) -> str:
-        return f"CustomProxyFloat({self.tracer.dims.render(self.val)})"
-
 
 class CustomProxyBool(_ScalarProxy):
     """Proxy of a symbolic boolean (a comparison of dimensions)."""
-
-    def __repr__(self) -> str:
-        return f"CustomProxyBool({self.tracer.dims.render(self.val)})"
 
 
 class CustomProxyShape(tuple):
@@ -451,8 +451,17 @@ class CustomProxyShape(tuple):
             result = result * d
         return result
 
+    # text: torch.Size's with the user's names, fixed only if used as a value
+    def __str__(self) -> str:
+        return self.__format__("")
+
     def __repr__(self) -> str:
-        return f"CustomProxyShape({list(self)!r})"
+        return self.__format__("")
+
+    def __format__(self, spec: str) -> str:
+        if self.tracer is None:
+            return format(tuple(self), spec)
+        return shape_text(self, self.tracer, spec)
 
 
 class CustomAttribute(Attribute):

@@ -120,7 +120,11 @@ class Refinements:
         constraint = Constraint(dims.render(form), kind, location, names)
         if strict:
             self.needed.append((constraint, self._fix(form, kind, location)))
-        else:
+        elif not any(
+            # the same fact reached another way (reshape checks a remainder and a product)
+            f.condition == form and f.constraint.location == location
+            for f in self.adopted
+        ):
             self.adopted.append(AdoptedFact(constraint, form))
         if kind == "divisibility":
             self._introduce_quotient(form)

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.fx.experimental.sym_node import SymNode
 
+from .patch_window import patch_window
 from .patches import patched_attributes
 
 #: binary operations of ``SymNode`` (its ``_<name>`` implementations)
@@ -84,10 +85,11 @@ def memoized_symbolic_arithmetic() -> Iterator[None]:
     the memo keep their ShapeEnv alive, so its id cannot be reused meanwhile).
     """
     memo: dict = {}
-    replacements = [
-        (SymNode, f"_{name}", _memoized(name, SymNode.__dict__[f"_{name}"], memo))
-        for name in _BINARY
-        if f"_{name}" in SymNode.__dict__
-    ]
-    with patched_attributes(replacements):
-        yield
+    with patch_window():
+        replacements = [
+            (SymNode, f"_{name}", _memoized(name, SymNode.__dict__[f"_{name}"], memo))
+            for name in _BINARY
+            if f"_{name}" in SymNode.__dict__
+        ]
+        with patched_attributes(replacements):
+            yield

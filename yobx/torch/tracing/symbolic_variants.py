@@ -430,10 +430,19 @@ def grouped_mm_fake_values() -> Iterator[None]:
     """
     from torch._subclasses.fake_impls import op_implementations_checks
 
+    from .patch_window import in_patch_window, register_undo
+
     grouped_mm = torch.ops.aten._grouped_mm.default
-    entry = (lambda func: func is grouped_mm, _grouped_mm_fake)
+    # the list is shared by every thread: the rule answers for the window's thread only
+    entry = (lambda func: func is grouped_mm and in_patch_window(), _grouped_mm_fake)
+
+    def undo() -> None:
+        if entry in op_implementations_checks:
+            op_implementations_checks.remove(entry)
+
+    restore = register_undo(undo)
     op_implementations_checks.insert(0, entry)
     try:
         yield
     finally:
-        op_implementations_checks.remove(entry)
+        restore()

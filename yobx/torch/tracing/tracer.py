@@ -26,6 +26,7 @@ from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
 from .constraints import Constraint
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .errors import TracingError
+from .fx_isolation import fx_tracing_per_thread
 from .inputs import (
     NO_EXAMPLE,
     FlatInputs,
@@ -34,6 +35,7 @@ from .inputs import (
     register_cache_flattening,
 )
 from .module_state import assign_traced_buffer, buffer_assignments, preserved_modules
+from .patch_window import PatchWindow, close_window, current_window
 from .patches import (
     TENSOR_FACTORIES,
     patch_len_in,
@@ -308,6 +310,11 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         :raises TraceError: when the code cannot be traced soundly (the message names
             the user's file and line)
 
+        Traces in several threads run one after the other. While a trace runs, the
+        functions it replaces answer as usual in every other thread, and after it (also
+        after an error or a ``KeyboardInterrupt``) no patch, fake mode or proxy mode
+        is left installed.
+
         Example (a slice by half the dynamic batch, checked at another size)::
 
             >>> import torch
@@ -330,7 +337,48 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 f"CustomTracer.trace expects a torch.nn.Module or a callable, got "
                 f"{type(root).__name__}; wrap the computation in a module or a function"
             )
+        # One trace at a time in the process; its patches hold for this thread only, and
+        # everything is restored in this frame's `finally`, which no interrupt can skip:
+        # an interrupt landing in the restoration makes it run again (see patch_window).
+        window = PatchWindow()
+        error = None
+        try:
+            window.open()
+            return self._trace(
+                root,
+                concrete_args,
+                dynamic_shapes,
+                remove_inplace=remove_inplace,
+                update_model_with_callable=update_model_with_callable,
+                verbose=verbose,
+            )
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            interrupt = None
+            while window.locked:
+                try:
+                    close_window(window, error)
+                except BaseException as e:
+                    interrupt = e
+            if interrupt is not None:
+                raise interrupt
+
+    def _trace(
+        self,
+        root,
+        concrete_args,
+        dynamic_shapes,
+        *,
+        remove_inplace: bool,
+        update_model_with_callable: bool,
+        verbose: int,
+    ) -> torch.fx.Graph:
+        """:meth:`trace` inside its patch window."""
         self._reset()
+        fake_mode = self.dims.fake_mode
+        current_window().push(lambda: _settle_fake_mode(fake_mode))
         module = root if isinstance(root, torch.nn.Module) else _CallableModule(root)
         forward = root.forward if isinstance(root, torch.nn.Module) else root
         self._inputs = flatten_example_inputs(
@@ -340,6 +388,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         )
         self._index_tensors(module)
         with (
+            fx_tracing_per_thread(),
             preserved_modules(module),
             replace_problematic_function_before_tracing(),
             memoized_symbolic_arithmetic(),
@@ -780,13 +829,13 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         # torch's own Python code runs here: it must see the real isinstance (faster,
         # and no proxy reaches fake kernels anyway).
         patched_isinstance = builtins.isinstance
-        builtins.isinstance = _ORIGINAL_ISINSTANCE
-        # Fake values carry no autograd history: recording it costs time, and a
-        # rule's output must not be a leaf that requires grad (in-place ops on it
-        # would then fail where eager succeeds).
         grad_mode = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)
         try:
+            builtins.isinstance = _ORIGINAL_ISINSTANCE
+            # Fake values carry no autograd history: recording it costs time, and a
+            # rule's output must not be a leaf that requires grad (in-place ops on it
+            # would then fail where eager succeeds).
+            torch._C._set_grad_enabled(False)
             module = self.root.get_submodule(node.target) if node.op == "call_module" else None
             val = self.shape_rules.run(node, args, kwargs, module)
             if val is NotImplemented or self._check_shape_rules:
@@ -827,7 +876,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 f"with {type(e).__name__}: {_first_line(e)}",
             ) from e
         finally:
-            torch.set_grad_enabled(grad_mode)
+            torch._C._set_grad_enabled(grad_mode)
             builtins.isinstance = patched_isinstance
             self._in_fake -= 1
         if len(self.shape_env.guards) > guards_before:
@@ -887,12 +936,16 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
     def _new_guards(self, start: int, node: Node, known: tuple[dict, dict]) -> None:
         """Guards added by an operation are facts taken from the example: adopted as
         constraints when not provable from what was known before the operation."""
+        adopted = set()
         for guard in self.shape_env.guards[start:]:
             if self._allowed_guards or self.dims.prove(guard.expr, known) is True:
                 continue
             location = self.location()
             constraint = self.refinements.adopt(guard.expr, location, _describe(node), known=True)
-            self.guards.append(Guard(constraint.expression, True, "adopted", location))
+            # a kernel may check the same fact twice (reshape: a remainder, then a product)
+            if constraint.expression not in adopted:
+                adopted.add(constraint.expression)
+                self.guards.append(Guard(constraint.expression, True, "adopted", location))
 
     def shape_of(self, proxy: CustomProxy) -> Any:
         """``x.shape``: ``torch.Size`` when static, else :class:`CustomProxyShape`."""
@@ -937,6 +990,14 @@ def _is_squeeze(node: Node) -> bool:
     if node.op == "call_method":
         return node.target in ("squeeze", "squeeze_")
     return node.op == "call_function" and node.target in (torch.squeeze, torch.Tensor.squeeze)
+
+
+def _settle_fake_mode(fake_mode) -> None:
+    """Forgets what an interrupted ``with fake_mode`` left in the trace's fake mode, which
+    is not active any more when the trace ends (the window restores the thread's
+    dispatch modes themselves)."""
+    fake_mode.in_kernel_invocation = False
+    fake_mode.enter_stack.clear()
 
 
 def _is_convolution(node: Node, module: torch.nn.Module | None) -> bool:

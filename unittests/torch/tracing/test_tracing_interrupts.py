@@ -1,0 +1,72 @@
+"""A KeyboardInterrupt anywhere in a trace leaves nothing behind (issue 11, item 7).
+
+An interrupt landing in torch's ``FakeTensorMode.__exit__`` used to leave the fake mode
+installed (every eager op then returned a FakeTensor); landing elsewhere it left
+patches, torch.fx's patcher, or the user's module changed. The sweep interrupts the
+trace at a few dozen Python calls, spread over the trace and over the exits; a longer
+sweep is ``_scripts/sweep_interrupts.py``.
+"""
+
+import warnings
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import interrupt_sweep
+
+
+@pytest.fixture(scope="module")
+def calls():
+    """The code object of every Python call made by one trace."""
+    model, inputs, dynamic_shapes = interrupt_sweep.example()
+    interrupt_sweep.trace(model, inputs, dynamic_shapes)  # warm-up: imports, caches
+    recorder = interrupt_sweep.Interrupter(record=True)
+    error = interrupt_sweep.run_interrupted(
+        lambda: interrupt_sweep.trace(model, inputs, dynamic_shapes), recorder
+    )
+    assert error is None
+    return recorder.codes
+
+
+def _exit_points(codes, functions, per_function):
+    points = []
+    for function in functions:
+        indices = [i + 1 for i, code in enumerate(codes) if code is function.__code__]
+        assert indices, function
+        step = max(1, len(indices) // per_function)
+        points.extend(indices[::step][:per_function])
+    return points
+
+
+def _sweep(points):
+    model, inputs, dynamic_shapes = interrupt_sweep.example()
+    for at in points:
+        before = interrupt_sweep.snapshot(model)
+        interrupter = interrupt_sweep.Interrupter(at)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            error = interrupt_sweep.run_interrupted(
+                lambda: interrupt_sweep.trace(model, inputs, dynamic_shapes), interrupter
+            )
+        where = f"interrupt at call {at} ({interrupter.where})"
+        assert interrupt_sweep.leftovers(before, model) == [], where
+        # the interrupt surfaces (possibly wrapped by torch's C++), or was swallowed by a
+        # finalizer and the trace completed
+        assert error is None or interrupt_sweep.is_interrupt(error), (where, error)
+    # tracing still works and is right
+    gm = interrupt_sweep.trace(model, inputs, dynamic_shapes)
+    reference = interrupt_sweep.SweepModel()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(gm(x), reference(x))
+
+
+def test_interrupts_spread_over_a_trace(calls):
+    _sweep(interrupt_sweep.choose_points(calls, regular=12, exits=12))
+
+
+def test_interrupts_in_fake_and_dispatch_mode_exits(calls):
+    """Where the reported bug was: the fake mode stayed installed."""
+    _sweep(_exit_points(calls, [FakeTensorMode.__exit__, TorchDispatchMode.__exit__], 4))

@@ -1,0 +1,187 @@
+"""Traces in threads beside eager code (issue 11, item 7).
+
+Two traces in two threads used to save each other's patches as "the originals" and
+leave about 100 globals patched for good; a trace beside an eager model using
+``torch.cond`` broke its calls (torch.fx's ``nn.Module.__call__`` patch is global) and
+every ``nn.Module`` call of the process afterwards. Now traces run one at a time, the
+patches answer with the original behaviour in every other thread, and nothing is left.
+"""
+
+import threading
+import time
+
+import torch
+import torch.fx._symbolic_trace as fx_symbolic_trace
+
+from yobx.torch.tracing import CustomTracer
+
+from . import interrupt_sweep
+
+
+class CondModel(torch.nn.Module):
+    """Eager code using torch.cond (dynamo compiles it, make_fx traces the branches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cond(
+            x.sum() > 0,
+            lambda t: torch.cat([self.linear(t), t[:, :1]], dim=1),
+            lambda t: torch.cat([self.linear(t) - 1, t[:, :1]], dim=1),
+            (x,),
+        )
+
+
+class PlainModel(torch.nn.Module):
+    """Eager code calling what a trace patches: modules, factories, cat, max, len."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        n = max(len(x), 1)
+        return torch.cat([self.linear(x), torch.zeros(x.shape[0], 2)], dim=1) * n
+
+
+def _trace_and_check(results: list, index: int) -> None:
+    for size in (3, 5, 4):
+        model, _, dynamic_shapes = interrupt_sweep.example()
+        inputs = {"x": torch.randn(size, 4)}
+        gm = interrupt_sweep.trace(model, inputs, dynamic_shapes)
+        for other in (2, 7):
+            x = torch.randn(other, 4)
+            reference = interrupt_sweep.SweepModel()
+            reference.load_state_dict(model.state_dict())
+            # no_grad: with autograd, eager torch.cond builds its subgraphs with make_fx,
+            # whose globals torch does not keep per thread (two threads running eager
+            # torch.cond with grad fail without any trace)
+            with torch.no_grad():
+                expected = reference(x)
+                # the graph updates the traced model's buffer as eager updated the
+                # reference's
+                torch.testing.assert_close(gm(x), expected)
+        results.append(index)
+
+
+def test_two_traces_and_eager_cond_in_threads_leave_nothing():
+    cond_model, plain_model = CondModel(), PlainModel()
+    # expected values computed before any trace (and dynamo's one-time patches done)
+    inputs = [torch.randn(2, 4) * (1 if i % 2 else -1) for i in range(4)]
+    with torch.no_grad():
+        expected_cond = [cond_model(x) for x in inputs]
+        expected_plain = [plain_model(x) for x in inputs]
+    before = interrupt_sweep.snapshot(torch.nn.Module())
+    errors: list[BaseException] = []
+    traced: list[int] = []
+    done = threading.Event()
+    eager = {"cond": 0, "plain": 0, "while_patched": 0, "fx_flag_seen": False}
+
+    def plain_loop():
+        # eager code calling what a trace patches runs beside the trace
+        try:
+            while not done.is_set() or eager["plain"] < 2:
+                i = eager["plain"] % len(inputs)
+                with torch.no_grad():
+                    patched = hasattr(torch.cat, "__yobx_gate__")
+                    torch.testing.assert_close(plain_model(inputs[i]), expected_plain[i])
+                    eager["plain"] += 1
+                    eager["while_patched"] += patched and hasattr(torch.cat, "__yobx_gate__")
+                    eager["fx_flag_seen"] |= bool(fx_symbolic_trace.is_fx_tracing())
+                    eager["fx_flag_seen"] |= torch.fx.experimental._config.backed_size_oblivious
+        except BaseException as e:
+            errors.append(e)
+
+    def cond_loop():
+        # eager torch.cond waits while a trace runs (make_fx's state is process-wide),
+        # then works
+        try:
+            while not done.is_set() or eager["cond"] < 2:
+                i = eager["cond"] % len(inputs)
+                with torch.no_grad():
+                    torch.testing.assert_close(cond_model(inputs[i]), expected_cond[i])
+                eager["cond"] += 1
+        except BaseException as e:
+            errors.append(e)
+
+    def tracing(index):
+        try:
+            _trace_and_check(traced, index)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=tracing, args=(i,)) for i in range(2)]
+    eager_threads = [threading.Thread(target=loop) for loop in (plain_loop, cond_loop)]
+    for thread in eager_threads:
+        thread.start()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    done.set()
+    for thread in eager_threads:
+        thread.join(timeout=600)
+    assert not errors, errors
+    assert sorted(traced) == [0, 0, 0, 1, 1, 1], traced
+    # eager code ran, also while the patches were installed, and never saw the trace's
+    # torch.fx flag or size-oblivious config
+    assert eager["cond"] >= 2 and eager["plain"] >= 2, eager
+    assert eager["while_patched"] > 0, (eager, time.perf_counter() - start)
+    assert not eager["fx_flag_seen"]
+    leftovers = interrupt_sweep.leftovers(before, torch.nn.Module())
+    assert leftovers == [], leftovers
+    assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).shape == (1, 2)
+
+
+def test_trace_in_a_thread_while_another_holds_a_torch_fx_trace():
+    """A torch.fx trace already running in another thread is waited for."""
+    started, release = threading.Event(), threading.Event()
+    outcome = []
+
+    class Blocking(torch.nn.Module):
+        def forward(self, x):
+            started.set()
+            release.wait(timeout=60)
+            return x + 1
+
+    def fx_trace():
+        outcome.append(torch.fx.symbolic_trace(Blocking()))
+
+    thread = threading.Thread(target=fx_trace)
+    thread.start()
+    assert started.wait(timeout=60)
+    timer = threading.Timer(0.5, release.set)
+    timer.start()
+    before = time.perf_counter()
+    model, inputs, dynamic_shapes = interrupt_sweep.example()
+    gm = interrupt_sweep.trace(model, inputs, dynamic_shapes)
+    waited = time.perf_counter() - before
+    thread.join(timeout=60)
+    assert waited >= 0.4, waited
+    assert outcome and outcome[0](torch.ones(2)).tolist() == [2.0, 2.0]
+    assert gm(torch.randn(6, 4)).shape == (6, 8)
+    assert fx_symbolic_trace.CURRENT_PATCHER is None
+
+
+def test_tracer_reused_across_threads():
+    tracer = CustomTracer()
+    graphs = []
+
+    def run():
+        graphs.append(
+            tracer.trace(
+                PlainModel(),
+                concrete_args={"x": torch.randn(3, 4)},
+                dynamic_shapes={"x": {0: "batch"}},
+            )
+        )
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert len(graphs) == 2

@@ -1,0 +1,273 @@
+"""torch.fx's process-wide tracing state, kept to the tracing thread.
+
+``torch.fx.Tracer.trace`` keeps its state in module globals of
+``torch.fx._symbolic_trace``, shared by every thread: the patcher (``CURRENT_PATCHER``,
+which dynamo reverts and reapplies around every frame it compiles, in any thread), the
+patches of ``nn.Module.__call__``/``__getattr__`` (class attributes) and the flag
+``_is_fx_tracing_flag``. Another thread tracing with torch.fx at the same time, and
+torch does when ``torch.cond`` runs eagerly (dynamo compiles it and ``make_fx`` traces
+the branches), would see or undo the trace's patches. While :func:`fx_tracing_per_thread`
+is active:
+
+* the trace's patcher lives in a thread-local slot (:func:`current_fx_patcher`), so that
+  dynamo in another thread never reverts it;
+* in another thread, a torch.fx trace, a make_fx run and a higher-order operator
+  (eager ``torch.cond`` builds its subgraphs with make_fx) wait for the window to close:
+  they use process-wide state (``nn.Module`` patches, make_fx's current tracer); one
+  already running when the window opens is waited for first;
+* that patcher gates every patch it makes (``nn.Module.__call__``/``__getattr__``, the
+  globals of the traced code): other threads get the originals;
+* ``is_fx_tracing()``/``is_fx_symbolic_tracing()`` answer for the calling thread, and
+  the global flag holds a thread-aware value, so that an eager ``torch.cond`` in another
+  thread (dynamo refuses to compile under a torch.fx trace) keeps working.
+
+What remains shared: ``torch.fx.Tracer.trace`` sets the global flag to True itself,
+and only its ``_new_patcher``, a few lines later, makes it thread-aware again; code of
+another thread reading the global variable directly at that instant sees True.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import inspect
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch._higher_order_ops import utils as hop_utils
+from torch.fx import _symbolic_trace
+from torch.fx.experimental import proxy_tensor
+
+from .patch_window import _WINDOW_LOCK, any_thread, patch_window, thread_gate
+from .patches import patched_attributes
+from .world_state import THREAD_STATE, current_fx_patcher, revert_fx_patches
+
+#: seconds to wait for another thread's torch.fx trace before tracing anyway
+FOREIGN_TRACE_TIMEOUT = 60.0
+
+
+class _FxTracingFlag:
+    """``torch.fx._symbolic_trace._is_fx_tracing_flag`` while a window is open: true in
+    a thread running ``torch.fx.Tracer.trace`` under the window (``is_fx_tracing()``
+    answers False in the others)."""
+
+    def __bool__(self) -> bool:
+        return THREAD_STATE.fx_patcher is not None
+
+    def __repr__(self) -> str:
+        return f"FxTracingFlag({bool(self)})"
+
+
+FX_TRACING_FLAG = _FxTracingFlag()
+
+
+def _thread_aware_flag() -> None:
+    # torch.fx.Tracer.trace sets the global flag to True; until this runs (in its
+    # `_new_patcher`), other threads may see it: eager torch.cond would refuse to compile
+    # and may save and restore True after the trace is over
+    if _symbolic_trace._is_fx_tracing_flag is True:
+        _symbolic_trace._is_fx_tracing_flag = FX_TRACING_FLAG
+
+
+class _ThreadPatcher(_symbolic_trace._Patcher):
+    """torch.fx's patcher whose patches answer for the tracing thread only.
+
+    torch.fx patches ``nn.Module.__call__``/``__getattr__`` and the globals of the
+    traced code (``torch.fx.wrap``-ed functions, autowrapped ``math`` functions): every
+    replacement is a :func:`~.patch_window.thread_gate`, so that another thread running
+    a module, or the same model's code, gets the original.
+    """
+
+    def patch(self, frame_dict, name, new_fn, deduplicate=True) -> None:
+        original = frame_dict.get(name, getattr(builtins, name, None))
+        if original is None or getattr(original, "__fx_already_patched", False):
+            super().patch(frame_dict, name, new_fn, deduplicate)
+            return
+        super().patch(frame_dict, name, _gate(original, new_fn, deduplicate), deduplicate)
+
+    def patch_method(self, cls, name, new_fn, deduplicate=True) -> None:
+        original = getattr(cls, name)
+        if getattr(original, "__fx_already_patched", False):
+            return
+        super().patch_method(cls, name, _gate(original, new_fn, deduplicate), deduplicate)
+
+
+def _gate(original: Any, replacement: Any, deduplicate: bool) -> Any:
+    gate = thread_gate(original, replacement)
+    # functools.wraps copied the original's attributes: the flag is the patch's own
+    gate.__fx_already_patched = deduplicate
+    return gate
+
+
+@contextlib.contextmanager
+def _thread_patcher() -> Iterator[Any]:
+    """``_new_patcher`` for the tracing thread: the patcher is not published globally."""
+    prior = THREAD_STATE.fx_patcher
+    patcher = _ThreadPatcher()
+    THREAD_STATE.fx_patcher = patcher
+    _thread_aware_flag()
+    try:
+        yield patcher
+    finally:
+        revert_fx_patches(patcher)
+        THREAD_STATE.fx_patcher = prior
+
+
+@contextlib.contextmanager
+def _thread_maybe_revert_all_patches() -> Iterator[None]:
+    """``_maybe_revert_all_patches`` (dynamo, around a frame it compiles) for the thread's
+    own patcher."""
+    patcher = THREAD_STATE.fx_patcher
+    if patcher is None:
+        yield
+        return
+    revert_fx_patches(patcher)
+    try:
+        yield
+    finally:
+        patcher.reapply_all_patches()
+
+
+def _in_foreign_code_of_this_thread() -> bool:
+    """True when this thread itself runs a torch.fx trace or make_fx (the trace is nested
+    in it): its state is not another thread's."""
+    codes = {
+        _symbolic_trace.Tracer.trace.__code__,
+        proxy_tensor._MakefxTracer.trace.__code__,
+        proxy_tensor._MakefxTracer.trace_subgraph.__code__,
+    }
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _foreign_trace_running() -> bool:
+    return (
+        _symbolic_trace.CURRENT_PATCHER is not None
+        or proxy_tensor._CURRENT_MAKE_FX_TRACER is not None
+    ) and not _in_foreign_code_of_this_thread()
+
+
+def _wait_for_foreign_trace() -> None:
+    """Waits while another thread's torch.fx trace or make_fx, started before the window,
+    has its process-wide state installed."""
+    deadline = time.monotonic() + FOREIGN_TRACE_TIMEOUT
+    while _foreign_trace_running() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _waiting(original: Callable) -> Callable:
+    """``original``, called in another thread than the window's only once the window is
+    closed, and holding the window's lock: no window opens while it runs either."""
+
+    if hasattr(original, "__wrapped__") and inspect.isgeneratorfunction(original.__wrapped__):
+        # a context manager: the lock is held for its whole block
+
+        @functools.wraps(original)
+        @contextlib.contextmanager
+        def wait_then_enter(*args, **kwargs):
+            if THREAD_STATE.window is not None:
+                with original(*args, **kwargs) as value:
+                    yield value
+                return
+            with _WINDOW_LOCK, original(*args, **kwargs) as value:
+                yield value
+
+        return any_thread(wait_then_enter)
+
+    @functools.wraps(original)
+    def wait_then_call(*args, **kwargs):
+        if THREAD_STATE.window is not None:
+            return original(*args, **kwargs)
+        with _WINDOW_LOCK:
+            return original(*args, **kwargs)
+
+    return any_thread(wait_then_call)
+
+
+#: the entries of code using torch.fx's and make_fx's process-wide state: another
+#: thread waits there while a window is open
+_EXCLUSIVE_ENTRIES = (
+    (torch.fx.Tracer, "trace"),
+    (proxy_tensor._MakefxTracer, "trace"),
+    (proxy_tensor._MakefxTracer, "trace_subgraph"),
+    # eager torch.cond / while_loop / scan build their subgraphs with make_fx, reading
+    # make_fx's current tracer (a global) before entering it...
+    (torch._ops.HigherOrderOperator, "__call__"),
+    # ... and compile them after saving, clearing, then restoring torch.fx's tracing
+    # flag (a global): saved during the trace, it would be restored after it
+    (hop_utils, "_set_compilation_env"),
+)
+
+
+@contextlib.contextmanager
+def fx_tracing_per_thread() -> Iterator[None]:
+    """Inside the block, torch.fx traces of this thread keep their state to themselves
+    and other threads' torch.fx traces, make_fx runs and higher-order operators wait
+    (see the module's documentation)."""
+    exclusive = [(owner, name, _waiting(vars(owner)[name])) for owner, name in _EXCLUSIVE_ENTRIES]
+    with patch_window() as window, patched_attributes(exclusive):
+        # no foreign trace starts now; one already running is waited for, and the
+        # process-wide state to restore is read once it is over
+        _wait_for_foreign_trace()
+        window.recapture_process_state()
+        with patched_attributes(
+            [
+                (_symbolic_trace, "_new_patcher", any_thread(_new_patcher)),
+                (
+                    _symbolic_trace,
+                    "_maybe_revert_all_patches",
+                    any_thread(
+                        thread_gate(
+                            _symbolic_trace._maybe_revert_all_patches,
+                            _thread_maybe_revert_all_patches,
+                        )
+                    ),
+                ),
+                (_symbolic_trace, "is_fx_tracing", _is_fx_tracing),
+                (_symbolic_trace, "is_fx_symbolic_tracing", _is_fx_symbolic_tracing),
+                # Tracer.trace restores the value it found: this one
+                (_symbolic_trace, "_is_fx_tracing_flag", FX_TRACING_FLAG),
+            ]
+        ):
+            yield
+
+
+_ORIGINAL_NEW_PATCHER = _symbolic_trace._new_patcher
+
+
+def _new_patcher():
+    # torch.fx's, with its patcher kept to the thread in the window's thread
+    if THREAD_STATE.window is not None:
+        return _thread_patcher()
+    return _ORIGINAL_NEW_PATCHER()
+
+
+@any_thread
+def _is_fx_tracing() -> bool:
+    """``is_fx_tracing()`` while a window is open: the flag is global, set by the tracing
+    thread (and cleared by it while torch.cond compiles there)."""
+    if THREAD_STATE.window is not None:
+        return bool(_symbolic_trace._is_fx_tracing_flag)
+    # a torch.fx trace of another thread, started before the window and not waited for
+    return _symbolic_trace.CURRENT_PATCHER is not None and bool(_symbolic_trace._is_fx_tracing_flag)
+
+
+@any_thread
+def _is_fx_symbolic_tracing() -> bool:
+    """``is_fx_symbolic_tracing()`` while a window is open (see :func:`_is_fx_tracing`)."""
+    return _is_fx_tracing() and not torch.compiler.is_compiling()
+
+
+__all__ = [
+    "FX_TRACING_FLAG",
+    "current_fx_patcher",
+    "fx_tracing_per_thread",
+]
