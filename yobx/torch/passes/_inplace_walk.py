@@ -26,8 +26,9 @@ from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import map_arg
 
+from ..node_text import describe
 from ._indexing import apply_step, plan_index, scatter_step
-from ._targets import aten, copy_node, describe, example_value, fetch_attr, is_tensor, module_of
+from ._targets import aten, copy_node, example_value, fetch_attr, is_tensor, module_of
 from .aliasing import (
     MAY_ALIAS,
     NONTENSOR,

@@ -219,36 +219,6 @@ def example_value(node: Any) -> Any:
     return None
 
 
-def source_line(node: Node) -> str:
-    """Returns the user's source line a node comes from, as recorded by the tracer."""
-    trace = node.meta.get("stack_trace")
-    if not trace:
-        return "unknown source line (the tracer did not record a stack trace)"
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    files = [i for i, line in enumerate(lines) if line.startswith("File ")]
-    if not files:
-        return lines[-1]
-    last = files[-1]
-    return " ".join(lines[last : last + 2])
-
-
-def describe(node: Node) -> str:
-    """Returns a one-line description of a node for error messages."""
-    return f"node {node.name!r} ({node.op} {target_name(node)}) at {source_line(node)}"
-
-
-def target_name(node: Node) -> str:
-    """Returns a readable name for the target of a node."""
-    target = node.target
-    if isinstance(target, str):
-        return target
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
-    return f"{module}.{name}" if module else name
-
-
 def callable_name(node: Node) -> str | None:
     """Name used to look an operation up among aten ops, or None for non-torch callables."""
     target = node.target

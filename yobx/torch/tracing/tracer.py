@@ -20,6 +20,7 @@ from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
 from torch.utils._sympy.functions import FloorDiv, Mod
 
+from ..node_text import operation_name
 from ..ops.rnn import leaf_module_call
 from . import shape_rules
 from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
@@ -857,7 +858,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                         val,
                         expected,
                         pytree.tree_leaves((args, kwargs)),
-                        _describe(node),
+                        operation_name(node),
                         self.dims.prove,
                     )
         except (TraceError, shape_rules.ShapeRuleMismatch):
@@ -867,12 +868,12 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             raise self.refinements.data_dependent_error(
                 e.cond if hasattr(e, "cond") else sympy.true,
                 self.location(),
-                f"{_describe(node)} needs a decision on",
+                f"{operation_name(node)} needs a decision on",
             ) from e
         except Exception as e:
             raise TracingError.at(
                 self.location(),
-                f"{_describe(node)} failed on fake tensors "
+                f"{operation_name(node)} failed on fake tensors "
                 f"with {type(e).__name__}: {_first_line(e)}",
             ) from e
         finally:
@@ -941,7 +942,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             if self._allowed_guards or self.dims.prove(guard.expr, known) is True:
                 continue
             location = self.location()
-            constraint = self.refinements.adopt(guard.expr, location, _describe(node), known=True)
+            constraint = self.refinements.adopt(
+                guard.expr, location, operation_name(node), known=True
+            )
             # a kernel may check the same fact twice (reshape: a remainder, then a product)
             if constraint.expression not in adopted:
                 adopted.add(constraint.expression)
@@ -1016,7 +1019,7 @@ def graph_fingerprint(graph: torch.fx.Graph) -> str:
 
     digest = hashlib.blake2b(digest_size=16)
     for node in graph.nodes:
-        target = node.target if isinstance(node.target, str) else _describe(node)
+        target = node.target if isinstance(node.target, str) else operation_name(node)
         digest.update(f"{node.op}|{node.name}|{target}\n".encode())
     return digest.hexdigest()
 
@@ -1031,19 +1034,6 @@ def _is_simple_output(spec) -> bool:
     if spec.is_leaf():
         return True
     return spec.type is tuple and all(c.is_leaf() for c in spec.children())
-
-
-def _describe(node: Node) -> str:
-    if node.op == "call_method":
-        return f"method {node.target!r}"
-    if node.op == "call_module":
-        return f"module {node.target!r}"
-    target = node.target
-    return (
-        f"{getattr(target, '__module__', '') or ''}.{getattr(target, '__name__', target)}".lstrip(
-            "."
-        )
-    )
 
 
 def _first_line(e: Exception) -> str:
