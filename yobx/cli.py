@@ -46,7 +46,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the model's dynamic dimensions (batch, seq, ...) dynamic in the ONNX model",
     )
-    export.add_argument("--opset", type=int, default=None, help="ONNX opset (default 18)")
+    export.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset (default 18; from 18 to the newest onnxscript converts to)",
+    )
     export.add_argument(
         "--validate",
         action="store_true",
@@ -101,6 +106,13 @@ def _format_size(n_bytes: int) -> str:
 
 def _export(options: argparse.Namespace) -> int:
     _check_writable(options.output)
+    if options.opset is not None:
+        from yobx.torch.onnx.export import check_opset
+
+        try:
+            check_opset(options.opset)
+        except ValueError as exc:
+            raise _CommandError(str(exc)) from exc
     start = time.perf_counter()
     print(f"yobx export {options.model}", flush=True)
     model, args, kwargs, dynamic_shapes = _load(options.model)
