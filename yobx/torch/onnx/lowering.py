@@ -17,6 +17,7 @@ import operator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import proxy_tensor
@@ -295,6 +296,13 @@ def _squeeze_only_unit_dimensions(graph_module: torch.fx.GraphModule) -> None:
             module.recompile()
 
 
+def _constant_output(value: int | float | bool) -> torch.Tensor:
+    """A Python constant returned by the model (``x.shape[0] * 2`` on a static size)
+    is an ONNX output too: a 0-d tensor of the matching type."""
+    dtype = {bool: torch.bool, int: torch.int64, float: torch.float32}[type(value)]
+    return torch.tensor(value, dtype=dtype)
+
+
 def _is_scalar_node(node: torch.fx.Node) -> bool:
     value = node.meta.get("val")
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
@@ -339,7 +347,8 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
             values[index] = value
         with stateless._reparametrize_module(graph_module, replacements, strict=False):
             interpreter = _LoweringInterpreter(graph_module, origins, fake_mode.shape_env, guards)
-            return interpreter.run(*values, enable_io_processing=False)
+            outputs = interpreter.run(*values, enable_io_processing=False)
+        return pytree.tree_map_only((int, float, bool), _constant_output, outputs)
 
     table = internals.decomposition_table(opset)
     # fake tensors remember data-dependent sizes (nonzero, item) per epoch: the
