@@ -58,6 +58,7 @@ def test_trace_prints_graph_and_guards():
     assert "def forward" in result.stdout
     assert "input_ids" in result.stdout
     assert "guards (" in result.stdout
+    assert "constraints (" in result.stdout and "ranges: batch in [" in result.stdout
 
 
 @pytest.mark.parametrize(
