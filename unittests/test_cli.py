@@ -108,3 +108,70 @@ def test_factory_that_raises(tmp_path):
     assert result.stderr.strip() == (
         "yobx: error: factory 'broken_factory:make' failed: RuntimeError: weights missing"
     )
+
+
+_FACTORIES = """
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, input_ids, attention_mask):
+        return (input_ids * attention_mask).cumsum(dim=1)
+
+
+class Other(torch.nn.Module):
+    def forward(self, features):
+        return features * 2
+
+
+def by_role():
+    ids = torch.randint(0, 9, (2, 5))
+    return Model(), (), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def unknown_role():
+    return Other(), (torch.randn(3, 4),)
+"""
+
+
+def _run_factory(tmp_path, factory, *extra):
+    (tmp_path / "role_factories.py").write_text(_FACTORIES)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, str(tmp_path)])
+    output = tmp_path / "model.onnx"
+    command = ["export", f"role_factories:{factory}", "-o", str(output), "--dynamic", *extra]
+    result = subprocess.run(
+        [sys.executable, "-m", "yobx", *command],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        env=env,
+        timeout=600,
+    )
+    return result, output
+
+
+def test_export_dynamic_derives_shapes_from_input_roles(tmp_path):
+    result, output = _run_factory(tmp_path, "by_role", "--validate")
+    assert result.returncode == 0, result.stderr
+    assert "derived from the inputs' roles: input_ids: {0: 'batch', 1: 'seq'}" in result.stdout
+    assert "validation          OK" in result.stdout
+    model = onnx.load(str(output))
+    for value in model.graph.input:
+        dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        assert dims == ["batch", "seq"], (value.name, dims)
+
+
+def test_export_dynamic_without_shapes_or_roles_fails(tmp_path):
+    result, output = _run_factory(tmp_path, "unknown_role")
+    assert result.returncode == 2, result.stdout
+    assert "declares no dynamic shapes" in result.stderr
+    assert "['features']" in result.stderr
+    assert "dynamic_shapes" in result.stderr
+    assert not output.exists()
+
+
+def test_export_unsupported_opset_names_the_range(tmp_path):
+    result = run_yobx("export", "tiny-cnn", "-o", str(tmp_path / "m.onnx"), "--opset", "17")
+    assert result.returncode == 2
+    assert "opset 17 is not supported: to_onnx writes ONNX opsets 18 to" in result.stderr

@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 #: Exit status for bad command line input.
 EXIT_BAD_INPUT = 2
@@ -46,7 +47,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the model's dynamic dimensions (batch, seq, ...) dynamic in the ONNX model",
     )
-    export.add_argument("--opset", type=int, default=None, help="ONNX opset (default 18)")
+    export.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset (default 18; from 18 to the newest onnxscript converts to)",
+    )
     export.add_argument(
         "--validate",
         action="store_true",
@@ -99,11 +105,34 @@ def _format_size(n_bytes: int) -> str:
     return f"{n_bytes} B"
 
 
+def _dynamic_shapes_from_roles(name: str, model: Any, args: tuple, kwargs: dict) -> dict:
+    """``--dynamic`` for a model that declares no dynamic shapes: derived from the
+    inputs' roles (``input_ids``...), or an error saying how to declare them."""
+    from yobx.models.roles import UnknownRoleError, dynamic_shapes_from_roles
+
+    try:
+        shapes = dynamic_shapes_from_roles(model, args, kwargs, repr(name))
+    except UnknownRoleError as exc:
+        raise _CommandError(str(exc)) from exc
+    derived = ", ".join(f"{k}: {v}" for k, v in shapes.items() if v)
+    print(f"  dynamic shapes derived from the inputs' roles: {derived}", flush=True)
+    return shapes
+
+
 def _export(options: argparse.Namespace) -> int:
     _check_writable(options.output)
+    if options.opset is not None:
+        from yobx.torch.onnx.export import check_opset
+
+        try:
+            check_opset(options.opset)
+        except ValueError as exc:
+            raise _CommandError(str(exc)) from exc
     start = time.perf_counter()
     print(f"yobx export {options.model}", flush=True)
     model, args, kwargs, dynamic_shapes = _load(options.model)
+    if options.dynamic and dynamic_shapes is None:
+        dynamic_shapes = _dynamic_shapes_from_roles(options.model, model, args, kwargs)
     print(f"  {'load':<10} {time.perf_counter() - start:7.3f} s", flush=True)
 
     from yobx.torch.onnx import OnnxExportError, to_onnx
@@ -163,6 +192,8 @@ def _export(options: argparse.Namespace) -> int:
 
 def _trace(options: argparse.Namespace) -> int:
     model, args, kwargs, dynamic_shapes = _load(options.model)
+    if options.dynamic and dynamic_shapes is None:
+        dynamic_shapes = _dynamic_shapes_from_roles(options.model, model, args, kwargs)
     from yobx.torch.onnx.capture import capture
 
     try:

@@ -75,13 +75,13 @@ def test_huggingface_decoder_returning_its_cache():
     result = export_and_validate(model, (), kwargs, dynamic_shapes=dynamic)
     assert result.output_names == [
         "logits",
-        "past_key_values_key_cache_0",
-        "past_key_values_key_cache_1",
-        "past_key_values_value_cache_0",
-        "past_key_values_value_cache_1",
+        "present.0.key",
+        "present.1.key",
+        "present.0.value",
+        "present.1.value",
     ]
     dims = onnx_dims(result.model_proto)
-    assert dims["past_key_values_key_cache_1"] == ["batch", 1, "seq", 16]
+    assert dims["present.1.key"] == ["batch", 1, "seq", 16]
 
 
 def test_transformer_encoder():

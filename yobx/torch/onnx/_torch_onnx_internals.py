@@ -23,6 +23,7 @@ from torch.onnx._internal.exporter import (
     _core,
     _decomp,
     _errors,
+    _fx_passes,
     _ir_passes,
     _registration,
 )
@@ -137,14 +138,27 @@ class _MetaReusingTypePromotion(type_promotion._TypePromotionInterpreter):
 
 
 def insert_type_promotion(graph_module: torch.fx.GraphModule) -> None:
-    """Makes implicit type promotions explicit (ONNX operators need equal types)."""
-    for module in graph_module.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            promotion = type_promotion.InsertTypePromotion(module)
-            promotion.interpreter = _MetaReusingTypePromotion(
-                module, type_promotion.TypePromotionTable()
-            )
-            promotion.run()
+    """Makes implicit type promotions explicit (ONNX operators need equal types).
+
+    The nodes it changes run again on fake tensors: as in the lowering, a size that
+    is 1 in the example is not specialised (``x[1:] * 2`` on an example of size 2),
+    the capture already decided what the dimensions may be.
+    """
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        for module in graph_module.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                promotion = type_promotion.InsertTypePromotion(module)
+                promotion.interpreter = _MetaReusingTypePromotion(
+                    module, type_promotion.TypePromotionTable()
+                )
+                promotion.run()
+
+
+def remove_assertion_nodes(graph_module: torch.fx.GraphModule) -> None:
+    """Removes the run-time assertions make_fx records (``_assert_scalar`` on
+    data-dependent sizes, ``sym_constrain_range_for_size``) from every graph: ONNX has
+    no assertion; torch.onnx drops them the same way."""
+    _fx_passes.remove_assertion_nodes(graph_module)
 
 
 def translate_graph(

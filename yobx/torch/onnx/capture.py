@@ -45,6 +45,9 @@ class CapturedGraph:
     range_constraints: dict[str, tuple] = dataclasses.field(default_factory=dict)
     #: [passes, issue 11] results of :func:`yobx.torch.passes.run_default_passes`
     passes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: guards torch added while computing the fake values after the capture (the fx
+    #: tracer's fake propagation), each with the node it came from
+    guard_origins: list[tuple[Any, torch.fx.Node]] = dataclasses.field(default_factory=list)
 
 
 def capture(
@@ -70,15 +73,20 @@ def capture(
     fingerprint = graph_fingerprint(graph)
     graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
     passes = _run_default_passes(graph)
+    remove_dead_code(graph_module)
     codegen = graph_module.graph._codegen
     pytree_info = getattr(codegen, "pytree_info", None)
     out_spec = pytree_info.out_spec if pytree_info is not None else None
     if out_spec is None:
         out_spec = _flatten_outputs(graph_module)
+    from yobx.torch.onnx.dimensions import data_dependent_dimension_names
+
+    names = data_dependent_dimension_names(graph_module)
+    names.update(getattr(tracer, "dimension_names", {}) or {})
     return CapturedGraph(
         graph_module=graph_module,
         out_spec=out_spec,
-        dimension_names=dict(getattr(tracer, "dimension_names", {}) or {}),
+        dimension_names=names,
         guards=list(getattr(tracer, "guards", []) or []),
         shape_env=getattr(tracer, "shape_env", None),
         tracer=tracer,
@@ -100,6 +108,35 @@ def _run_default_passes(graph: torch.fx.Graph) -> dict[str, Any]:
     # specialize x[:, n - 1] = v to the example's n)
     with symbolic_kernels():
         return run_default_passes(graph, mutations="outputs", exc=False, recursive=True)
+
+
+def remove_dead_code(graph_module: torch.fx.GraphModule) -> int:
+    """Removes what the model computes without using it, in every graph, and the
+    runtime checks of the constraints (ONNX has no assertions: the constraints go to
+    the model's metadata).
+
+    Lowering dead code is not only a waste: its aten kernels may take decisions on the
+    example's sizes the model never needed (a dead ``y[:, 1:] = y[:, :-1]``).
+
+    :return: the number of nodes removed
+    """
+    from yobx.torch.passes import has_side_effect
+    from yobx.torch.tracing.runtime_checks import check_constraint
+
+    removed = 0
+    for module in graph_module.modules():
+        graph = getattr(module, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        for node in reversed(list(graph.nodes)):
+            if node.op in ("placeholder", "output") or node.users:
+                continue
+            if node.target is check_constraint or not has_side_effect(node):
+                graph.erase_node(node)
+                removed += 1
+        if removed and isinstance(module, torch.fx.GraphModule):
+            module.recompile()
+    return removed
 
 
 def _expand_tuple_nodes(graph: torch.fx.Graph, value: Any) -> Any:
@@ -139,7 +176,9 @@ def output_names(
 
     A single tensor is ``output``; a tuple or list gives ``output_0``, ``output_1``;
     dictionaries and dataclass-like outputs (``ModelOutput``) use their keys, nested
-    positions append ``_<index>`` (``past_key_values_0_1``). The final values of
+    positions append ``_<index>`` (``hidden_states_0_1``); the tensors of a
+    ``transformers`` cache are ``present.<layer>.key`` and ``present.<layer>.value``
+    (see :mod:`yobx.torch.onnx.cache_names`). The final values of
     mutated inputs and buffers (``mutations``, appended by ``remove_inplace``) come
     last, named ``<input or buffer>_updated``.
     """
@@ -161,17 +200,23 @@ def output_names(
         leaves = pytree.tree_flatten_with_path(structure)[0]
         if len(leaves) == 1 and not leaves[0][0]:
             return ["output"]
+    from yobx.torch.onnx.cache_names import present_names
+    from yobx.torch.onnx.translate import sanitize_name
+
+    # the tensors of a cache are present.<layer>.key|value (see cache_names)
+    present = present_names(structure)
     names: list[str] = [""] * count
     for path, leaf in pytree.tree_flatten_with_path(structure)[0]:
         index = position[id(leaf)]
+        if id(leaf) in present:
+            names[index] = present[id(leaf)]
+            continue
         parts = key_path_parts(path)
         name = "_".join(parts)
         if not parts or isinstance(path[0], pytree.SequenceKey):
             name = f"output_{name}" if name else "output"
-        names[index] = name
-    from yobx.torch.onnx.translate import sanitize_name
-
-    return _unique([sanitize_name(n) for n in names])
+        names[index] = sanitize_name(name)
+    return _unique(names)
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -205,6 +250,17 @@ def _leaf_aware_fake_tensor_prop():
     class LeafAwareFakeTensorProp(FakeTensorProp):
         """Propagates fake values, running LSTM/GRU leaves as yobx custom operators
         (their own forward cannot run on symbolic sizes)."""
+
+        #: (guard, node) for the guards torch added while propagating, if recorded
+        guard_origins: list | None = None
+
+        def run_node(self, n):
+            guards = self._mode.shape_env.guards
+            start = len(guards)
+            result = super().run_node(n)
+            if self.guard_origins is not None:
+                self.guard_origins.extend((guard, n) for guard in guards[start:])
+            return result
 
         def call_module(self, target, args, kwargs):
             replacement = leaf_module_call(self.fetch_attr(target), args, kwargs)
@@ -265,10 +321,13 @@ def capture_with_symbolic_trace(
             else:
                 symbols[spec.name] = size
         fakes.append(fake)
-    fake_prop_class(graph_module, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+    propagation = fake_prop_class(graph_module, mode=fake_mode)
+    propagation.guard_origins = guard_origins = []
+    propagation.propagate_dont_convert_inputs(*fakes)
     for node, fake in zip(placeholders, fakes):
         node.meta["val"] = fake
     passes = _run_default_passes(graph_module.graph)
+    remove_dead_code(graph_module)
     pytree_info = getattr(graph_module.graph._codegen, "pytree_info", None)
     if pytree_info is not None and pytree_info.out_spec is not None:
         out_spec = pytree_info.out_spec
@@ -282,4 +341,5 @@ def capture_with_symbolic_trace(
         guards=[str(g.expr) for g in shape_env.guards],
         shape_env=shape_env,
         passes=passes,
+        guard_origins=guard_origins,
     )

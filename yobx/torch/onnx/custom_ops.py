@@ -112,12 +112,64 @@ def _sym_numel_to_onnx(x):
     return _op.Size(x)
 
 
+def _masked_select_to_onnx(x, mask):
+    # Where(mask, x, x) is x broadcast with the mask; the selected elements come in
+    # row-major order, as torch.masked_select returns them
+    broadcast = _op.Where(mask, x, x)
+    flat = _op.Constant(value_ints=[-1])
+    selected = _op.Reshape(_op.Expand(mask, _op.Shape(broadcast)), flat)
+    return _op.Compress(_op.Reshape(broadcast, flat), selected, axis=0)
+
+
+def _copy_to_onnx(self, src, non_blocking: bool = False):
+    # copy(self, src) broadcasts src to self's shape (torch_lib's only casts, which
+    # gives K[2:-2, 2:-2, :-1] = v[None, :, None] a source of the wrong shape)
+    return _op.Expand(_op.CastLike(src, self), _op.Shape(self))
+
+
+def _symbolic_math(onnx_op: str):
+    """``torch._sym_sqrt`` and friends (``math.sqrt(x.shape[0])``): the ONNX operator
+    on the size converted to float (a SymFloat is a float tensor in torch_lib)."""
+
+    def translation(x):
+        return getattr(_op, onnx_op)(_op.Cast(x, to=onnxscript.FLOAT.dtype))
+
+    translation.__name__ = f"sym_{onnx_op.lower()}"
+    return translation
+
+
+#: torch's symbolic twins of Python's math functions -> ONNX operator
+_SYMBOLIC_MATH = {
+    "sqrt": "Sqrt",
+    "cos": "Cos",
+    "sin": "Sin",
+    "tan": "Tan",
+    "cosh": "Cosh",
+    "sinh": "Sinh",
+    "tanh": "Tanh",
+    "exp": "Exp",
+    "log": "Log",
+    "asin": "Asin",
+    "acos": "Acos",
+    "atan": "Atan",
+}
+
+
 def register_translations(registry: Any) -> None:
     """Adds yobx's translations to torch_lib's registry.
 
-    The RNN custom operators, and ``aten.sym_numel`` (``x.numel()`` on a dynamic
-    shape, e.g. ``reshape(n, -1)`` lowered), which torch_lib lacks.
+    The RNN custom operators, and what torch_lib lacks or gets wrong:
+    ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
+    lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, and the
+    symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
+    dimension lowers to.
     """
     registry.register_op(torch.ops.yobx.lstm.default, _lstm_to_onnx)
     registry.register_op(torch.ops.yobx.gru.default, _gru_to_onnx)
     registry.register_op(torch.ops.aten.sym_numel.default, _sym_numel_to_onnx)
+    registry.register_op(torch.ops.aten.masked_select.default, _masked_select_to_onnx)
+    registry.register_op(torch.ops.aten.copy.default, _copy_to_onnx)
+    for name, onnx_op in _SYMBOLIC_MATH.items():
+        function = getattr(torch, f"_sym_{name}", None)
+        if function is not None:
+            registry.register_op(function, _symbolic_math(onnx_op))

@@ -84,6 +84,37 @@ class DimensionRenamer:
         return ir.Shape(dims) if changed else shape
 
 
+def data_dependent_dimension_names(graph_module: Any) -> dict[str, str]:
+    """Names for the sizes only known at run time (``x[mask]``, ``nonzero``...).
+
+    The tracer records where each one appears first (``meta["unbacked_bindings"]``,
+    symbol -> path in the node's value). The dimension is named after that node and
+    the axis: ``getitem_dim0`` for ``x[mask]`` assigned to node ``getitem``,
+    ``nonzero_dim0``, ``cond_1_dim0`` for axis 0 of the second output of a
+    ``torch.cond``, ``item`` for ``t.item()``.
+    """
+    import torch.utils._pytree as pytree
+
+    names: dict[str, str] = {}
+    for module in graph_module.modules():
+        graph = getattr(module, "graph", None)
+        if graph is None:
+            continue
+        for node in graph.nodes:
+            for symbol, path in (node.meta.get("unbacked_bindings") or {}).items():
+                parts = [node.name]
+                for key in path:
+                    if isinstance(key, pytree.SequenceKey):
+                        parts.append(f"dim{key.idx}" if parts[-1] == "size" else str(key.idx))
+                    elif isinstance(key, pytree.MappingKey):
+                        parts.append(str(key.key))
+                    elif getattr(key, "name", None) == "size":
+                        parts.append("size")
+                name = "_".join(p for p in parts if p != "size")
+                names.setdefault(str(symbol), name)
+    return names
+
+
 def _all_values(model: ir.Model) -> Iterator[ir.Value]:
     yield from model.graph.inputs
     for node in ir.traversal.RecursiveGraphIterator(model.graph):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 
@@ -20,6 +22,15 @@ def _user_source_line(node: torch.fx.Node | None) -> str:
     index = lines.index(last)
     code = lines[index + 1] if index + 1 < len(lines) else ""
     return f"{last} {code}".strip()
+
+
+def node_location(node: torch.fx.Node | None) -> str:
+    """The user's ``file:line`` recorded on ``node``, or an empty string."""
+    if node is None:
+        return ""
+    stack = node.meta.get("stack_trace") or ""
+    found = re.findall(r'File "([^"]+)", line (\d+)', stack)
+    return f"{found[-1][0]}:{found[-1][1]}" if found else ""
 
 
 class OnnxExportError(RuntimeError):

@@ -15,6 +15,13 @@ import onnx_ir as ir
 import torch
 
 from yobx.torch.onnx import capture as capture_module
+from yobx.torch.onnx.declared import (
+    adopt_lowering_guards,
+    check_declared_dimensions,
+    declared_dimensions,
+    refuse_translation_guards,
+    remove_numeric_dim_params,
+)
 from yobx.torch.onnx.dimensions import (
     DimensionRenamer,
     dynamic_dimensions,
@@ -24,11 +31,38 @@ from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.translate import build_model
 from yobx.torch.passes import MUTATIONS_KEY
-from yobx.torch.tracing.dynamic_shapes import AUTO, axes_per_leaf, axis_spec
-from yobx.torch.tracing.inputs import bind_arguments
 
 #: Default ONNX opset: the one torch_lib is written for.
 DEFAULT_OPSET = 18
+
+
+def supported_opsets() -> range:
+    """The ONNX opsets :func:`to_onnx` writes: torch_lib translates to opset 18 and
+    onnxscript's version converter converts from there, up to the newest opset it (and
+    the installed onnx) knows; torch_lib's functions use opset 18 operators, so older
+    opsets would need operators rewritten backwards, which nothing does reliably."""
+    from onnxscript.version_converter import _version_converter
+
+    newest = min(_version_converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
+    return range(DEFAULT_OPSET, newest + 1)
+
+
+def check_opset(opset: Any) -> int:
+    """Returns ``opset`` (:data:`DEFAULT_OPSET` for None) or raises a ``ValueError``
+    naming the supported range."""
+    if opset is None:
+        return DEFAULT_OPSET
+    supported = supported_opsets()
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset not in supported:
+        raise ValueError(
+            f"opset {opset!r} is not supported: to_onnx writes ONNX opsets "
+            f"{supported.start} to {supported.stop - 1} (torch_lib translates to opset "
+            f"{DEFAULT_OPSET}, onnxscript's version converter goes up to "
+            f"{supported.stop - 1})"
+        )
+    return opset
+
+
 #: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
 _TWO_GB = 2**31
 
@@ -184,43 +218,34 @@ def _pass_counts(captured: Any) -> dict[str, int]:
     return {name: int(result) for name, result in captured.passes.items()}
 
 
-def _check_dynamic_dimensions_kept(
-    model: torch.nn.Module,
-    args: tuple,
-    kwargs: Mapping[str, Any],
-    dynamic_shapes: Any,
-    graph_module: torch.fx.GraphModule,
-) -> None:
-    """Raises if a dimension the user declared dynamic came out of the capture static.
+def _rename_cache_inputs(model_ir: ir.Model, model: Any, args: tuple, kwargs: Any) -> None:
+    """The tensors of a cache input are ``past_key_values.<layer>.key|value``."""
+    from yobx.torch.onnx.cache_names import onnx_input_names
 
-    An ONNX model with that dimension fixed would be silently wrong for other sizes.
-    ``Dim.AUTO`` allows it (the tracer warned).
-    """
-    if dynamic_shapes is None:
-        return
-    bound = bind_arguments(model.forward, args, kwargs)
-    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
-    flat_axes = axes_per_leaf(list(bound), list(bound.values()), dynamic_shapes)
-    if len(flat_axes) != len(placeholders):
-        return
-    static = []
-    for node, axes in zip(placeholders, flat_axes):
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor):
-            continue
-        for axis, entry in axes.items():
-            spec = axis_spec(entry, node.name, axis)
-            if spec is None or spec.policy == AUTO:
-                continue
-            size = value.shape[axis]
-            if isinstance(size, int) or size.node.maybe_as_int() is not None:
-                static.append(f"{spec.name!r} (axis {axis} of {node.name}) = {int(size)}")
-    if static:
+    renamed = onnx_input_names(model, args, kwargs)
+    outputs = {value.name for value in model_ir.graph.outputs}
+    for value in model_ir.graph.inputs:
+        if value.name in renamed:
+            if renamed[value.name] in outputs:
+                raise OnnxExportError(f"input name {renamed[value.name]!r} is also an output")
+            value.name = renamed[value.name]
+
+
+def _convert_opset(model: ir.Model, opset: int) -> None:
+    """Converts ``model`` (opset 18) to ``opset`` or raises: never a model of another
+    opset than the one asked for."""
+    import onnxscript.version_converter
+
+    try:
+        onnxscript.version_converter.convert_version(model, opset, fallback=False)
+    except Exception as exc:
         raise OnnxExportError(
-            "the capture specialised dynamic dimensions to the example's sizes: "
-            + ", ".join(static)
-            + "; the ONNX model would be wrong for other sizes"
-        )
+            f"cannot convert the model to opset {opset}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    imported = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    if imported != opset:
+        raise OnnxExportError(f"the model imports opset {imported} instead of {opset}")
 
 
 @contextlib.contextmanager
@@ -264,7 +289,9 @@ def to_onnx(
     :param dynamic_shapes: torch.export-style dynamic shapes, per argument name,
         ``{axis: Dim or "name"}``; the names become ONNX dimension names
     :param filename: saves the model there (weights external past 2 GB)
-    :param opset: ONNX opset (default 18)
+    :param opset: ONNX opset, from 18 (the default) to the newest onnxscript's
+        version converter supports (:func:`supported_opsets`); the model imports
+        exactly this opset
     :param module_leaves: forwarded to the tracer
     :param validate: compares onnxruntime with eager PyTorch on the example inputs and
         on inputs with other sizes for each dynamic dimension
@@ -275,7 +302,7 @@ def to_onnx(
         with fake propagation, for models without shape-dependent code)
     :return: an :class:`ExportResult`
     """
-    opset = opset or DEFAULT_OPSET
+    opset = check_opset(opset)
     kwargs = dict(kwargs or {})
     args = tuple(args)
     if not isinstance(model, torch.nn.Module):
@@ -285,7 +312,7 @@ def to_onnx(
     with stage("capture") as info:
         if tracer == "custom":
             captured = capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
-        elif tracer in ("custom", "fx"):
+        elif tracer == "fx":
             captured = capture_module.capture_with_symbolic_trace(
                 model, args, kwargs, dynamic_shapes
             )
@@ -293,31 +320,38 @@ def to_onnx(
             raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
         graph_module = captured.graph_module
         info["nodes"] = len(graph_module.graph.nodes)
-    _check_dynamic_dimensions_kept(model, args, kwargs, dynamic_shapes, graph_module)
+    declared = declared_dimensions(model, args, kwargs, dynamic_shapes, graph_module)
     with stage("passes") as info:
         info.update(_pass_counts(captured))
     with stage("lower") as info:
+        dims = getattr(captured.tracer, "dims", None)
+        known = dims.snapshot() if dims is not None else None
         lowered = lower_to_aten(graph_module, opset=DEFAULT_OPSET)
+        adopt_lowering_guards(captured, lowered, known)
         info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
     with stage("translate") as info:
         output = next(n for n in graph_module.graph.nodes if n.op == "output")
         output_names = capture_module.output_names(
             captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
         )
+        n_guards = len(captured.shape_env.guards) if captured.shape_env is not None else 0
         ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
+        refuse_translation_guards(captured.shape_env, n_guards)
+        _rename_cache_inputs(ir_model, model, args, kwargs)
         names = dict(captured.dimension_names)
-        rename_dimensions(ir_model, DimensionRenamer(names, captured.shape_env))
+        renamer = DimensionRenamer(names, captured.shape_env)
+        rename_dimensions(ir_model, renamer)
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("optimize") as info, _quiet_constant_folding():
         import onnxscript.optimizer
 
         onnxscript.optimizer.optimize_ir(ir_model)
         if opset != DEFAULT_OPSET:
-            import onnxscript.version_converter
-
-            onnxscript.version_converter.convert_version(ir_model, opset, fallback=True)
+            _convert_opset(ir_model, opset)
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("check"):
+        remove_numeric_dim_params(ir_model)
+        check_declared_dimensions(ir_model, declared, renamer, captured, lowered)
         if captured.fingerprint:
             # ONNX values are named after the graph's nodes: tools matching them by name
             # (yobx.torch.inspect) check that they look at the same capture.
@@ -350,7 +384,7 @@ def to_onnx(
 
         with stage("validate") as info:
             result.validation = validate_export(
-                model, args, kwargs, result, captured, verbose=verbose
+                model, args, kwargs, result, captured, verbose=verbose, declared=declared
             )
             info["max_abs_error"] = result.validation.max_abs_error
     if profile is not None:
@@ -360,4 +394,13 @@ def to_onnx(
     return result
 
 
-__all__ = ["DEFAULT_OPSET", "ExportResult", "OnnxExportError", "Stage", "save_model", "to_onnx"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "ExportResult",
+    "OnnxExportError",
+    "Stage",
+    "check_opset",
+    "save_model",
+    "supported_opsets",
+    "to_onnx",
+]

@@ -17,16 +17,18 @@ import operator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import proxy_tensor
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, rebind_unbacked
 from torch.nn.utils import stateless
 
 from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.tracing.control_flow import CondCCOp
 from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 from yobx.torch.tracing.symbolic_variants import function_variant
@@ -44,11 +46,14 @@ class LoweredGraph:
     :param graph_module: aten graph module; its placeholders are the user inputs
         (``input_names``) followed by the lifted parameters and buffers
         (``state_names``)
-    :param input_names: names of the user inputs, one per user placeholder
+    :param input_names: names of the user inputs, one per user placeholder holding a
+        tensor or a symbolic scalar (Python constants are not inputs)
     :param state_names: qualified names of the lifted parameters and buffers
     :param state_values: the real tensors of those parameters and buffers
     :param fake_mode: the fake mode the graph was lowered in
     :param origins: aten node name -> torch-level node it was created for
+    :param guards: the guards torch added while lowering (decisions taken from the
+        example sizes), each with the torch-level node being lowered
     """
 
     graph_module: torch.fx.GraphModule
@@ -57,6 +62,7 @@ class LoweredGraph:
     state_values: list[torch.Tensor]
     fake_mode: FakeTensorMode
     origins: dict[str, torch.fx.Node]
+    guards: list[tuple[Any, torch.fx.Node]] = dataclasses.field(default_factory=list)
 
 
 def _fake_mode_of(graph_module: torch.fx.GraphModule) -> FakeTensorMode:
@@ -99,9 +105,18 @@ def _collect_state(
 class _LoweringInterpreter(torch.fx.Interpreter):
     """Interprets a torch-level graph inside make_fx and records provenance."""
 
-    def __init__(self, module: torch.fx.GraphModule, origins: dict[str, torch.fx.Node]):
+    def __init__(
+        self,
+        module: torch.fx.GraphModule,
+        origins: dict[str, torch.fx.Node],
+        shape_env: Any,
+        guards: list[tuple[Any, torch.fx.Node]],
+    ):
         super().__init__(module, garbage_collect_values=True)
         self.origins = origins
+        self.shape_env = shape_env
+        #: guards torch added while lowering, with the node being lowered
+        self.guards = guards
         self._last: torch.fx.Node | None = None
 
     def _new_aten_nodes(self, tracer: Any) -> list[torch.fx.Node]:
@@ -122,6 +137,8 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         tracer = mode.tracer if mode is not None else None
         if tracer is not None:
             self._new_aten_nodes(tracer)
+        guards = self.shape_env.guards if self.shape_env is not None else []
+        n_guards = len(guards)
         try:
             result = super().run_node(node)
         except OnnxExportError:
@@ -131,6 +148,12 @@ class _LoweringInterpreter(torch.fx.Interpreter):
                 f"cannot lower to aten: {type(exc).__name__}: {str(exc).splitlines()[0]}",
                 node,
             ) from exc
+        # a decision torch took again from the example while lowering this node
+        self.guards.extend((guard, node) for guard in guards[n_guards:])
+        if node.meta.get("unbacked_bindings"):
+            # the op made new symbols for its data-dependent sizes: they are the
+            # capture's (``u0`` stays ``u0``, so the ONNX dimension keeps its name)
+            rebind_unbacked(self.shape_env, node, result)
         if tracer is None:
             return result
         for aten_node in self._new_aten_nodes(tracer):
@@ -147,8 +170,11 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         return result
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if isinstance(target, CondCCOp):
+            return _lower_cond(*args)
         # the tracer computed this node's value with the same symbolic variant
-        return super().call_function(function_variant(target), args, kwargs)
+        # (math.sqrt of a dimension: torch._sym_sqrt, an ONNX Sqrt of the shape)
+        return super().call_function(function_variant(target, args), args, kwargs)
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
         submodule = self.fetch_attr(target)
@@ -156,6 +182,45 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         if replacement is not None:
             return replacement
         return super().call_module(target, args, kwargs)
+
+
+def _branch_state(branch: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters, buffers and tensor attributes a cond branch reads."""
+    state = dict(branch.named_parameters(remove_duplicate=False))
+    state.update(branch.named_buffers(remove_duplicate=False))
+    graph = getattr(branch, "graph", None)
+    for node in graph.nodes if graph is not None else ():
+        if node.op == "get_attr" and node.target not in state:
+            value = operator.attrgetter(node.target)(branch)
+            if isinstance(value, torch.Tensor):
+                state[node.target] = value
+    return state
+
+
+def _with_state(branch: torch.nn.Module, n_operands: int, names: list[str], offset: int):
+    def function(*args):
+        state = dict(zip(names, args[n_operands + offset : n_operands + offset + len(names)]))
+        with stateless._reparametrize_module(branch, state, strict=False):
+            return branch(*args[:n_operands])
+
+    return function
+
+
+def _lower_cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
+    """Lowers a cond with the operator itself, which make_fx records.
+
+    ``torch.cond`` would compile its call with dynamo, whose cache outlives the
+    export: a second export of a cond then specialised the shapes the first one saw.
+    The branches' parameters and buffers become operands (what dynamo did): make_fx
+    would otherwise bake the fake values the lowering gave them into the branches.
+    """
+    operands = tuple(operands)
+    true_state, false_state = _branch_state(true_fn), _branch_state(false_fn)
+    n = len(operands)
+    lifted_true = _with_state(true_fn, n, list(true_state), 0)
+    lifted_false = _with_state(false_fn, n, list(false_state), len(true_state))
+    all_operands = operands + tuple(true_state.values()) + tuple(false_state.values())
+    return torch.ops.higher_order.cond(pred, lifted_true, lifted_false, all_operands)
 
 
 def _detach_constants(graph_module: torch.fx.GraphModule) -> None:
@@ -192,6 +257,61 @@ def _detach_constants(graph_module: torch.fx.GraphModule) -> None:
             node.meta["val"] = plain
 
 
+def _remove_dead_scalar_nodes(graph_module: torch.fx.GraphModule) -> None:
+    """Removes the size computations the removed assertions used, in every graph."""
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        changed = False
+        for node in reversed(module.graph.nodes):
+            if node.op == "call_function" and not node.users and _is_scalar_node(node):
+                module.graph.erase_node(node)
+                changed = True
+        if changed:
+            module.recompile()
+
+
+def _squeeze_only_unit_dimensions(graph_module: torch.fx.GraphModule) -> None:
+    """``x.squeeze(d)`` on a dimension that is not 1 returns ``x`` in PyTorch, ONNX's
+    ``Squeeze`` fails on it: such a squeeze becomes an alias. The fake value says
+    which happened (torch decided from what the capture knows of the dimension)."""
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        changed = False
+        for node in module.graph.nodes:
+            if node.op != "call_function" or node.target is not torch.ops.aten.squeeze.dim:
+                continue
+            source, output = node.args[0].meta.get("val"), node.meta.get("val")
+            if (
+                isinstance(source, torch.Tensor)
+                and isinstance(output, torch.Tensor)
+                and source.dim() == output.dim()
+            ):
+                node.target = torch.ops.aten.alias.default
+                node.args = (node.args[0],)
+                node.kwargs = {}
+                changed = True
+        if changed:
+            module.recompile()
+
+
+def _constant_output(value: int | float | bool) -> torch.Tensor:
+    """A Python constant returned by the model (``x.shape[0] * 2`` on a static size)
+    is an ONNX output too: a 0-d tensor of the matching type."""
+    dtype = {bool: torch.bool, int: torch.int64, float: torch.float32}[type(value)]
+    return torch.tensor(value, dtype=dtype)
+
+
+def _is_scalar_node(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def _is_graph_input(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
 def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> LoweredGraph:
     """Lowers ``graph_module`` (torch-level, with ``meta["val"]``) to an aten graph.
 
@@ -207,23 +327,33 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         if "val" not in node.meta:
             raise OnnxExportError("placeholder has no meta['val']", node)
         user_values.append(node.meta["val"])
+    # Python scalars (alpha=2.0, flag=True) were baked in by the capture (a guard
+    # records their value): they are constants of the aten graph, not inputs
+    inputs = [i for i, value in enumerate(user_values) if _is_graph_input(value)]
     state, aliases = _collect_state(graph_module)
     state_names = list(state)
     with fake_mode:
         fake_state = [fake_mode.from_tensor(t.detach(), static_shapes=True) for t in state.values()]
     origins: dict[str, torch.fx.Node] = {}
-    n_user = len(user_values)
+    guards: list[tuple[Any, torch.fx.Node]] = []
+    n_inputs = len(inputs)
 
     def run(*flat: Any) -> Any:
-        replacements = dict(zip(state_names, flat[n_user:]))
+        replacements = dict(zip(state_names, flat[n_inputs:]))
         for alias, name in aliases.items():
             replacements[alias] = replacements[name]
+        values = list(user_values)
+        for index, value in zip(inputs, flat[:n_inputs]):
+            values[index] = value
         with stateless._reparametrize_module(graph_module, replacements, strict=False):
-            return _LoweringInterpreter(graph_module, origins).run(
-                *flat[:n_user], enable_io_processing=False
-            )
+            interpreter = _LoweringInterpreter(graph_module, origins, fake_mode.shape_env, guards)
+            outputs = interpreter.run(*values, enable_io_processing=False)
+        return pytree.tree_map_only((int, float, bool), _constant_output, outputs)
 
     table = internals.decomposition_table(opset)
+    # fake tensors remember data-dependent sizes (nonzero, item) per epoch: the
+    # lowering computes them again and binds the new symbols to the capture's ones
+    fake_mode.epoch += 1
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
         stack.enter_context(fake_mode)
@@ -246,13 +376,17 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
             decomposition_table=table,
             tracing_mode="real",
             _allow_non_fake_inputs=False,
-        )(*user_values, *fake_state)
+        )(*[user_values[i] for i in inputs], *fake_state)
     _detach_constants(aten_gm)
+    internals.remove_assertion_nodes(aten_gm)
+    _remove_dead_scalar_nodes(aten_gm)
+    _squeeze_only_unit_dimensions(aten_gm)
     return LoweredGraph(
         graph_module=aten_gm,
-        input_names=[n.name for n in placeholders],
+        input_names=[placeholders[i].name for i in inputs],
         state_names=state_names,
         state_values=[t.detach() for t in state.values()],
         fake_mode=fake_mode,
         origins=origins,
+        guards=guards,
     )

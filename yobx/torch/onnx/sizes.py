@@ -27,10 +27,10 @@ def free_symbols(placeholder_values: Sequence[Any], shape_env: Any) -> list[symp
     """The independent symbols the inputs' sizes are written with, sorted by name."""
     symbols: set[sympy.Symbol] = set()
     for value in placeholder_values:
-        if isinstance(value, torch.Tensor):
-            for dim in value.shape:
-                if isinstance(dim, torch.SymInt):
-                    symbols |= shape_env.replace(dim.node.expr).free_symbols
+        sizes = value.shape if isinstance(value, torch.Tensor) else [value]
+        for dim in sizes:
+            if isinstance(dim, torch.SymInt):
+                symbols |= shape_env.replace(dim.node.expr).free_symbols
     return sorted(symbols, key=lambda s: s.name)
 
 
@@ -39,6 +39,11 @@ def _hints(shape_env: Any, symbols: Sequence[sympy.Symbol]) -> dict:
     if hints is None:
         hints = shape_env.var_to_val
     return {s: int(hints[s]) for s in symbols if s in hints}
+
+
+def example_assignment(placeholder_values: Sequence[Any], shape_env: Any) -> dict:
+    """The example's size of every independent symbol of the inputs."""
+    return _hints(shape_env, free_symbols(placeholder_values, shape_env))
 
 
 def _in_range(shape_env: Any, symbol: sympy.Symbol, value: int) -> bool:
@@ -113,20 +118,35 @@ def size_variants(
         return assignment if _admissible(shape_env, conditions, assignment) else None
 
     variants = []
+    alone: dict[sympy.Symbol, list[int]] = {}
     for symbol in ordered:
-        for step in _STEPS:
-            assignment = candidate({symbol: step})
-            if assignment is not None:
-                variants.append((label(assignment), assignment))
-                break
+        alone[symbol] = [step for step in _STEPS if candidate({symbol: step}) is not None]
+        if alone[symbol]:
+            step = alone[symbol][0]
+            variants.append((label(candidate({symbol: step})), candidate({symbol: step})))
     # all together, also for one dimension: each gets two sizes besides the example's
     seen = [assignment for _, assignment in variants]
-    for step in (1, 2, -1, 4, 6):
-        assignment = candidate({s: step for s in ordered}) if ordered else None
+    for steps in _together(ordered, alone):
+        assignment = candidate(steps)
         if assignment is not None and assignment not in seen:
             variants.append((label(assignment), assignment))
             break
     return variants
+
+
+def _together(symbols: Sequence[sympy.Symbol], alone: Mapping[Any, list[int]]):
+    """Steps moving every symbol at once: the same step for all first, then
+    combinations of the steps each symbol accepted alone (a bounded number)."""
+    if not symbols:
+        return
+    for step in (1, 2, -1, 4, 6):
+        yield {s: step for s in symbols}
+    choices = [alone[s] or [0] for s in symbols]
+    for k in range(max(len(c) for c in choices)):
+        yield {s: c[min(k, len(c) - 1)] for s, c in zip(symbols, choices)}
+    for k in range(1, 16):
+        # the steps each symbol accepts, shifted per symbol: varied combinations
+        yield {s: c[(k + i) % len(c)] for i, (s, c) in enumerate(zip(symbols, choices))}
 
 
 def _new_tensor(example: torch.Tensor, shape: Sequence[int], generator) -> torch.Tensor:
@@ -161,25 +181,25 @@ def inputs_for_sizes(
     seed: int = 0,
 ) -> tuple[tuple, dict]:
     """Builds inputs like the example ones with the dynamic dimensions set to
-    ``assignment`` (symbol -> size)."""
+    ``assignment`` (symbol -> size); ints declared dynamic take their new value."""
     bound = bind_arguments(model.forward, tuple(args), dict(kwargs))
     leaves, spec = pytree.tree_flatten(list(bound.values()))
-    fakes = [v for v in placeholder_values if isinstance(v, torch.Tensor)]
-    tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if len(fakes) != len(tensors):
+    if len(placeholder_values) != len(leaves):
         raise ValueError(
-            f"{len(tensors)} tensor inputs but the graph has {len(fakes)} tensor placeholders"
+            f"{len(leaves)} flat inputs but the graph has {len(placeholder_values)} placeholders"
         )
     generator = torch.Generator().manual_seed(seed)
+
+    def size(dim: Any) -> int:
+        if isinstance(dim, torch.SymInt):
+            return int(shape_env.replace(dim.node.expr).xreplace(dict(assignment)))
+        return int(dim)
+
     new_leaves = list(leaves)
-    for index, fake in zip(tensors, fakes):
-        shape = []
-        for dim in fake.shape:
-            if isinstance(dim, torch.SymInt):
-                expr = shape_env.replace(dim.node.expr)
-                shape.append(int(expr.xreplace(dict(assignment))))
-            else:
-                shape.append(int(dim))
-        new_leaves[index] = _new_tensor(leaves[index], shape, generator)
+    for index, (leaf, fake) in enumerate(zip(leaves, placeholder_values)):
+        if isinstance(leaf, torch.Tensor) and isinstance(fake, torch.Tensor):
+            new_leaves[index] = _new_tensor(leaf, [size(d) for d in fake.shape], generator)
+        elif isinstance(fake, torch.SymInt):
+            new_leaves[index] = size(fake)
     values = pytree.tree_unflatten(new_leaves, spec)
     return call_arguments(model.forward, dict(zip(bound.keys(), values)))

@@ -82,6 +82,34 @@ def sanitize_name(name: str) -> str:
     return name or "output"
 
 
+def _refuse_complex_inputs_and_outputs(lowered: LoweredGraph, output_names: Sequence[str]) -> None:
+    """torch_lib computes complex tensors as float tensors with a trailing axis of 2
+    (real, imaginary): fine inside the model, but an input or an output would silently
+    change type and shape."""
+    graph = lowered.graph_module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for name, node in zip(lowered.input_names, placeholders):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.is_complex():
+            raise OnnxExportError(
+                f"input {name!r} is a {value.dtype} tensor: ONNX models from torch_lib "
+                f"cannot take complex inputs; pass torch.view_as_real(x) and rebuild "
+                f"the complex tensor in the model with torch.view_as_complex"
+            )
+    output = next(n for n in graph.nodes if n.op == "output")
+    flat = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    for name, arg in zip(output_names, flat):
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and value.is_complex():
+            origin = lowered.origins.get(arg.name)
+            raise OnnxExportError(
+                f"output {name!r} is a {value.dtype} tensor: torch_lib represents complex "
+                f"tensors as float tensors of shape (..., 2), which would silently change "
+                f"the output; return torch.view_as_real(...) of it instead",
+                origin,
+            )
+
+
 def build_model(
     lowered: LoweredGraph,
     output_names: Sequence[str],
@@ -94,6 +122,7 @@ def build_model(
     :param opset: ONNX opset torch_lib translates to
     :return: the model, not yet optimized
     """
+    _refuse_complex_inputs_and_outputs(lowered, output_names)
     graph_module = lowered.graph_module
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     n_user = len(lowered.input_names)
@@ -168,8 +197,7 @@ def build_model(
     for i, node in enumerate(placeholders):
         value = values[node.name]
         if i < n_user:
-            if isinstance(node.meta.get("val"), torch.Tensor):
-                graph.inputs.append(value)
+            graph.inputs.append(value)
             continue
         qualified = lowered.state_names[i - n_user]
         tensor = lowered.state_values[i - n_user]

@@ -12,7 +12,7 @@ import onnx
 import torch
 import torch.utils._pytree as pytree
 
-from yobx.torch.onnx.sizes import inputs_for_sizes, size_variants
+from yobx.torch.onnx.sizes import example_assignment, inputs_for_sizes, size_variants
 from yobx.torch.passes import MUTATIONS_KEY
 from yobx.torch.tracing.inputs import bind_arguments
 
@@ -63,14 +63,20 @@ class ValidationCase:
 class ValidationReport:
     """Discrepancies between onnxruntime and eager PyTorch.
 
+    ``print(report)`` shows a table: one line per case and output with its shape and
+    errors, then the verdict and its reasons.
+
     :param cases: one per input set
     :param atol: absolute tolerance used by :attr:`ok`
     :param rtol: relative tolerance used by :attr:`ok`
+    :param problems: reasons the validation cannot vouch for the model besides the
+        cases themselves (a declared dynamic dimension that could not be varied)
     """
 
     cases: list[ValidationCase]
     atol: float = 1e-4
     rtol: float = 1e-4
+    problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def max_abs_error(self) -> float:
@@ -92,8 +98,9 @@ class ValidationReport:
 
     @property
     def ok(self) -> bool:
-        """True when every case ran and every output is within tolerance."""
-        if self.n_checked == 0:
+        """True when every case ran, every output is within tolerance and nothing in
+        :attr:`problems`."""
+        if self.n_checked == 0 or self.problems:
             return False
         for case in self.cases:
             if case.skipped:
@@ -105,22 +112,69 @@ class ValidationReport:
                     return False
         return True
 
-    def format(self) -> str:
-        """Returns a readable table of the cases and outputs."""
-        lines = []
+    def reasons(self) -> list[str]:
+        """Why :attr:`ok` is False (empty when it is True)."""
+        reasons = list(self.problems)
+        if self.n_checked == 0:
+            reasons.append("no input set could be compared (eager refused them all)")
         for case in self.cases:
             if case.skipped:
-                lines.append(f"{case.description}: skipped ({case.error})")
                 continue
             if case.error is not None:
-                lines.append(f"{case.description}: FAILED {case.error}")
+                reasons.append(f"{case.description}: {case.error}")
                 continue
             for out in case.outputs:
-                status = out.error or (
-                    f"max abs {out.max_abs_error:.3g}, max rel {out.max_rel_error:.3g}"
+                if out.error is not None:
+                    reasons.append(f"{case.description}: {out.name}: {out.error}")
+                elif not out.within_tolerance:
+                    reasons.append(
+                        f"{case.description}: {out.name} differs from eager (max abs "
+                        f"{out.max_abs_error:.3g} > atol {self.atol:g} + rtol {self.rtol:g})"
+                    )
+        return reasons
+
+    def _rows(self) -> list[tuple[str, ...]]:
+        rows = []
+        for case in self.cases:
+            if case.skipped:
+                rows.append((case.description, "", "", "", "", f"skipped: {case.error}"))
+            elif case.error is not None:
+                rows.append((case.description, "", "", "", "", f"FAILED: {case.error}"))
+            for out in case.outputs:
+                status = out.error or ("ok" if out.within_tolerance else "WRONG")
+                rows.append(
+                    (
+                        case.description,
+                        out.name,
+                        "x".join(str(d) for d in out.shape) or "scalar",
+                        f"{out.max_abs_error:.3g}",
+                        f"{out.max_rel_error:.3g}",
+                        status,
+                    )
                 )
-                lines.append(f"{case.description}: {out.name} {list(out.shape)} {status}")
+        return rows
+
+    def format(self) -> str:
+        """Returns a readable table of the cases and outputs, then the verdict."""
+        header = ("case", "output", "shape", "max abs", "max rel", "status")
+        rows = self._rows()
+        # the status column is the last one: never padded, so long messages stay whole
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+        lines = []
+        for row in [header, *rows]:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths)]
+            lines.append("  ".join([*cells, row[-1]]).rstrip())
+        verdict = "ok" if self.ok else "NOT OK"
+        lines.append(
+            f"validation {verdict}: {self.n_checked} input sets compared, max abs error "
+            f"{self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g} "
+            f"(atol {self.atol:g}, rtol {self.rtol:g})"
+        )
+        lines.extend(f"  - {reason}" for reason in self.reasons())
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -189,6 +243,40 @@ def _split_inputs(inputs: Any) -> tuple[tuple, dict]:
     return tuple(inputs), {}
 
 
+def onnx_feeds(
+    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], onnx_names: Sequence[str]
+) -> tuple[dict[str, np.ndarray], str | None]:
+    """The inputs of the ONNX model for a call ``model(*args, **kwargs)``.
+
+    The ONNX inputs are named after the flattened arguments (the capture's
+    placeholders; the tensors of a cache after :mod:`yobx.torch.onnx.cache_names`);
+    ints declared dynamic are inputs too, Python constants are not.
+
+    :return: ``(feeds, None)`` or ``({}, reason)`` when an input has no value
+    """
+    from yobx.torch.onnx.cache_names import onnx_input_names
+    from yobx.torch.tracing.inputs import placeholder_names, register_cache_flattening
+
+    bound = bind_arguments(model.forward, args, kwargs)
+    values = list(bound.values())
+    register_cache_flattening(values)
+    leaves_with_path = pytree.tree_flatten_with_path(tuple(values))[0]
+    flat_names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
+    renamed = onnx_input_names(model, args, kwargs)
+    by_name = {
+        renamed.get(name, name): leaf for name, (_, leaf) in zip(flat_names, leaves_with_path)
+    }
+    feeds = {}
+    for name in onnx_names:
+        if name not in by_name:
+            return {}, f"no value for ONNX input {name!r} among the arguments {flat_names}"
+        value = by_name[name]
+        if isinstance(value, bool) or not isinstance(value, (torch.Tensor, int)):
+            return {}, f"ONNX input {name!r} is a {type(value).__name__} in the call"
+        feeds[name] = _to_numpy(value) if isinstance(value, torch.Tensor) else np.array(value)
+    return feeds, None
+
+
 def _run_case(
     model: torch.nn.Module,
     session: Any,
@@ -199,25 +287,10 @@ def _run_case(
     rtol: float,
     mutations: Sequence[Mapping[str, Any]] = (),
 ) -> ValidationCase:
-    bound = bind_arguments(model.forward, args, kwargs)
-    flat = [v for v in pytree.tree_leaves(list(bound.values())) if isinstance(v, torch.Tensor)]
-    onnx_inputs = session.get_inputs()
-    if len(onnx_inputs) > len(flat):
-        return ValidationCase(
-            description,
-            [],
-            error=f"the model has {len(onnx_inputs)} inputs, {len(flat)} tensors were given",
-        )
-    # Inputs the optimizer found unused may be gone; ONNX inputs keep the order of the
-    # flat tensors, so they are matched by name when the names are known.
-    feeds = {}
-    names = [i.name for i in onnx_inputs]
-    if len(onnx_inputs) == len(flat):
-        feeds = {name: _to_numpy(t) for name, t in zip(names, flat)}
-    else:
-        return ValidationCase(
-            description, [], error="some flat inputs were removed from the ONNX model"
-        )
+    names = [i.name for i in session.get_inputs()]
+    feeds, error = onnx_feeds(model, args, kwargs, names)
+    if error is not None:
+        return ValidationCase(description, [], error=error)
     # The model may update its inputs (a cache) or its buffers in place: it runs on
     # copies of the inputs, and its buffers are restored afterwards.
     eager_args, eager_kwargs = pytree.tree_map_only(
@@ -228,7 +301,7 @@ def _run_case(
         with torch.no_grad():
             expected = model(*eager_args, **eager_kwargs)
             expected_flat = [v for v in pytree.tree_leaves(expected) if v is not None]
-            expected_flat += _mutated_values(model, eager_args, eager_kwargs, mutations, names)
+            expected_flat += _mutated_values(model, eager_args, eager_kwargs, mutations)
     except Exception as exc:
         return ValidationCase(
             description, [], error=f"eager: {type(exc).__name__}: {exc}", skipped=True
@@ -259,15 +332,17 @@ def _mutated_values(
     args: tuple,
     kwargs: dict,
     mutations: Sequence[Mapping[str, Any]],
-    input_names: list[str],
 ) -> list[torch.Tensor]:
     """The values eager left in the inputs and buffers the ONNX model returns as extra
     outputs (``remove_inplace``'s mutation convention), cloned."""
     if not mutations:
         return []
+    from yobx.torch.tracing.inputs import placeholder_names
+
     bound = bind_arguments(model.forward, args, kwargs)
-    flat = [v for v in pytree.tree_leaves(list(bound.values())) if isinstance(v, torch.Tensor)]
-    by_name = dict(zip(input_names, flat))
+    leaves_with_path = pytree.tree_flatten_with_path(tuple(bound.values()))[0]
+    names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
+    by_name = {name: leaf for name, (_, leaf) in zip(names, leaves_with_path)}
     values = []
     for mutation in mutations:
         if mutation["kind"] == "BUFFER_MUTATION":
@@ -318,14 +393,22 @@ def validate_export(
     result: Any,
     captured: Any,
     verbose: int = 0,
+    declared: Sequence[Any] = (),
 ) -> ValidationReport:
     """Validates the result of :func:`to_onnx` on the example inputs and on inputs with
-    other sizes for every dynamic dimension."""
+    other sizes: every dynamic dimension changed alone, then all together, inside the
+    capture's constraints.
+
+    :param declared: the dimensions the user declared dynamic
+        (:class:`yobx.torch.onnx.declared.DeclaredDimension`); the report is not ok
+        when one of them, still symbolic, kept its example size in every case compared
+    """
     placeholder_values = [
         n.meta.get("val") for n in captured.graph_module.graph.nodes if n.op == "placeholder"
     ]
     inputs_list: list[Any] = [(tuple(args), dict(kwargs))]
     descriptions = ["example"]
+    assignments: list[dict] = [{}]
     if captured.shape_env is not None:
         tracer = captured.tracer
         conditions = (
@@ -338,6 +421,7 @@ def validate_export(
             if tracer is not None and tracer.dims is not None
             else None
         )
+        assignments[0] = example_assignment(placeholder_values, captured.shape_env)
         for label, assignment in size_variants(
             placeholder_values, captured.shape_env, result.dimension_names, conditions, named
         ):
@@ -347,11 +431,45 @@ def validate_export(
                 )
             )
             descriptions.append(label)
+            assignments.append(assignment)
     output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
     mutations = output.meta.get(MUTATIONS_KEY, ())
     report = validate(
         model, result.model_proto, inputs_list, descriptions=descriptions, mutations=mutations
     )
+    report.problems.extend(
+        _unvaried_dimensions(declared, captured.shape_env, assignments, report.cases)
+    )
     if verbose:
         print(report.format())
     return report
+
+
+def _unvaried_dimensions(
+    declared: Sequence[Any], shape_env: Any, assignments: list[dict], cases: list
+) -> list[str]:
+    """The declared dimensions no compared case gave another size than the example."""
+    problems = []
+    compared = [
+        assignment
+        for assignment, case in zip(assignments, cases)
+        if not case.skipped and case.error is None
+    ][1:]
+    seen: set[str] = set()
+    for dim in declared:
+        size = dim.size
+        if not isinstance(size, torch.SymInt) or dim.spec.name in seen:
+            continue
+        seen.add(dim.spec.name)
+        expr = shape_env.replace(size.node.expr)
+        if expr.is_number:
+            continue
+        example = expr.xreplace(assignments[0])
+        if not any(expr.xreplace(a) != example for a in compared):
+            problems.append(
+                f"dimension {dim.describe()} was never "
+                f"compared at another size than the example's {example}: no other size "
+                f"inside the constraints and the declared range was accepted by eager "
+                f"PyTorch, so the model is only checked at that size"
+            )
+    return problems

@@ -161,8 +161,12 @@ def cond_function(original: Callable) -> Callable:
                 tracer.location(),
                 f"torch.cond branches return different structures ({spec} vs {false_spec})",
             )
-        for i, (a, b) in enumerate(zip(true_vals, false_vals)):
-            _check_same_metadata(tracer, a, b, i)
+        true_vals = _contiguous_data_dependent_outputs(tracer, true_graph, true_vals)
+        false_vals = _contiguous_data_dependent_outputs(tracer, false_graph, false_vals)
+        merged = [
+            _merge_branch_outputs(tracer, a, b, i)
+            for i, (a, b) in enumerate(zip(true_vals, false_vals))
+        ]
         # Both branches take the same operands: the union of what each lifted.
         lifted = list(dict.fromkeys(true_lifted + false_lifted))
         _align_lifted(true_graph, true_lifted, lifted)
@@ -177,9 +181,54 @@ def cond_function(original: Callable) -> Callable:
         )
         node = tracer.create_node("call_function", CondCCOp(), args, {})
         node.meta["stack_trace"] = tracer.stack_trace()
-        return _outputs(tracer, node, true_vals, spec)
+        outputs = _outputs(tracer, node, merged, spec)
+        tracer._bind_unbacked(node, node.meta["val"])
+        return outputs
 
     return cond
+
+
+def _contiguous_data_dependent_outputs(tracer, graph: torch.fx.Graph, vals: list) -> list:
+    """Makes contiguous the branch outputs whose strides depend on the data
+    (``nonzero`` returns ``(n, d)`` with strides ``(1, n)``): torch.cond merges the
+    branches' strides by comparing them with 0 and 1, which has no answer for a
+    data-dependent ``n``."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    results = list(output.args[0])
+    new_vals = list(vals)
+    for i, val in enumerate(vals):
+        if not isinstance(val, torch.Tensor) or not free_unbacked_symbols(val.stride()):
+            continue
+        with graph.inserting_before(output):
+            node = graph.call_method("contiguous", (results[i],))
+        with tracer.fake_mode:
+            node.meta["val"] = new_vals[i] = val.contiguous()
+        node.meta["stack_trace"] = results[i].meta.get("stack_trace", "")
+        results[i] = node
+    output.args = (tuple(results),)
+    return new_vals
+
+
+def _merge_branch_outputs(tracer, a: Any, b: Any, index: int) -> Any:
+    """The value of the cond's output ``index``: the branches' common value, or, when
+    their sizes depend on the data (``x[mask]`` in a branch), a value whose differing
+    sizes are new data-dependent symbols, as torch.cond's own fake kernel does."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    if (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dtype == b.dtype
+        and a.dim() == b.dim()
+        and (free_unbacked_symbols(a) or free_unbacked_symbols(b))
+    ):
+        from torch._higher_order_ops.cond import _merge_output
+
+        return _merge_output(a, b, tracer.fake_mode)
+    _check_same_metadata(tracer, a, b, index)
+    return a
 
 
 def _check_same_metadata(tracer, a: Any, b: Any, index: int) -> None:

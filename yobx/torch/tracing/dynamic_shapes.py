@@ -10,7 +10,9 @@ Accepted forms (as :func:`torch.export.export`):
 * nested like the inputs (tuples, lists, dicts, ``transformers.DynamicCache``...);
 * an axis spec is a string (a dimension name), ``torch.export.Dim("name", min=, max=)``,
   a derived dim (``2 * seq``, ``cache + 1``), ``Dim.DYNAMIC``, ``Dim.AUTO``, or
-  ``None`` / ``Dim.STATIC`` for a static axis.
+  ``None`` / ``Dim.STATIC`` for a static axis;
+* an ``int`` argument takes one such spec (``{"k": Dim.DYNAMIC}``): it becomes an
+  input of the graph instead of a constant baked in (its "axis" is :data:`SCALAR`).
 
 How a dimension may be refined when tracing needs a fact that is not provable (its
 :attr:`DimSpec.policy`) follows torch.export: a string or ``Dim.DYNAMIC`` adopts the
@@ -56,8 +58,13 @@ class DimSpec:
     root: DimSpec | None = None
 
 
-def axis_spec(entry: Any, leaf_name: str, axis: int) -> DimSpec | None:
-    """Normalizes one axis entry of ``dynamic_shapes``; None means static."""
+#: the "axis" of an int argument declared dynamic (``{"k": Dim.DYNAMIC}``): the value
+SCALAR = None
+
+
+def axis_spec(entry: Any, leaf_name: str, axis: int | None) -> DimSpec | None:
+    """Normalizes one axis entry of ``dynamic_shapes``; None means static.
+    ``axis`` is :data:`SCALAR` for an int argument."""
     if entry is None:
         return None
     if isinstance(entry, str):
@@ -68,7 +75,8 @@ def axis_spec(entry: Any, leaf_name: str, axis: int) -> DimSpec | None:
         if hint == "STATIC":
             return None
         policy = AUTO if hint == "AUTO" else DYNAMIC
-        return DimSpec(f"{leaf_name}_dim_{axis}", policy, *_bounds(entry))
+        name = leaf_name if axis is SCALAR else f"{leaf_name}_dim_{axis}"
+        return DimSpec(name, policy, *_bounds(entry))
     if kind == "_DerivedDim":
         root = entry.root
         root_spec = DimSpec(root.__name__, STRICT, *_bounds(root))
@@ -153,11 +161,21 @@ def _match(value: Any, spec: Any, path: str, out: list[dict]) -> None:
         out.append(_tensor_axes(value, spec, path))
         return
     node_type = type(value)
+    if node_type is int and spec is not None and _is_axis_entry(spec):
+        # an int argument declared dynamic: an input of the graph (a SymInt)
+        out.append({} if _is_static_hint(spec) else {SCALAR: spec})
+        return
     if value is None or node_type not in pytree.SUPPORTED_NODES:
         if spec not in (None, {}, [], ()) and not _is_static_hint(spec):
+            scalars = (
+                "; only int arguments can be dynamic (one spec, e.g. Dim.DYNAMIC), floats "
+                "and bools are constants baked into the graph, as torch.export does"
+                if node_type in (float, bool, int)
+                else ""
+            )
             raise ValueError(
                 f"dynamic_shapes gives {spec!r} for {path!r}, which is a "
-                f"{node_type.__name__}, not a tensor or a container of tensors"
+                f"{node_type.__name__}, not a tensor or a container of tensors{scalars}"
             )
         if value is not None or _NONE_IS_LEAF:
             out.append({})

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .dynamic_shapes import axes_per_leaf, axis_spec
+from .dynamic_shapes import SCALAR, axes_per_leaf, axis_spec
 from .symbolic import SymbolicDimensions
 
 
@@ -41,7 +41,8 @@ class FlatInputs:
     :param in_spec: pytree spec of ``tuple(values of arg_names)``
     :param names: placeholder name of each leaf
     :param leaves: example value of each leaf
-    :param sizes: for each tensor leaf, its sizes (ints and SymInts), else None
+    :param sizes: for each tensor leaf, its sizes (ints and SymInts); for an int
+        declared dynamic, its SymInt; else None (a constant baked in)
     :param var_positional: the name of ``*args`` when it is given (a tuple)
     """
 
@@ -189,19 +190,14 @@ def flatten_example_inputs(
     register_cache_flattening(values)
     leaves_with_path, in_spec = pytree.tree_flatten_with_path(tuple(values))
     specs = axes_per_leaf(arg_names, values, dynamic_shapes)
-    names, leaves, sizes = [], [], []
-    used: set[str] = set()
-    for (path, leaf), spec in zip(leaves_with_path, specs):
-        name = _leaf_name(arg_names, path)
-        base, i = name, 1
-        while name in used:
-            name = f"{base}_{i}"
-            i += 1
-        used.add(name)
-        names.append(name)
+    names = leaf_names(arg_names, [path for path, _ in leaves_with_path])
+    leaves, sizes = [], []
+    for (_, leaf), spec, name in zip(leaves_with_path, specs, names):
         leaves.append(leaf)
         if isinstance(leaf, torch.Tensor):
             sizes.append(_sizes(name, leaf, spec, dims))
+        elif SCALAR in spec and type(leaf) is int:
+            sizes.append(_scalar(name, leaf, spec[SCALAR], dims))
         elif leaf is NO_EXAMPLE:
             if spec:
                 raise ValueError(
@@ -236,9 +232,40 @@ def key_path_parts(path: tuple) -> list[str]:
     return parts
 
 
+def leaf_names(arg_names: list[str], paths: list[tuple]) -> list[str]:
+    """The placeholder name of each flattened input leaf (``past_key_values_key_cache_0``),
+    from its pytree key path in ``tuple(values of arg_names)``; unique."""
+    names = []
+    used: set[str] = set()
+    for path in paths:
+        name = _leaf_name(arg_names, path)
+        base, i = name, 1
+        while name in used:
+            name = f"{base}_{i}"
+            i += 1
+        used.add(name)
+        names.append(name)
+    return names
+
+
+def placeholder_names(arg_names: list[str], paths: list[tuple]) -> list[str]:
+    """The names torch.fx gives the placeholders of :func:`leaf_names` (the capture's
+    input names): ``K`` becomes ``k``, ``input`` becomes ``input_1``."""
+    graph = torch.fx.Graph()
+    return [graph.placeholder(name).name for name in leaf_names(arg_names, paths)]
+
+
 def _leaf_name(arg_names: list[str], path: tuple) -> str:
     name = "_".join([arg_names[path[0].idx], *key_path_parts(path[1:])])
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def _scalar(name: str, value: int, entry: Any, dims: SymbolicDimensions) -> torch.SymInt:
+    """The SymInt of an int argument declared dynamic."""
+    spec = axis_spec(entry, name, SCALAR)
+    if spec.derived is not None:
+        return dims.derived_dimension(spec, value, source=(name, SCALAR))
+    return dims.dimension(spec.name, value, spec.min, spec.max, spec.policy, source=(name, SCALAR))
 
 
 def _sizes(name: str, tensor: torch.Tensor, axes: dict, dims: SymbolicDimensions) -> list:

@@ -203,10 +203,14 @@ class _CheckBuilder:
         self.proxies[symbol] = proxy
         return proxy
 
-    def _size(self, leaf: str, axis: int) -> Proxy:
+    def _size(self, leaf: str, axis: int | None) -> Proxy:
         key = sympy.Symbol(f"{leaf}.size({axis})", integer=True)
         if key not in self.proxies:
             placeholder = self.placeholders[leaf]
+            if axis is None:
+                # an int input declared dynamic: the value itself
+                self.proxies[key] = Proxy(placeholder, self.tracer)
+                return self.proxies[key]
             node = self.graph.call_method("size", (placeholder, axis))
             node.meta["val"] = placeholder.meta["val"].shape[axis]
             self.proxies[key] = Proxy(node, self.tracer)
@@ -247,9 +251,10 @@ class _CheckBuilder:
         return proxy
 
 
-def _parse_size(name: str) -> tuple[str, int]:
+def _parse_size(name: str) -> tuple[str, int | None]:
     leaf, axis = name.rsplit(".size(", 1)
-    return leaf, int(axis.rstrip(")"))
+    axis = axis.rstrip(")")
+    return leaf, None if axis == "None" else int(axis)
 
 
 _RELATIONS = {

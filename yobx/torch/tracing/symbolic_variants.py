@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -369,10 +370,38 @@ FUNCTION_VARIANTS[torch.tensor] = _symbolic_tensor(torch.tensor)
 FUNCTION_VARIANTS[torch.as_tensor] = _symbolic_tensor(torch.as_tensor)
 
 
-def function_variant(target: Any) -> Any:
-    """The symbolic variant of a graph node's target (the target itself if none)."""
+#: Python math functions -> their symbolic twins, which keep a SymInt/SymFloat symbolic
+#: (``math.sqrt(n)`` would make a float of the example's ``n``)
+SYMBOLIC_MATH: dict[Callable, Callable] = {
+    getattr(math, name): getattr(torch, f"_sym_{name}")
+    for name in (
+        "sqrt",
+        "cos",
+        "sin",
+        "tan",
+        "cosh",
+        "sinh",
+        "tanh",
+        "exp",
+        "log",
+        "asin",
+        "acos",
+        "atan",
+    )
+    if hasattr(torch, f"_sym_{name}")
+}
+
+
+def function_variant(target: Any, args: tuple = ()) -> Any:
+    """The symbolic variant of a graph node's target (the target itself if none);
+    ``args`` selects the symbolic twin of a math function applied to a dimension."""
     try:
-        return FUNCTION_VARIANTS.get(target, target)
+        variant = FUNCTION_VARIANTS.get(target, target)
+        if variant in SYMBOLIC_MATH and any(
+            isinstance(a, (torch.SymInt, torch.SymFloat)) for a in args
+        ):
+            return SYMBOLIC_MATH[variant]
+        return variant
     except TypeError:  # an unhashable callable
         return target
 

@@ -14,7 +14,11 @@ import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import (
+    GuardOnDataDependentSymNode,
+    PendingUnbackedSymbolNotFound,
+    compute_unbacked_bindings,
+)
 from torch.fx.graph import _PyTreeInfo
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
@@ -54,26 +58,6 @@ from .runtime_checks import RuntimeCheck, declared_checks, insert_runtime_checks
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
 from .symbolic_variants import function_variant
-
-# Python math functions have symbolic twins that keep a SymInt/SymFloat symbolic.
-_SYMBOLIC_MATH = {
-    getattr(math, name): getattr(torch, f"_sym_{name}")
-    for name in (
-        "sqrt",
-        "cos",
-        "sin",
-        "tan",
-        "cosh",
-        "sinh",
-        "tanh",
-        "exp",
-        "log",
-        "asin",
-        "acos",
-        "atan",
-    )
-    if hasattr(torch, f"_sym_{name}")
-}
 
 # Nodes computing shapes and scalars have no side effect: removed when unused.
 _PURE_SCALAR_FUNCTIONS = frozenset(
@@ -453,6 +437,9 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 node.meta["val"] = leaf
                 if isinstance(leaf, (int, float, bool)):
                     self.guards.append(Guard(f"{name} == {leaf!r}", True, "constant argument"))
+            elif isinstance(sizes, torch.SymInt):
+                # an int declared dynamic
+                node.meta["val"] = sizes
             else:
                 node.meta["val"] = self.dims.fake_tensor(leaf, sizes)
             baked.append(sizes is None)
@@ -780,6 +767,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 self._shape_cache.pop(args_[0], None)
             val = self._run_fake(node)
             node.meta["val"] = val
+            self._bind_unbacked(node, val)
             constant = constant_value(val)
             if constant is not NOT_CONSTANT:
                 if _has_symbol(node.args):
@@ -793,6 +781,29 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         if proxy_factory_fn is not None:
             return proxy_factory_fn(node)
         return self.proxy(node)
+
+    def _bind_unbacked(self, node: Node, val: Any) -> None:
+        """Records where the sizes only known at run time (``x[mask]``, ``nonzero``)
+        appear in the node's value, as torch.export does (``meta["unbacked_bindings"]``):
+        a later re-run of the graph (the ONNX lowering) creates new symbols for them
+        and binds them to these ones."""
+        pending = self.shape_env.pending_fresh_unbacked_symbols
+        if not pending:
+            return
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        # with YOBX_CHECK_SHAPE_RULES, torch's kernel ran too and made its own symbols
+        present = free_unbacked_symbols(val)
+        self.shape_env.ignorable_fresh_unbacked_symbols.extend(
+            s for s in pending if s not in present
+        )
+        try:
+            bindings = compute_unbacked_bindings(self.shape_env, val)
+        except PendingUnbackedSymbolNotFound:
+            # a size written with the symbol (u0 + 1), not the symbol: nothing to bind
+            return
+        if bindings:
+            node.meta["unbacked_bindings"] = bindings
 
     def _record_folded_value(self, node: Node, value: Any) -> None:
         operands = [_fake_value(a) if isinstance(a, Node) else a for a in node.args]
@@ -905,12 +916,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
     def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
         """Runs the node's operation through torch (the fake mode must be active)."""
         if node.op == "call_function":
-            target = node.target
-            if target in _SYMBOLIC_MATH and any(
-                isinstance(a, (torch.SymInt, torch.SymFloat)) for a in args
-            ):
-                target = _SYMBOLIC_MATH[target]
-            return function_variant(target)(*args, **kwargs)
+            return function_variant(node.target, args)(*args, **kwargs)
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         return self._run_leaf_module(node.target, args, kwargs)

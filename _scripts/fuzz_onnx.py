@@ -1,0 +1,49 @@
+"""Random traced programs exported to ONNX and compared with eager in onnxruntime.
+
+``PYTHONPATH=. python _scripts/fuzz_onnx.py --count 200`` prints the outcome counts
+(correct / narrowed / refused / eager_failed / wrong) and the most frequent refusals;
+``--show-wrong`` prints every wrong program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import time
+
+from unittests.torch.onnx.onnx_program_harness import run_onnx_program
+from unittests.torch.tracing.program_generator import generate_program
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--start", type=int, default=0, help="first seed")
+    parser.add_argument("--count", type=int, default=100, help="number of programs")
+    parser.add_argument("--show-wrong", action="store_true", help="print wrong programs")
+    options = parser.parse_args()
+    counts: collections.Counter = collections.Counter()
+    refusals: collections.Counter = collections.Counter()
+    start = time.perf_counter()
+    for seed in range(options.start, options.start + options.count):
+        outcome = run_onnx_program(generate_program(seed))
+        counts[outcome.kind] += 1
+        if outcome.kind == "refused":
+            # file names and numbers differ between programs: the kind of refusal stays
+            refusals[re.sub(r"/\S+:\d+|\d+", "#", outcome.message)[:140]] += 1
+        if outcome.kind == "wrong" and options.show_wrong:
+            print(outcome.report(), end="\n\n")
+    elapsed = time.perf_counter() - start
+    print(
+        f"{options.count} programs in {elapsed:.1f} s: "
+        + ", ".join(
+            f"{kind} {counts[kind]}"
+            for kind in ("correct", "narrowed", "refused", "eager_failed", "wrong")
+        )
+    )
+    for message, count in refusals.most_common():
+        print(f"  {count:4d}  {message}")
+
+
+if __name__ == "__main__":
+    main()

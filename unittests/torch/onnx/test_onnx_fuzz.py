@@ -1,0 +1,28 @@
+"""Differential test: random traced programs exported to ONNX and compared with eager
+in onnxruntime at three sizes (:mod:`.onnx_program_harness`).
+
+A batch fails on any ``wrong`` outcome: onnxruntime failing or differing from eager on
+inputs inside the constraints the export reported. Refusals are allowed (they are
+counted by ``python _scripts/fuzz_onnx.py --count 200``), but most programs must export.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ..tracing.program_generator import generate_program
+from .onnx_program_harness import run_onnx_program
+
+PROGRAMS_PER_BATCH = 10
+BATCHES = 2
+
+
+@pytest.mark.parametrize("batch", range(BATCHES))
+def test_random_programs_match_eager_in_onnxruntime(batch):
+    seeds = range(batch * PROGRAMS_PER_BATCH, (batch + 1) * PROGRAMS_PER_BATCH)
+    outcomes = [run_onnx_program(generate_program(seed)) for seed in seeds]
+    wrong = [o for o in outcomes if o.kind == "wrong"]
+    assert not wrong, "onnxruntime differs from eager:\n\n" + "\n\n".join(o.report() for o in wrong)
+    exported = [o for o in outcomes if o.kind in ("correct", "narrowed")]
+    assert len(exported) >= PROGRAMS_PER_BATCH // 2, [o.message for o in outcomes]
+    assert sum(o.checked for o in exported) >= len(exported) * 2

@@ -1,0 +1,92 @@
+"""ONNX names of the tensors of a ``transformers`` cache, in inputs and outputs.
+
+A decode step takes a ``DynamicCache`` and returns it updated: the flat names of
+both would be the same (``past_key_values_key_cache_0``), and an ONNX output cannot
+share its name with an input. The convention of Hugging Face's ONNX exports is used:
+
+* an input cache passed as argument ``past_key_values`` gives the inputs
+  ``past_key_values.<layer>.key`` and ``past_key_values.<layer>.value`` (the
+  argument's name is the prefix);
+* a cache in the outputs gives ``present.<layer>.key`` and ``present.<layer>.value``
+  (a second cache in the outputs: ``present_1.<layer>.key``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..tracing.inputs import bind_arguments, placeholder_names, register_cache_flattening
+
+#: prefix of the tensors of a cache in the outputs
+PRESENT = "present"
+
+
+def _is_cache(value: Any) -> bool:
+    layers = getattr(value, "layers", None)
+    return (
+        isinstance(layers, (list, tuple))
+        and type(value).__name__.endswith("Cache")
+        and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers)
+    )
+
+
+def _caches(value: Any) -> list[Any]:
+    """The caches found in a structure, in pytree order."""
+    if _is_cache(value):
+        return [value]
+    found = []
+    if isinstance(value, Mapping):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    elif type(value) in pytree.SUPPORTED_NODES:
+        items = pytree.SUPPORTED_NODES[type(value)].flatten_fn(value)[0]
+    else:
+        return found
+    for item in items:
+        found.extend(_caches(item))
+    return found
+
+
+def cache_tensor_names(cache: Any, prefix: str) -> dict[int, str]:
+    """``id(tensor) -> "<prefix>.<layer>.key"`` (or ``.value``) for a cache."""
+    names = {}
+    for index, layer in enumerate(cache.layers):
+        for kind, tensor in (("key", layer.keys), ("value", layer.values)):
+            if isinstance(tensor, torch.Tensor):
+                names[id(tensor)] = f"{prefix}.{index}.{kind}"
+    return names
+
+
+def onnx_input_names(
+    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
+) -> dict[str, str]:
+    """Input (placeholder) name -> ONNX input name, for the inputs that are in a cache."""
+    bound = bind_arguments(model.forward, tuple(args), dict(kwargs))
+    if not any(_caches(value) for value in bound.values()):
+        return {}
+    register_cache_flattening(list(bound.values()))
+    names: dict[int, str] = {}
+    for arg_name, value in bound.items():
+        for cache in _caches(value):
+            names.update(cache_tensor_names(cache, arg_name))
+    leaves_with_path = pytree.tree_flatten_with_path(list(bound.values()))[0]
+    flat_names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
+    return {
+        flat: names[id(leaf)]
+        for flat, (_, leaf) in zip(flat_names, leaves_with_path)
+        if id(leaf) in names
+    }
+
+
+def present_names(structure: Any) -> dict[int, str]:
+    """``id(tensor) -> "present.<layer>.key"`` for the caches of an output structure."""
+    names: dict[int, str] = {}
+    for index, cache in enumerate(_caches(structure)):
+        prefix = PRESENT if index == 0 else f"{PRESENT}_{index}"
+        names.update(cache_tensor_names(cache, prefix))
+    return names
