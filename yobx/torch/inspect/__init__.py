@@ -9,7 +9,7 @@
     print(first_divergence(result.graph, result.onnx))
 """
 
-from .chrome_trace import (
+from ..chrome_trace import (
     JSONTraceHandler,
     StageRecorder,
     TraceHandler,

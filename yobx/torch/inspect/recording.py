@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .chrome_trace import JSONTraceHandler, current_rss_bytes
+from ..chrome_trace import JSONTraceHandler, current_rss_bytes
 from .results import TraceCall, TraceStage
 from .trace_result import TraceResult
 from .values import SummaryCache, summarize

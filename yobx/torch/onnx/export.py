@@ -388,7 +388,7 @@ def to_onnx(
             )
             info["max_abs_error"] = result.validation.max_abs_error
     if profile is not None:
-        from yobx.torch.inspect.chrome_trace import write_stage_profile
+        from ..chrome_trace import write_stage_profile
 
         write_stage_profile(result.stages, profile)
     return result
