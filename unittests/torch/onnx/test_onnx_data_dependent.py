@@ -67,7 +67,7 @@ def _mask_sets(shape):
         (_Unique(), None),
         (_Bincount(), None),
         (_RepeatInterleave(), ["repeat_interleave_dim0", 3]),
-        (_MaskInCond(), ["cond_ccop_0_dim0"]),
+        (_MaskInCond(), ["cond_0_dim0"]),
     ],
     ids=["mask", "nonzero", "masked_select", "unique", "bincount", "repeat_interleave", "cond"],
 )

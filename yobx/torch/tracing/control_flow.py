@@ -91,13 +91,8 @@ def trace_subgraph(tracer, fn: Callable, inputs: list[Any], prefix: str):
     :return: (graph, lifted outer nodes in placeholder order, flat output vals,
         output spec)
     """
-    outer = tracer.graph
     graph = torch.fx.Graph(tracer_cls=type(tracer))
-    tracer.graph = graph
-    tracer._lift_stack.append({})
-    saved_cache = tracer._shape_cache
-    tracer._shape_cache = {}
-    try:
+    with tracer.subgraph(graph) as lifted:
         args = []
         for i, value in enumerate(inputs):
             if isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -117,17 +112,12 @@ def trace_subgraph(tracer, fn: Callable, inputs: list[Any], prefix: str):
                 )
         output = graph.output(tuple(tracer.create_arg(v) for v in flat))
         vals = [n.meta["val"] for n in output.args[0]]
-        lifted = list(tracer._lift_stack[-1])
-    finally:
-        tracer._lift_stack.pop()
-        tracer.graph = outer
-        tracer._shape_cache = saved_cache
     graph.lint()
     return graph, lifted, vals, spec
 
 
 def _register_subgraph(tracer, graph: torch.fx.Graph, prefix: str) -> Node:
-    return tracer.register_callable(f"_cb_{prefix}_{len(tracer._subgraphs)}", graph)
+    return tracer.register_callable(f"_cb_{prefix}_{len(tracer.registered_callables)}", graph)
 
 
 def _fake(value: Any) -> Any:
@@ -179,10 +169,10 @@ def cond_function(original: Callable) -> Callable:
             false_node,
             tuple(tracer.create_arg(o) for o in operands) + tuple(lifted),
         )
-        node = tracer.create_node("call_function", CondCCOp(), args, {})
+        node = tracer.create_node("call_function", CondCCOp(), args, {}, name="cond")
         node.meta["stack_trace"] = tracer.stack_trace()
         outputs = _outputs(tracer, node, merged, spec)
-        tracer._bind_unbacked(node, node.meta["val"])
+        tracer.bind_unbacked(node, node.meta["val"])
         return outputs
 
     return cond
@@ -321,7 +311,7 @@ def scan_function(original: Callable) -> Callable:
             [tracer.create_arg(v) for v in xs],
             [tracer.create_arg(v) for v in additional_inputs] + lifted,
         )
-        node = tracer.create_node("call_function", ScanCCOp(), args, {})
+        node = tracer.create_node("call_function", ScanCCOp(), args, {}, name="scan")
         node.meta["stack_trace"] = tracer.stack_trace()
         return tuple(_outputs(tracer, node, out_vals, pytree.tree_flatten(tuple(out_vals))[1]))
 
@@ -488,7 +478,7 @@ def _inline(tracer, batched: torch.fx.GraphModule, outer_inputs: list[Node], out
         if node not in before:
             node.meta.setdefault("stack_trace", stack_trace)
             if node.op == "get_attr":
-                node.meta["val"] = tracer.dims.from_real(tracer._constants[node.target])
+                node.meta["val"] = tracer.dims.from_real(tracer.constant(node.target))
     flat = pytree.tree_leaves(out)
     proxies = [tracer.proxy(n) if isinstance(n, Node) else n for n in flat]
     return pytree.tree_unflatten(proxies, out_spec)

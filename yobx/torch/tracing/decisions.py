@@ -100,9 +100,9 @@ class DecisionsMixin:
             raise self.missing_example_error(obj, "a Python bool (if, assert, and/or)")
         val = obj.node.meta.get("val")
         if isinstance(val, torch.SymBool):
-            return self._decide(val)
+            return self.decide(val)
         if isinstance(val, (torch.SymInt, torch.SymFloat)):
-            return self._decide(val != 0)
+            return self.decide(val != 0)
         if isinstance(val, torch.Tensor):
             raise TracingError.at(
                 self.location(),
@@ -112,7 +112,7 @@ class DecisionsMixin:
             )
         return bool(val)
 
-    def _decide(self, val: torch.SymBool, what: str = "") -> bool:
+    def decide(self, val: torch.SymBool, what: str = "") -> bool:
         """Decides a condition: proved, or adopted from the example as a constraint."""
         decided = self.dims.decide(val)
         location = self.location()

@@ -138,10 +138,10 @@ def assign_traced_buffer(tracer: Any, module: torch.nn.Module, name: str, value:
     Returns False to let a value that is not traced through (it is restored after the
     trace by :func:`preserved_modules`).
     """
-    if tracer._in_fake or not isinstance(value, CustomProxy):
+    if tracer.running_fake or not isinstance(value, CustomProxy):
         return False
     buffer = module._buffers[name]
-    qualified = tracer._tensor_names.get(id(buffer))
+    qualified = tracer.tensor_name(buffer)
     if qualified is None:
         return False
     node = value.node

@@ -143,8 +143,7 @@ def _trace_recursively(
             inputs=inputs,
         )
     )
-    tracer = RobustTracer()
-    tracer._shared_recording = recording
+    tracer = RobustTracer(recording=recording)
     try:
         graph = tracer.trace(module, concrete_args, dynamic_shapes)
     except Exception as e:

@@ -107,7 +107,16 @@ class RobustTracer(CustomTracer):
     # isolated as a leaf like any other failure
     _strict_at_once = True
 
-    def __init__(self, **kwargs: Any):
+    def __init__(
+        self,
+        recording: dict[torch.nn.Module, list[RecordedCall]] | None = None,
+        **kwargs: Any,
+    ):
+        """
+        :param recording: inputs each module received in one eager run of the model
+            (:func:`~yobx.torch.tracing.record_calls`); made when first needed if None
+        :param kwargs: see :class:`~yobx.torch.tracing.CustomTracer`
+        """
         super().__init__(**kwargs)
         self._failures: dict[torch.nn.Module, ModuleFailure] = {}
         self._called: dict[torch.nn.Module, str] = {}
@@ -115,7 +124,7 @@ class RobustTracer(CustomTracer):
         self._leaf_call_count: dict[torch.nn.Module, int] = {}
         self._unvisited: dict[torch.nn.Module, str] = {}
         self._recording: dict[torch.nn.Module, list[RecordedCall]] | None = None
-        self._shared_recording: dict[torch.nn.Module, list[RecordedCall]] | None = None
+        self._shared_recording = recording
         self._user_root: torch.nn.Module | None = None
         self._example: tuple[tuple, dict] | None = None
         #: number of attempts the last :meth:`trace` needed

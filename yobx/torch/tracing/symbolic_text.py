@@ -138,7 +138,7 @@ class SymbolicText(str):
                 f"f-string; a message may show it, a computation needs the dimension itself)"
             )
             if isinstance(proxy.node.meta.get("val"), torch.SymBool):
-                tracer._decide(proxy.node.meta["val"], what)
+                tracer.decide(proxy.node.meta["val"], what)
             else:
                 tracer.python_number(proxy, what)
         return self.example

@@ -7,7 +7,7 @@ import collections
 import contextlib
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sympy
@@ -677,6 +677,42 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         self._constant_nodes[key] = node
         return node
 
+    @property
+    def running_fake(self) -> bool:
+        """Whether the tracer is running an operation on fake values (module attribute
+        assignments inside it are torch's, not the user's)."""
+        return bool(self._in_fake)
+
+    def tensor_name(self, tensor: torch.Tensor) -> str | None:
+        """The qualified name of a parameter or buffer of the traced module, or None."""
+        return self._tensor_names.get(id(tensor))
+
+    def constant(self, name: str) -> torch.Tensor:
+        """The tensor stored by :meth:`add_constant` under ``name``."""
+        return self._constants[name]
+
+    @property
+    def registered_callables(self) -> dict[str, Any]:
+        """What :meth:`register_callable` stored, by name (read only)."""
+        return dict(self._subgraphs)
+
+    @contextlib.contextmanager
+    def subgraph(self, graph: torch.fx.Graph) -> Iterator[list[Node]]:
+        """Records into ``graph`` while the block runs (branches of ``torch.cond``, the
+        body of a scan). Values of the enclosing graph used inside become placeholders
+        of ``graph``; the yielded list receives those outer nodes, in placeholder
+        order, when the block ends."""
+        outer, saved_cache = self.graph, self._shape_cache
+        self.graph, self._shape_cache = graph, {}
+        self._lift_stack.append({})
+        lifted: list[Node] = []
+        try:
+            yield lifted
+            lifted.extend(self._lift_stack[-1])
+        finally:
+            self._lift_stack.pop()
+            self.graph, self._shape_cache = outer, saved_cache
+
     def add_constant(self, tensor: torch.Tensor) -> str:
         """Stores a tensor created while tracing on the traced model; returns its name.
 
@@ -767,7 +803,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                 self._shape_cache.pop(args_[0], None)
             val = self._run_fake(node)
             node.meta["val"] = val
-            self._bind_unbacked(node, val)
+            self.bind_unbacked(node, val)
             constant = constant_value(val)
             if constant is not NOT_CONSTANT:
                 if _has_symbol(node.args):
@@ -782,7 +818,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
             return proxy_factory_fn(node)
         return self.proxy(node)
 
-    def _bind_unbacked(self, node: Node, val: Any) -> None:
+    def bind_unbacked(self, node: Node, val: Any) -> None:
         """Records where the sizes only known at run time (``x[mask]``, ``nonzero``)
         appear in the node's value, as torch.export does (``meta["unbacked_bindings"]``):
         a later re-run of the graph (the ONNX lowering) creates new symbols for them
@@ -911,7 +947,7 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         for d in dims:
             size = x.shape[d]
             if isinstance(size, torch.SymInt) and size.node.maybe_as_int() is None:
-                self._decide(size == 1, "squeeze: the dimension's size is 1")
+                self.decide(size == 1, "squeeze: the dimension's size is 1")
 
     def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
         """Runs the node's operation through torch (the fake mode must be active)."""
