@@ -7,25 +7,13 @@ import copy
 import torch
 import torch.utils._pytree as pytree
 
+from unittests.comparison import assert_same
 from yobx.torch.passes import MUTATIONS_KEY, WRITE_BACK_KEY
 
 
 def clone(values):
     """Clones every tensor of a nested structure."""
     return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, values)
-
-
-def assert_same(expected, got):
-    """Compares nested outputs exactly (same structure, same values, NaNs equal)."""
-    flat_e, spec_e = pytree.tree_flatten(expected)
-    flat_g, spec_g = pytree.tree_flatten(got)
-    assert spec_e == spec_g, f"structure differs:\n{spec_e}\n{spec_g}"
-    for e, g in zip(flat_e, flat_g):
-        if isinstance(e, torch.Tensor):
-            assert isinstance(g, torch.Tensor), type(g)
-            torch.testing.assert_close(g, e, atol=0, rtol=0, equal_nan=True)
-        else:
-            assert e == g, (e, g)
 
 
 def eager_run(model: torch.nn.Module, args: tuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from unittests.comparison import CLOSE, assert_same
 from yobx.torch.passes import remove_batch_dim_nodes
 from yobx.torch.passes.remove_batch_dim import _functorch_name
 
@@ -108,16 +109,8 @@ def test_vmap_regions_rewritten(case, strict):
     graph.lint()
     module = ep.module()
     for example in examples:
-        assert_same_close(model(*example), module(*example))
-
-
-def assert_same_close(expected, got):
-    flat_e = torch.utils._pytree.tree_leaves(expected)
-    flat_g = torch.utils._pytree.tree_leaves(got)
-    assert len(flat_e) == len(flat_g)
-    for e, g in zip(flat_e, flat_g):
         # batched kernels may sum in another order than the per-example ones
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+        assert_same(model(*example), module(*example), **CLOSE)
 
 
 def test_moving_dims_alone_would_be_wrong():
@@ -153,4 +146,4 @@ def test_torch_level_graph_from_dynamo():
     for example in (args, *others):
         flat = gm(*example)
         flat = flat[0] if isinstance(flat, (tuple, list)) else flat
-        assert_same_close(model(*example), flat)
+        assert_same(model(*example), flat, **CLOSE)

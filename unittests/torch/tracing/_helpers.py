@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from unittests.comparison import CLOSE
+from unittests.comparison import assert_same as compare_outputs
 from yobx.torch.tracing import CustomTracer
 
 
@@ -14,29 +16,10 @@ def trace_module(model, inputs: dict, dynamic_shapes=None, **kwargs):
     return tracer, graph, torch.fx.GraphModule(tracer.traced_model, graph)
 
 
-def assert_same(expected, got, atol=1e-5, rtol=1e-5):
-    """Compares nested outputs (tensors, tuples, dicts, ModelOutput) exactly in structure."""
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
-        torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
-    elif isinstance(expected, dict):
-        assert set(expected) == set(got), (sorted(expected), sorted(got))
-        for k in expected:
-            assert_same(expected[k], got[k], atol, rtol)
-    elif isinstance(expected, (tuple, list)):
-        assert len(expected) == len(got), (len(expected), len(got))
-        for a, b in zip(expected, got):
-            assert_same(a, b, atol, rtol)
-    elif type(expected) in torch.utils._pytree.SUPPORTED_NODES:
-        assert type(got) is type(expected), (type(expected), type(got))
-        assert_same(
-            torch.utils._pytree.tree_leaves(expected),
-            torch.utils._pytree.tree_leaves(got),
-            atol,
-            rtol,
-        )
-    else:
-        assert expected == got, (expected, got)
+def assert_same(expected, got, atol: float = CLOSE["atol"], rtol: float = CLOSE["rtol"]):
+    """:func:`unittests.comparison.assert_same` with the tolerances of captures, whose
+    graphs may call other kernels than eager (decompositions, batched forms)."""
+    compare_outputs(expected, got, atol, rtol)
 
 
 def check_trace(model, inputs: dict, dynamic_shapes=None, other_inputs=(), **kwargs):
