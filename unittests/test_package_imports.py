@@ -21,6 +21,7 @@ LAYERS = {
     "yobx.torch.ops": 0,
     "yobx.torch.node_text": 0,
     "yobx.torch.chrome_trace": 0,
+    "yobx.torch.tolerances": 0,
     "yobx.torch.passes": 0,
     "yobx.torch.tracing": 1,
     "yobx.torch.onnx": 2,

@@ -6,12 +6,11 @@ from typing import Any
 
 import torch
 
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .results import RecordedStages, TraceCall, TraceStage
 from .values import TensorSummary, ValueSummary, flatten_summaries, short_text
 
 #: Default absolute and relative tolerances, loose enough for ONNX vs eager in float32.
-DEFAULT_ATOL = 1e-4
-DEFAULT_RTOL = 1e-3
 
 
 class ValueComparison:

@@ -14,6 +14,7 @@ import torch.utils._pytree as pytree
 
 from yobx.torch.onnx.sizes import example_assignment, inputs_for_sizes, size_variants
 from yobx.torch.passes import MUTATIONS_KEY
+from yobx.torch.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from yobx.torch.tracing.inputs import bind_arguments
 
 
@@ -74,8 +75,8 @@ class ValidationReport:
     """
 
     cases: list[ValidationCase]
-    atol: float = 1e-4
-    rtol: float = 1e-4
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
     problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -357,8 +358,8 @@ def validate(
     onnx_model: Any,
     inputs_list: Sequence[Any],
     *,
-    atol: float = 1e-4,
-    rtol: float = 1e-4,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
     descriptions: Sequence[str] | None = None,
     mutations: Sequence[Mapping[str, Any]] = (),
 ) -> ValidationReport:
