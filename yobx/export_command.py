@@ -78,25 +78,28 @@ def _weights_source(weights: list[str] | None) -> Any:
 
 def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
     from yobx.models import ModelLoadError, load_model
+    from yobx.torch.onnx.weight_sources import (
+        WeightSourceError,
+        dominant_dtype,
+        open_weight_source,
+    )
 
-    dtype = None
     source = _weights_source(options.weights)
+    if options.config is not None and source is None:
+        raise CommandError("--config builds the model without weights: give --weights")
+    dtype = None
     try:
-        if options.config is not None and source is not None:
-            from yobx.torch.onnx.weight_sources import dominant_dtype, open_weight_source
-
+        if source is not None:
+            # only the headers are read: a bad source fails before the export
             dtype = dominant_dtype(open_weight_source(source))
-        if options.config is not None and source is None:
-            raise CommandError("--config builds the model without weights: give --weights")
         return load_model(options.model, config=options.config, dtype=dtype)
-    except ModelLoadError as exc:
-        raise CommandError(str(exc)) from exc
-    except ValueError as exc:  # WeightSourceError
+    except (ModelLoadError, WeightSourceError) as exc:
         raise CommandError(str(exc)) from exc
 
 
 def _run_stage(label: str, function, *args, **kwargs):
     from yobx.torch.onnx import OnnxExportError
+    from yobx.torch.onnx.weights import WeightsMismatchError
 
     try:
         return function(*args, **kwargs)
@@ -109,6 +112,8 @@ def _run_stage(label: str, function, *args, **kwargs):
                 '(or pip install "yobx[validate]")',
             ) from exc
         raise
+    except WeightsMismatchError as exc:
+        raise CommandError(str(exc)) from exc
     except OnnxExportError as exc:
         raise CommandError(f"{label} failed: {exc}", EXIT_FAILURE) from exc
     except Exception as exc:
@@ -122,10 +127,11 @@ def run_export(options: argparse.Namespace) -> int:
     """Runs ``yobx export``; returns the exit status."""
     start = time.perf_counter()
     model, args, kwargs, declared = _load(options)
-    print(f"yobx: {'load':<10} {time.perf_counter() - start:8.3f} s", file=sys.stderr)
     dynamic_shapes = resolve_dynamic_shapes(options, model, args, kwargs, declared)
 
     from yobx.torch.onnx import to_onnx
+
+    print(f"yobx: {'load':<10} {time.perf_counter() - start:8.3f} s", file=sys.stderr)
 
     result = _run_stage(
         "export",
@@ -173,12 +179,16 @@ def _dims(value: Any) -> str:
 
 
 def _dtype(value: Any) -> str:
-    return value.dtype.name.lower() if value.dtype is not None else "?"
+    if value.dtype is None:
+        return "?"
+    try:
+        return value.dtype.numpy().name
+    except (TypeError, ValueError):
+        return value.dtype.name.lower()
 
 
-def _print_values(title: str, values: Any) -> None:
+def _print_values(title: str, values: Any, width: int) -> None:
     print(title)
-    width = max((len(v.name) for v in values), default=0)
     for value in values:
         print(f"  {value.name:<{width}}  {_dtype(value):<8} {_dims(value)}")
 
@@ -217,8 +227,9 @@ def print_summary(result: Any, total_s: float) -> None:
     """Prints what was exported: inputs, outputs, constraints, files, validation."""
     graph = result.model.graph
     print("summary")
-    _print_values("inputs", graph.inputs)
-    _print_values("outputs", graph.outputs)
+    width = max((len(v.name) for v in [*graph.inputs, *graph.outputs]), default=0)
+    _print_values("inputs", graph.inputs, width)
+    _print_values("outputs", graph.outputs, width)
     dims = ", ".join(result.dynamic_dimensions) or "none (static)"
     print(f"dynamic dimensions  {dims}")
     print(f"constraints         {len(result.constraints) or 'none'}")

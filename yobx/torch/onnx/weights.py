@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import onnx_ir as ir
@@ -309,16 +309,34 @@ def apply_weights(
     )
 
 
+def _tie_again(module: torch.nn.Module, groups: list[list[str]]) -> None:
+    """Tied weights loaded under one name: the other names get the same tensor
+    (``load_state_dict(assign=True)`` replaces each name separately)."""
+    for names in groups:
+        loaded = [n for n in names if module.get_parameter(n).device.type != "meta"]
+        if not loaded:
+            continue
+        tensor = module.get_parameter(loaded[0])
+        for name in names:
+            if module.get_parameter(name) is not tensor:
+                owner_name, _, attribute = name.rpartition(".")
+                setattr(module.get_submodule(owner_name), attribute, tensor)
+
+
 def load_weights_into(module: torch.nn.Module, source: Any) -> None:
     """Gives ``module`` the weights of ``source`` (for an eager run of a model built on
     the meta device); buffers absent from the source keep their values.
 
-    :raises WeightsMismatchError: a parameter missing from the source, or a parameter
-        still on the meta device after loading
+    :raises WeightsMismatchError: a parameter or buffer still on the meta device after
+        loading
     """
+    groups: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(parameter), []).append(name)
     entries = open_weight_source(source)
     state = {name: entry.load() for name, entry in entries.items()}
-    missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    missing, _ = module.load_state_dict(state, strict=False, assign=True)
+    _tie_again(module, [names for names in groups.values() if len(names) > 1])
     on_meta = [
         name
         for name, tensor in [*module.named_parameters(), *module.named_buffers()]
@@ -329,7 +347,6 @@ def load_weights_into(module: torch.nn.Module, source: Any) -> None:
             f"after loading the weights, {_listing(on_meta)} are still on the meta device"
             + (f" (missing from the source: {_listing(missing)})" if missing else "")
         )
-    del unexpected  # names the model does not have: apply_weights reports them
 
 
 def weight_bytes(model: ir.Model) -> int:
@@ -357,5 +374,3 @@ __all__ = [
     "weight_bytes",
     "weights_kept_apart",
 ]
-
-_ = Mapping  # re-exported type used in annotations of callers
