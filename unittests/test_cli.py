@@ -254,6 +254,7 @@ def test_trace_prints_graph_and_guards(yobx_command):
     assert "def forward" in result.stdout
     assert "dimensions: " in result.stdout and "-> batch" in result.stdout
     assert "guards (" in result.stdout
+    assert "constraints (" in result.stdout and "ranges: batch in [" in result.stdout
 
 
 def test_bad_input_verbose_shows_traceback(yobx_command):

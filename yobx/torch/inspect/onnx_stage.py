@@ -135,9 +135,12 @@ def onnx_feeds(
     input_names: list[str], model: torch.nn.Module, args: tuple, kwargs: dict
 ) -> dict[str, np.ndarray]:
     """Map a model-style call to the ONNX inputs: by name first, else by flattened order."""
-    from .recording import _signature_names
+    from yobx.torch.tracing.inputs import bind_arguments
 
-    named = _signature_names(model.forward, args, kwargs)
+    try:
+        named = bind_arguments(model.forward, args, kwargs)
+    except TypeError:
+        named = None
     if named and input_names and all(isinstance(named.get(n), torch.Tensor) for n in input_names):
         return {n: _to_numpy(named[n]) for n in input_names}
     source = list(named.values()) if named else [args, kwargs]

@@ -218,7 +218,7 @@ class Refinements:
                 if interval is not None:
                     kind, form = "range", interval
             expression = dims.render(form)
-            if any(fact.constraint.expression == expression for fact in self.adopted):
+            if any(adopted.constraint.expression == expression for adopted in self.adopted):
                 continue
             names = tuple(dims.symbols_of(form))
             constraint = Constraint(expression, kind, location, names)
@@ -240,7 +240,8 @@ class Refinements:
             bounds = [f"min={low}"] if low > 2 else []
             bounds += [] if high == math.inf else [f"max={high}"]
             name = render(symbol)
-            return f'{name} = torch.export.Dim("{name}", {", ".join(bounds)})'
+            arguments = "".join(f", {bound}" for bound in bounds)
+            return f'{name} = torch.export.Dim("{name}"{arguments})'
         if kind == "divisibility":
             base, divisor = form.lhs.args
             name = render(base)

@@ -64,8 +64,9 @@ class Guard:
     :param value: the value it was decided to have
     :param reason: why it is known: ``"bounds"`` (provable from the declared ranges and
         checked facts), ``"torch._check"`` (a fact the user asserted),
-        ``"specialized"`` (taken from the example because the user allowed it) or
-        ``"constant argument"`` (a Python scalar input baked into the graph)
+        ``"adopted"`` (taken from the example and recorded as a constraint, see
+        :mod:`yobx.torch.tracing.refinement`) or ``"constant argument"`` (a Python
+        scalar input baked into the graph)
     :param location: the user's ``file:line`` that required it
     """
 

@@ -14,6 +14,7 @@ import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy, TraceError
@@ -673,6 +674,8 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
     def _run_fake(self, node: Node) -> Any:
         """Runs the node's operation on the fake values of its arguments."""
         args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
+        if _is_squeeze(node):
+            self._decide_squeezed(args, kwargs)
         guards_before = len(self.shape_env.guards)
         known = self.dims.snapshot()
         self._in_fake += 1
@@ -712,6 +715,13 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
                     )
         except (TraceError, shape_rules.ShapeRuleMismatch):
             raise
+        except GuardOnDataDependentSymNode as e:
+            # an operation whose result depends on tensor values (x[mask].view(n, ...))
+            raise self.refinements.data_dependent_error(
+                e.cond if hasattr(e, "cond") else sympy.true,
+                self.location(),
+                f"{_describe(node)} needs a decision on",
+            ) from e
         except Exception as e:
             raise TraceError(
                 f"{self.location()}: {_describe(node)} failed on fake tensors "
@@ -724,6 +734,24 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return val
+
+    def _decide_squeezed(self, args: tuple, kwargs: dict) -> None:
+        """``squeeze`` removes the dimensions of size 1: which ones decides the rank of
+        its output, so each dynamic one is a decision the graph relies on (torch's fake
+        kernel answers "not 1" without recording anything: a graph running with such a
+        dimension of size 1 would compute with the wrong rank)."""
+        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        if not isinstance(x, torch.Tensor):
+            return
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dims is None:
+            dims = range(x.dim())
+        elif isinstance(dims, int):
+            dims = [dims]
+        for d in dims:
+            size = x.shape[d]
+            if isinstance(size, torch.SymInt) and size.node.maybe_as_int() is None:
+                self._decide(size == 1, "squeeze: the dimension's size is 1")
 
     def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
         """Runs the node's operation through torch (the fake mode must be active)."""
@@ -798,6 +826,12 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         their node gives them the behaviour of :class:`CustomProxy`.
         """
         return iter(self.proxy(obj.node))
+
+
+def _is_squeeze(node: Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ("squeeze", "squeeze_")
+    return node.op == "call_function" and node.target in (torch.squeeze, torch.Tensor.squeeze)
 
 
 def _is_convolution(node: Node, module: torch.nn.Module | None) -> bool:
