@@ -16,6 +16,9 @@ import textwrap
 import onnx
 import pytest
 
+from yobx.cli import main
+from yobx.cli_support import CommandError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("capture", "passes", "lower", "translate", "optimize", "save", "validate")
 
@@ -238,14 +241,42 @@ def test_hf_config_and_sharded_weights(yobx_command, tmp_path):
         "trace-unknown",
     ],
 )
-def test_bad_input_exits_with_one_line(yobx_command, args, message):
-    result = yobx_command(*args)
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
+def test_bad_input_exits_with_one_line(args, message, capsys, monkeypatch, tmp_path):
+    # in this process (the subprocess tests cover the script): bad input is found
+    # before anything is exported
+    monkeypatch.chdir(tmp_path)
+    status = main(list(args))
+    captured = capsys.readouterr()
+    assert status == 2, (captured.out, captured.err)
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
     assert lines[0].startswith("yobx: error: ")
     assert message in lines[0]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in captured.err
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_validate_without_onnxruntime_says_what_to_install(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime fails
+    status = main(["export", "tiny-cnn", "-o", str(tmp_path / "cnn.onnx"), "--validate"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert err[-1] == (
+        "yobx: error: --validate needs onnxruntime, a dependency of yobx: pip install onnxruntime"
+    )
+
+
+def test_hf_weights_find_the_config_next_to_them(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    from yobx.export_command import _config_next_to
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CommandError, match="give --config path/to/config.json"):
+        _config_next_to(str(tmp_path / "model.safetensors"), "hf:LlamaForCausalLM")
+    (tmp_path / "config.json").write_text("{}")
+    expected = str(tmp_path / "config.json")
+    assert _config_next_to(str(tmp_path / "model.safetensors"), "hf:X") == expected
+    assert _config_next_to(str(tmp_path), "hf:X") == expected
 
 
 def test_trace_prints_graph_and_guards(yobx_command):

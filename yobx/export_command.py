@@ -44,7 +44,8 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
         "--config",
         default=None,
         help="with hf:<Architecture>, a config.json (or its directory): the model is "
-        "built at its real size with parameters on the meta device",
+        "built at its real size with parameters on the meta device (default: the "
+        "config.json next to --weights)",
     )
     export.add_argument(
         "--weights",
@@ -76,6 +77,20 @@ def _weights_source(weights: list[str] | None) -> Any:
     return weights[0] if len(weights) == 1 else list(weights)
 
 
+def _config_next_to(weights: str, model: str) -> str:
+    """The ``config.json`` of a Hugging Face checkpoint, next to its weights: the tiny
+    configuration of ``hf:<Architecture>`` has other shapes than a real checkpoint."""
+    directory = weights if os.path.isdir(weights) else os.path.dirname(os.path.abspath(weights))
+    config = os.path.join(directory, "config.json")
+    if not os.path.isfile(config):
+        raise CommandError(
+            f"{model} with --weights needs the checkpoint's configuration: no config.json "
+            f"next to {weights!r}, give --config path/to/config.json"
+        )
+    print(f"yobx: config     {config}", file=sys.stderr)
+    return config
+
+
 def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
     from yobx.models import ModelLoadError, load_model
     from yobx.torch.onnx.weight_sources import (
@@ -87,6 +102,8 @@ def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
     source = _weights_source(options.weights)
     if options.config is not None and source is None:
         raise CommandError("--config builds the model without weights: give --weights")
+    if options.model.startswith("hf:") and source is not None and options.config is None:
+        options.config = _config_next_to(options.weights[0], options.model)
     dtype = None
     try:
         if source is not None:
@@ -108,8 +125,7 @@ def _run_stage(label: str, function, *args, **kwargs):
     except ImportError as exc:
         if "onnxruntime" in str(exc):
             raise CommandError(
-                "--validate needs onnxruntime: pip install onnxruntime "
-                '(or pip install "yobx[validate]")',
+                "--validate needs onnxruntime, a dependency of yobx: pip install onnxruntime"
             ) from exc
         raise
     except WeightsMismatchError as exc:

@@ -19,6 +19,7 @@ from yobx.torch.onnx.weights import (
     WeightsNotAppliedError,
     empty_weights,
     load_weights_into,
+    pending_weights,
 )
 
 CONFIG = TinyLLMConfig()
@@ -101,11 +102,16 @@ def test_meta_export_with_applied_weights_matches_real_export(reference, kind, t
         got = _run(path, kwargs)
         for e, g in zip(expected, got):
             np.testing.assert_array_equal(e, g)
+        with torch.no_grad():
+            eager = reference["model"](**kwargs)["logits"].numpy()
+        np.testing.assert_allclose(got[0], eager, atol=1e-5, rtol=1e-5)
 
 
-def test_meta_export_reads_no_weight():
+def test_meta_export_reads_no_weight(reference):
     result = _meta_export()
     assert result.weight_bytes > 0
+    # every parameter is an initializer without data, named after the state dict
+    assert set(pending_weights(result.model)) == set(reference["state"])
     # the graph is checked and described without its weights
     assert result.n_onnx_nodes > 0
     assert "logits" in result.output_names
