@@ -165,10 +165,15 @@ def test_factory_dims_derived_from_input_roles(yobx_command, user_directory):
     assert "OK: " in result.stdout
 
 
-def test_factory_without_dims_or_roles_says_how_to_declare(yobx_command, user_directory):
-    result = yobx_command("export", "mymodels:undeclared", "-o", "u.onnx", cwd=user_directory)
-    assert result.returncode == 2, result.stdout
-    message = result.stderr.strip()
+def test_factory_without_dims_or_roles_says_how_to_declare(
+    yobx_command, user_directory, capsys, monkeypatch
+):
+    monkeypatch.chdir(user_directory)
+    monkeypatch.delitem(sys.modules, "mymodels", raising=False)
+    status = main(["export", "mymodels:undeclared", "-o", "u.onnx"])
+    sys.modules.pop("mymodels", None)
+    assert status == 2
+    message = capsys.readouterr().err.strip()
     assert message.startswith("yobx: error: 'mymodels:undeclared' declares no dynamic shapes")
     assert "'input' (float32 [2, 8])" in message
     assert "dynamic_shapes" in message and "--static" in message
@@ -178,6 +183,7 @@ def test_factory_without_dims_or_roles_says_how_to_declare(yobx_command, user_di
         "export", "mymodels:undeclared", "-o", "u.onnx", "--static", cwd=user_directory
     )
     assert static.returncode == 0, static.stderr
+    assert _dims(onnx.load(str(user_directory / "u.onnx")).graph.input[0]) == [2, 8]
 
 
 def test_hf_config_and_sharded_weights(yobx_command, tmp_path):
@@ -264,6 +270,15 @@ def test_validate_without_onnxruntime_says_what_to_install(capsys, monkeypatch, 
     assert err[-1] == (
         "yobx: error: --validate needs onnxruntime, a dependency of yobx: pip install onnxruntime"
     )
+
+
+def test_validate_and_weights_need_no_extra():
+    # pip install yobx gives a working --validate and --weights
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ ]", dependency)[0] for dependency in dependencies}
+    assert {"onnxruntime", "safetensors", "onnx-ir"} <= names
 
 
 def test_hf_weights_find_the_config_next_to_them(capsys, monkeypatch, tmp_path):
