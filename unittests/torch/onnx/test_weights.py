@@ -18,6 +18,7 @@ from yobx.torch.onnx.weights import (
     WeightsMismatchError,
     WeightsNotAppliedError,
     empty_weights,
+    is_pending,
     load_weights_into,
     pending_weights,
 )
@@ -141,7 +142,11 @@ def test_fully_meta_model_needs_its_computed_buffers(reference, tmp_path):
     kwargs, shapes = _inputs()
     with torch.device("meta"):
         model = TinyLLM(CONFIG).eval()
+    assert model.rotary.inv_freq.device.type == "meta"
     result = to_onnx(model, (), kwargs, dynamic_shapes=shapes)
+    assert "rotary.inv_freq" in result.weight_names.names
+    inv_freq = result.model.graph.initializers["rotary.inv_freq"].const_value
+    assert is_pending(inv_freq), inv_freq
     with pytest.raises(WeightsMismatchError, match="non-persistent buffers") as info:
         result.apply_weights(reference["single"])
     assert "'rotary.inv_freq'" in str(info.value)
