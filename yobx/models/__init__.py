@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -48,38 +51,84 @@ def _normalize(result: Any, origin: str) -> tuple[Any, tuple, dict, Any]:
     return model, tuple(args), dict(kwargs or {}), dynamic_shapes
 
 
-def load_model(name: str) -> tuple[Any, tuple, dict, Any]:
+def _import_module(module_name: str) -> Any:
+    """Imports ``package.module`` or ``path/to/file.py``; modules in the current
+    directory are found (as ``python -m`` finds them, which the ``yobx`` script does
+    not do by itself)."""
+    if module_name.endswith(".py"):
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"cannot import module {module_name!r}: no such file")
+        spec = importlib.util.spec_from_file_location(
+            os.path.splitext(os.path.basename(path))[0], path
+        )
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return module
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(f"cannot import module {module_name!r}: {exc}") from exc
+    finally:
+        if added:
+            sys.path.remove(cwd)
+
+
+def _load_hf(name: str, config: str | None, dtype: Any) -> tuple[Any, tuple, dict, Any]:
+    architecture = name[3:]
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise ModelLoadError(f"{name}: transformers is not installed") from exc
+    from yobx.models.huggingface import hf_model, hf_model_from_config
+
+    try:
+        if config is None:
+            return _normalize(hf_model(architecture), name)
+        return _normalize(hf_model_from_config(architecture, config, dtype=dtype), name)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"{name}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_model(
+    name: str, config: str | None = None, dtype: Any = None
+) -> tuple[Any, tuple, dict, Any]:
     """Returns ``(model, args, kwargs, dynamic_shapes)`` for a model name.
 
     :param name: a built-in demo (``tiny-llm``, ``tiny-cnn``, ``tiny-lstm``,
-        ``tiny-gru``, ``transformer-encoder``), ``package.module:factory`` where the
-        factory returns ``(model, args[, kwargs[, dynamic_shapes]])``, or
-        ``hf:<Architecture>`` (``hf:LlamaForCausalLM``) for a Hugging Face model built
-        from a tiny configuration with random weights
+        ``tiny-gru``, ``transformer-encoder``), ``module:factory`` (a module importable
+        from the current directory, or ``path/to/file.py:factory``) where the factory
+        returns ``(model, args[, kwargs[, dynamic_shapes]])``, or ``hf:<Architecture>``
+        (``hf:LlamaForCausalLM``) for a Hugging Face model built from a tiny
+        configuration with random weights
+    :param config: with ``hf:<Architecture>``, a ``config.json`` (or its directory):
+        the model is built from it with its parameters on the meta device, to be
+        exported and given its weights afterwards
+    :param dtype: with ``config``, the dtype of the parameters (the checkpoint's)
     :raises ModelLoadError: unknown name, missing module or factory, failing factory
     """
+    if config is not None and not name.startswith("hf:"):
+        raise ModelLoadError(
+            f"a configuration applies to hf:<Architecture> models, not to {name!r}"
+        )
     if name in DEMOS:
         return _normalize(DEMOS[name](), f"demo {name!r}")
     if name.startswith("hf:"):
-        architecture = name[3:]
-        try:
-            import transformers  # noqa: F401
-        except ImportError as exc:
-            raise ModelLoadError(f"{name}: transformers is not installed") from exc
-        from yobx.models.huggingface import hf_model
-
-        try:
-            return _normalize(hf_model(architecture), name)
-        except ModelLoadError:
-            raise
-        except Exception as exc:
-            raise ModelLoadError(f"{name}: {type(exc).__name__}: {exc}") from exc
+        return _load_hf(name, config, dtype)
     if ":" in name:
-        module_name, _, attribute = name.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ModelLoadError(f"cannot import module {module_name!r}: {exc}") from exc
+        module_name, _, attribute = name.rpartition(":")
+        module = _import_module(module_name)
         factory = getattr(module, attribute, None)
         if factory is None or not callable(factory):
             raise ModelLoadError(f"module {module_name!r} has no callable {attribute!r}")
@@ -91,7 +140,7 @@ def load_model(name: str) -> tuple[Any, tuple, dict, Any]:
     known = ", ".join(sorted(DEMOS))
     raise ModelLoadError(
         f"unknown model {name!r}: expected one of {known}, "
-        "'package.module:factory' or 'hf:<Architecture>'"
+        "'module:factory', 'path/to/file.py:factory' or 'hf:<Architecture>'"
     )
 
 

@@ -5,6 +5,8 @@ Nothing is downloaded: the configuration is created in code with small sizes.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -32,12 +34,7 @@ _TINY = {
 
 def tiny_config(architecture: str) -> Any:
     """Returns a tiny configuration for ``architecture`` (e.g. ``LlamaForCausalLM``)."""
-    import transformers
-
-    model_class = getattr(transformers, architecture, None)
-    if model_class is None or not hasattr(model_class, "config_class"):
-        raise ValueError(f"transformers has no model architecture named {architecture!r}")
-    config_class = model_class.config_class
+    config_class = _model_class(architecture).config_class
     defaults = config_class()
     overrides = {k: v for k, v in _TINY.items() if hasattr(defaults, k)}
     # Special token ids of the full-size vocabulary fall outside the tiny one.
@@ -56,14 +53,17 @@ def tiny_config(architecture: str) -> Any:
     return config
 
 
-def hf_model(architecture: str, batch: int = 2, seq: int = 5):
-    """Returns ``(model, args, kwargs, dynamic_shapes)`` for a tiny random model."""
+def _model_class(architecture: str) -> Any:
     import transformers
 
-    config = tiny_config(architecture)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = getattr(transformers, architecture)(config).eval()
+    model_class = getattr(transformers, architecture, None)
+    if model_class is None or not hasattr(model_class, "config_class"):
+        raise ValueError(f"transformers has no model architecture named {architecture!r}")
+    return model_class
+
+
+def _token_inputs(model: torch.nn.Module, config: Any, batch: int, seq: int):
+    """``(model, args, kwargs, dynamic_shapes)`` with token ids and an attention mask."""
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, config.vocab_size, (batch, seq), generator=generator)
     attention_mask = torch.ones((batch, seq), dtype=torch.int64)
@@ -77,3 +77,64 @@ def hf_model(architecture: str, batch: int = 2, seq: int = 5):
     seq_dim = torch.export.Dim("seq", max=max_positions) if max_positions else "seq"
     dims = {0: "batch", 1: seq_dim}
     return model, (), kwargs, {"input_ids": dims, "attention_mask": dims}
+
+
+def hf_model(architecture: str, batch: int = 2, seq: int = 5):
+    """Returns ``(model, args, kwargs, dynamic_shapes)`` for a tiny random model."""
+    model_class = _model_class(architecture)
+    config = tiny_config(architecture)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = model_class(config).eval()
+    return _token_inputs(model, config, batch, seq)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    """Creates floating tensors in ``dtype`` (the weights' dtype: a mismatch is an
+    error when they are applied), as transformers' ``from_pretrained`` does."""
+    if dtype is None:
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def hf_model_from_config(
+    architecture: str,
+    config_path: str,
+    dtype: torch.dtype | None = None,
+    batch: int = 2,
+    seq: int = 5,
+):
+    """Returns ``(model, args, kwargs, dynamic_shapes)`` for a model of real size built
+    from ``config_path`` (a ``config.json`` or its directory) without its weights.
+
+    Parameters are on the meta device (nothing is allocated), buffers computed in
+    ``__init__`` (rotary tables) are computed on the CPU
+    (:func:`yobx.torch.onnx.weights.empty_weights`); the weights are applied to the
+    exported model.
+
+    :param architecture: a transformers model class (``LlamaForCausalLM``)
+    :param config_path: a ``config.json`` or a directory holding one
+    :param dtype: the dtype of the floating parameters (the checkpoint's)
+    """
+    import os
+
+    from yobx.torch.onnx.weights import empty_weights
+
+    model_class = _model_class(architecture)
+    if not os.path.exists(config_path):
+        raise ValueError(f"configuration {config_path!r} does not exist")
+    config = model_class.config_class.from_pretrained(config_path)
+    # Eager attention is the reference implementation; the cache object is not an
+    # input or output of the exported model.
+    config._attn_implementation = "eager"
+    config.use_cache = False
+    with empty_weights(), _default_dtype(dtype):
+        model = model_class(config).eval()
+    return _token_inputs(model, config, batch, seq)

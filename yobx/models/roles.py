@@ -1,21 +1,21 @@
-"""Dynamic shapes derived from the roles of a model's inputs, for ``yobx export
---dynamic`` on a factory that declares none.
+"""Dynamic dimensions of a model whose factory declares none, read from input roles.
 
-Only inputs whose names say what their axes are get dynamic dimensions (the names
-Hugging Face models use); a tensor input of unknown role makes the derivation fail
-with an error that says how to declare the shapes, so that ``--dynamic`` never
-silently writes a static model.
+The ``yobx`` command exports dynamic batch and sequence dimensions by default. A
+factory returning ``(model, args)`` or ``(model, args, kwargs)`` says nothing about
+them; when every tensor input has a name whose role is known (``input_ids``,
+``attention_mask``, ``pixel_values``...), the dimensions follow from the role. Any other
+input stops the export with an error saying how to declare the dimensions: an input
+never silently becomes static.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-#: input name -> ``{axis: dimension name}``
-ROLES: dict[str, dict[int, str]] = {
+#: input name -> the named axes of that role (Hugging Face's argument names)
+ROLE_AXES: dict[str, dict[int, str]] = {
     "input_ids": {0: "batch", 1: "seq"},
     "attention_mask": {0: "batch", 1: "seq"},
     "token_type_ids": {0: "batch", 1: "seq"},
@@ -24,47 +24,63 @@ ROLES: dict[str, dict[int, str]] = {
     "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
     "decoder_attention_mask": {0: "batch", 1: "decoder_seq"},
     "pixel_values": {0: "batch"},
-    "input_values": {0: "batch", 1: "length"},
+    "input_values": {0: "batch", 1: "samples"},
     "input_features": {0: "batch"},
 }
 
 
-class UnknownRoleError(ValueError):
-    """An input has no known role: its dynamic dimensions cannot be derived."""
+class UndeclaredDynamicShapesError(ValueError):
+    """Raised when the dynamic dimensions of an input cannot be derived."""
 
 
-def dynamic_shapes_from_roles(
-    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], origin: str
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).replace("torch.", "")
+        return f"{dtype} {list(value.shape)}"
+    return type(value).__name__
+
+
+def derive_dynamic_shapes(
+    model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], origin: str
 ) -> dict[str, Any]:
-    """``dynamic_shapes`` for ``model(*args, **kwargs)`` from the inputs' names.
+    """The dynamic shapes of ``model``'s inputs from their roles.
 
+    :param model: the model (its ``forward`` names the inputs)
+    :param args: positional example inputs
+    :param kwargs: keyword example inputs
     :param origin: the model's name, for the error message
-    :raises UnknownRoleError: a tensor input (or a container) whose role is unknown
+    :return: ``{input name: {axis: dimension name}}``
+    :raises UndeclaredDynamicShapesError: an input whose role is unknown (listing them
+        and the declaration to write)
     """
     from yobx.torch.tracing.inputs import bind_arguments
 
-    bound = bind_arguments(model.forward, tuple(args), dict(kwargs))
+    try:
+        bound = bind_arguments(model.forward, tuple(args), dict(kwargs))
+    except TypeError as exc:
+        raise UndeclaredDynamicShapesError(
+            f"{origin}: the example inputs do not match forward: {exc}"
+        ) from exc
     shapes: dict[str, Any] = {}
-    unknown = []
+    unknown: list[str] = []
     for name, value in bound.items():
-        if isinstance(value, torch.Tensor) and name in ROLES:
-            shapes[name] = {a: d for a, d in ROLES[name].items() if a < value.dim()}
-        elif isinstance(value, torch.Tensor) or not isinstance(value, (int, float, bool, str)):
-            if value is not None:
-                unknown.append(name)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            continue
+        axes = ROLE_AXES.get(name)
+        if isinstance(value, torch.Tensor) and axes is not None and value.dim() > max(axes):
+            shapes[name] = dict(axes)
         else:
-            shapes[name] = None
+            unknown.append(name)
     if unknown:
-        example = ", ".join(f"{n!r}: {{0: 'batch'}}" for n in unknown)
-        raise UnknownRoleError(
-            f"--dynamic: {origin} declares no dynamic shapes and the role of the inputs "
-            f"{unknown} is unknown (known roles: {', '.join(sorted(ROLES))}); return "
-            f"(model, args, kwargs, dynamic_shapes) from the factory with the dynamic "
-            f"axes of each input named, e.g. {{{example}}}, or export without --dynamic"
-        )
-    if not any(shapes.values()):
-        raise UnknownRoleError(
-            f"--dynamic: {origin} declares no dynamic shapes and has no input whose role "
-            f"gives them; return (model, args, kwargs, dynamic_shapes) from the factory"
+        described = ", ".join(f"{n!r} ({_describe(bound[n])})" for n in unknown)
+        example = ", ".join(f"{n!r}: {{0: 'batch'}}" for n in unknown[:2])
+        raise UndeclaredDynamicShapesError(
+            f"{origin} declares no dynamic shapes and the role of {described} is unknown: "
+            f"return (model, args, kwargs, dynamic_shapes) from the factory with "
+            f"dynamic_shapes naming each dynamic dimension (e.g. {{{example}}}), or "
+            f"export with --static"
         )
     return shapes
+
+
+__all__ = ["ROLE_AXES", "UndeclaredDynamicShapesError", "derive_dynamic_shapes"]

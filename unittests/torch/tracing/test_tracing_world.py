@@ -114,3 +114,25 @@ def test_tracing_a_plain_model_does_not_import_transformers():
         "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_device_context_still_applies_after_a_trace_creating_tensors_on_a_device():
+    # torch.device(...) as a context decides once per process which functions create
+    # tensors; decided inside a trace, it held the patched factories and every later
+    # `with torch.device("meta")` silently created CPU tensors (issue 13).
+    from torch.utils import _device
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            with torch.device("cpu"):
+                return x + torch.arange(x.shape[0]).float()
+
+    _device._device_constructors.cache_clear()
+    x = torch.randn(5)
+    _, _, gm = trace_module(Model(), {"x": x}, dynamic_shapes={"x": {0: "n"}})
+    torch.testing.assert_close(gm(torch.ones(3)), torch.ones(3) + torch.arange(3).float())
+    with torch.device("meta"):
+        created = [torch.arange(4), torch.ones(2), torch.zeros(2), torch.full((2,), 1.0)]
+        linear = torch.nn.Linear(2, 2)
+    assert [t.device.type for t in created] == ["meta"] * 4
+    assert linear.weight.device.type == "meta"

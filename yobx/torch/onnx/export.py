@@ -29,7 +29,22 @@ from yobx.torch.onnx.dimensions import (
 )
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
+from yobx.torch.onnx.optimize import optimize_model
+from yobx.torch.onnx.save import (
+    EXTERNAL_DATA_THRESHOLD,
+    check_model,
+    model_to_proto,
+    save_ir_model,
+)
 from yobx.torch.onnx.translate import build_model
+from yobx.torch.onnx.weights import (
+    AppliedWeights,
+    WeightNames,
+    apply_weights,
+    mark_pending,
+    weight_bytes,
+    weights_kept_apart,
+)
 from yobx.torch.passes import MUTATIONS_KEY
 
 #: Default ONNX opset: the one torch_lib is written for.
@@ -100,8 +115,12 @@ class Stage:
 class ExportResult:
     """What :func:`to_onnx` produced.
 
-    :param model_proto: the ONNX model
-    :param model: the same model as an ``onnx_ir`` model
+    The ONNX model is held as an ``onnx_ir`` model (:attr:`model`), whose initializers
+    wrap the model's parameters without copying them; :attr:`model_proto` serializes
+    it on first use (models under 2 GB with their weights). A model exported from the
+    meta device has no weight data until :meth:`apply_weights`.
+
+    :param model: the ONNX model as an ``onnx_ir`` model
     :param graph_module: the captured torch-level graph (after the passes)
     :param guards: the assumptions the capture made
     :param stages: per-stage timings, in order
@@ -115,9 +134,10 @@ class ExportResult:
         (also in the model's ``metadata_props["yobx.constraints"]``): the model is
         right for inputs satisfying them
     :param range_constraints: the range of every named dimension
+    :param weight_names: the state-dict names of the initializers
+    :param files: the files :meth:`save` wrote (the model, its external data)
     """
 
-    model_proto: onnx.ModelProto
     model: ir.Model
     graph_module: torch.fx.GraphModule
     guards: list[Any]
@@ -130,6 +150,21 @@ class ExportResult:
     filename: str | None = None
     constraints: list[Any] = dataclasses.field(default_factory=list)
     range_constraints: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    weight_names: WeightNames = dataclasses.field(default_factory=WeightNames)
+    files: list[str] = dataclasses.field(default_factory=list)
+    _captured: Any = dataclasses.field(default=None, repr=False)
+    _proto: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def model_proto(self) -> onnx.ModelProto:
+        """The model as an ``onnx.ModelProto`` with inferred shapes, built on first use.
+
+        :raises WeightsNotAppliedError: weights of a meta model were not applied
+        :raises ValueError: the weights exceed 2 GB (use :attr:`model` or the file)
+        """
+        if self._proto is None:
+            self._proto = model_to_proto(self.model)
+        return self._proto
 
     @property
     def n_graph_nodes(self) -> int:
@@ -142,17 +177,92 @@ class ExportResult:
     @property
     def n_onnx_nodes(self) -> int:
         """Number of nodes in the main ONNX graph."""
-        return len(self.model_proto.graph.node)
+        return len(self.model.graph)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Total size of the initializers in bytes."""
+        return weight_bytes(self.model)
 
     @property
     def duration_s(self) -> float:
         """Total time of all stages in seconds."""
         return sum(stage.duration_s for stage in self.stages)
 
-    def save(self, filename: str | os.PathLike) -> None:
-        """Saves the model; weights go to ``<filename>.data`` past 2 GB."""
-        save_model(self.model_proto, filename)
-        self.filename = str(filename)
+    def _stage(self, name: str) -> _StageRecorder:
+        recorder = _StageRecorder(0, None)
+        recorder.stages = self.stages
+        return recorder(name)
+
+    def apply_weights(self, source: Any, strict: bool = True) -> AppliedWeights:
+        """Gives the initializers their data from ``source``, read when saving.
+
+        :param source: a state dict, a ``.safetensors`` file, a list of shard files, a
+            Hugging Face ``model.safetensors.index.json``, or a directory holding one
+        :param strict: every weight of the checkpoint's kind must be found and every
+            name of the source must be a parameter or buffer of the model
+        :return: which initializer took which tensor, and what was left
+        :raises WeightsMismatchError: missing or unexpected names, other shapes or
+            dtypes (nothing is changed then)
+
+        Buffers computed in ``__init__`` (non-persistent, absent from checkpoints) are
+        taken from the source when it has them, else they keep the values the model
+        computed; see :func:`yobx.torch.onnx.weights.empty_weights`.
+        """
+        with self._stage("weights") as info:
+            applied = apply_weights(self.model, self.weight_names, source, strict=strict)
+            info["applied"] = len(applied.applied)
+        self._proto = None
+        return applied
+
+    def save(self, filename: str | os.PathLike, external_data: bool | None = None) -> None:
+        """Saves the model, streaming the weights tensor by tensor.
+
+        :param filename: the ONNX file
+        :param external_data: ``True`` puts every initializer above 1 KB in
+            ``<filename>.data`` (offsets of large tensors aligned for memory mapping),
+            ``False`` keeps everything in one file (under 2 GB), ``None`` decides by
+            size (outside past 2 GB)
+        :raises WeightsNotAppliedError: a meta model whose weights were not applied
+        """
+        with self._stage("save") as info:
+            self.files = save_ir_model(self.model, filename, external_data)
+            info["bytes"] = sum(os.path.getsize(f) for f in self.files)
+        self.filename = os.fspath(filename)
+
+    def session_source(self) -> onnx.ModelProto | str:
+        """What onnxruntime should load: the saved file when the weights are outside
+        it, else the proto."""
+        if self.filename is not None and len(self.files) > 1:
+            return self.filename
+        if self.weight_bytes >= EXTERNAL_DATA_THRESHOLD:
+            if self.filename is None:
+                raise ValueError(
+                    "a model past 2 GB runs from its file: call save(path) (or give "
+                    "to_onnx a filename) before validating it"
+                )
+            return self.filename
+        return self.model_proto
+
+    def validate(
+        self, model: torch.nn.Module, args: tuple = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Compares onnxruntime with eager ``model`` on the example inputs and on other
+        sizes of the dynamic dimensions (as ``to_onnx(validate=True)``); useful after
+        :meth:`apply_weights` and :meth:`save`, with the model holding the weights.
+
+        :return: the :class:`~yobx.torch.onnx.validation.ValidationReport`, also kept in
+            :attr:`validation`
+        """
+        from yobx.torch.onnx.validation import validate_export
+
+        if self._captured is None:
+            raise ValueError("this result does not keep its capture: it cannot validate")
+        _refuse_meta_model(model, "validate it")
+        with self._stage("validate") as info:
+            self.validation = validate_export(model, args, kwargs or {}, self, self._captured)
+            info["max_abs_error"] = self.validation.max_abs_error
+        return self.validation
 
 
 #: metadata_props key holding the fingerprint of the captured graph
@@ -170,22 +280,31 @@ def constraints_to_json(constraints: list[Any]) -> str:
     )
 
 
-def save_model(model_proto: onnx.ModelProto, filename: str | os.PathLike) -> None:
-    """Saves ``model_proto``, with external weights when it exceeds 2 GB."""
-    filename = os.fspath(filename)
-    size = sum(init.ByteSize() for init in model_proto.graph.initializer)
-    if size >= _TWO_GB:
-        location = os.path.basename(filename) + ".data"
-        onnx.save_model(
-            model_proto,
-            filename,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=location,
-            size_threshold=1024,
+def save_model(
+    model: onnx.ModelProto | ir.Model,
+    filename: str | os.PathLike,
+    external_data: bool | None = None,
+) -> None:
+    """Saves a model, with its weights in ``<filename>.data`` past 2 GB (or as
+    ``external_data`` says); an ``onnx_ir`` model is streamed tensor by tensor."""
+    if isinstance(model, onnx.ModelProto):
+        model = ir.from_proto(model)
+    save_ir_model(model, filename, external_data)
+
+
+def _refuse_meta_model(model: torch.nn.Module, action: str) -> None:
+    on_meta = [
+        name
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+        if tensor.device.type == "meta"
+    ]
+    if on_meta:
+        raise OnnxExportError(
+            f"cannot {action}: eager PyTorch cannot run a model with weights on the meta "
+            f"device ({on_meta[0]!r} and {len(on_meta) - 1} more); export without "
+            "validate=True, then apply_weights, save, and validate with a model holding "
+            "the weights (yobx.torch.onnx.weights.load_weights_into)"
         )
-    else:
-        onnx.save_model(model_proto, filename)
 
 
 class _StageRecorder:
@@ -307,6 +426,8 @@ def to_onnx(
     args = tuple(args)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if validate:
+        _refuse_meta_model(model, "validate the export")
     stage = _StageRecorder(verbose, progress)
 
     with stage("capture") as info:
@@ -341,13 +462,15 @@ def to_onnx(
         names = dict(captured.dimension_names)
         renamer = DimensionRenamer(names, captured.shape_env)
         rename_dimensions(ir_model, renamer)
+        # parameters on the meta device: the graph is exported, the data comes later
+        info["pending_weights"] = mark_pending(ir_model)
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("optimize") as info, _quiet_constant_folding():
-        import onnxscript.optimizer
-
-        onnxscript.optimizer.optimize_ir(ir_model)
-        if opset != DEFAULT_OPSET:
-            _convert_opset(ir_model, opset)
+        # parameters and buffers stay initializers named after the state dict
+        with weights_kept_apart(ir_model, list(ir_model.graph.initializers)):
+            optimize_model(ir_model)
+            if opset != DEFAULT_OPSET:
+                _convert_opset(ir_model, opset)
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("check"):
         remove_numeric_dim_params(ir_model)
@@ -359,12 +482,9 @@ def to_onnx(
         if captured.constraints:
             # ONNX cannot check them: the model says what it assumes of its inputs
             ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
-        proto = ir.to_proto(ir_model)
-        if proto.ByteSize() < _TWO_GB:
-            onnx.checker.check_model(proto)
-            proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+        # on the graph without its weights: nothing is copied, whatever the size
+        check_model(ir_model)
     result = ExportResult(
-        model_proto=proto,
         model=ir_model,
         graph_module=graph_module,
         guards=captured.guards,
@@ -375,10 +495,14 @@ def to_onnx(
         dimension_names=names,
         constraints=list(captured.constraints),
         range_constraints=dict(captured.range_constraints),
+        weight_names=WeightNames.of(model, ir_model),
+        _captured=captured,
     )
     if filename is not None:
-        with stage("save"):
-            result.save(filename)
+        with stage("save") as info:
+            result.files = save_ir_model(ir_model, filename)
+            result.filename = os.fspath(filename)
+            info["bytes"] = sum(os.path.getsize(f) for f in result.files)
     if validate:
         from yobx.torch.onnx.validation import validate_export
 

@@ -30,6 +30,7 @@ from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.control_flow import CondCCOp
 from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
+from yobx.torch.tracing.symbolic import static_fake
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 from yobx.torch.tracing.symbolic_variants import function_variant
 
@@ -333,7 +334,8 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
     state, aliases = _collect_state(graph_module)
     state_names = list(state)
     with fake_mode:
-        fake_state = [fake_mode.from_tensor(t.detach(), static_shapes=True) for t in state.values()]
+        # the tracer's fake values of the parameters (meta weights run as on the CPU)
+        fake_state = [static_fake(fake_mode, t.detach()) for t in state.values()]
     origins: dict[str, torch.fx.Node] = {}
     guards: list[tuple[Any, torch.fx.Node]] = []
     n_inputs = len(inputs)

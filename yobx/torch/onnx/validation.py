@@ -435,9 +435,9 @@ def validate_export(
             assignments.append(assignment)
     output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
     mutations = output.meta.get(MUTATIONS_KEY, ())
-    report = validate(
-        model, result.model_proto, inputs_list, descriptions=descriptions, mutations=mutations
-    )
+    # the file when the weights are outside it (past 2 GB), else the proto
+    source = result.session_source() if hasattr(result, "session_source") else result.model_proto
+    report = validate(model, source, inputs_list, descriptions=descriptions, mutations=mutations)
     report.problems.extend(
         _unvaried_dimensions(declared, captured.shape_env, assignments, report.cases)
     )

@@ -230,6 +230,23 @@ def _symbolic_baddbmm(original: Callable) -> Callable:
 _MISSING = object()
 
 
+def _settle_device_constructors() -> None:
+    """Computes now the set of tensor factories ``with torch.device(...)`` applies to.
+
+    torch computes it once per process (``torch.utils._device._device_constructors``,
+    cached) the first time a device context meets a torch function. Computed while
+    ``torch.arange`` or ``torch.ones`` are patched (a ``torch.device`` context inside a
+    trace, as scan's), it would hold the patches instead of the factories, and every
+    later ``with torch.device("meta")`` of the process would silently create tensors on
+    the CPU: a big model built "on meta" would allocate all its weights.
+    """
+    from torch.utils import _device
+
+    constructors = getattr(_device, "_device_constructors", None)
+    if constructors is not None:
+        constructors()
+
+
 @contextlib.contextmanager
 def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[None]:
     """Sets ``owner.name = value`` for each replacement, restores all on exit.
@@ -242,6 +259,7 @@ def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[Non
     restoration is journaled on the window, which completes it if an interrupt cuts
     this block's exit short.
     """
+    _settle_device_constructors()
     with patch_window():
         saved: list[tuple[Any, str, Any]] = []
 

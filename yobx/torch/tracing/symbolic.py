@@ -35,6 +35,21 @@ from torch.utils._sympy.numbers import int_oo
 from .integer_bounds import nonpositive
 from .residues import is_identity
 
+
+def static_fake(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
+    """The fake tensor of a real tensor (a parameter, a buffer, a constant), static
+    shape, one per tensor.
+
+    A tensor on the meta device (a model built without its weights) becomes a fake CPU
+    tensor: the model computes as on the CPU, where its inputs and the tensors its
+    ``forward`` creates live, and no data is ever read.
+    """
+    fake = fake_mode.from_tensor(tensor, static_shapes=True)
+    if tensor.device.type == "meta" and fake.device.type == "meta":
+        fake.fake_device = torch.device("cpu")
+    return fake
+
+
 #: Default lower bound of a dynamic dimension, the same as torch.export's.
 DEFAULT_MIN = 2
 #: torch's own undecided questions longer than this are not given to the prover
@@ -306,7 +321,7 @@ class SymbolicDimensions:
 
     def from_real(self, tensor: torch.Tensor) -> torch.Tensor:
         """Returns a fake tensor with the static shape of a real tensor (a constant)."""
-        return self.fake_mode.from_tensor(tensor, static_shapes=True)
+        return static_fake(self.fake_mode, tensor)
 
     # rendering
 

@@ -968,7 +968,11 @@ class CustomTracer(DecisionsMixin, torch.fx.Tracer):
         for real (constant propagation): modules holding one keep the fake swap.
         """
         module = self.root.get_submodule(target)
-        if next(module.buffers(), None) is None and all(p.numel() > 1 for p in module.parameters()):
+        # Parameters on the meta device take the swap too: their fake copies are CPU
+        # tensors (see SymbolicDimensions.from_real).
+        if next(module.buffers(), None) is None and all(
+            p.numel() > 1 and p.device.type != "meta" for p in module.parameters()
+        ):
             return module(*args, **kwargs)
         state = {
             name: self.dims.from_real(t)

@@ -1,0 +1,68 @@
+"""What the ``yobx`` commands share: errors, exit statuses, dynamic shapes, sizes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+#: Exit status for bad command line input.
+EXIT_BAD_INPUT = 2
+#: Exit status when the export or the validation fails.
+EXIT_FAILURE = 1
+
+
+class CommandError(Exception):
+    """An error reported as one line on stderr, with an exit status."""
+
+    def __init__(self, message: str, status: int = EXIT_BAD_INPUT):
+        super().__init__(message)
+        self.status = status
+
+
+def check_writable(path: str) -> None:
+    """Raises a :class:`CommandError` when ``path`` cannot be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CommandError(f"cannot write {path!r}: directory {directory!r} does not exist")
+    if os.path.isdir(path):
+        raise CommandError(f"cannot write {path!r}: it is a directory")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise CommandError(f"cannot write {path!r}: permission denied")
+
+
+def format_size(n_bytes: float) -> str:
+    """``1.5 MB``: a size in bytes, readable."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n_bytes < 1024 or unit == "GB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1024
+    return f"{n_bytes} B"
+
+
+def resolve_dynamic_shapes(
+    options: argparse.Namespace, model: Any, args: tuple, kwargs: dict, declared: Any
+) -> Any:
+    """The dynamic shapes to export with: none with ``--static``, else those the model
+    declares, else those its input roles give (or an error saying how to declare them).
+    """
+    if getattr(options, "static", False):
+        return None
+    if declared is not None:
+        return declared
+    from yobx.models.roles import UndeclaredDynamicShapesError, derive_dynamic_shapes
+
+    try:
+        return derive_dynamic_shapes(model, args, kwargs, repr(options.model))
+    except UndeclaredDynamicShapesError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FAILURE",
+    "CommandError",
+    "check_writable",
+    "format_size",
+    "resolve_dynamic_shapes",
+]

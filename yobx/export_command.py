@@ -1,0 +1,272 @@
+"""``yobx export MODEL -o FILE``: the main job.
+
+Dynamic batch and sequence dimensions by default (``--static`` opts out); each stage
+is reported on stderr with its time as it ends; the summary goes to stdout: inputs and
+outputs with their dimension names, constraints, the files written and the
+validation table.
+
+With ``--weights`` (and, for ``hf:<Architecture>``, ``--config``), the model is built
+without its weights (parameters on the meta device), its graph is exported, and the
+weights are streamed from the checkpoint into the ONNX file's external data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from yobx.cli_support import EXIT_FAILURE, CommandError, format_size, resolve_dynamic_shapes
+
+
+def add_export_arguments(export: argparse.ArgumentParser) -> None:
+    """Declares the options of ``yobx export``."""
+    export.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    shapes = export.add_mutually_exclusive_group()
+    shapes.add_argument(
+        "--static",
+        action="store_true",
+        help="export with the example's sizes (by default, batch and sequence "
+        "dimensions are dynamic and named)",
+    )
+    shapes.add_argument(
+        "--dynamic", action="store_true", help="the default: named dynamic dimensions"
+    )
+    export.add_argument("--opset", type=int, default=None, help="ONNX opset (default 18)")
+    export.add_argument(
+        "--validate",
+        action="store_true",
+        help="compare onnxruntime with eager PyTorch, on the example and on other sizes",
+    )
+    export.add_argument(
+        "--config",
+        default=None,
+        help="with hf:<Architecture>, a config.json (or its directory): the model is "
+        "built at its real size with parameters on the meta device (default: the "
+        "config.json next to --weights)",
+    )
+    export.add_argument(
+        "--weights",
+        nargs="+",
+        default=None,
+        help="weights to export with: a .safetensors file, shards, a "
+        "model.safetensors.index.json or a directory; streamed into the ONNX file",
+    )
+    export.add_argument(
+        "--external-data",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="weights in FILE.data: 'auto' past 2 GB (default), 'yes' always, 'no' never",
+    )
+    export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
+    export.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
+
+
+def _report(stage: Any) -> None:
+    extra = ""
+    if "rss_bytes" in stage.args:
+        extra = f"  (rss {format_size(stage.args['rss_bytes'])})"
+    print(f"yobx: {stage.name:<10} {stage.duration_s:8.3f} s{extra}", file=sys.stderr, flush=True)
+
+
+def _weights_source(weights: list[str] | None) -> Any:
+    if not weights:
+        return None
+    return weights[0] if len(weights) == 1 else list(weights)
+
+
+def _config_next_to(weights: str, model: str) -> str:
+    """The ``config.json`` of a Hugging Face checkpoint, next to its weights: the tiny
+    configuration of ``hf:<Architecture>`` has other shapes than a real checkpoint."""
+    directory = weights if os.path.isdir(weights) else os.path.dirname(os.path.abspath(weights))
+    config = os.path.join(directory, "config.json")
+    if not os.path.isfile(config):
+        raise CommandError(
+            f"{model} with --weights needs the checkpoint's configuration: no config.json "
+            f"next to {weights!r}, give --config path/to/config.json"
+        )
+    print(f"yobx: config     {config}", file=sys.stderr)
+    return config
+
+
+def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
+    from yobx.models import ModelLoadError, load_model
+    from yobx.torch.onnx.weight_sources import (
+        WeightSourceError,
+        dominant_dtype,
+        open_weight_source,
+    )
+
+    source = _weights_source(options.weights)
+    if options.config is not None and source is None:
+        raise CommandError("--config builds the model without weights: give --weights")
+    if options.model.startswith("hf:") and source is not None and options.config is None:
+        options.config = _config_next_to(options.weights[0], options.model)
+    dtype = None
+    try:
+        if source is not None:
+            # only the headers are read: a bad source fails before the export
+            dtype = dominant_dtype(open_weight_source(source))
+        return load_model(options.model, config=options.config, dtype=dtype)
+    except (ModelLoadError, WeightSourceError) as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def _run_stage(label: str, function, *args, **kwargs):
+    from yobx.torch.onnx import OnnxExportError
+    from yobx.torch.onnx.weights import WeightsMismatchError
+
+    try:
+        return function(*args, **kwargs)
+    except (CommandError, KeyboardInterrupt):
+        raise
+    except ImportError as exc:
+        if "onnxruntime" in str(exc):
+            raise CommandError(
+                "--validate needs onnxruntime, a dependency of yobx: pip install onnxruntime"
+            ) from exc
+        raise
+    except WeightsMismatchError as exc:
+        raise CommandError(str(exc)) from exc
+    except OnnxExportError as exc:
+        raise CommandError(f"{label} failed: {exc}", EXIT_FAILURE) from exc
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CommandError(
+            f"{label} failed: {type(exc).__name__}: {message}", EXIT_FAILURE
+        ) from exc
+
+
+def run_export(options: argparse.Namespace) -> int:
+    """Runs ``yobx export``; returns the exit status."""
+    start = time.perf_counter()
+    if options.opset is not None:
+        from yobx.torch.onnx.export import check_opset
+
+        try:
+            check_opset(options.opset)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+    model, args, kwargs, declared = _load(options)
+    dynamic_shapes = resolve_dynamic_shapes(options, model, args, kwargs, declared)
+
+    from yobx.torch.onnx import to_onnx
+
+    print(f"yobx: {'load':<10} {time.perf_counter() - start:8.3f} s", file=sys.stderr)
+
+    result = _run_stage(
+        "export",
+        to_onnx,
+        model,
+        args,
+        kwargs,
+        dynamic_shapes=dynamic_shapes,
+        opset=options.opset,
+        progress=_report,
+    )
+    source = _weights_source(options.weights)
+    if source is not None:
+        _run_stage("weights", result.apply_weights, source)
+        _report(result.stages[-1])
+    external = {"auto": None, "yes": True, "no": False}[options.external_data]
+    _run_stage("save", result.save, options.output, external_data=external)
+    _report(result.stages[-1])
+    status = 0
+    if options.validate:
+        if source is not None:
+            from yobx.torch.onnx.weights import load_weights_into
+
+            _run_stage("loading the weights into the model", load_weights_into, model, source)
+        _run_stage("validation", result.validate, model, args, kwargs)
+        _report(result.stages[-1])
+        status = 0 if result.validation.ok else EXIT_FAILURE
+    if options.profile:
+        from yobx.torch.inspect.chrome_trace import write_stage_profile
+
+        write_stage_profile(result.stages, options.profile)
+    print_summary(result, time.perf_counter() - start)
+    if status:
+        print("yobx: error: validation failed", file=sys.stderr)
+    return status
+
+
+def _dims(value: Any) -> str:
+    if value.shape is None:
+        return "?"
+    parts = []
+    for dim in value.shape:
+        parts.append(str(dim.value) if hasattr(dim, "value") else str(dim))
+    return "[" + ", ".join(parts) + "]"
+
+
+def _dtype(value: Any) -> str:
+    if value.dtype is None:
+        return "?"
+    try:
+        return value.dtype.numpy().name
+    except (TypeError, ValueError):
+        return value.dtype.name.lower()
+
+
+def _print_values(title: str, values: Any, width: int) -> None:
+    print(title)
+    for value in values:
+        print(f"  {value.name:<{width}}  {_dtype(value):<8} {_dims(value)}")
+
+
+def _print_validation(report: Any) -> None:
+    rows = [("case", "output", "shape", "max abs", "max rel", "status")]
+    for case in report.cases:
+        if case.skipped or case.error is not None:
+            status = "skipped" if case.skipped else "FAILED"
+            rows.append((case.description, "-", "-", "-", "-", f"{status}: {case.error}"))
+            continue
+        for out in case.outputs:
+            ok = out.error is None and out.within_tolerance
+            rows.append(
+                (
+                    case.description,
+                    out.name,
+                    str(list(out.shape)),
+                    f"{out.max_abs_error:.3g}",
+                    f"{out.max_rel_error:.3g}",
+                    "ok" if ok else (out.error or "FAILED"),
+                )
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
+        print("  " + "  ".join([*cells, row[5]]).rstrip())
+    verdict = "OK" if report.ok else "FAILED"
+    print(
+        f"  {verdict}: {report.n_checked} input sets, max abs error "
+        f"{report.max_abs_error:.3g}, max rel error {report.max_rel_error:.3g}"
+    )
+
+
+def print_summary(result: Any, total_s: float) -> None:
+    """Prints what was exported: inputs, outputs, constraints, files, validation."""
+    graph = result.model.graph
+    print("summary")
+    width = max((len(v.name) for v in [*graph.inputs, *graph.outputs]), default=0)
+    _print_values("inputs", graph.inputs, width)
+    _print_values("outputs", graph.outputs, width)
+    dims = ", ".join(result.dynamic_dimensions) or "none (static)"
+    print(f"dynamic dimensions  {dims}")
+    print(f"constraints         {len(result.constraints) or 'none'}")
+    for constraint in result.constraints:
+        print(f"  {constraint}")
+    print(f"graph nodes         {result.n_graph_nodes}")
+    print(f"onnx nodes          {result.n_onnx_nodes}")
+    print(f"weights             {format_size(result.weight_bytes)}")
+    if result.validation is not None:
+        print("validation")
+        _print_validation(result.validation)
+    print(f"total time          {total_s:.3f} s")
+    for path in result.files:
+        print(f"wrote {os.path.abspath(path)} ({format_size(os.path.getsize(path))})")
+
+
+__all__ = ["add_export_arguments", "print_summary", "run_export"]
