@@ -632,3 +632,17 @@ def test_copy_into_a_fresh_tensor_is_kept_when_it_matters():
     assert CustomTracer.remove_unnecessary_slices(graph) == 0
     gm = _module(tracer, graph)
     assert_same(Kept()(x), gm(x))
+
+
+def test_graph_modules_with_checked_inputs_pickle():
+    import pickle
+
+    x = torch.randn(3, 4)
+    lx = [torch.randn(2), torch.randn(5), torch.randn(1)]
+    pair = (torch.randn(6), torch.randn(3, 4))
+    tracer = CustomTracer()
+    graph = tracer.trace(SumsList(), concrete_args={"x": x, "lx": lx, "pair": pair})
+    gm = _module(tracer, graph)
+    # unpickling traces the generated code again with torch.fx: the checks step aside
+    clone = pickle.loads(pickle.dumps(gm))
+    assert_same(SumsList()(x, lx, pair), clone(x, lx, pair))

@@ -71,7 +71,12 @@ def constant_checks(constants: dict[str, Any]) -> list[str]:
 
 
 def _indent(lines: list[str]) -> str:
-    return "".join(f"\n    {line}" for line in lines)
+    """The checks as a block of ``forward``. It is skipped while torch.fx traces the
+    generated code again (unpickling a GraphModule does), where inputs are proxies."""
+    if not lines:
+        return ""
+    body = "".join(f"\n        {line}" for line in lines)
+    return f"\n    if not torch.fx._symbolic_trace.is_fx_symbolic_tracing():{body}"
 
 
 class CheckedCodeGen(CodeGen):
