@@ -14,6 +14,7 @@ import onnx
 import onnx_ir as ir
 import torch
 
+from yobx.torch.chrome_trace import current_rss_bytes
 from yobx.torch.onnx import capture as capture_module
 from yobx.torch.onnx.declared import (
     adopt_lowering_guards,
@@ -80,14 +81,6 @@ def check_opset(opset: Any) -> int:
 
 #: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
 _TWO_GB = 2**31
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 @dataclasses.dataclass
@@ -321,7 +314,7 @@ class _StageRecorder:
         start = time.perf_counter_ns()
         yield args
         end = time.perf_counter_ns()
-        rss = _rss_bytes()
+        rss = current_rss_bytes()
         if rss is not None:
             args["rss_bytes"] = rss
         stage = Stage(name, start, end, args)
