@@ -1,6 +1,6 @@
 """Random traced programs exported to ONNX and compared with eager in onnxruntime.
 
-``PYTHONPATH=. python _scripts/fuzz_onnx.py --count 200`` prints the outcome counts
+``python _scripts/fuzz_onnx.py --count 200`` prints the outcome counts
 (correct / narrowed / refused / eager_failed / wrong) and the most frequent refusals;
 ``--show-wrong`` prints every wrong program.
 """
@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
+import sys
 import time
+
+# the program generator and harness live with the tests
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from unittests.torch.onnx.onnx_program_harness import run_onnx_program
 from unittests.torch.tracing.program_generator import generate_program
