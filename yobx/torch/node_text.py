@@ -4,6 +4,8 @@ onnx), so that errors read the same everywhere."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.fx import Node
 
@@ -38,6 +40,15 @@ def target_name(node: Node) -> str:
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
     return f"{module}.{name}" if module else name
+
+
+def node_location(node: Node | None) -> str:
+    """The user's ``file:line`` recorded on ``node``, or an empty string."""
+    if node is None:
+        return ""
+    stack = node.meta.get("stack_trace") or ""
+    found = re.findall(r'File "([^"]+)", line (\d+)', stack)
+    return f"{found[-1][0]}:{found[-1][1]}" if found else ""
 
 
 def operation_name(node: Node) -> str:

@@ -24,8 +24,9 @@ import onnx_ir as ir
 import sympy
 import torch
 
+from yobx.torch.node_text import node_location
 from yobx.torch.onnx.dimensions import DimensionRenamer
-from yobx.torch.onnx.errors import OnnxExportError, node_location
+from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.dynamic_shapes import AUTO, SCALAR, DimSpec, axes_per_leaf, axis_spec
 from yobx.torch.tracing.inputs import bind_arguments
 
