@@ -115,7 +115,11 @@ CASES = [
     _m("view", "x", -1, 32),
     _m("view", "half", "b", "s", 2, 8),
     _m("reshape", "q", "b", 4, -1),
-    _m("reshape", "x", "b", 1, "s", 32, handled=False),  # size-1 strides are torch's choice
+    _m("reshape", "x", "b", 1, "s", 32),  # size-1 dimensions of a contiguous tensor
+    _m("view", "x", "b", "s", 32, 1, 1),
+    _m("reshape", "x1", "b", -1),
+    _m("unsqueeze", "x", -1),
+    _m("flatten", "x1", 1),
     _m("flatten", "q", 2),
     _m("split", "x", 8, -1),
     _m("chunk", "x", 2, -1),
@@ -292,3 +296,28 @@ def test_traced_rope_attention_matches_eager():
     dynamic = {"x": {0: "batch", 1: "seq"}, "cos": {2: "seq"}}
     tracer, _, _ = check_trace(model, inputs, dynamic, other_inputs=[other])
     assert tracer.shape_rules.handled > 10
+
+
+def test_memoized_layouts_are_recomputed_when_the_ranges_change():
+    # a layout computed from the ranges of the dimensions must not be reused once the
+    # ranges changed (torch._check, an adopted constraint), nor for other geometries
+    from yobx.torch.tracing.shape_rules._base import TensorFactory
+
+    dims = SymbolicDimensions()
+    b, s = dims.dimension("batch", 3), dims.dimension("seq", 5)
+    x = dims.fake_tensor(torch.empty(3, 5, 8), [b, s, 8])
+    y = dims.fake_tensor(torch.empty(3, 5, 8), [b, s, 4])
+    factory = TensorFactory(dims.fake_mode)
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return len(calls)
+
+    assert factory.memoized("k", [x], compute) == 1
+    assert factory.memoized("k", [x], compute) == 1
+    assert factory.memoized("k", [y], compute) == 2
+    assert factory.memoized("k", [x], compute, sizes=(b,)) == 3
+    assert factory.memoized("other", [x], compute) == 4
+    torch._check(s <= 100)
+    assert factory.memoized("k", [x], compute) == 5

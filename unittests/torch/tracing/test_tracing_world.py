@@ -136,3 +136,39 @@ def test_device_context_still_applies_after_a_trace_creating_tensors_on_a_device
         linear = torch.nn.Linear(2, 2)
     assert [t.device.type for t in created] == ["meta"] * 4
     assert linear.weight.device.type == "meta"
+
+
+class Concatenating(torch.nn.Module):
+    def forward(self, x):
+        return torch.cat([x, torch.ones(1, x.shape[1])]) * 2
+
+
+def test_a_function_patched_by_the_user_between_traces_is_wrapped_and_restored():
+    # the replacements are built once and reused: one the user installed since the last
+    # trace must be the one the next trace wraps, and the one left after it
+    model = Concatenating()
+    inputs = {"x": torch.randn(3, 4)}
+    trace_module(model, inputs, {"x": {0: "batch"}})
+    original = torch.cat
+    calls = []
+
+    def users_cat(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    torch.cat = users_cat
+    try:
+        _, graph, gm = trace_module(model, inputs, {"x": {0: "batch"}})
+        assert torch.cat is users_cat
+        targets = [n.target for n in graph.nodes if n.op == "call_function"]
+        assert users_cat in targets, targets
+        calls.clear()
+        x = torch.randn(5, 4)
+        torch.testing.assert_close(gm(x), model(x))
+        assert calls, "eager and the graph call the user's torch.cat"
+    finally:
+        torch.cat = original
+    before = _snapshot()
+    _, graph, gm = trace_module(model, inputs, {"x": {0: "batch"}})
+    assert _snapshot() == before
+    assert original in [n.target for n in graph.nodes if n.op == "call_function"]

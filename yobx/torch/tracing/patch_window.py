@@ -241,7 +241,19 @@ def gated_value(owner: Any, name: str, value: Any) -> Any:
     original = getattr(owner, name, None)
     if original is None:
         return value
-    return thread_gate(original, value)
+    # The same replacement of the same original (the next trace) reuses its gate:
+    # building one copies the original's attributes, a cost paid per patch and per trace.
+    key = (id(owner), name)
+    cached = _GATES.get(key)
+    if cached is not None and cached[0] is owner and cached[1] is original and cached[2] is value:
+        return cached[3]
+    gate = thread_gate(original, value)
+    _GATES[key] = (owner, original, value, gate)
+    return gate
+
+
+#: (id(owner), name) -> (owner, original, replacement, gate) of the last gate built
+_GATES: dict[tuple[int, str], tuple[Any, Any, Any, Callable]] = {}
 
 
 __all__ = [

@@ -247,6 +247,38 @@ def _settle_device_constructors() -> None:
         constructors()
 
 
+#: lists kept per memoized build
+_MEMOIZED_LISTS = 4
+
+
+def memoized_replacements(build: Callable[[], list[tuple[Any, str, Any]]]) -> Callable:
+    """Wraps ``build`` (which reads the current attributes and returns the
+    ``(owner, name, replacement)`` list) so that its list is built once and reused as
+    long as every attribute it replaces is still the object it was built from.
+
+    The replacements find their tracer through the proxies they receive, so they hold
+    for every trace; building them (``functools.wraps`` copies attributes) and gating
+    them again would cost each trace a few milliseconds. Someone else patching one of
+    the attributes (a user's own patch, another library's) makes the next call rebuild.
+    """
+    # a few lists: the same build may run under different patches (the kernels'
+    # variants inside a trace, over its indexing patch, and in the ONNX lowering)
+    cache: list[tuple[list[tuple[Any, str, Any]], list[tuple[Any, str, Any]]]] = []
+
+    @functools.wraps(build)
+    def replacements() -> list[tuple[Any, str, Any]]:
+        for entries, originals in cache:
+            if all(getattr(owner, name, None) is found for owner, name, found in originals):
+                return entries
+        entries = build()
+        originals = [(owner, name, getattr(owner, name, None)) for owner, name, _ in entries]
+        cache.insert(0, (entries, originals))
+        del cache[_MEMOIZED_LISTS:]
+        return entries
+
+    return replacements
+
+
 @contextlib.contextmanager
 def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[None]:
     """Sets ``owner.name = value`` for each replacement, restores all on exit.
@@ -296,17 +328,22 @@ def symbolic_kernels() -> Iterator[None]:
 
     with (
         patch_window(),
-        patched_attributes(
-            [
-                (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
-                (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
-                (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
-                *symbolic_variants.replacements(),
-            ]
-        ),
+        patched_attributes(_kernel_replacements()),
         symbolic_variants.grouped_mm_fake_values(),
     ):
         yield
+
+
+@memoized_replacements
+def _kernel_replacements() -> list[tuple[Any, str, Any]]:
+    from . import symbolic_variants
+
+    return [
+        (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
+        (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
+        (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
+        *symbolic_variants.replacements(),
+    ]
 
 
 @contextlib.contextmanager
@@ -337,6 +374,7 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
         yield
 
 
+@memoized_replacements
 def _replacements() -> list[tuple[Any, str, Any]]:
     from .control_flow import cond_function, scan_function, vmap_function
 

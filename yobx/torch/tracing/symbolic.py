@@ -313,6 +313,15 @@ class SymbolicDimensions:
 
     def fake_tensor(self, tensor: torch.Tensor, sizes: list[int | torch.SymInt]) -> torch.Tensor:
         """Returns a fake tensor with the dtype and device of ``tensor`` and ``sizes``."""
+        from .shape_rules._base import TensorFactory, Unsupported
+
+        grad = isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad
+        try:
+            # directly, as the shape rules create their outputs: the fake mode's dispatch
+            # (and its cache) costs a few milliseconds for each input
+            return TensorFactory(self.fake_mode).new(sizes, tensor.dtype, tensor.device, grad)
+        except Unsupported:
+            pass  # an empty dimension: torch's own path
         with self.fake_mode:
             fake = torch.empty(sizes, dtype=tensor.dtype, device=tensor.device)
             if isinstance(tensor, torch.nn.Parameter):

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
+_MISSING = object()
+
 
 class Unsupported(Exception):
     """The rule does not apply exactly here: use torch's fake tensor dispatch instead."""
@@ -123,6 +125,40 @@ class TensorFactory:
 
     def __init__(self, fake_mode) -> None:
         self.fake_mode = fake_mode
+        #: results of layout computations, keyed by the geometry of their inputs and
+        #: the version of the ShapeEnv's knowledge (see :meth:`memoized`)
+        self._memo: dict[Any, Any] = {}
+
+    def memoized(
+        self, kind: str, tensors: Sequence[torch.Tensor], compute, sizes: Sequence[Any] = ()
+    ) -> Any:
+        """``compute()``, a function of the sizes and strides of ``tensors`` and of the
+        sizes ``sizes`` only, cached (an :class:`Unsupported` it raises is not).
+
+        The key holds every size and stride (expressions) and what the ShapeEnv knows
+        of them: its version counter (replacements, divisibility, runtime asserts, as
+        torch keys its own static evaluations) and the ranges of its symbols, which
+        change without the counter. A repeated layer then computes its layouts once.
+        """
+        shape_env = self.fake_mode.shape_env
+        version = (
+            None
+            if shape_env is None
+            else (shape_env._version_counter, tuple(shape_env.var_to_range.items()))
+        )
+        key = (
+            kind,
+            version,
+            tuple(
+                (tuple(size_key(s) for s in t.shape), tuple(size_key(s) for s in t.stride()))
+                for t in tensors
+            ),
+            tuple(size_key(s) for s in sizes),
+        )
+        result = self._memo.get(key, _MISSING)
+        if result is _MISSING:
+            result = self._memo[key] = compute()
+        return result
 
     def new(
         self,

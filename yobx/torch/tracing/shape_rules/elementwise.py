@@ -86,7 +86,11 @@ def output_strides(
     keys = [size_key(s) for s in shape]
     full = [[size_key(s) for s in t.shape] == keys for t in tensors]
     if fast_binary and any(full):
-        if all(_is_contiguous(t, torch.contiguous_format) for t in tensors):
+        # exactly contiguous (structural, cheap) implies torch's is_contiguous, whose
+        # symbolic evaluation costs a few hundred microseconds per tensor
+        if all(
+            exactly_contiguous(t) or _is_contiguous(t, torch.contiguous_format) for t in tensors
+        ):
             return None
         if all(_is_contiguous(t, torch.channels_last) for t in tensors):
             raise Unsupported("channels-last inputs")
@@ -97,7 +101,9 @@ def output_strides(
         t if is_full else factory.view(t, shape, _expanded(t, shape))
         for t, is_full in zip(tensors, full)
     ]
-    return compute_elementwise_output_strides(*expanded)
+    return factory.memoized(
+        "elementwise_strides", expanded, lambda: compute_elementwise_output_strides(*expanded)
+    )
 
 
 def _is_contiguous(tensor: torch.Tensor, memory_format: torch.memory_format) -> bool:

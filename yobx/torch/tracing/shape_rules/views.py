@@ -159,13 +159,17 @@ def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bo
     target = _sizes_argument(args[1:])
     if not target or any(isinstance(t, torch.dtype) for t in target):
         raise Unsupported("view(dtype) or empty shape")
-    sizes = infer_sizes(x, target)
-    if any(is_one(size) for size in (*sizes, *x.shape)):
-        # torch's view algorithm gives size-1 dimensions strides of its own choosing
-        raise Unsupported("size-1 dimensions")
+    sizes = factory.memoized("view_sizes", [x], lambda: infer_sizes(x, target), target)
     if exactly_contiguous(x):
+        # ATen's computeStride gives a view of exactly contiguous strides the strides
+        # of a fresh tensor, size-1 dimensions included
         return factory.view(x, sizes, contiguous_strides(sizes))
-    strides = view_strides(list(x.shape), list(x.stride()), sizes)
+    if any(is_one(size) for size in (*sizes, *x.shape)):
+        # otherwise it gives size-1 dimensions strides of its own choosing
+        raise Unsupported("size-1 dimensions")
+    strides = factory.memoized(
+        "view_strides", [x], lambda: view_strides(list(x.shape), list(x.stride()), sizes), sizes
+    )
     if strides is not None:
         return factory.view(x, sizes, strides)
     if not copy:
