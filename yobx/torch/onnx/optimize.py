@@ -27,10 +27,58 @@ def _linear_rules() -> list:
     return rules
 
 
+def _root_operator(rule) -> tuple[str, str] | None:
+    """``(domain, op_type)`` of the node a rule's pattern is anchored on, when fixed."""
+    pattern = getattr(rule, "_target_pattern", None)
+    if pattern is None or len(pattern.output_nodes) != 1:
+        return None
+    node = pattern.output_nodes[0]
+    op, domain = getattr(node, "op", None), getattr(node, "domain", None)
+    if not hasattr(op, "value") or (domain is not None and not hasattr(domain, "value")):
+        return None
+    return _normalized_domain(domain.value() if domain is not None else ""), op.value()
+
+
+def _normalized_domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def _operators(model: ir.Model) -> set[tuple[str, str]]:
+    """Every ``(domain, op_type)`` of the model, its subgraphs and functions."""
+    graphs = [model.graph, *model.functions.values()]
+    return {
+        (_normalized_domain(node.domain), node.op_type)
+        for graph in graphs
+        for node in ir.traversal.RecursiveGraphIterator(graph)
+    }
+
+
+class _RewritePresentOperators(ir.passes.InPlacePass):
+    """onnxscript's rewrite pass with the rules whose root operator is in the model.
+
+    The rewriter tries every rule on every node; most rules are anchored on one operator
+    type (a ``Conv``, a ``Reshape``) that a given model may not have at all. The set is
+    computed again at each call, so that a later iteration sees the operators the
+    rewrites introduced.
+    """
+
+    def __init__(self, rules: list) -> None:
+        super().__init__()
+        self.rules = [(rule, _root_operator(rule)) for rule in rules]
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        from onnxscript import rewriter
+
+        present = _operators(model)
+        rules = [rule for rule, root in self.rules if root is None or root in present]
+        if not rules:
+            return ir.passes.PassResult(model, modified=False)
+        return rewriter.RewritePass(rules)(model)
+
+
 def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
     """Optimizes ``model`` in place: inlining, constant folding, rewrite rules, dead
     code, constants lifted to initializers, common subexpressions, names."""
-    from onnxscript import rewriter
     from onnxscript.optimizer import _constant_folding
 
     passes = [
@@ -43,7 +91,7 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
                     output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
                     should_fold=lambda node: None,
                 ),
-                rewriter.RewritePass(_linear_rules()),
+                _RewritePresentOperators(_linear_rules()),
                 common_passes.RemoveUnusedNodesPass(),
                 common_passes.RemoveUnusedFunctionsPass(),
                 common_passes.RemoveUnusedOpsetsPass(),

@@ -1,0 +1,71 @@
+"""The optimizer of exported models: onnxscript's rules, tried only where they can match."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime
+from onnx import TensorProto, helper
+
+from yobx.torch.onnx.optimize import _linear_rules, _operators, _root_operator, optimize_model
+
+
+def _model(nodes, inputs, outputs) -> ir.Model:
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return ir.serde.deserialize_model(proto)
+
+
+def _run(model: ir.Model, feeds: dict) -> list:
+    proto = ir.serde.serialize_model(model)
+    session = onnxruntime.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def test_every_default_rule_is_anchored_on_a_known_operator():
+    # a rule whose anchor cannot be read is always tried (correct, only slower): the
+    # anchors of onnxscript's default rules must stay readable
+    roots = [_root_operator(rule) for rule in _linear_rules()]
+    assert roots and all(root is not None for root in roots), roots
+
+
+def test_rules_rewrite_what_the_model_has_and_results_do_not_change():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        # two transposes that cancel: onnxscript's rule removes both
+        helper.make_node("Transpose", ["x"], ["t1"], perm=[0, 2, 1]),
+        helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 2, 1]),
+        helper.make_node("Relu", ["t2"], ["y"]),
+    ]
+    model = _model(nodes, [x], [y])
+    assert ("", "Transpose") in _operators(model)
+    feeds = {"x": np.random.randn(2, 3, 4).astype(np.float32)}
+    expected = _run(model, feeds)
+    optimize_model(model)
+    assert [n.op_type for n in model.graph] == ["Relu"]
+    for batch in (2, 5):
+        feeds = {"x": np.random.randn(batch, 3, 4).astype(np.float32)}
+        got = _run(model, feeds)
+        np.testing.assert_array_equal(got[0], np.maximum(feeds["x"], 0))
+    assert expected[0].shape == (2, 3, 4)
+    onnx.checker.check_model(ir.serde.serialize_model(model))
+
+
+def test_operators_of_subgraphs_are_seen():
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    branch_out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    then_branch = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["o"], perm=[0])], "then", [], [branch_out]
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["o"])], "else", [], [branch_out]
+    )
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)
+    model = _model([node], [cond, x], [y])
+    assert {("", "If"), ("", "Transpose"), ("", "Neg")} <= _operators(model)
