@@ -6,9 +6,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime
+import torch
 from onnx import TensorProto, helper
 
 from yobx.torch.onnx.optimize import _linear_rules, _operators, _root_operator, optimize_model
+
+from ._helpers import export_and_validate
 
 
 def _model(nodes, inputs, outputs) -> ir.Model:
@@ -69,3 +72,20 @@ def test_operators_of_subgraphs_are_seen():
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)
     model = _model([node], [cond, x], [y])
     assert {("", "If"), ("", "Transpose"), ("", "Neg")} <= _operators(model)
+
+
+class _ChunkOfADynamicDimension(torch.nn.Module):
+    # the chunk size is computed from the dimension: onnxscript's SplitToSequence
+    # evaluator fails on it (fuzz_onnx seed 22), the node must stay unfolded
+    def forward(self, x):
+        first, second = x.chunk(2, 0)
+        swapped = torch.cat([second, first], 0)
+        return swapped + torch.full_like(swapped, swapped.shape[-1]), x - swapped.mean()
+
+
+def test_a_node_onnxscript_cannot_fold_is_kept_and_the_model_validates():
+    result = export_and_validate(
+        _ChunkOfADynamicDimension(), (torch.randn(4, 3),), dynamic_shapes=({0: "n", 1: "m"},)
+    )
+    ops = {node.op_type for node in result.model_proto.graph.node}
+    assert ops & {"SplitToSequence", "Split"}, ops

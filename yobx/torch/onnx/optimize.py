@@ -11,6 +11,8 @@ The caller keeps weights out of reach (:func:`yobx.torch.onnx.weights.weights_ke
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 
@@ -76,6 +78,28 @@ class _RewritePresentOperators(ir.passes.InPlacePass):
         return rewriter.RewritePass(rules)(model)
 
 
+def _tolerant_folding_pass(**kwargs: Any) -> ir.passes.InPlacePass:
+    """onnxscript's constant folding, skipping the nodes its partial evaluators fail on.
+
+    An evaluator failing is a bug of onnxscript, not of the model (onnxscript 0.7.2 reads
+    the value of a ``SplitToSequence`` split size it only knows the shape of, for a
+    ``chunk`` of a dynamic dimension): the node is left as it is, folded or not, instead
+    of refusing the whole export.
+    """
+    from onnxscript.optimizer import _constant_folding
+
+    class TolerantFoldConstantsPass(_constant_folding.FoldConstantsPass):
+        def process_node(self, node: ir.Node, is_function: bool):
+            try:
+                return super().process_node(node, is_function)
+            except RuntimeError as e:
+                if not str(e).startswith("Error during constant folding for node"):
+                    raise
+                return None
+
+    return TolerantFoldConstantsPass(**kwargs)
+
+
 def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
     """Optimizes ``model`` in place: inlining, constant folding, rewrite rules, dead
     code, constants lifted to initializers, common subexpressions, names."""
@@ -85,7 +109,7 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
         common_passes.InlinePass(),
         ir.passes.PassManager(
             [
-                _constant_folding.FoldConstantsPass(
+                _tolerant_folding_pass(
                     shape_inference=True,
                     input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                     output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
