@@ -265,3 +265,35 @@ def test_list_index_constant():
         ListIndex().eval(), (_r(2, 5, 3, 4),), dynamic_shapes={"x": {0: "batch", 1: "seq"}}
     )
     assert onnx_dims(result.model_proto)["x"] == ["batch", "seq", 3, 4]
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, **options):
+        super().__init__()
+        self.options = options
+
+    def forward(self, q, k, v, mask=None):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, **self.options
+        )
+
+
+@pytest.mark.parametrize(
+    ("shape", "options", "with_mask"),
+    [
+        ((2, 5, 6), {}, False),  # the default scale of a dynamic width (fuzz_onnx seed 1)
+        ((5, 6), {}, False),
+        ((2, 5, 6), {"is_causal": True}, False),
+        ((2, 5, 6), {"scale": 0.3}, True),
+    ],
+)
+def test_attention_of_rank_2_or_3_with_a_dynamic_width(shape, options, with_mask):
+    q = torch.randn(*shape)
+    k, v = torch.randn(*shape), torch.randn(*shape)
+    dims = {len(shape) - 1: "width", len(shape) - 2: "seq"}
+    inputs = (q, k, v)
+    dynamic_shapes = (dims, dims, dims)
+    if with_mask:
+        inputs += (torch.randn(shape[-2], shape[-2]),)
+        dynamic_shapes += ({0: "seq", 1: "seq"},)
+    export_and_validate(_Attention(**options), inputs, dynamic_shapes=dynamic_shapes)

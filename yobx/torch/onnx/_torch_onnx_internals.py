@@ -90,9 +90,36 @@ def _conditionally_preserved(op: Any, condition: Callable[..., bool]) -> Callabl
         if condition(*args, **kwargs):
             # NotImplemented is the marker keeping the operator whole.
             return NotImplemented
+        if op is torch.ops.aten.scaled_dot_product_attention.default:
+            lifted = _sdpa_lifted_to_4d(*args, **kwargs)
+            if lifted is not None:
+                return lifted
         return decomposition(*args, **kwargs)
 
     return kernel
+
+
+def _sdpa_lifted_to_4d(query, key, value, attn_mask=None, *args, **kwargs) -> Any:
+    """A 2-d or 3-d attention as a 4-d one (leading dimensions of size 1): torch_lib
+    translates the 4-d operator whole, scale included (its decomposition multiplies by
+    a ``SymFloat`` scale when the last dimension is dynamic, which torch_lib cannot
+    take). ``None`` when the ranks differ or are not 2 or 3."""
+    rank = query.dim()
+    if rank not in (2, 3) or key.dim() != rank or value.dim() != rank:
+        return None
+    lift = 4 - rank
+
+    def lifted(tensor):
+        for _ in range(lift):
+            tensor = torch.ops.aten.unsqueeze.default(tensor, 0)
+        return tensor
+
+    out = torch.ops.aten.scaled_dot_product_attention.default(
+        lifted(query), lifted(key), lifted(value), attn_mask, *args, **kwargs
+    )
+    for _ in range(lift):
+        out = torch.ops.aten.squeeze.dim(out, 0)
+    return out
 
 
 @contextlib.contextmanager
