@@ -179,7 +179,13 @@ def main() -> None:
             if isinstance(proto, str):
                 failures.append(f"  {name} [{tool}] export: {proto}")
                 continue
-            report = validate(model, proto, cases)
+            try:
+                report = validate(model, proto, cases)
+            except Exception as exc:
+                # a model onnxruntime cannot load is reported, not timed
+                failures.append(f"  {name} [{tool}] onnxruntime: {str(exc).strip()[:160]}")
+                protos[tool] = f"{type(exc).__name__}"
+                continue
             errors[tool] = report.max_abs_error
             if not report.ok:
                 failures.append(f"  {name} [{tool}]: {report.format().splitlines()[0][:120]}")
