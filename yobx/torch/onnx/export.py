@@ -30,7 +30,7 @@ from yobx.torch.onnx.dimensions import (
 )
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
-from yobx.torch.onnx.optimize import optimize_model
+from yobx.torch.onnx.optimize import check_optimize_level, fuse_for_onnxruntime, optimize_model
 from yobx.torch.onnx.save import (
     EXTERNAL_DATA_THRESHOLD,
     check_model,
@@ -387,6 +387,7 @@ def to_onnx(
     profile: str | None = None,
     tracer: str = "custom",
     progress: Callable[[Stage], None] | None = None,
+    optimize: str = "default",
 ) -> ExportResult:
     """Exports ``model`` to ONNX.
 
@@ -412,9 +413,16 @@ def to_onnx(
     :param progress: called with each :class:`Stage` when it ends
     :param tracer: ``"custom"`` (CustomTracer) or ``"fx"`` (``torch.fx.symbolic_trace``
         with fake propagation, for models without shape-dependent code)
+    :param optimize: ``"default"`` (onnxscript's optimizer, a standard ONNX model) or
+        ``"ort"``: then onnxscript's fusions for onnxruntime
+        (:func:`onnxscript.rewriter.ort_fusions.optimize_for_ort`: attention, RMS and
+        skip normalizations, rotary embeddings, GELU...), faster in onnxruntime but
+        using its contrib operators, so that only onnxruntime runs the model; the
+        fusions applied are counted in the ``optimize`` stage's ``fusions``
     :return: an :class:`ExportResult`
     """
     opset = check_opset(opset)
+    optimize = check_optimize_level(optimize)
     kwargs = dict(kwargs or {})
     args = tuple(args)
     if not isinstance(model, torch.nn.Module):
@@ -460,7 +468,8 @@ def to_onnx(
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("optimize") as info, _quiet_constant_folding():
         # parameters and buffers stay initializers named after the state dict
-        with weights_kept_apart(ir_model, list(ir_model.graph.initializers)):
+        weight_names = list(ir_model.graph.initializers)
+        with weights_kept_apart(ir_model, weight_names):
             optimize_model(ir_model)
             if opset != DEFAULT_OPSET:
                 _convert_opset(ir_model, opset)
@@ -477,6 +486,17 @@ def to_onnx(
             ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
         # on the graph without its weights: nothing is copied, whatever the size
         check_model(ir_model)
+    if optimize == "ort":
+        # after the check: the ONNX checker does not know onnxruntime's operators
+        # (validate=True runs the fused model); after the conversion too, the converter
+        # does not know them either
+        with stage("fuse") as info, _quiet_constant_folding():
+            # the constants the optimizer lifted stay visible: the fusions read them
+            with weights_kept_apart(ir_model, weight_names):
+                info["fusions"] = fuse_for_onnxruntime(ir_model)
+            remove_numeric_dim_params(ir_model)
+            check_declared_dimensions(ir_model, declared, renamer, captured, lowered)
+            info["onnx_nodes"] = len(ir_model.graph)
     result = ExportResult(
         model=ir_model,
         graph_module=graph_module,

@@ -6,6 +6,11 @@ matches them by enumerating combinations of graph nodes, for every candidate nod
 which is quadratic in the size of the graph (on a 7B Llama, 90% of a 46 s optimization
 went to ``SlicesSplit``, which turns two ``Slice`` of a tensor into one ``Split``).
 
+:func:`fuse_for_onnxruntime` applies onnxscript's fusions for onnxruntime
+(``to_onnx(optimize="ort")``): attention, RMS and skip normalizations, rotary
+embeddings, GELU, ``Transpose`` + ``MatMul``... become contrib operators that only
+onnxruntime runs.
+
 The caller keeps weights out of reach (:func:`yobx.torch.onnx.weights.weights_kept_apart`).
 """
 
@@ -134,4 +139,34 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
     ir.passes.Sequential(*passes)(model)
 
 
-__all__ = ["optimize_model"]
+#: the accepted values of ``to_onnx(optimize=...)``
+OPTIMIZE_LEVELS = ("default", "ort")
+
+
+def check_optimize_level(optimize: Any) -> str:
+    """Returns ``optimize`` if it is one of :data:`OPTIMIZE_LEVELS`, raises otherwise."""
+    if not isinstance(optimize, str) or optimize not in OPTIMIZE_LEVELS:
+        accepted = ", ".join(repr(level) for level in OPTIMIZE_LEVELS)
+        raise ValueError(
+            f"to_onnx(optimize={optimize!r}): expected one of {accepted} ('default': "
+            "onnxscript's optimizer; 'ort': then onnxscript's fusions for onnxruntime)"
+        )
+    return optimize
+
+
+def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
+    """Applies :func:`onnxscript.rewriter.ort_fusions.optimize_for_ort` to ``model`` in
+    place; returns the number of times each fusion applied (only those that did).
+
+    The fused model uses onnxruntime's contrib operators (``com.microsoft`` domain, and
+    ``SimplifiedLayerNormalization`` in the default domain): only onnxruntime runs it.
+    onnxscript runs its whole optimizer again first, including the rules that
+    :func:`optimize_model` leaves out for being quadratic in the graph's size.
+    """
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    _, counts = optimize_for_ort(model)
+    return {name: count for name, count in counts.items() if count}
+
+
+__all__ = ["OPTIMIZE_LEVELS", "check_optimize_level", "fuse_for_onnxruntime", "optimize_model"]

@@ -1,0 +1,84 @@
+"""``to_onnx(optimize=...)``: the default optimizer and onnxscript's fusions for
+onnxruntime (``optimize="ort"``)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from unittests.torch.onnx._helpers import export_and_validate
+from yobx.models import load_model
+from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
+
+
+def _domains(result) -> collections.Counter:
+    return collections.Counter(node.domain or "ai.onnx" for node in result.model.graph)
+
+
+def _llama_inputs(batch: int, seq: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(batch * 100 + seq)
+    return {
+        "input_ids": torch.randint(0, 99, (batch, seq), generator=generator),
+        "attention_mask": torch.ones((batch, seq), dtype=torch.int64),
+    }
+
+
+def _run(result, inputs: dict[str, torch.Tensor]) -> np.ndarray:
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    feeds = {name: value.numpy() for name, value in inputs.items()}
+    return session.run(None, feeds)[0]
+
+
+def test_ort_fuses_a_llama_and_matches_eager():
+    model, args, kwargs, dynamic_shapes = load_model("hf:LlamaForCausalLM")
+    result = export_and_validate(model, args, kwargs, dynamic_shapes, optimize="ort")
+    fusions = next(s for s in result.stages if s.name == "fuse").args["fusions"]
+    assert fusions.get("rms_normalization", 0) >= 1, fusions
+    assert "com.microsoft" in _domains(result), _domains(result)
+    # the weights keep their state-dict names: a checkpoint can still be applied
+    assert "model.layers.0.mlp.up_proj.weight" in result.model.graph.initializers
+    # two more sizes of the dynamic dimensions, against eager
+    for batch, seq in ((1, 3), (3, 17)):
+        inputs = _llama_inputs(batch, seq)
+        with torch.no_grad():
+            expected = model(**inputs).logits.numpy()
+        np.testing.assert_allclose(_run(result, inputs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_default_has_no_contrib_operator_and_same_outputs_as_ort():
+    model, args, kwargs, dynamic_shapes = load_model("hf:LlamaForCausalLM")
+    default = to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    fused = to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes, optimize="ort")
+    assert "com.microsoft" not in _domains(default)
+    assert len(fused.model.graph) < len(default.model.graph)
+    inputs = _llama_inputs(2, 9)
+    np.testing.assert_allclose(_run(fused, inputs), _run(default, inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_ort_without_a_matching_pattern_still_matches_eager():
+    model, args, kwargs, dynamic_shapes = load_model("tiny-cnn")
+    export_and_validate(model, args, kwargs, dynamic_shapes, optimize="ort")
+
+
+@pytest.mark.parametrize("bad", ["ORT", "fast", True, None, 1])
+def test_bad_optimize_value_lists_the_accepted_ones(bad):
+    model, args, kwargs, dynamic_shapes = load_model("tiny-cnn")
+    with pytest.raises(ValueError) as info:
+        to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes, optimize=bad)
+    for level in OPTIMIZE_LEVELS:
+        assert repr(level) in str(info.value)
+    assert repr(bad) in str(info.value)
+
+
+def test_ort_fuses_after_an_opset_conversion():
+    model, args, kwargs, dynamic_shapes = load_model("hf:LlamaForCausalLM")
+    result = export_and_validate(model, args, kwargs, dynamic_shapes, optimize="ort", opset=21)
+    assert result.model.opset_imports[""] == 21
+    assert "com.microsoft" in _domains(result), _domains(result)
