@@ -14,7 +14,7 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from yobx.torch.chrome_trace import current_rss_bytes
+from yobx.torch.chrome_trace import current_rss_bytes, write_stage_profile
 from yobx.torch.onnx import capture as capture_module
 from yobx.torch.onnx.declared import (
     adopt_lowering_guards,
@@ -373,6 +373,133 @@ def _quiet_constant_folding() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _checked_inputs(
+    model: Any, args: tuple, kwargs: Mapping[str, Any] | None, validate: bool
+) -> tuple[tuple, dict]:
+    """``args`` as a tuple, ``kwargs`` as a dict, once the model is known exportable."""
+    kwargs = dict(kwargs or {})
+    args = tuple(args)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if validate:
+        _refuse_meta_model(model, "validate the export")
+    return args, kwargs
+
+
+def _export_result(
+    model: torch.nn.Module, ir_model: ir.Model, captured: Any, stages: list[Stage]
+) -> ExportResult:
+    """What :func:`to_onnx` returns, before saving and validation."""
+    return ExportResult(
+        model=ir_model,
+        graph_module=captured.graph_module,
+        guards=captured.guards,
+        stages=stages,
+        input_names=[v.name for v in ir_model.graph.inputs],
+        output_names=[v.name for v in ir_model.graph.outputs],
+        dynamic_dimensions=dynamic_dimensions(ir_model),
+        dimension_names=dict(captured.dimension_names),
+        constraints=list(captured.constraints),
+        range_constraints=dict(captured.range_constraints),
+        weight_names=WeightNames.of(model, ir_model),
+        _captured=captured,
+    )
+
+
+def _capture(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    dynamic_shapes: Any,
+    module_leaves: Any,
+    tracer: str,
+) -> Any:
+    """The ``capture`` stage: the model's graph, with the tracer asked for."""
+    if tracer == "custom":
+        return capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
+    if tracer == "fx":
+        return capture_module.capture_with_symbolic_trace(model, args, kwargs, dynamic_shapes)
+    raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
+
+
+def _lower(captured: Any) -> Any:
+    """The ``lower`` stage: the captured graph in aten operators; the guards the
+    lowering adds are judged against what the capture knew."""
+    dims = getattr(captured.tracer, "dims", None)
+    known = dims.snapshot() if dims is not None else None
+    lowered = lower_to_aten(captured.graph_module, opset=DEFAULT_OPSET)
+    adopt_lowering_guards(captured, lowered, known)
+    return lowered
+
+
+def _translate(
+    captured: Any, lowered: Any, model: Any, args: tuple, kwargs: dict
+) -> tuple[ir.Model, DimensionRenamer]:
+    """The ``translate`` stage: the ONNX model, its outputs named after the model's
+    output structure, its cache inputs after the layers, its dimensions after the
+    user's names (the renamer is returned)."""
+    output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
+    output_names = capture_module.output_names(
+        captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
+    )
+    n_guards = len(captured.shape_env.guards) if captured.shape_env is not None else 0
+    ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
+    refuse_translation_guards(captured.shape_env, n_guards)
+    _rename_cache_inputs(ir_model, model, args, kwargs)
+    renamer = DimensionRenamer(dict(captured.dimension_names), captured.shape_env)
+    rename_dimensions(ir_model, renamer)
+    return ir_model, renamer
+
+
+def _optimize(ir_model: ir.Model, opset: int) -> None:
+    """The ``optimize`` stage: onnxscript's optimizer, then the opset asked for."""
+    # parameters and buffers stay initializers named after the state dict
+    initializers = list(ir_model.graph.initializers)
+    with _quiet_constant_folding(), weights_kept_apart(ir_model, initializers):
+        optimize_model(ir_model)
+        if opset != DEFAULT_OPSET:
+            _convert_opset(ir_model, opset)
+
+
+def _check(ir_model: ir.Model, declared: Any, renamer: Any, captured: Any, lowered: Any) -> None:
+    """The ``check`` stage: declared dimensions kept, metadata written, model valid."""
+    remove_numeric_dim_params(ir_model)
+    check_declared_dimensions(ir_model, declared, renamer, captured, lowered)
+    if captured.fingerprint:
+        # ONNX values are named after the graph's nodes: tools matching them by name
+        # (yobx.torch.inspect) check that they look at the same capture.
+        ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
+    if captured.constraints:
+        # ONNX cannot check them: the model says what it assumes of its inputs
+        ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
+    # on the graph without its weights: nothing is copied, whatever the size
+    check_model(ir_model)
+
+
+def _save(result: ExportResult, filename: str | os.PathLike) -> int:
+    """The ``save`` stage: writes the model (and its external data); returns the bytes
+    written."""
+    result.files = save_ir_model(result.model, filename)
+    result.filename = os.fspath(filename)
+    return sum(os.path.getsize(f) for f in result.files)
+
+
+def _validate(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    result: ExportResult,
+    verbose: int,
+    declared: Any,
+) -> Any:
+    """The ``validate`` stage: onnxruntime against eager PyTorch (imported only then)."""
+    from yobx.torch.onnx.validation import validate_export
+
+    return validate_export(
+        model, args, kwargs, result, result._captured, verbose=verbose, declared=declared
+    )
+
+
 def to_onnx(
     model: torch.nn.Module,
     args: tuple = (),
@@ -415,98 +542,38 @@ def to_onnx(
     :return: an :class:`ExportResult`
     """
     opset = check_opset(opset)
-    kwargs = dict(kwargs or {})
-    args = tuple(args)
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    if validate:
-        _refuse_meta_model(model, "validate the export")
+    args, kwargs = _checked_inputs(model, args, kwargs, validate)
     stage = _StageRecorder(verbose, progress)
 
     with stage("capture") as info:
-        if tracer == "custom":
-            captured = capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
-        elif tracer == "fx":
-            captured = capture_module.capture_with_symbolic_trace(
-                model, args, kwargs, dynamic_shapes
-            )
-        else:
-            raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
+        captured = _capture(model, args, kwargs, dynamic_shapes, module_leaves, tracer)
         graph_module = captured.graph_module
         info["nodes"] = len(graph_module.graph.nodes)
     declared = declared_dimensions(model, args, kwargs, dynamic_shapes, graph_module)
     with stage("passes") as info:
         info.update(_pass_counts(captured))
     with stage("lower") as info:
-        dims = getattr(captured.tracer, "dims", None)
-        known = dims.snapshot() if dims is not None else None
-        lowered = lower_to_aten(graph_module, opset=DEFAULT_OPSET)
-        adopt_lowering_guards(captured, lowered, known)
+        lowered = _lower(captured)
         info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
     with stage("translate") as info:
-        output = next(n for n in graph_module.graph.nodes if n.op == "output")
-        output_names = capture_module.output_names(
-            captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
-        )
-        n_guards = len(captured.shape_env.guards) if captured.shape_env is not None else 0
-        ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
-        refuse_translation_guards(captured.shape_env, n_guards)
-        _rename_cache_inputs(ir_model, model, args, kwargs)
-        names = dict(captured.dimension_names)
-        renamer = DimensionRenamer(names, captured.shape_env)
-        rename_dimensions(ir_model, renamer)
+        ir_model, renamer = _translate(captured, lowered, model, args, kwargs)
         # parameters on the meta device: the graph is exported, the data comes later
         info["pending_weights"] = mark_pending(ir_model)
         info["onnx_nodes"] = len(ir_model.graph)
-    with stage("optimize") as info, _quiet_constant_folding():
-        # parameters and buffers stay initializers named after the state dict
-        with weights_kept_apart(ir_model, list(ir_model.graph.initializers)):
-            optimize_model(ir_model)
-            if opset != DEFAULT_OPSET:
-                _convert_opset(ir_model, opset)
+    with stage("optimize") as info:
+        _optimize(ir_model, opset)
         info["onnx_nodes"] = len(ir_model.graph)
     with stage("check"):
-        remove_numeric_dim_params(ir_model)
-        check_declared_dimensions(ir_model, declared, renamer, captured, lowered)
-        if captured.fingerprint:
-            # ONNX values are named after the graph's nodes: tools matching them by name
-            # (yobx.torch.inspect) check that they look at the same capture.
-            ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
-        if captured.constraints:
-            # ONNX cannot check them: the model says what it assumes of its inputs
-            ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
-        # on the graph without its weights: nothing is copied, whatever the size
-        check_model(ir_model)
-    result = ExportResult(
-        model=ir_model,
-        graph_module=graph_module,
-        guards=captured.guards,
-        stages=stage.stages,
-        input_names=[v.name for v in ir_model.graph.inputs],
-        output_names=[v.name for v in ir_model.graph.outputs],
-        dynamic_dimensions=dynamic_dimensions(ir_model),
-        dimension_names=names,
-        constraints=list(captured.constraints),
-        range_constraints=dict(captured.range_constraints),
-        weight_names=WeightNames.of(model, ir_model),
-        _captured=captured,
-    )
+        _check(ir_model, declared, renamer, captured, lowered)
+    result = _export_result(model, ir_model, captured, stage.stages)
     if filename is not None:
         with stage("save") as info:
-            result.files = save_ir_model(ir_model, filename)
-            result.filename = os.fspath(filename)
-            info["bytes"] = sum(os.path.getsize(f) for f in result.files)
+            info["bytes"] = _save(result, filename)
     if validate:
-        from yobx.torch.onnx.validation import validate_export
-
         with stage("validate") as info:
-            result.validation = validate_export(
-                model, args, kwargs, result, captured, verbose=verbose, declared=declared
-            )
+            result.validation = _validate(model, args, kwargs, result, verbose, declared)
             info["max_abs_error"] = result.validation.max_abs_error
     if profile is not None:
-        from ..chrome_trace import write_stage_profile
-
         write_stage_profile(result.stages, profile)
     return result
 
