@@ -149,7 +149,7 @@ def noisy():
 
 class Broken(torch.nn.Module):
     def forward(self, x):
-        raise RuntimeError("broken model\nsecond line")
+        raise RuntimeError("broken model\\nsecond line")
 
 def broken():
     return Broken(), (torch.randn(2, 3),), {}, {"x": {0: "batch"}}
@@ -420,3 +420,13 @@ def test_interrupt_exits_with_130(capsys, monkeypatch):
     monkeypatch.setattr(yobx.cli, "_trace", interrupted)
     assert main(["trace", "tiny-cnn"]) == 130
     assert capsys.readouterr().err.strip() == "yobx: interrupted"
+
+
+def test_factory_module_that_fails_to_import_is_bad_input(capsys, monkeypatch, tmp_path):
+    (tmp_path / "bad_syntax_factory.py").write_text("def make(:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "bad_syntax_factory", raising=False)
+    assert main(["trace", "bad_syntax_factory:make"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("yobx: error: cannot import module 'bad_syntax_factory': SyntaxError")
+    assert "\n" not in err
