@@ -7,6 +7,7 @@ launcher equivalent to it (``from yobx.cli import main``, the current directory 
 """
 
 import functools
+import json
 import os
 import re
 import subprocess
@@ -137,6 +138,21 @@ def declared():
 
 def undeclared():
     return torch.nn.Linear(8, 3).eval(), (torch.randn(2, 8),)
+
+class Noisy(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.rand_like(x)
+
+def noisy():
+    # eager and every other run draw other numbers: the results disagree
+    return Noisy(), (torch.randn(2, 3),), {}, {"x": {0: "batch"}}
+
+class Broken(torch.nn.Module):
+    def forward(self, x):
+        raise RuntimeError("broken model\\nsecond line")
+
+def broken():
+    return Broken(), (torch.randn(2, 3),), {}, {"x": {0: "batch"}}
 """
 
 
@@ -326,3 +342,91 @@ def test_export_unsupported_opset_names_the_range(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "opset 17 is not supported: to_onnx writes ONNX opsets 18 to" in err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_help_shows_the_exit_statuses(yobx_command):
+    result = yobx_command("--help")
+    assert result.returncode == 0, result.stderr
+    assert "exit status (every command):" in result.stdout
+    for line in (
+        "  0    success",
+        "  1    the result disagrees with eager PyTorch",
+        "  2    bad input",
+        "  3    the model could not be traced, exported or run",
+        "  130  interrupted",
+    ):
+        assert line in result.stdout, result.stdout
+    assert "exit status" in yobx_command("inspect", "--help").stdout
+
+
+def test_exit_status_of_a_command_line_error(yobx_command):
+    result = yobx_command("export", "tiny-cnn")  # no -o
+    assert result.returncode == 2
+    assert "required: -o/--output" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["export", "trace", "inspect"])
+def test_exit_status_3_when_the_model_cannot_run(yobx_command, user_directory, command):
+    args = ["-o", "b.onnx"] if command == "export" else []
+    result = yobx_command(command, "mymodels:broken", *args, cwd=user_directory)
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("yobx: error: ") and "broken model" in lines[-1]
+    assert "second line" not in result.stderr and "Traceback" not in result.stderr
+    assert not (user_directory / "b.onnx").exists()
+
+
+def test_exit_status_1_when_the_validation_fails(yobx_command, user_directory):
+    result = yobx_command(
+        "export", "mymodels:noisy", "-o", "n.onnx", "--validate", cwd=user_directory
+    )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stderr.strip().splitlines()[-1] == "yobx: error: validation failed"
+    assert "  FAILED: " in result.stdout
+    assert (user_directory / "n.onnx").exists()  # written, and reported as disagreeing
+
+
+def test_inspect_exit_statuses(yobx_command, user_directory):
+    ok = yobx_command("inspect", "mymodels:declared", cwd=user_directory)
+    assert ok.returncode == 0, (ok.stdout, ok.stderr)
+    assert "no divergence" in ok.stdout
+    diverges = yobx_command("inspect", "mymodels:noisy", cwd=user_directory)
+    assert diverges.returncode == 1, (diverges.stdout, diverges.stderr)
+    assert "first divergence at " in diverges.stdout
+    missing = yobx_command("inspect", "mymodels:declared", "--onnx", "no.onnx", cwd=user_directory)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == "yobx: error: ONNX file 'no.onnx' does not exist"
+    unknown = yobx_command("inspect", "no-such-model", cwd=user_directory)
+    assert unknown.returncode == 2
+    assert "unknown model 'no-such-model'" in unknown.stderr
+
+
+def test_export_profile_is_written(capsys, tmp_path):
+    profile = tmp_path / "stages.json"
+    status = main(
+        ["export", "tiny-cnn", "-o", str(tmp_path / "cnn.onnx"), "--profile", str(profile)]
+    )
+    assert status == 0, capsys.readouterr().err
+    names = {event["name"] for event in json.loads(profile.read_text())["traceEvents"]}
+    assert {"capture", "translate", "save"} <= names
+
+
+def test_interrupt_exits_with_130(capsys, monkeypatch):
+    import yobx.cli
+
+    def interrupted(options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(yobx.cli, "_trace", interrupted)
+    assert main(["trace", "tiny-cnn"]) == 130
+    assert capsys.readouterr().err.strip() == "yobx: interrupted"
+
+
+def test_factory_module_that_fails_to_import_is_bad_input(capsys, monkeypatch, tmp_path):
+    (tmp_path / "bad_syntax_factory.py").write_text("def make(:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "bad_syntax_factory", raising=False)
+    assert main(["trace", "bad_syntax_factory:make"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("yobx: error: cannot import module 'bad_syntax_factory': SyntaxError")
+    assert "\n" not in err

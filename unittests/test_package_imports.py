@@ -29,6 +29,7 @@ LAYERS = {
     "yobx.torch.inspect": 3,
     "yobx.cli": 4,
     "yobx.export_command": 4,
+    "yobx.inspect_command": 4,
     "yobx.cli_support": 4,
     "yobx.__main__": 4,
 }

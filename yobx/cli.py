@@ -1,8 +1,18 @@
 """The ``yobx`` command: ``yobx export``, ``yobx trace`` and ``yobx inspect``.
 
-Bad input (unknown model, failing factory, unwritable output) exits with status 2 and
-one line on stderr; a model that cannot be exported or fails validation exits with
-status 1. ``--verbose`` adds the traceback.
+Every command exits with one table of statuses (:mod:`yobx.cli_support`, also shown by
+``yobx --help``):
+
+====  =====================================================================================
+0     success; with ``--validate`` or for ``inspect``, the results agree with eager PyTorch
+1     the result disagrees with eager PyTorch (``export --validate`` found an error beyond
+      tolerance, ``inspect`` found a divergence)
+2     bad input: command line, unknown model, missing file, unwritable output
+3     the model could not be traced, exported or run
+130   interrupted
+====  =====================================================================================
+
+An error is one line on stderr (``yobx: error: ...``); ``--verbose`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -15,11 +25,14 @@ from collections.abc import Sequence
 from yobx.cli_support import (
     EXIT_BAD_INPUT,  # noqa: F401 - part of this module's interface
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_STATUS_HELP,
     CommandError,
     check_writable,
     resolve_dynamic_shapes,
 )
 from yobx.export_command import add_export_arguments, run_export
+from yobx.inspect_command import add_inspect_arguments
 
 # kept for callers of the previous private names
 _CommandError = CommandError
@@ -29,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yobx",
         description="Capture PyTorch models as torch.fx graphs and export them to ONNX.",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
     model_help = (
@@ -38,11 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "(tiny random Hugging Face model, or a real one with --config and --weights)"
     )
 
-    export = commands.add_parser("export", help="export a model to ONNX")
+    # every command shows the exit statuses in its own --help too
+    status = {"epilog": EXIT_STATUS_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    export = commands.add_parser("export", help="export a model to ONNX", **status)
     export.add_argument("model", help=model_help)
     add_export_arguments(export)
 
-    trace = commands.add_parser("trace", help="print the captured graph and its guards")
+    trace = commands.add_parser("trace", help="print the captured graph and its guards", **status)
     trace.add_argument("model", help=model_help)
     shapes = trace.add_mutually_exclusive_group()
     shapes.add_argument("--static", action="store_true", help="trace with the example's sizes")
@@ -52,12 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
 
     inspect = commands.add_parser(
-        "inspect", help="run the captured graph and ONNX model, compare node by node"
+        "inspect", help="run the captured graph and ONNX model, compare node by node", **status
     )
     inspect.add_argument("model", help=model_help)
-    inspect.add_argument("--onnx", default=None, help="ONNX model to compare with")
-    inspect.add_argument("--profile", default=None, help="write a Chrome trace there")
-    inspect.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
+    add_inspect_arguments(inspect)
     return parser
 
 
@@ -107,13 +122,15 @@ def _trace(options: argparse.Namespace) -> int:
 
 
 def _inspect(options: argparse.Namespace) -> int:
-    from yobx.torch.inspect.command import run_inspect
+    from yobx.inspect_command import run_inspect
 
     return run_inspect(options.model, options.onnx, options.profile, int(options.verbose))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the ``yobx`` command, returns the exit status."""
+    """Runs the ``yobx`` command, returns the exit status (0 success, 1 the result
+    disagrees with eager PyTorch, 2 bad input, 3 the model could not be traced, exported
+    or run, 130 interrupted; see :mod:`yobx.cli`)."""
     options = _parser().parse_args(argv)
     handlers = {"export": _export, "trace": _trace, "inspect": _inspect}
     try:
@@ -125,4 +142,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.status
     except KeyboardInterrupt:
         print("yobx: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

@@ -1,4 +1,9 @@
-"""What the ``yobx`` commands share: errors, exit statuses, dynamic shapes, sizes."""
+"""What the ``yobx`` commands share: errors, exit statuses, dynamic shapes, sizes.
+
+One table of exit statuses for every command (:data:`EXIT_STATUS_HELP`): 0 success,
+1 the result disagrees with eager PyTorch, 2 bad input, 3 the model could not be
+traced, exported or run, 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,28 @@ import argparse
 import os
 from typing import Any
 
-#: Exit status for bad command line input.
+#: Exit status: the command did what it was asked, the results agree.
+EXIT_OK = 0
+#: Exit status: the result disagrees with eager PyTorch (``yobx export --validate``
+#: found an error beyond tolerance, ``yobx inspect`` found a divergence).
+EXIT_MISMATCH = 1
+#: Exit status: bad input (command line, unknown model, missing file, unwritable output).
 EXIT_BAD_INPUT = 2
-#: Exit status when the export or the validation fails.
-EXIT_FAILURE = 1
+#: Exit status: the model could not be traced, exported or run.
+EXIT_FAILURE = 3
+#: Exit status: interrupted (Ctrl-C).
+EXIT_INTERRUPTED = 130
+
+#: The exit statuses, as ``yobx --help`` and the documentation show them.
+EXIT_STATUS_HELP = f"""\
+exit status (every command):
+  {EXIT_OK:<4} success; with --validate or for inspect, the results agree with eager
+  {EXIT_MISMATCH:<4} the result disagrees with eager PyTorch (export validation failed,
+       inspect found a divergence)
+  {EXIT_BAD_INPUT:<4} bad input: command line, unknown model, missing file, unwritable output
+  {EXIT_FAILURE:<4} the model could not be traced, exported or run
+  {EXIT_INTERRUPTED:<4} interrupted
+"""
 
 
 class CommandError(Exception):
@@ -61,6 +84,10 @@ def resolve_dynamic_shapes(
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_MISMATCH",
+    "EXIT_OK",
+    "EXIT_STATUS_HELP",
     "CommandError",
     "check_writable",
     "format_size",

@@ -3,7 +3,9 @@
 Dynamic batch and sequence dimensions by default (``--static`` opts out); each stage
 is reported on stderr with its time as it ends; the summary goes to stdout: inputs and
 outputs with their dimension names, constraints, the files written and the
-validation table.
+validation table. Exit statuses: 0 exported (and, with ``--validate``, in agreement
+with eager PyTorch), 1 the validation found an error beyond tolerance, 2 bad input, 3
+the model could not be exported (see :mod:`yobx.cli`).
 
 With ``--weights`` (and, for ``hf:<Architecture>``, ``--config``), the model is built
 without its weights (parameters on the meta device), its graph is exported, and the
@@ -18,7 +20,13 @@ import sys
 import time
 from typing import Any
 
-from yobx.cli_support import EXIT_FAILURE, CommandError, format_size, resolve_dynamic_shapes
+from yobx.cli_support import (
+    EXIT_FAILURE,
+    EXIT_MISMATCH,
+    CommandError,
+    format_size,
+    resolve_dynamic_shapes,
+)
 
 
 def add_export_arguments(export: argparse.ArgumentParser) -> None:
@@ -181,9 +189,9 @@ def run_export(options: argparse.Namespace) -> int:
             _run_stage("loading the weights into the model", load_weights_into, model, source)
         _run_stage("validation", result.validate, model, args, kwargs)
         _report(result.stages[-1])
-        status = 0 if result.validation.ok else EXIT_FAILURE
+        status = 0 if result.validation.ok else EXIT_MISMATCH
     if options.profile:
-        from yobx.torch.inspect.chrome_trace import write_stage_profile
+        from yobx.torch.chrome_trace import write_stage_profile
 
         write_stage_profile(result.stages, options.profile)
     print_summary(result, time.perf_counter() - start)

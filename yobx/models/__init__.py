@@ -78,6 +78,12 @@ def _import_module(module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelLoadError(f"cannot import module {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        # the user's module fails while imported (a SyntaxError...): bad input, as
+        # for path/to/file.py above, not a traceback
+        raise ModelLoadError(
+            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     finally:
         if added:
             sys.path.remove(cwd)

@@ -480,6 +480,62 @@ def _stage_field(stage: Any, name: str, default: Any = None) -> Any:
     return getattr(stage, name, default)
 
 
+def _sorted_stages(stages: Iterable[Any]) -> list[tuple[int, int, str, Any]]:
+    """``(start_ns, end_ns, name, stage)`` of each stage, checked, parents first."""
+    records = []
+    for stage in stages:
+        name = _stage_field(stage, "name")
+        start = _stage_field(stage, "start_ns")
+        end = _stage_field(stage, "end_ns")
+        if name is None or start is None or end is None:
+            raise ValueError(f"a stage needs name, start_ns and end_ns, got {stage!r}")
+        if end < start:
+            raise ValueError(f"stage {name!r} ends before it starts ({start} > {end})")
+        records.append((int(start), int(end), str(name), stage))
+    # Earliest first and, for equal starts, the longest first: parents precede children.
+    records.sort(key=lambda r: (r[0], -r[1]))
+    return records
+
+
+def _track_for(tracks: list[list[int]], start: int, end: int) -> int:
+    """The first track where ``[start, end]`` nests in the innermost open stage or starts
+    after it ended; ``len(tracks)`` when none (a new track is needed). Each track is a
+    stack of the end times of its open stages, closed here as ``start`` passes them."""
+    for candidate, stack in enumerate(tracks):
+        while stack and stack[-1] <= start:
+            stack.pop()
+        if not stack or end <= stack[-1]:
+            return candidate
+    return len(tracks)
+
+
+def _record_stage_counters(
+    handler: JSONTraceHandler, stage: Any, args: dict, start: int, end: int, pid: int
+) -> bool:
+    """Adds the memory samples and node counts of a stage; returns whether it had any
+    memory sample."""
+    any_rss = False
+    for field, ts in (
+        ("rss_start_bytes", start),
+        ("rss_end_bytes", end),
+        ("rss_bytes", end),
+    ):
+        rss = _stage_field(stage, field, args.get(field))
+        if isinstance(rss, (int, float)):
+            any_rss = True
+            handler.record_rss(ts, int(rss))
+    counts = {
+        key: value
+        for key, value in args.items()
+        if (key == "node_count" or key.endswith("nodes"))
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    }
+    if counts:
+        handler.process_counter_event("nodes", "graph", end, counts, pid)
+    return any_rss
+
+
 def write_stage_profile(
     stages: Iterable[Any],
     path: str | os.PathLike,
@@ -503,19 +559,7 @@ def write_stage_profile(
     :param handler: add the events to this handler instead of a new one
     :return: the path written
     """
-    records = []
-    for stage in stages:
-        name = _stage_field(stage, "name")
-        start = _stage_field(stage, "start_ns")
-        end = _stage_field(stage, "end_ns")
-        if name is None or start is None or end is None:
-            raise ValueError(f"a stage needs name, start_ns and end_ns, got {stage!r}")
-        if end < start:
-            raise ValueError(f"stage {name!r} ends before it starts ({start} > {end})")
-        records.append((int(start), int(end), str(name), stage))
-    # Earliest first and, for equal starts, the longest first: parents precede children.
-    records.sort(key=lambda r: (r[0], -r[1]))
-
+    records = _sorted_stages(stages)
     handler = handler or JSONTraceHandler()
     pid = handler.default_pid()
     base_tid = handler.default_tid()
@@ -525,16 +569,9 @@ def write_stage_profile(
     tracks: list[list[int]] = []
     any_rss = False
     for start, end, name, stage in records:
-        track_index = None
-        for candidate, stack in enumerate(tracks):
-            while stack and stack[-1] <= start:
-                stack.pop()
-            if not stack or end <= stack[-1]:
-                track_index = candidate
-                break
-        if track_index is None:
+        track_index = _track_for(tracks, start, end)
+        if track_index == len(tracks):
             tracks.append([])
-            track_index = len(tracks) - 1
             handler.set_thread_name(
                 "stages" if track_index == 0 else f"stages (overlap {track_index})",
                 pid,
@@ -545,24 +582,7 @@ def write_stage_profile(
         handler.process_complete_event(
             name, "stage", start, end - start, pid, base_tid + track_index, args
         )
-        for field, ts in (
-            ("rss_start_bytes", start),
-            ("rss_end_bytes", end),
-            ("rss_bytes", end),
-        ):
-            rss = _stage_field(stage, field, args.get(field))
-            if isinstance(rss, (int, float)):
-                any_rss = True
-                handler.record_rss(ts, int(rss))
-        counts = {
-            key: value
-            for key, value in args.items()
-            if (key == "node_count" or key.endswith("nodes"))
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-        }
-        if counts:
-            handler.process_counter_event("nodes", "graph", end, counts, pid)
+        any_rss |= _record_stage_counters(handler, stage, args, start, end, pid)
     if records and not any_rss:
         handler.record_rss(max(r[1] for r in records))
     return handler.write(path)

@@ -18,7 +18,6 @@ from ..chrome_trace import (
     merge_traces,
     write_stage_profile,
 )
-from .command import inspect_model, run_inspect
 from .compare import CallComparison, Comparison, ValueComparison, compare, first_divergence
 from .decorators import trace_func, trace_model_func
 from .recording import record_run, trace_graph_module
@@ -52,11 +51,9 @@ __all__ = [
     "compare",
     "current_rss_bytes",
     "first_divergence",
-    "inspect_model",
     "load_trace_events",
     "merge_traces",
     "record_run",
-    "run_inspect",
     "summarize",
     "tensor_digest",
     "trace_func",

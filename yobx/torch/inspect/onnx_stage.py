@@ -171,6 +171,59 @@ def _kernel_times(profile_file: str) -> list[dict[str, tuple[float, float]]]:
     return per_run
 
 
+def _profiling_session(model: onnx.ModelProto) -> tuple[Any, str]:
+    """An onnxruntime session profiling every node (no fusion: every node of the model
+    runs as itself, so its kernel time is its own), and its profile directory."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_profiling = True
+    profile_dir = tempfile.mkdtemp(prefix="yobx_ort_")
+    options.profile_file_prefix = os.path.join(profile_dir, "ort")
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session, profile_dir
+
+
+def _node_params(
+    node: onnx.NodeProto,
+    values: dict[str, Any],
+    initializers: dict[str, onnx.TensorProto],
+    initializer_summaries: dict[str, Any],
+    recorder: Any,
+) -> dict[str, Any]:
+    """The summaries of a node's inputs, by name; an initializer is summarized once."""
+    params = {}
+    for input_name in node.input:
+        if not input_name:
+            continue
+        if input_name in values:
+            params[input_name] = recorder.summarize(values[input_name])
+        elif input_name in initializers:
+            if input_name not in initializer_summaries:
+                array = numpy_helper.to_array(initializers[input_name])
+                initializer_summaries[input_name] = recorder.summarize(_to_torch(array))
+            params[input_name] = initializer_summaries[input_name]
+    return params
+
+
+def _call_name(
+    node: onnx.NodeProto, node_name: str, fx_names: set[str], match_names: bool
+) -> tuple[str, tuple[str, ...]]:
+    """The name of a node's call (the FX node it computes, when there is one) and its
+    aliases; ``onnx:<value>`` without aliases when names must not match."""
+    matched = [o for o in node.output if o in fx_names]
+    if not matched and node_name in fx_names:
+        matched = [node_name]
+    name = matched[0] if matched else (node.output[0] if node.output else node_name)
+    aliases = (*node.output, node_name)
+    if not match_names:
+        name, aliases = f"onnx:{name}", ()
+    return name, aliases
+
+
 def record_onnx_stage(
     onnx_model: Any,
     model: torch.nn.Module,
@@ -189,19 +242,11 @@ def record_onnx_stage(
     """
     import time
 
-    import onnxruntime
+    import onnxruntime  # noqa: F401 - without it, fail before reading the model
 
     proto = load_onnx_model(onnx_model)
     copy, node_names = with_intermediate_outputs(proto)
-    options = onnxruntime.SessionOptions()
-    # No fusion: every node of the model runs as itself, so its kernel time is its own.
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.enable_profiling = True
-    profile_dir = tempfile.mkdtemp(prefix="yobx_ort_")
-    options.profile_file_prefix = os.path.join(profile_dir, "ort")
-    session = onnxruntime.InferenceSession(
-        copy.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session, profile_dir = _profiling_session(copy)
     input_names = [i.name for i in session.get_inputs()]
     output_names = [o.name for o in session.get_outputs()]
     original_outputs = [o.name for o in proto.graph.output]
@@ -230,25 +275,9 @@ def record_onnx_stage(
         times = kernel_times[run] if run < len(kernel_times) else {}
         recorder.current_run = run
         for node, node_name in zip(copy.graph.node, node_names):
-            params = {}
-            for input_name in node.input:
-                if not input_name:
-                    continue
-                if input_name in values:
-                    params[input_name] = recorder.summarize(values[input_name])
-                elif input_name in initializers:
-                    if input_name not in initializer_summaries:
-                        array = numpy_helper.to_array(initializers[input_name])
-                        initializer_summaries[input_name] = recorder.summarize(_to_torch(array))
-                    params[input_name] = initializer_summaries[input_name]
+            params = _node_params(node, values, initializers, initializer_summaries, recorder)
             outputs = [recorder.summarize(values.get(o)) for o in node.output]
-            matched = [o for o in node.output if o in fx_names]
-            if not matched and node_name in fx_names:
-                matched = [node_name]
-            name = matched[0] if matched else (node.output[0] if node.output else node_name)
-            aliases = (*node.output, node_name)
-            if not match_names:
-                name, aliases = f"onnx:{name}", ()
+            name, aliases = _call_name(node, node_name, fx_names, match_names)
             target = (
                 node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
             )

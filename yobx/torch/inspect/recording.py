@@ -436,7 +436,6 @@ def record_run(
         >>> result.compare("eager", "graph").first_divergence is None
         True
     """
-    global _ACTIVE
     model = model_or_graph_module
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"record_run expects a torch.nn.Module, got {type(model).__name__}")
@@ -452,6 +451,23 @@ def record_run(
     handler = JSONTraceHandler(profile, process_name="yobx record_run") if profile else None
     recorder = Recorder(result, keep_tensors, max_calls, handler)
     recorder.module_names = {id(m): n for n, m in model.named_modules()}
+    _record_stages(recorder, stage_names, model, runs, graph_module, onnx_model)
+    return result
+
+
+def _record_stages(
+    recorder: Recorder,
+    stage_names: list[str],
+    model: torch.nn.Module,
+    runs: list[tuple[tuple, dict]],
+    graph_module: torch.fx.GraphModule | None,
+    onnx_model: Any,
+) -> None:
+    """Records every stage into ``recorder.result``, one recording at a time in the
+    process; the profile is written even when a run raises (the exception then carries
+    the partial result in ``yobx_trace_result``)."""
+    global _ACTIVE
+    result, handler = recorder.result, recorder.handler
     if not _RECORD_LOCK.acquire(blocking=False):
         if _ACTIVE is not None and _ACTIVE.is_recording_thread():
             raise RuntimeError("record_run cannot be nested in another record_run")
@@ -485,7 +501,6 @@ def record_run(
             except OSError:
                 if not failed:
                     raise
-    return result
 
 
 @contextlib.contextmanager

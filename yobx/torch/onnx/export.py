@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -14,7 +13,7 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from yobx.torch.chrome_trace import current_rss_bytes
+from yobx.torch.chrome_trace import write_stage_profile
 from yobx.torch.onnx import capture as capture_module
 from yobx.torch.onnx.declared import (
     adopt_lowering_guards,
@@ -37,6 +36,7 @@ from yobx.torch.onnx.save import (
     model_to_proto,
     save_ir_model,
 )
+from yobx.torch.onnx.stages import Stage, StageRecorder
 from yobx.torch.onnx.translate import build_model
 from yobx.torch.onnx.weights import (
     AppliedWeights,
@@ -81,27 +81,6 @@ def check_opset(opset: Any) -> int:
 
 #: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
 _TWO_GB = 2**31
-
-
-@dataclasses.dataclass
-class Stage:
-    """One stage of the export pipeline.
-
-    :param name: stage name (``capture``, ``passes``, ``lower``, ``translate``, ...)
-    :param start_ns: ``time.perf_counter_ns()`` at the start
-    :param end_ns: ``time.perf_counter_ns()`` at the end
-    :param args: extra information (``rss_bytes`` at the end, counts)
-    """
-
-    name: str
-    start_ns: int
-    end_ns: int
-    args: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def duration_s(self) -> float:
-        """Duration in seconds."""
-        return (self.end_ns - self.start_ns) / 1e9
 
 
 @dataclasses.dataclass
@@ -182,8 +161,8 @@ class ExportResult:
         """Total time of all stages in seconds."""
         return sum(stage.duration_s for stage in self.stages)
 
-    def _stage(self, name: str) -> _StageRecorder:
-        recorder = _StageRecorder(0, None)
+    def _stage(self, name: str) -> StageRecorder:
+        recorder = StageRecorder(0, None)
         recorder.stages = self.stages
         return recorder(name)
 
@@ -300,31 +279,6 @@ def _refuse_meta_model(model: torch.nn.Module, action: str) -> None:
         )
 
 
-class _StageRecorder:
-    def __init__(self, verbose: int, progress: Callable[[Stage], None] | None):
-        self.stages: list[Stage] = []
-        self.verbose = verbose
-        self.progress = progress
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[dict[str, Any]]:
-        args: dict[str, Any] = {}
-        if self.verbose:
-            print(f"[to_onnx] {name} ...", flush=True)
-        start = time.perf_counter_ns()
-        yield args
-        end = time.perf_counter_ns()
-        rss = current_rss_bytes()
-        if rss is not None:
-            args["rss_bytes"] = rss
-        stage = Stage(name, start, end, args)
-        self.stages.append(stage)
-        if self.progress is not None:
-            self.progress(stage)
-        if self.verbose:
-            print(f"[to_onnx] {name} done in {stage.duration_s:.3f}s", flush=True)
-
-
 def _pass_counts(captured: Any) -> dict[str, int]:
     """[passes, issue 11] The counts of the default passes, which the capture ran once."""
     return {name: int(result) for name, result in captured.passes.items()}
@@ -371,6 +325,174 @@ def _quiet_constant_folding() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def _checked_inputs(
+    model: Any, args: tuple, kwargs: Mapping[str, Any] | None, validate: bool
+) -> tuple[tuple, dict]:
+    """``args`` as a tuple, ``kwargs`` as a dict, once the model is known exportable."""
+    kwargs = dict(kwargs or {})
+    args = tuple(args)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if validate:
+        _refuse_meta_model(model, "validate the export")
+    return args, kwargs
+
+
+def _export_result(
+    model: torch.nn.Module, ir_model: ir.Model, captured: Any, stages: list[Stage]
+) -> ExportResult:
+    """What :func:`to_onnx` returns, before saving and validation."""
+    return ExportResult(
+        model=ir_model,
+        graph_module=captured.graph_module,
+        guards=captured.guards,
+        stages=stages,
+        input_names=[v.name for v in ir_model.graph.inputs],
+        output_names=[v.name for v in ir_model.graph.outputs],
+        dynamic_dimensions=dynamic_dimensions(ir_model),
+        dimension_names=dict(captured.dimension_names),
+        constraints=list(captured.constraints),
+        range_constraints=dict(captured.range_constraints),
+        weight_names=WeightNames.of(model, ir_model),
+        _captured=captured,
+    )
+
+
+def _capture(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    dynamic_shapes: Any,
+    module_leaves: Any,
+    tracer: str,
+) -> Any:
+    """The ``capture`` stage: the model's graph, with the tracer asked for."""
+    if tracer == "custom":
+        return capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
+    if tracer == "fx":
+        return capture_module.capture_with_symbolic_trace(model, args, kwargs, dynamic_shapes)
+    raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
+
+
+def _lower(captured: Any) -> Any:
+    """The ``lower`` stage: the captured graph in aten operators; the guards the
+    lowering adds are judged against what the capture knew."""
+    dims = getattr(captured.tracer, "dims", None)
+    known = dims.snapshot() if dims is not None else None
+    lowered = lower_to_aten(captured.graph_module, opset=DEFAULT_OPSET)
+    adopt_lowering_guards(captured, lowered, known)
+    return lowered
+
+
+def _translate(
+    captured: Any, lowered: Any, model: Any, args: tuple, kwargs: dict
+) -> tuple[ir.Model, DimensionRenamer]:
+    """The ``translate`` stage: the ONNX model, its outputs named after the model's
+    output structure, its cache inputs after the layers, its dimensions after the
+    user's names (the renamer is returned)."""
+    output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
+    output_names = capture_module.output_names(
+        captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
+    )
+    n_guards = len(captured.shape_env.guards) if captured.shape_env is not None else 0
+    ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
+    refuse_translation_guards(captured.shape_env, n_guards)
+    _rename_cache_inputs(ir_model, model, args, kwargs)
+    renamer = DimensionRenamer(dict(captured.dimension_names), captured.shape_env)
+    rename_dimensions(ir_model, renamer)
+    return ir_model, renamer
+
+
+def _optimize(ir_model: ir.Model, opset: int) -> list[str]:
+    """The ``optimize`` stage: onnxscript's optimizer, then the opset asked for; returns
+    the names of the weights (the initializers before the optimizer lifts constants)."""
+    # parameters and buffers stay initializers named after the state dict
+    weights = list(ir_model.graph.initializers)
+    with _quiet_constant_folding(), weights_kept_apart(ir_model, weights):
+        optimize_model(ir_model)
+        if opset != DEFAULT_OPSET:
+            _convert_opset(ir_model, opset)
+    return weights
+
+
+def _check(ir_model: ir.Model, declared: Any, renamer: Any, captured: Any, lowered: Any) -> None:
+    """The ``check`` stage: declared dimensions kept, metadata written, model valid."""
+    remove_numeric_dim_params(ir_model)
+    check_declared_dimensions(ir_model, declared, renamer, captured, lowered)
+    if captured.fingerprint:
+        # ONNX values are named after the graph's nodes: tools matching them by name
+        # (yobx.torch.inspect) check that they look at the same capture.
+        ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
+    if captured.constraints:
+        # ONNX cannot check them: the model says what it assumes of its inputs
+        ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
+    # on the graph without its weights: nothing is copied, whatever the size
+    check_model(ir_model)
+
+
+def _fuse(ir_model: ir.Model, weights: list[str], dimensions: tuple) -> dict[str, int]:
+    """The ``fuse`` stage of ``optimize="ort"``: onnxscript's fusions for onnxruntime;
+    returns how many times each applied.
+
+    :param weights: the initializers kept out of the fusions' reach (the constants
+        the optimizer lifted stay visible: the fusions read them)
+    :param dimensions: ``(declared, renamer, captured, lowered)``, to check again that
+        the declared dimensions are still dynamic
+    """
+    with _quiet_constant_folding():
+        with weights_kept_apart(ir_model, weights):
+            fusions = fuse_for_onnxruntime(ir_model)
+        remove_numeric_dim_params(ir_model)
+        check_declared_dimensions(ir_model, *dimensions)
+    return fusions
+
+
+def _optimize_and_check(
+    stage: StageRecorder, ir_model: ir.Model, opset: int, optimize: str, dimensions: tuple
+) -> None:
+    """The ``optimize`` and ``check`` stages, then ``fuse`` with ``optimize="ort"``.
+
+    :param dimensions: ``(declared, renamer, captured, lowered)``: what the checks of
+        the declared dimensions need
+    """
+    with stage("optimize") as info:
+        weights = _optimize(ir_model, opset)
+        info["onnx_nodes"] = len(ir_model.graph)
+    with stage("check"):
+        _check(ir_model, *dimensions)
+    if optimize == "ort":
+        # after the check: the ONNX checker does not know onnxruntime's operators
+        # (validate=True runs the fused model); after the conversion too, the converter
+        # does not know them either
+        with stage("fuse") as info:
+            info["fusions"] = _fuse(ir_model, weights, dimensions)
+            info["onnx_nodes"] = len(ir_model.graph)
+
+
+def _save(result: ExportResult, filename: str | os.PathLike) -> int:
+    """The ``save`` stage: writes the model (and its external data); returns the bytes
+    written."""
+    result.files = save_ir_model(result.model, filename)
+    result.filename = os.fspath(filename)
+    return sum(os.path.getsize(f) for f in result.files)
+
+
+def _validate(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    result: ExportResult,
+    verbose: int,
+    declared: Any,
+) -> Any:
+    """The ``validate`` stage: onnxruntime against eager PyTorch (imported only then)."""
+    from yobx.torch.onnx.validation import validate_export
+
+    return validate_export(
+        model, args, kwargs, result, result._captured, verbose=verbose, declared=declared
+    )
 
 
 def to_onnx(
@@ -423,110 +545,34 @@ def to_onnx(
     """
     opset = check_opset(opset)
     optimize = check_optimize_level(optimize)
-    kwargs = dict(kwargs or {})
-    args = tuple(args)
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    if validate:
-        _refuse_meta_model(model, "validate the export")
-    stage = _StageRecorder(verbose, progress)
+    args, kwargs = _checked_inputs(model, args, kwargs, validate)
+    stage = StageRecorder(verbose, progress)
 
     with stage("capture") as info:
-        if tracer == "custom":
-            captured = capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
-        elif tracer == "fx":
-            captured = capture_module.capture_with_symbolic_trace(
-                model, args, kwargs, dynamic_shapes
-            )
-        else:
-            raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
+        captured = _capture(model, args, kwargs, dynamic_shapes, module_leaves, tracer)
         graph_module = captured.graph_module
         info["nodes"] = len(graph_module.graph.nodes)
     declared = declared_dimensions(model, args, kwargs, dynamic_shapes, graph_module)
     with stage("passes") as info:
         info.update(_pass_counts(captured))
     with stage("lower") as info:
-        dims = getattr(captured.tracer, "dims", None)
-        known = dims.snapshot() if dims is not None else None
-        lowered = lower_to_aten(graph_module, opset=DEFAULT_OPSET)
-        adopt_lowering_guards(captured, lowered, known)
+        lowered = _lower(captured)
         info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
     with stage("translate") as info:
-        output = next(n for n in graph_module.graph.nodes if n.op == "output")
-        output_names = capture_module.output_names(
-            captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
-        )
-        n_guards = len(captured.shape_env.guards) if captured.shape_env is not None else 0
-        ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
-        refuse_translation_guards(captured.shape_env, n_guards)
-        _rename_cache_inputs(ir_model, model, args, kwargs)
-        names = dict(captured.dimension_names)
-        renamer = DimensionRenamer(names, captured.shape_env)
-        rename_dimensions(ir_model, renamer)
+        ir_model, renamer = _translate(captured, lowered, model, args, kwargs)
         # parameters on the meta device: the graph is exported, the data comes later
         info["pending_weights"] = mark_pending(ir_model)
         info["onnx_nodes"] = len(ir_model.graph)
-    with stage("optimize") as info, _quiet_constant_folding():
-        # parameters and buffers stay initializers named after the state dict
-        weight_names = list(ir_model.graph.initializers)
-        with weights_kept_apart(ir_model, weight_names):
-            optimize_model(ir_model)
-            if opset != DEFAULT_OPSET:
-                _convert_opset(ir_model, opset)
-        info["onnx_nodes"] = len(ir_model.graph)
-    with stage("check"):
-        remove_numeric_dim_params(ir_model)
-        check_declared_dimensions(ir_model, declared, renamer, captured, lowered)
-        if captured.fingerprint:
-            # ONNX values are named after the graph's nodes: tools matching them by name
-            # (yobx.torch.inspect) check that they look at the same capture.
-            ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
-        if captured.constraints:
-            # ONNX cannot check them: the model says what it assumes of its inputs
-            ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
-        # on the graph without its weights: nothing is copied, whatever the size
-        check_model(ir_model)
-    if optimize == "ort":
-        # after the check: the ONNX checker does not know onnxruntime's operators
-        # (validate=True runs the fused model); after the conversion too, the converter
-        # does not know them either
-        with stage("fuse") as info, _quiet_constant_folding():
-            # the constants the optimizer lifted stay visible: the fusions read them
-            with weights_kept_apart(ir_model, weight_names):
-                info["fusions"] = fuse_for_onnxruntime(ir_model)
-            remove_numeric_dim_params(ir_model)
-            check_declared_dimensions(ir_model, declared, renamer, captured, lowered)
-            info["onnx_nodes"] = len(ir_model.graph)
-    result = ExportResult(
-        model=ir_model,
-        graph_module=graph_module,
-        guards=captured.guards,
-        stages=stage.stages,
-        input_names=[v.name for v in ir_model.graph.inputs],
-        output_names=[v.name for v in ir_model.graph.outputs],
-        dynamic_dimensions=dynamic_dimensions(ir_model),
-        dimension_names=names,
-        constraints=list(captured.constraints),
-        range_constraints=dict(captured.range_constraints),
-        weight_names=WeightNames.of(model, ir_model),
-        _captured=captured,
-    )
+    _optimize_and_check(stage, ir_model, opset, optimize, (declared, renamer, captured, lowered))
+    result = _export_result(model, ir_model, captured, stage.stages)
     if filename is not None:
         with stage("save") as info:
-            result.files = save_ir_model(ir_model, filename)
-            result.filename = os.fspath(filename)
-            info["bytes"] = sum(os.path.getsize(f) for f in result.files)
+            info["bytes"] = _save(result, filename)
     if validate:
-        from yobx.torch.onnx.validation import validate_export
-
         with stage("validate") as info:
-            result.validation = validate_export(
-                model, args, kwargs, result, captured, verbose=verbose, declared=declared
-            )
+            result.validation = _validate(model, args, kwargs, result, verbose, declared)
             info["max_abs_error"] = result.validation.max_abs_error
     if profile is not None:
-        from ..chrome_trace import write_stage_profile
-
         write_stage_profile(result.stages, profile)
     return result
 

@@ -123,6 +123,24 @@ def build_model(
     :return: the model, not yet optimized
     """
     _refuse_complex_inputs_and_outputs(lowered, output_names)
+    placeholders = _name_aten_nodes(lowered)
+    model = ir.Model(
+        graph=ir.Graph([], [], nodes=[], name="main_graph"),
+        ir_version=10,
+        producer_name="yobx",
+    )
+    values = _translate_graphs(lowered, model, opset)
+    _set_inputs_and_initializers(model.graph, lowered, placeholders, values)
+    _set_outputs(model.graph, lowered.graph_module, values, output_names)
+    _name_outputs(model.graph, output_names)
+    internals.add_opset_imports(model)
+    return model
+
+
+def _name_aten_nodes(lowered: LoweredGraph) -> list[torch.fx.Node]:
+    """Names the placeholders after the inputs (``p_<name>`` for the lifted state) and
+    the nodes after the torch-level graph, inserts the type promotions; returns the
+    placeholders."""
     graph_module = lowered.graph_module
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     n_user = len(lowered.input_names)
@@ -138,12 +156,17 @@ def build_model(
     torch_level_names = {n.name for n in lowered.origins.values()}
     _rename_aten_nodes(graph_module, placeholder_names, torch_level_names)
     internals.insert_type_promotion(graph_module)
+    return placeholders
 
-    model = ir.Model(
-        graph=ir.Graph([], [], nodes=[], name="main_graph"),
-        ir_version=10,
-        producer_name="yobx",
-    )
+
+def _translate_graphs(lowered: LoweredGraph, model: ir.Model, opset: int) -> dict:
+    """Translates the main graph and each subgraph (a local function) with torch_lib;
+    returns the ONNX values of the main graph's nodes, by name.
+
+    :raises UnsupportedOperatorError: an operator torch_lib has no translation for
+    :raises OnnxExportError: any other translation failure, naming the user's line
+    """
+    graph_module = lowered.graph_module
     scoped: dict[str, dict[str, ir.Function]] = {}
     values = None
     module_name = ""
@@ -189,9 +212,15 @@ def build_model(
             target=target,
         ) from exc
     assert values is not None
+    return values
 
-    # Inputs and initializers: translation registered every placeholder as an input.
-    graph = model.graph
+
+def _set_inputs_and_initializers(
+    graph: ir.Graph, lowered: LoweredGraph, placeholders: list[torch.fx.Node], values: dict
+) -> None:
+    """The user's inputs stay inputs, the lifted state becomes initializers named after
+    the state dict (translation registered every placeholder as an input)."""
+    n_user = len(lowered.input_names)
     graph.inputs.clear()
     graph.outputs.clear()
     for i, node in enumerate(placeholders):
@@ -205,7 +234,14 @@ def build_model(
         value.const_value = internals.torch_tensor(tensor, qualified)
         graph.register_initializer(value)
 
-    # Outputs: one per flat output; ONNX needs distinct values that are not inputs.
+
+def _set_outputs(
+    graph: ir.Graph,
+    graph_module: torch.fx.GraphModule,
+    values: dict,
+    output_names: Sequence[str],
+) -> None:
+    """One output per flat output; ONNX needs distinct values that are not inputs."""
     output_node = next(n for n in graph_module.graph.nodes if n.op == "output")
     flat = output_node.args[0]
     flat = flat if isinstance(flat, (list, tuple)) else [flat]
@@ -230,9 +266,6 @@ def build_model(
             value = identity.outputs[0]
         used.add(id(value))
         graph.outputs.append(value)
-    _name_outputs(graph, output_names)
-    internals.add_opset_imports(model)
-    return model
 
 
 def _name_outputs(graph: ir.Graph, output_names: Sequence[str]) -> None:

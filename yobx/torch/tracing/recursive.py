@@ -165,35 +165,11 @@ def _trace_recursively(
         entry.status = "leaf"
         return
 
-    for sub, (rel, is_leaf) in tracer.called_modules().items():
-        if sub is module:
-            continue
-        failure = tracer.failure(sub)
-        sub_path = _join(path, rel)
-        status = "failed" if failure is not None else "leaf" if is_leaf else "inlined"
-        if failure is not None:
-            failure = dataclasses.replace(failure, path=sub_path)
-        collection.set_entry(ModuleEntry(sub_path, sub, status, failure))
-    for rel, sub in tracer.unvisited_modules().items():
-        collection.set_entry(ModuleEntry(_join(path, rel), sub, "unvisited"))
+    _record_submodules(collection, tracer, module, path)
     to_trace = [m for m in tracer.called_modules() if m is not module and tracer.is_failed(m)]
     if own_failure is not None:
         # the module's own code fails: its children are the traceable parts
-        for child in _children_through_containers(module):
-            child_path = paths.get(child, "")
-            failure = tracer.failure(child)
-            if failure is not None:
-                failure = dataclasses.replace(failure, path=child_path)
-                collection.set_entry(ModuleEntry(child_path, child, "failed", failure))
-                to_trace.append(child)
-            elif child not in recording:
-                collection.set_entry(ModuleEntry(child_path, child, "unvisited"))
-            elif tracer.is_registered_leaf(child) or CustomTracer.is_leaf_module(
-                tracer, child, child_path
-            ):
-                collection.set_entry(ModuleEntry(child_path, child, "leaf"))
-            else:
-                to_trace.append(child)
+        to_trace += _children_to_trace(collection, tracer, module, paths, recording)
     for sub in to_trace:
         known = collection.get_entry(sub)
         if known is not None and known.graph is not None:
@@ -214,6 +190,52 @@ def _trace_recursively(
         _trace_recursively(
             collection, sub, paths, sub_args, None, recording, (calls[0].args, calls[0].kwargs)
         )
+
+
+def _record_submodules(
+    collection: GraphCollection, tracer: RobustTracer, module: torch.nn.Module, path: str
+) -> None:
+    """Entries for the modules the trace of ``module`` called (failed, leaf or inlined)
+    and for those it never called."""
+    for sub, (rel, is_leaf) in tracer.called_modules().items():
+        if sub is module:
+            continue
+        failure = tracer.failure(sub)
+        sub_path = _join(path, rel)
+        status = "failed" if failure is not None else "leaf" if is_leaf else "inlined"
+        if failure is not None:
+            failure = dataclasses.replace(failure, path=sub_path)
+        collection.set_entry(ModuleEntry(sub_path, sub, status, failure))
+    for rel, sub in tracer.unvisited_modules().items():
+        collection.set_entry(ModuleEntry(_join(path, rel), sub, "unvisited"))
+
+
+def _children_to_trace(
+    collection: GraphCollection,
+    tracer: RobustTracer,
+    module: torch.nn.Module,
+    paths: dict[torch.nn.Module, str],
+    recording: dict[torch.nn.Module, list[RecordedCall]],
+) -> list[torch.nn.Module]:
+    """The children of a module whose own code fails that are worth tracing alone; the
+    others get their entry here (failed, unvisited or leaf)."""
+    to_trace = []
+    for child in _children_through_containers(module):
+        child_path = paths.get(child, "")
+        failure = tracer.failure(child)
+        if failure is not None:
+            failure = dataclasses.replace(failure, path=child_path)
+            collection.set_entry(ModuleEntry(child_path, child, "failed", failure))
+            to_trace.append(child)
+        elif child not in recording:
+            collection.set_entry(ModuleEntry(child_path, child, "unvisited"))
+        elif tracer.is_registered_leaf(child) or CustomTracer.is_leaf_module(
+            tracer, child, child_path
+        ):
+            collection.set_entry(ModuleEntry(child_path, child, "leaf"))
+        else:
+            to_trace.append(child)
+    return to_trace
 
 
 __all__ = ["recursive_trace"]

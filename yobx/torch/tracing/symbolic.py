@@ -19,8 +19,6 @@ from typing import Any
 
 import sympy
 import torch
-from sympy.printing.precedence import PRECEDENCE
-from sympy.printing.str import StrPrinter
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (
@@ -29,11 +27,11 @@ from torch.fx.experimental.symbolic_shapes import (
     statically_known_true,
 )
 from torch.fx.proxy import TraceError
-from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
+from torch.utils._sympy.functions import Max, Min, Mod, PythonMod
 from torch.utils._sympy.numbers import int_oo
 
-from .integer_bounds import nonpositive
-from .residues import is_identity
+from .expression_text import pretty
+from .range_proofs import prove_from_ranges
 
 
 def static_fake(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
@@ -340,7 +338,7 @@ class SymbolicDimensions:
         if expr is None:
             return str(value)
         expr = expr.xreplace({s: self._rename.get(self.original(s), s) for s in expr.free_symbols})
-        return _pretty(expr)
+        return pretty(expr)
 
     def symbols_of(self, value: Any) -> list[str]:
         """Returns the user names of the dimensions an expression depends on."""
@@ -450,96 +448,15 @@ class SymbolicDimensions:
         return dict(self.shape_env.var_to_range), dict(self.shape_env.replacements)
 
     def prove(self, expr: sympy.Basic, known: tuple[dict, dict] | None = None) -> bool | None:
-        """Decides an inequality with floor divisions from the dimensions' ranges.
-
-        ShapeEnv cannot show ``seq // 2 <= seq``. Each ``a // c`` (constant ``c > 0``)
-        lies in ``[(a - c + 1) / c, a / c]``; replacing it by the bound that makes the
-        difference of both sides largest (or smallest) gives a floor-free expression
-        whose range :func:`bound_sympy` computes. Only a proof is returned: None when
-        the bounds do not settle it.
+        """Decides an inequality with floor divisions from the dimensions' ranges (see
+        :func:`~yobx.torch.tracing.range_proofs.prove_from_ranges`); only a proof is
+        returned: None when the ranges do not settle it.
 
         :param known: a :meth:`snapshot`; a guard installed by an operation also narrows
             the ranges, so it must be judged against what was known before
         """
         ranges, replacements = known if known is not None else self.snapshot()
-        expr = expr.xreplace(replacements)
-        if expr in (sympy.true, sympy.false):
-            return bool(expr)
-        if isinstance(expr, (sympy.And, sympy.Or)):
-            # torch._check(a and b) in torch's kernels: each part is judged alone
-            parts = [self.prove(part, known) for part in expr.args]
-            decisive = isinstance(expr, sympy.Or)  # the value one part decides
-            if decisive in parts:
-                return decisive
-            return None if None in parts else not decisive
-        if isinstance(expr, (sympy.Ne, sympy.Eq)):
-            # a != b follows from a < b or a > b
-            apart = self.prove(sympy.Lt(expr.lhs, expr.rhs), known) or self.prove(
-                sympy.Gt(expr.lhs, expr.rhs), known
-            )
-            if apart:
-                return isinstance(expr, sympy.Ne)
-            # a == b follows from a <= b and a >= b, or from an identity on residues
-            # (padding to a multiple: `n + (4 - n % 4) % 4` is divisible by 4)
-            if (
-                self.prove(sympy.Le(expr.lhs, expr.rhs), known)
-                and self.prove(sympy.Ge(expr.lhs, expr.rhs), known)
-            ) or is_identity(expr.lhs - expr.rhs, lambda e: self._at_least_one(e, ranges)):
-                return isinstance(expr, sympy.Eq)
-            return None
-        if not isinstance(expr, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
-            return None
-        if isinstance(expr, (sympy.Le, sympy.Lt)):
-            diff, strict = expr.lhs - expr.rhs, isinstance(expr, sympy.Lt)
-        else:
-            diff, strict = expr.rhs - expr.lhs, isinstance(expr, sympy.Gt)
-        # claim: diff < 0 (strict) or diff <= 0
-        high = self._bound(diff, ranges, upper=True)
-        if high is not None and (high < 0 or (not strict and high <= 0)):
-            return True
-        low = self._bound(diff, ranges, upper=False)
-        if low is not None and (low > 0 or (strict and low >= 0)):
-            return False
-        if diff.is_integer:
-            # sizes are integers: see integer_bounds (Min/Max, x <= 0 from x < 1,
-            # divisions by a dimension)
-            if nonpositive(diff + 1 if strict else diff, ranges, self._bound):
-                return True
-            if nonpositive(-diff if strict else 1 - diff, ranges, self._bound):
-                return False
-        return None
-
-    def _at_least_one(self, expr: sympy.Expr, ranges: dict) -> bool:
-        """Whether an integer expression is at least 1 for every size in ``ranges``."""
-        low = self._bound(expr, ranges, upper=False)
-        return low is not None and low >= 1
-
-    @staticmethod
-    def _bound(diff: sympy.Expr, var_to_range: dict, upper: bool):
-        from torch.utils._sympy.value_ranges import bound_sympy
-
-        diff = sympy.expand(diff)
-        # A floor division that is a term of the sum (times a number) is replaced by
-        # the rational bound on the side that makes the sum largest (or smallest);
-        # anywhere else (inside a remainder, a product of symbols, a minimum) it is
-        # left to bound_sympy, which bounds it on its own.
-        terms = []
-        for term in sympy.Add.make_args(diff):
-            coefficient, rest = term.as_coeff_Mul()
-            if isinstance(rest, FloorDiv) and rest.args[1].is_Integer and rest.args[1] > 0:
-                base, divisor = rest.args
-                take_high = (coefficient > 0) == upper
-                rest = (base / divisor) if take_high else (base - divisor + 1) / divisor
-            terms.append(coefficient * rest)
-        free = sympy.Add(*terms)
-        if any(not s.is_Symbol for s in free.free_symbols):
-            return None
-        ranges = {s: var_to_range[s] for s in free.free_symbols if s in var_to_range}
-        if len(ranges) != len(free.free_symbols):
-            return None
-        bound = bound_sympy(free, ranges)
-        value = bound.upper if upper else bound.lower
-        return value if value.is_number and value.is_finite else None
+        return prove_from_ranges(expr, ranges, replacements)
 
     def assume(self, value: torch.SymBool) -> None:
         """Adds a fact (``torch._check``) and the relations it implies.
@@ -606,76 +523,3 @@ def _finite(value: Any) -> int | float:
 
 def _identifier(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
-
-
-_RELATIONS = {
-    sympy.Eq: "==",
-    sympy.Ne: "!=",
-    sympy.Lt: "<",
-    sympy.Le: "<=",
-    sympy.Gt: ">",
-    sympy.Ge: ">=",
-}
-
-
-class _UserPrinter(StrPrinter):
-    """Python-like text of dimension expressions: ``seq <= 128``, ``dim % 2 == 0``,
-    ``(seq + 1) // 2``, ``min(4, seq)``. Floor divisions and remainders are
-    parenthesized when nested, since ``*`` and ``//`` read ambiguously together."""
-
-    def _binary(self, expr, op: str) -> str:
-        # Python's `*`, `//` and `%` share one precedence and associate to the left
-        left = self.parenthesize(expr.args[0], PRECEDENCE["Mul"])
-        right = self.parenthesize(expr.args[1], PRECEDENCE["Mul"], strict=True)
-        return f"({left} {op} {right})"
-
-    def _print_FloorDiv(self, expr):
-        return self._binary(expr, "//")
-
-    def _print_Mod(self, expr):
-        return self._binary(expr, "%")
-
-    _print_PythonMod = _print_Mod
-
-    def _print_CleanDiv(self, expr):
-        return self._binary(expr, "//")
-
-    def _print_Min(self, expr):
-        return f"min({', '.join(self._print(a) for a in expr.args)})"
-
-    def _print_Max(self, expr):
-        return f"max({', '.join(self._print(a) for a in expr.args)})"
-
-    def _print_Relational(self, expr):
-        op = _RELATIONS.get(type(expr), expr.rel_op)
-        return f"{_strip(self._print(expr.lhs))} {op} {_strip(self._print(expr.rhs))}"
-
-    def _print_Not(self, expr):
-        return f"not ({_strip(self._print(expr.args[0]))})"
-
-    def _print_And(self, expr):
-        return " and ".join(f"({_strip(self._print(a))})" for a in expr.args)
-
-    def _print_Or(self, expr):
-        return " or ".join(f"({_strip(self._print(a))})" for a in expr.args)
-
-
-def _strip(text: str) -> str:
-    """Removes one pair of parentheses enclosing the whole text."""
-    if not (text.startswith("(") and text.endswith(")")):
-        return text
-    depth = 0
-    for i, c in enumerate(text):
-        depth += c == "("
-        depth -= c == ")"
-        if depth == 0 and i < len(text) - 1:
-            return text
-    return text[1:-1]
-
-
-_PRINTER = _UserPrinter()
-
-
-def _pretty(expr: sympy.Basic) -> str:
-    """Python-like rendering of an expression (sympy prints ``Eq(a, b)``)."""
-    return _strip(_PRINTER.doprint(expr))

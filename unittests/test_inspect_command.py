@@ -1,4 +1,5 @@
-"""inspect_model / run_inspect behind ``yobx inspect``."""
+"""inspect_model / run_inspect behind ``yobx inspect`` (the command itself, run as a
+user runs it, is tested in test_cli.py)."""
 
 import io
 import json
@@ -8,10 +9,13 @@ import types
 import numpy as np
 import onnx
 import onnx.helper as oh
+import pytest
 import torch
 from onnx import numpy_helper
 
-from yobx.torch.inspect import inspect_model, run_inspect
+from yobx.cli import main
+from yobx.cli_support import CommandError
+from yobx.inspect_command import inspect_model, run_inspect
 
 
 class Model(torch.nn.Module):
@@ -73,11 +77,12 @@ def test_inspect_model_reports_divergence(tmp_path):
 
 
 def test_run_inspect_bad_inputs(tmp_path, capsys):
-    assert run_inspect("tiny-llm", str(tmp_path / "missing.onnx"), None, 0) == 2
+    assert main(["inspect", "tiny-llm", "--onnx", str(tmp_path / "missing.onnx")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing.onnx" in err and "does not exist" in err
-    assert run_inspect("tiny-llm", None, str(tmp_path / "no" / "dir" / "p.json"), 0) == 2
-    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(CommandError, match="does not exist") as info:
+        run_inspect("tiny-llm", None, str(tmp_path / "no" / "dir" / "p.json"), 0)
+    assert info.value.status == 2
 
 
 def test_run_inspect_with_named_model(tmp_path, monkeypatch, capsys):
@@ -86,20 +91,23 @@ def test_run_inspect_with_named_model(tmp_path, monkeypatch, capsys):
     onnx.save(proto, path)
     x = torch.randn(2, 4)
 
+    import yobx.models
+
     def load_model(name):
         if name != "small":
-            raise ValueError(f"unknown model {name!r}")
+            raise yobx.models.ModelLoadError(f"unknown model {name!r}")
         return model, (x,), {}, None
 
     fake = types.ModuleType("yobx.models")
     fake.load_model = load_model
+    fake.ModelLoadError = yobx.models.ModelLoadError
     monkeypatch.setitem(sys.modules, "yobx.models", fake)
     assert run_inspect("small", str(path), str(tmp_path / "p.json.gz"), 0) == 0
     out = capsys.readouterr()
     assert "no divergence" in out.out and out.err == ""
     assert (tmp_path / "p.json.gz").exists()
-    assert run_inspect("other", None, None, 0) == 2
-    assert capsys.readouterr().err.strip() == "yobx inspect: unknown model 'other'"
+    assert main(["inspect", "other"]) == 2
+    assert capsys.readouterr().err.strip() == "yobx: error: unknown model 'other'"
 
 
 def test_inspect_model_failure_is_one_line(capsys):
@@ -107,6 +115,8 @@ def test_inspect_model_failure_is_one_line(capsys):
         def forward(self, x):
             raise RuntimeError("broken model\nsecond line")
 
-    assert inspect_model(Broken(), (torch.randn(2),)) == 3
-    err = capsys.readouterr().err
-    assert err.strip().count("\n") == 0 and "broken model" in err
+    with pytest.raises(CommandError) as info:
+        inspect_model(Broken(), (torch.randn(2),))
+    assert info.value.status == 3
+    assert str(info.value) == "recording failed: RuntimeError: broken model"
+    assert isinstance(info.value.__cause__, RuntimeError)

@@ -1,30 +1,43 @@
 """``yobx inspect MODEL [--onnx model.onnx] [--profile trace.json]``: record and compare.
 
-Exit codes: 0 every stage agrees, 1 a divergence was found (it is printed), 2 bad input
-(unknown model, missing file), 3 the model failed to run or trace.
+Runs the eager model, its captured graph (and the ONNX model), prints a summary of each
+stage and the comparison of consecutive stages. Exit statuses are those of every
+``yobx`` command (:data:`yobx.cli_support.EXIT_STATUS_HELP`): 0 every stage agrees,
+1 a divergence was found (it is printed), 2 bad input (unknown model, missing file,
+unwritable profile), 3 the model failed to trace or run.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import sys
-import traceback
 from typing import Any, TextIO
 
 import torch
 
-from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
-from .recording import record_run
+from yobx.cli_support import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_MISMATCH,
+    EXIT_OK,
+    CommandError,
+    check_writable,
+)
+from yobx.torch.inspect.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
+from yobx.torch.inspect.recording import record_run
 
-EXIT_OK = 0
-EXIT_DIVERGENCE = 1
-EXIT_BAD_INPUT = 2
-EXIT_FAILURE = 3
+
+def add_inspect_arguments(inspect: argparse.ArgumentParser) -> None:
+    """Declares the options of ``yobx inspect``."""
+    inspect.add_argument("--onnx", default=None, help="ONNX model to compare with")
+    inspect.add_argument("--profile", default=None, help="write a Chrome trace there")
+    inspect.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
 
 
-def _error(message: str) -> None:
-    print(f"yobx inspect: {message}", file=sys.stderr)
+def _first_line(exc: BaseException, prefix: str = "") -> str:
+    return f"{prefix}{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def inspect_model(
@@ -55,7 +68,11 @@ def inspect_model(
     :param atol: absolute tolerance of the comparisons
     :param rtol: relative tolerance of the comparisons
     :param stream: where to print, default ``sys.stdout``
-    :return: exit code, see the module's docstring
+    :return: :data:`~yobx.cli_support.EXIT_OK` (0) when every stage agrees,
+        :data:`~yobx.cli_support.EXIT_MISMATCH` (1) when a divergence was found
+    :raises CommandError: with status :data:`~yobx.cli_support.EXIT_BAD_INPUT` (2) for
+        bad input (missing file, wrong inputs), :data:`~yobx.cli_support.EXIT_FAILURE`
+        (3) when the model fails to trace or run; the cause is chained
     """
     stream = stream or sys.stdout
     try:
@@ -68,15 +85,9 @@ def inspect_model(
             dynamic_shapes=dynamic_shapes,
         )
     except (FileNotFoundError, TypeError, ValueError) as e:
-        if verbose:
-            traceback.print_exc()
-        _error(f"{type(e).__name__}: {e}".splitlines()[0])
-        return EXIT_BAD_INPUT
+        raise CommandError(_first_line(e), EXIT_BAD_INPUT) from e
     except Exception as e:
-        if verbose:
-            traceback.print_exc()
-        _error(f"recording failed: {type(e).__name__}: {e}".splitlines()[0])
-        return EXIT_FAILURE
+        raise CommandError(_first_line(e, "recording failed: "), EXIT_FAILURE) from e
 
     rows = 0 if verbose <= 0 else (20 if verbose == 1 else 10**9)
     for stage in result:
@@ -96,7 +107,7 @@ def inspect_model(
         comparison = compare(result[before], result[after], atol=atol, rtol=rtol)
         print(repr(comparison), file=stream)
         if not comparison.ok:
-            code = EXIT_DIVERGENCE
+            code = EXIT_MISMATCH
             # Later stages inherit the difference: the first pair is the one to look at.
             break
     if result.profile_path:
@@ -109,31 +120,25 @@ def run_inspect(
 ) -> int:
     """Entry point of ``yobx inspect``: load a named model and run :func:`inspect_model`.
 
-    :param model_name: a name known to ``yobx.models.load_model`` (``tiny-llm``...)
+    :param model_name: a name :func:`yobx.models.load_model` knows (``tiny-llm``,
+        ``module:factory``...)
     :param onnx_path: ONNX file exported from that model, to compare with the FX graph
     :param profile_path: Chrome trace file to write
     :param verbose: verbosity
-    :return: exit code (0 ok, 1 divergence, 2 bad input, 3 failure while running)
+    :return: the exit status, 0 when every stage agrees, 1 when a divergence was found
+    :raises CommandError: with the exit status of bad input (2) or of a model that
+        fails to trace or run (3), see the module's docstring
     """
-    try:
-        from yobx.models import load_model
-    except ImportError as e:
-        _error(f"cannot load models by name ({e})")
-        return EXIT_BAD_INPUT
+    from yobx.models import ModelLoadError, load_model
+
     if onnx_path is not None and not os.path.isfile(onnx_path):
-        _error(f"ONNX file {onnx_path!r} does not exist")
-        return EXIT_BAD_INPUT
+        raise CommandError(f"ONNX file {onnx_path!r} does not exist")
     if profile_path is not None:
-        directory = os.path.dirname(os.path.abspath(profile_path))
-        if not os.path.isdir(directory):
-            _error(f"directory {directory!r} of the profile file does not exist")
-            return EXIT_BAD_INPUT
+        check_writable(profile_path)
     try:
         model, args, kwargs, dynamic_shapes = load_model(model_name)
-    except (KeyError, ValueError) as e:
-        message = str(e).splitlines()[0] if str(e) else f"unknown model {model_name!r}"
-        _error(message if model_name in message else f"{model_name!r}: {message}")
-        return EXIT_BAD_INPUT
+    except ModelLoadError as e:
+        raise CommandError(str(e)) from e
     return inspect_model(
         model,
         tuple(args or ()),
@@ -143,3 +148,6 @@ def run_inspect(
         dynamic_shapes=dynamic_shapes,
         verbose=verbose,
     )
+
+
+__all__ = ["add_inspect_arguments", "inspect_model", "run_inspect"]

@@ -1,0 +1,273 @@
+"""Running each traced operation on fake values: the value of every node.
+
+:class:`FakeExecutionMixin` computes ``meta["val"]`` of a node from the fake values of
+its arguments (a shape rule, else torch's fake kernels, else a leaf module on fake
+parameters), records the sizes only known at run time, and turns the guards torch
+installs on the way into decisions and constraints the graph relies on.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import (
+    GuardOnDataDependentSymNode,
+    PendingUnbackedSymbolNotFound,
+    compute_unbacked_bindings,
+)
+from torch.fx.node import Node, map_arg
+from torch.fx.proxy import TraceError
+from torch.utils._sympy.functions import FloorDiv, Mod
+
+from ..node_text import operation_name
+from . import shape_rules
+from .errors import TracingError
+from .symbolic import Guard
+from .symbolic_variants import function_variant
+
+_CONVOLUTIONS = frozenset(
+    getattr(torch.nn.functional, name)
+    for name in (
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    )
+)
+
+
+_ORIGINAL_ISINSTANCE = builtins.isinstance
+
+
+# how a scalar node's value is built from its operands' expressions
+_SYMPY_OPERATIONS = {
+    operator.eq: sympy.Eq,
+    operator.ne: sympy.Ne,
+    operator.lt: sympy.Lt,
+    operator.le: sympy.Le,
+    operator.gt: sympy.Gt,
+    operator.ge: sympy.Ge,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.neg: operator.neg,
+    operator.floordiv: FloorDiv,
+    operator.mod: Mod,
+    torch.sym_max: sympy.Max,
+    torch.sym_min: sympy.Min,
+    builtins.max: sympy.Max,
+    builtins.min: sympy.Min,
+}
+
+
+_COMPARISONS = {
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.gt: ">",
+    operator.ge: ">=",
+}
+
+
+def _is_squeeze(node: Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ("squeeze", "squeeze_")
+    return node.op == "call_function" and node.target in (torch.squeeze, torch.Tensor.squeeze)
+
+
+def _is_convolution(node: Node, module: torch.nn.Module | None) -> bool:
+    if node.op == "call_function":
+        return node.target in _CONVOLUTIONS
+    return isinstance(module, torch.nn.modules.conv._ConvNd)
+
+
+def _fake_value(node: Node) -> Any:
+    if "val" not in node.meta:
+        raise TraceError(f"node {node.format_node()} has no fake value")
+    return node.meta["val"]
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
+
+
+class FakeExecutionMixin:
+    """The fake value of each node, and the decisions taken while computing it.
+
+    Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
+    ``shape_env``, ``fake_mode``, ``shape_rules``, ``refinements``, ``guards``, ``root``
+    and the decisions of :class:`~yobx.torch.tracing.decisions.DecisionsMixin`.
+    """
+
+    def bind_unbacked(self, node: Node, val: Any) -> None:
+        """Records where the sizes only known at run time (``x[mask]``, ``nonzero``)
+        appear in the node's value, as torch.export does (``meta["unbacked_bindings"]``):
+        a later re-run of the graph (the ONNX lowering) creates new symbols for them
+        and binds them to these ones."""
+        pending = self.shape_env.pending_fresh_unbacked_symbols
+        if not pending:
+            return
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        # with YOBX_CHECK_SHAPE_RULES, torch's kernel ran too and made its own symbols
+        present = free_unbacked_symbols(val)
+        self.shape_env.ignorable_fresh_unbacked_symbols.extend(
+            s for s in pending if s not in present
+        )
+        try:
+            bindings = compute_unbacked_bindings(self.shape_env, val)
+        except PendingUnbackedSymbolNotFound:
+            # a size written with the symbol (u0 + 1), not the symbol: nothing to bind
+            return
+        if bindings:
+            node.meta["unbacked_bindings"] = bindings
+
+    def _record_folded_value(self, node: Node, value: Any) -> None:
+        operands = [_fake_value(a) if isinstance(a, Node) else a for a in node.args]
+        location = self.location()
+        if node.target in _COMPARISONS:
+            lhs, rhs = (self.dims.render(o) for o in operands)
+            expression = f"{lhs} {_COMPARISONS[node.target]} {rhs}"
+            self.guards.append(Guard(expression, value, "bounds", location))
+        build = _SYMPY_OPERATIONS.get(node.target) if node.op == "call_function" else None
+        self.refinements.rely_on_default_bounds(build, operands, value, location)
+
+    def _run_fake(self, node: Node) -> Any:
+        """Runs the node's operation on the fake values of its arguments."""
+        args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
+        if _is_squeeze(node):
+            self._decide_squeezed(args, kwargs)
+        guards_before = len(self.shape_env.guards)
+        known = self.dims.snapshot()
+        self._in_fake += 1
+        # torch's own Python code runs here: it must see the real isinstance (faster,
+        # and no proxy reaches fake kernels anyway).
+        patched_isinstance = builtins.isinstance
+        grad_mode = torch.is_grad_enabled()
+        try:
+            builtins.isinstance = _ORIGINAL_ISINSTANCE
+            # Fake values carry no autograd history: recording it costs time, and a
+            # rule's output must not be a leaf that requires grad (in-place ops on it
+            # would then fail where eager succeeds).
+            torch._C._set_grad_enabled(False)
+            module = self.root.get_submodule(node.target) if node.op == "call_module" else None
+            val = self.shape_rules.run(node, args, kwargs, module)
+            if val is NotImplemented or self._check_shape_rules:
+                # The fake convolution picks a memory format (strides only) by asking
+                # the example's batch size (`batch < 16`): decided without recording
+                # anything, so that this choice never narrows what is known about the
+                # dimensions.
+                quiet = (
+                    self.shape_env.suppress_guards()
+                    if _is_convolution(node, module)
+                    else contextlib.nullcontext()
+                )
+                with self.fake_mode, quiet:
+                    expected = self._dispatch_fake(node, args, kwargs)
+                if val is NotImplemented:
+                    val = expected
+                else:
+                    shape_rules.compare(
+                        val,
+                        expected,
+                        pytree.tree_leaves((args, kwargs)),
+                        operation_name(node),
+                        self.dims.prove,
+                    )
+        except (TraceError, shape_rules.ShapeRuleMismatch):
+            raise
+        except GuardOnDataDependentSymNode as e:
+            # an operation whose result depends on tensor values (x[mask].view(n, ...))
+            raise self.refinements.data_dependent_error(
+                e.cond if hasattr(e, "cond") else sympy.true,
+                self.location(),
+                f"{operation_name(node)} needs a decision on",
+            ) from e
+        except Exception as e:
+            raise TracingError.at(
+                self.location(),
+                f"{operation_name(node)} failed on fake tensors "
+                f"with {type(e).__name__}: {_first_line(e)}",
+            ) from e
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
+            builtins.isinstance = patched_isinstance
+            self._in_fake -= 1
+        if len(self.shape_env.guards) > guards_before:
+            self._new_guards(guards_before, node, known)
+        return val
+
+    def _decide_squeezed(self, args: tuple, kwargs: dict) -> None:
+        """``squeeze`` removes the dimensions of size 1: which ones decides the rank of
+        its output, so each dynamic one is a decision the graph relies on (torch's fake
+        kernel answers "not 1" without recording anything: a graph running with such a
+        dimension of size 1 would compute with the wrong rank)."""
+        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        if not isinstance(x, torch.Tensor):
+            return
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dims is None:
+            dims = range(x.dim())
+        elif isinstance(dims, int):
+            dims = [dims]
+        for d in dims:
+            size = x.shape[d]
+            if isinstance(size, torch.SymInt) and size.node.maybe_as_int() is None:
+                self.decide(size == 1, "squeeze: the dimension's size is 1")
+
+    def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
+        """Runs the node's operation through torch (the fake mode must be active)."""
+        if node.op == "call_function":
+            return function_variant(node.target, args)(*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return self._run_leaf_module(node.target, args, kwargs)
+
+    def _run_leaf_module(self, target: str, args, kwargs) -> Any:
+        """Runs a leaf module on fake inputs with fake parameters and buffers.
+
+        The module's own tensors are swapped for fake copies so that in-place updates
+        in its forward (BatchNorm's running statistics) never touch the real ones.
+        A module without buffers runs as it is (faster): the fake mode converts its
+        parameters (the same static fake copies as :meth:`SymbolicDimensions.from_real`)
+        and never writes into them, except one-element tensors, which it may compute
+        for real (constant propagation): modules holding one keep the fake swap.
+        """
+        module = self.root.get_submodule(target)
+        # Parameters on the meta device take the swap too: their fake copies are CPU
+        # tensors (see SymbolicDimensions.from_real).
+        if next(module.buffers(), None) is None and all(
+            p.numel() > 1 and p.device.type != "meta" for p in module.parameters()
+        ):
+            return module(*args, **kwargs)
+        state = {
+            name: self.dims.from_real(t)
+            for name, t in (*module.named_parameters(), *module.named_buffers())
+        }
+        return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
+
+    def _new_guards(self, start: int, node: Node, known: tuple[dict, dict]) -> None:
+        """Guards added by an operation are facts taken from the example: adopted as
+        constraints when not provable from what was known before the operation."""
+        adopted = set()
+        for guard in self.shape_env.guards[start:]:
+            if self._allowed_guards or self.dims.prove(guard.expr, known) is True:
+                continue
+            location = self.location()
+            constraint = self.refinements.adopt(
+                guard.expr, location, operation_name(node), known=True
+            )
+            # a kernel may check the same fact twice (reshape: a remainder, then a product)
+            if constraint.expression not in adopted:
+                adopted.add(constraint.expression)
+                self.guards.append(Guard(constraint.expression, True, "adopted", location))

@@ -1,0 +1,212 @@
+"""Finishing a trace: the graph's code generator, runtime checks, the traced model and
+the default passes, and what the tracer leaves out of the graph.
+
+:class:`GraphFinishMixin` runs once the user's code has been traced; the module-level
+helpers (:func:`graph_fingerprint`...) are shared with the tools that read the graph.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.graph import _PyTreeInfo
+
+from ..node_text import operation_name
+from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
+from .inputs import NO_EXAMPLE
+from .patches import symbolic_kernels
+from .runtime_checks import RuntimeCheck, declared_checks, insert_runtime_checks
+
+# Nodes computing shapes and scalars have no side effect: removed when unused.
+_PURE_SCALAR_FUNCTIONS = frozenset(
+    {
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.floordiv,
+        operator.truediv,
+        operator.mod,
+        operator.pow,
+        operator.neg,
+        operator.eq,
+        operator.ne,
+        operator.lt,
+        operator.le,
+        operator.gt,
+        operator.ge,
+        operator.getitem,
+        operator.and_,
+        operator.or_,
+        operator.not_,
+        getattr,
+        torch.sym_max,
+        torch.sym_min,
+        torch.sym_not,
+        torch.sym_float,
+        torch.sym_int,
+    }
+)
+
+
+_PURE_METHODS = frozenset({"size", "dim", "numel", "stride"})
+
+
+def graph_fingerprint(graph: torch.fx.Graph) -> str:
+    """A digest of a graph's node names, kinds and targets.
+
+    Two captures with the same fingerprint name the same computations the same way;
+    tools matching values by node name (ONNX value names, recorded runs) check it first.
+    """
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    for node in graph.nodes:
+        target = node.target if isinstance(node.target, str) else operation_name(node)
+        digest.update(f"{node.op}|{node.name}|{target}\n".encode())
+    return digest.hexdigest()
+
+
+def _remove_unused_scalar_nodes(graph: torch.fx.Graph) -> None:
+    """Removes shape/scalar computations nobody uses (created by ``x.shape`` & co)."""
+    for node in reversed(list(graph.nodes)):
+        if node.users:
+            continue
+        if node.op == "call_method" and node.target in _PURE_METHODS:
+            graph.erase_node(node)
+        elif node.op == "call_function" and node.target in _PURE_SCALAR_FUNCTIONS:
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor) or node.target is getattr:
+                graph.erase_node(node)
+        elif node.op == "get_attr":
+            graph.erase_node(node)
+
+
+class _CallableModule(torch.nn.Module):
+    """Wraps a callable so that it can be traced and run as a GraphModule."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            self.owner = owner
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+class GraphFinishMixin:
+    """What :meth:`CustomTracer.trace` does once the user's code has been traced.
+
+    Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
+    ``refinements``, ``guards``, ``constraints``, ``runtime_checks`` and the per-trace
+    tables set by its ``_clear``.
+    """
+
+    def _finish(self, graph, module, root, update_model_with_callable) -> None:
+        constants = self._traced_constants(graph)
+        if self._structured:
+            graph._codegen = CheckedPyTreeCodeGen(
+                _PyTreeInfo(list(self._inputs.arg_names), self._inputs.in_spec, self._out_spec),
+                constants,
+            )
+        elif constants:
+            graph._codegen = CheckedCodeGen(constants)
+        _remove_unused_scalar_nodes(graph)
+        # Pickling or copying a GraphModule traces its code again with this class:
+        # torch.fx's own tracer does that job (it needs no example inputs).
+        graph._tracer_cls = None
+        if self.runtime_checks:
+            checks = declared_checks(self.dims)
+            checks += [
+                RuntimeCheck(condition, f"torch._check({text})", location)
+                for condition, text, location in self.refinements.user_checks
+            ]
+            checks += [
+                RuntimeCheck(fact.condition, fact.constraint.expression, fact.constraint.location)
+                for fact in self.refinements.adopted
+            ]
+            insert_runtime_checks(graph, self.dims, checks)
+        for n in graph.nodes:
+            if n.op == "output":
+                n.meta["guards"] = list(self.guards)
+                n.meta["constraints"] = list(self.constraints)
+        if not isinstance(root, torch.nn.Module) and not update_model_with_callable:
+            self.traced_model = None
+            return
+        self.traced_model = self._build_traced_model(module, graph)
+
+    def _traced_constants(self, graph) -> dict[str, Any]:
+        """Placeholder name -> the Python constant it was traced with."""
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        inputs = self._inputs
+        if len(placeholders) != len(inputs.leaves):
+            return {}
+        return {
+            node.name: leaf
+            for node, leaf, sizes in zip(placeholders, inputs.leaves, inputs.sizes)
+            if sizes is None and leaf is not NO_EXAMPLE
+        }
+
+    def _build_traced_model(self, module: torch.nn.Module, graph) -> torch.nn.Module:
+        """The user's module if the graph only refers to it, else a shallow wrapper.
+
+        The wrapper shares the user's submodules, parameters and buffers (no copy) and
+        adds the constants and subgraphs created while tracing, so the user's module
+        is never modified.
+        """
+        if (
+            not self._constants
+            and not self._subgraphs
+            and module is not None
+            and not (isinstance(module, _CallableModule))
+        ):
+            return module
+        wrapper = torch.nn.Module()
+        wrapper._modules.update(module._modules)
+        wrapper._parameters.update(module._parameters)
+        wrapper._buffers.update(module._buffers)
+        for k, v in module.__dict__.items():
+            if isinstance(v, torch.Tensor) and not k.startswith("_"):
+                setattr(wrapper, k, v)
+        for name, tensor in self._constants.items():
+            wrapper.register_buffer(name, tensor, persistent=False)
+        for name, subgraph in self._subgraphs.items():
+            if isinstance(subgraph, torch.fx.Graph):
+                subgraph = torch.fx.GraphModule(wrapper, subgraph)
+            setattr(wrapper, name, subgraph)
+        return wrapper
+
+    def _mark_storages(self, graph: torch.fx.Graph, module: torch.nn.Module) -> None:
+        """Tells the passes which inputs, parameters and buffers share storage.
+
+        Each input gets its own fake tensor, so ``f(a, a[1])`` or a buffer registered
+        as a view of another look independent in the graph: the real tensors say which
+        alias, and a write into one of them is then rewritten exactly or refused.
+        """
+        from ..passes import mark_storages
+
+        tensors: dict[str, Any] = dict(zip(self._inputs.names, self._inputs.leaves))
+        tensors.update(module.named_parameters(remove_duplicate=False))
+        tensors.update(module.named_buffers(remove_duplicate=False))
+        mark_storages(graph, tensors)
+
+    def _apply_default_passes(self, graph) -> None:
+        # [passes, issue 11] the one default pass order shared with to_onnx. exc=False:
+        # what a pass cannot prove exact stays as it is (still correct), tracing must not
+        # fail because of it. mutations="write_back": the body becomes functional and
+        # ends with copy_ into the mutated inputs and buffers, so the graph returns what
+        # the model returns and has the same side effects (to_onnx asks for "outputs").
+        from ..passes import run_default_passes
+
+        # the passes compute the fake values of the nodes they create (x[:, n - 1] = v
+        # becomes select_scatter...) with the tracer's symbolic kernels: torch's would
+        # specialize the dimensions
+        with symbolic_kernels():
+            run_default_passes(
+                graph, mutations="write_back", exc=False, recursive=True, module=self.traced_model
+            )
