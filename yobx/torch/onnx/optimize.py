@@ -165,8 +165,52 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     """
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
+    # before the fusions: they may drop the Reshape feeding a Gemm (GPT2's Conv1D,
+    # onnxscript 0.7.2), which onnxruntime then refuses to load (Gemm is 2-d only);
+    # MatMul broadcasts, and onnxruntime fuses MatMul + Add into Gemm itself
+    unfused = _gemms_to_matmul(model)
     _, counts = optimize_for_ort(model)
-    return {name: count for name, count in counts.items() if count}
+    # the fusions leave stale shapes on values whose producer they changed (a Reshape
+    # dropped: 2-d on a 3-d value); onnxruntime infers the intermediate ones itself
+    boundary = {*model.graph.inputs, *model.graph.outputs}
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for value in node.outputs:
+            if value not in boundary:
+                value.shape = None
+    fusions = {name: count for name, count in counts.items() if count}
+    if unfused:
+        fusions["gemm_to_matmul_add"] = unfused
+    return fusions
+
+
+def _attribute(node: ir.Node, name: str, default: Any) -> Any:
+    attribute = node.attributes.get(name)
+    return default if attribute is None else attribute.value
+
+
+def _gemms_to_matmul(model: ir.Model) -> int:
+    """Replaces every plain ``Gemm`` (``alpha = beta = 1``, ``A`` not transposed) by
+    ``MatMul`` (``B`` transposed first when ``transB``) and ``Add``; returns how many."""
+    replaced = 0
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        if node.op_type != "Gemm" or _normalized_domain(node.domain) != "":
+            continue
+        alpha, beta = _attribute(node, "alpha", 1.0), _attribute(node, "beta", 1.0)
+        if alpha != 1.0 or beta != 1.0 or _attribute(node, "transA", 0):
+            continue
+        new_nodes = []
+        a, b = node.inputs[0], node.inputs[1]
+        if _attribute(node, "transB", 0):
+            new_nodes.append(ir.node("Transpose", [b], {"perm": [1, 0]}))
+            b = new_nodes[-1].outputs[0]
+        new_nodes.append(ir.node("MatMul", [a, b]))
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            new_nodes.append(ir.node("Add", [new_nodes[-1].outputs[0], node.inputs[2]]))
+        old, new = node.outputs[0], new_nodes[-1].outputs[0]
+        new.shape, new.type = old.shape, old.type
+        ir.convenience.replace_nodes_and_values(node.graph, node, [node], new_nodes, [old], [new])
+        replaced += 1
+    return replaced
 
 
 __all__ = ["OPTIMIZE_LEVELS", "check_optimize_level", "fuse_for_onnxruntime", "optimize_model"]
