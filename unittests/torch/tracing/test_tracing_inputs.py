@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from ._helpers import check_trace, trace_module
+from yobx.torch.tracing import CustomTracer
+
+from ._helpers import assert_same, check_trace, trace_module
 
 
 class Structured(torch.nn.Module):
@@ -111,3 +113,33 @@ def test_dynamic_cache_input():
         torch.testing.assert_close(got, expected)
         assert isinstance(got_cache, cache_utils.DynamicCache)
         torch.testing.assert_close(got_cache.layers[1].keys, expected_cache.layers[1].keys)
+
+
+class _Positional(torch.nn.Module):
+    def forward(self, x, y, *rest, scale: float = 2.0):
+        out = x * scale + y.sum(-1, keepdim=True)
+        for extra in rest:
+            out = out + extra
+        return out
+
+
+def test_positional_examples_as_a_tuple():
+    # concrete_args may be a tuple of positional examples, as torch.export's args
+    model = _Positional()
+    x, y, z = torch.randn(3, 4), torch.randn(3, 5), torch.randn(3, 4)
+    tracer = CustomTracer()
+    dynamic_shapes = {"x": {0: "batch"}, "y": {0: "batch"}, "rest": ({0: "batch"},)}
+    graph = tracer.trace(model, (x, y, z), dynamic_shapes=dynamic_shapes)
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for batch in (3, 6):
+        args = (torch.randn(batch, 4), torch.randn(batch, 5), torch.randn(batch, 4))
+        assert_same(model(*args), gm(*args))
+    placeholders = [n.name for n in graph.nodes if n.op == "placeholder"]
+    assert placeholders[:2] == ["x", "y"], placeholders
+
+
+def test_positional_examples_that_do_not_fit_say_so():
+    with pytest.raises(TypeError, match="3 positional examples do not fit"):
+        CustomTracer().trace(torch.nn.Linear(2, 2), (torch.randn(1, 2),) * 3)
+    with pytest.raises(TypeError, match="concrete_args must be a dict"):
+        CustomTracer().trace(torch.nn.Linear(2, 2), torch.randn(1, 2))

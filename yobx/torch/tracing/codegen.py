@@ -107,7 +107,9 @@ class CheckedPyTreeCodeGen(_PyTreeCodeGen):
     def gen_var_bindings(self, fn_args, free_vars, expanded_def):
         """Structure checks, torch.fx's flattening, then the constant checks."""
         info = self.pytree_info
-        checks = structure_checks(list(info.orig_args), info.in_spec)
+        # `*args` is in the signature as it is in the model's; it is a tuple inside
+        fn_args = [name.lstrip("*") for name in fn_args]
+        checks = structure_checks(fn_args, info.in_spec)
         bindings = super().gen_var_bindings(fn_args, free_vars, expanded_def)
         names = {v.split(":")[0].split("#")[0].strip() for v in free_vars}
         kept = {k: v for k, v in self.constants.items() if k in names}

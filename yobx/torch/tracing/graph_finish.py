@@ -110,9 +110,13 @@ class GraphFinishMixin:
     def _finish(self, graph, module, root, update_model_with_callable) -> None:
         constants = self._traced_constants(graph)
         if self._structured:
+            # the forward takes `*args` as the model does: gm(x, y, z) for forward(x, *rest)
+            arg_names = [
+                f"*{name}" if name == self._inputs.var_positional else name
+                for name in self._inputs.arg_names
+            ]
             graph._codegen = CheckedPyTreeCodeGen(
-                _PyTreeInfo(list(self._inputs.arg_names), self._inputs.in_spec, self._out_spec),
-                constants,
+                _PyTreeInfo(arg_names, self._inputs.in_spec, self._out_spec), constants
             )
         elif constants:
             graph._codegen = CheckedCodeGen(constants)

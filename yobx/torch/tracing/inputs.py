@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -122,9 +123,12 @@ def call_arguments(fn: Callable, named: dict[str, Any]) -> tuple[tuple, dict]:
 
 
 def bind_example_inputs(
-    fn: Callable, concrete_args: dict[str, Any] | None, allow_missing: bool = False
+    fn: Callable,
+    concrete_args: Mapping[str, Any] | tuple | list | None,
+    allow_missing: bool = False,
 ) -> BoundInputs:
-    """Matches ``concrete_args`` (parameter name -> example) to the signature of ``fn``.
+    """Matches ``concrete_args`` (parameter name -> example, or a tuple of positional
+    examples) to the signature of ``fn``.
 
     ``*args`` takes a tuple under its name; names that are not parameters go to
     ``**kwargs`` when there is one.
@@ -135,8 +139,15 @@ def bind_example_inputs(
     """
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())
-    concrete_args = dict(concrete_args or {})
     where = f"{getattr(fn, '__qualname__', fn)}{signature}"
+    if isinstance(concrete_args, (tuple, list)):
+        concrete_args = _positional_examples(signature, concrete_args, where)
+    elif concrete_args is not None and not isinstance(concrete_args, Mapping):
+        raise TypeError(
+            f"concrete_args must be a dict (parameter name -> example) or a tuple of "
+            f"positional examples for {where}, got {type(concrete_args).__name__}"
+        )
+    concrete_args = dict(concrete_args or {})
     var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
     known = {p.name for p in params if p.kind != p.VAR_KEYWORD}
     unknown = [k for k in concrete_args if k not in known]
@@ -175,11 +186,29 @@ def bind_example_inputs(
             bound.values.append(NO_EXAMPLE)
             if p.kind != p.POSITIONAL_ONLY:
                 bound.keyword_names.add(p.name)
+    if bound.var_positional is not None:
+        # the parameters before *args are given positionally (by keyword, they would
+        # collide with the positional values filling *args)
+        before = itertools.takewhile(lambda p: p.kind != p.VAR_POSITIONAL, params)
+        bound.keyword_names.difference_update(p.name for p in before)
     for k in unknown:
         bound.names.append(k)
         bound.keyword_names.add(k)
         bound.values.append(concrete_args[k])
     return bound
+
+
+def _positional_examples(
+    signature: inspect.Signature, examples: tuple | list, where: str
+) -> dict[str, Any]:
+    """Positional examples by parameter name (``*args`` gets the tuple of the extra ones)."""
+    try:
+        return dict(signature.bind_partial(*examples).arguments)
+    except TypeError as e:
+        raise TypeError(
+            f"{len(examples)} positional examples do not fit {where}: {e}; pass "
+            f"concrete_args as a dict (parameter name -> example) to be explicit"
+        ) from e
 
 
 def flatten_example_inputs(

@@ -208,7 +208,8 @@ class CustomTracer(
         """Traces ``root``, with example inputs when given, and returns the graph.
 
         :param root: a ``torch.nn.Module`` or a callable
-        :param concrete_args: example input per parameter name (optional); tensor
+        :param concrete_args: example input per parameter name (optional), or a tuple
+            of positional examples (as torch.export's ``args``); tensor
             inputs stay placeholders (they are examples, not constants) whose nodes
             carry fake values with symbolic dimensions; Python constants (None, ints,
             bools, strings, lists of them) are baked in and checked when the graph
