@@ -246,10 +246,6 @@ def test_traces_dynamic_without_specializing(name):
 
 #: cases the tracer captures but the ONNX side (translation, optimizer) does not export
 ONNX_FAILURES = {
-    # aten.split with a symbolic split size becomes SplitToSequence with a scalar
-    # split; onnxscript's constant folding (split_to_sequence) reads `.ndim` of the
-    # split's value, which is None when the value is not a constant: AttributeError
-    "chunk": "onnxscript constant folding of SplitToSequence with a computed split size",
     # torch_lib's aten_grouped_mm raises NotImplementedError for offsets (ragged/MoE)
     "grouped_mm_float32": "torch_lib has no translation of _grouped_mm with offsets",
 }
