@@ -136,11 +136,11 @@ class DecisionsMixin:
         """Makes ``fact`` known to the ShapeEnv (its guard is not judged again)."""
         if isinstance(fact, sympy.Basic):
             fact = self.dims.shape_env.create_symboolnode(fact)
-        self._allowed_guards += 1
+        self.state.allowed_guards += 1
         try:
             self.dims.assume(fact)
         finally:
-            self._allowed_guards -= 1
+            self.state.allowed_guards -= 1
 
     def to_int(self, obj: Proxy) -> int:
         """``int(proxy)`` / ``operator.index``: a Python int is needed here."""

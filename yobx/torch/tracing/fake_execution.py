@@ -149,7 +149,7 @@ class FakeExecutionMixin:
             self._decide_squeezed(args, kwargs)
         guards_before = len(self.shape_env.guards)
         known = self.dims.snapshot()
-        self._in_fake += 1
+        self.state.in_fake += 1
         # torch's own Python code runs here: it must see the real isinstance (faster,
         # and no proxy reaches fake kernels anyway).
         patched_isinstance = builtins.isinstance
@@ -202,7 +202,7 @@ class FakeExecutionMixin:
         finally:
             torch._C._set_grad_enabled(grad_mode)
             builtins.isinstance = patched_isinstance
-            self._in_fake -= 1
+            self.state.in_fake -= 1
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return val
@@ -261,7 +261,7 @@ class FakeExecutionMixin:
         constraints when not provable from what was known before the operation."""
         adopted = set()
         for guard in self.shape_env.guards[start:]:
-            if self._allowed_guards or self.dims.prove(guard.expr, known) is True:
+            if self.state.allowed_guards or self.dims.prove(guard.expr, known) is True:
                 continue
             location = self.location()
             constraint = self.refinements.adopt(

@@ -109,14 +109,14 @@ class GraphFinishMixin:
 
     def _finish(self, graph, module, root, update_model_with_callable) -> None:
         constants = self._traced_constants(graph)
-        if self._structured:
+        if self.state.structured:
             # the forward takes `*args` as the model does: gm(x, y, z) for forward(x, *rest)
             arg_names = [
-                f"*{name}" if name == self._inputs.var_positional else name
-                for name in self._inputs.arg_names
+                f"*{name}" if name == self.state.inputs.var_positional else name
+                for name in self.state.inputs.arg_names
             ]
             graph._codegen = CheckedPyTreeCodeGen(
-                _PyTreeInfo(arg_names, self._inputs.in_spec, self._out_spec), constants
+                _PyTreeInfo(arg_names, self.state.inputs.in_spec, self.state.out_spec), constants
             )
         elif constants:
             graph._codegen = CheckedCodeGen(constants)
@@ -147,7 +147,7 @@ class GraphFinishMixin:
     def _traced_constants(self, graph) -> dict[str, Any]:
         """Placeholder name -> the Python constant it was traced with."""
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        inputs = self._inputs
+        inputs = self.state.inputs
         if len(placeholders) != len(inputs.leaves):
             return {}
         return {
@@ -164,8 +164,8 @@ class GraphFinishMixin:
         is never modified.
         """
         if (
-            not self._constants
-            and not self._subgraphs
+            not self.state.constants
+            and not self.state.subgraphs
             and module is not None
             and not (isinstance(module, _CallableModule))
         ):
@@ -177,9 +177,9 @@ class GraphFinishMixin:
         for k, v in module.__dict__.items():
             if isinstance(v, torch.Tensor) and not k.startswith("_"):
                 setattr(wrapper, k, v)
-        for name, tensor in self._constants.items():
+        for name, tensor in self.state.constants.items():
             wrapper.register_buffer(name, tensor, persistent=False)
-        for name, subgraph in self._subgraphs.items():
+        for name, subgraph in self.state.subgraphs.items():
             if isinstance(subgraph, torch.fx.Graph):
                 subgraph = torch.fx.GraphModule(wrapper, subgraph)
             setattr(wrapper, name, subgraph)
@@ -194,7 +194,7 @@ class GraphFinishMixin:
         """
         from ..passes import mark_storages
 
-        tensors: dict[str, Any] = dict(zip(self._inputs.names, self._inputs.leaves))
+        tensors: dict[str, Any] = dict(zip(self.state.inputs.names, self.state.inputs.leaves))
         tensors.update(module.named_parameters(remove_duplicate=False))
         tensors.update(module.named_buffers(remove_duplicate=False))
         mark_storages(graph, tensors)

@@ -309,7 +309,7 @@ class RobustTracer(CustomTracer):
 
     def call_module(self, m, forward, args, kwargs):
         """Traces into ``m``; if that raises, records the failure and restarts the trace."""
-        if self._in_fake:
+        if self.state.in_fake:
             return forward(*args, **kwargs)
         if m is self._user_root:
             # the root of a leaf-root wrapper

@@ -52,7 +52,7 @@ class AttributesMixin:
 
     def call_module(self, m, forward, args, kwargs):
         """Records leaf modules; runs the module itself while computing fake values."""
-        if self._in_fake:
+        if self.state.in_fake:
             # nn.LSTM / nn.GRU cannot run on symbolic sizes: their custom operator
             # computes the same values and keeps the sizes symbolic.
             replacement = leaf_module_call(m, args, kwargs)
@@ -70,9 +70,9 @@ class AttributesMixin:
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
         """Parameters and buffers of the root become ``get_attr`` proxies."""
-        if self._in_fake or not isinstance(attr_val, torch.Tensor):
+        if self.state.in_fake or not isinstance(attr_val, torch.Tensor):
             return attr_val
-        name = self._tensor_names.get(id(attr_val))
+        name = self.state.tensor_names.get(id(attr_val))
         if name is None:
             return attr_val
         if name not in parameter_proxy_cache or (
@@ -105,35 +105,35 @@ class AttributesMixin:
 
     def _tensor_constant(self, tensor: torch.Tensor) -> Node:
         key = id(tensor)
-        name = self._tensor_names.get(key) or self.tensor_attrs.get(tensor)
+        name = self.state.tensor_names.get(key) or self.tensor_attrs.get(tensor)
         if name is None:
-            node = self._constant_nodes.get(key)
+            node = self.state.constant_nodes.get(key)
             if node is not None and node.graph is self.graph:
                 return node
             name = self.add_constant(tensor)
         node = self.create_node("get_attr", name, (), {})
         node.meta["val"] = self.dims.from_real(tensor)
-        self._constant_nodes[key] = node
+        self.state.constant_nodes[key] = node
         return node
 
     @property
     def running_fake(self) -> bool:
         """Whether the tracer is running an operation on fake values (module attribute
         assignments inside it are torch's, not the user's)."""
-        return bool(self._in_fake)
+        return bool(self.state.in_fake)
 
     def tensor_name(self, tensor: torch.Tensor) -> str | None:
         """The qualified name of a parameter or buffer of the traced module, or None."""
-        return self._tensor_names.get(id(tensor))
+        return self.state.tensor_names.get(id(tensor))
 
     def constant(self, name: str) -> torch.Tensor:
         """The tensor stored by :meth:`add_constant` under ``name``."""
-        return self._constants[name]
+        return self.state.constants[name]
 
     @property
     def registered_callables(self) -> dict[str, Any]:
         """What :meth:`register_callable` stored, by name (read only)."""
-        return dict(self._subgraphs)
+        return dict(self.state.subgraphs)
 
     @contextlib.contextmanager
     def subgraph(self, graph: torch.fx.Graph) -> Iterator[list[Node]]:
@@ -141,16 +141,16 @@ class AttributesMixin:
         body of a scan). Values of the enclosing graph used inside become placeholders
         of ``graph``; the yielded list receives those outer nodes, in placeholder
         order, when the block ends."""
-        outer, saved_cache = self.graph, self._shape_cache
-        self.graph, self._shape_cache = graph, {}
-        self._lift_stack.append({})
+        outer, saved_cache = self.graph, self.state.shape_cache
+        self.graph, self.state.shape_cache = graph, {}
+        self.state.lift_stack.append({})
         lifted: list[Node] = []
         try:
             yield lifted
-            lifted.extend(self._lift_stack[-1])
+            lifted.extend(self.state.lift_stack[-1])
         finally:
-            self._lift_stack.pop()
-            self.graph, self._shape_cache = outer, saved_cache
+            self.state.lift_stack.pop()
+            self.graph, self.state.shape_cache = outer, saved_cache
 
     def add_constant(self, tensor: torch.Tensor) -> str:
         """Stores a tensor created while tracing on the traced model; returns its name.
@@ -158,15 +158,15 @@ class AttributesMixin:
         The prefix differs from torch.fx's and make_fx's ``_tensor_constant``: lowering
         the graph again (ONNX export) creates constants of its own with that prefix.
         """
-        name = f"{CONSTANT_PREFIX}{len(self._constants)}"
-        self._constants[name] = tensor
+        name = f"{CONSTANT_PREFIX}{len(self.state.constants)}"
+        self.state.constants[name] = tensor
         return name
 
     def _lift(self, node: Node) -> Node:
         """Makes a value of an enclosing graph an input of the subgraph being traced."""
-        if not self._lift_stack:
+        if not self.state.lift_stack:
             raise TraceError(f"node {node} belongs to another graph")
-        lifted = self._lift_stack[-1]
+        lifted = self.state.lift_stack[-1]
         if node not in lifted:
             if node.op == "get_attr":
                 new = self.graph.get_attr(node.target)
@@ -193,15 +193,15 @@ class AttributesMixin:
         base, index = _identifier_of(name), 0
         unique = base
         root = getattr(self, "root", None)
-        while unique in self._subgraphs or (root is not None and hasattr(root, unique)):
+        while unique in self.state.subgraphs or (root is not None and hasattr(root, unique)):
             index += 1
             unique = f"{base}_{index}"
-        self._subgraphs[unique] = fn
+        self.state.subgraphs[unique] = fn
         return self.graph.get_attr(unique)
 
     def _attribute(self, target: str) -> Any:
-        if target in self._constants:
-            return self._constants[target]
+        if target in self.state.constants:
+            return self.state.constants[target]
         # Module.__getattr__ is patched while tracing: walk the dictionaries instead.
         obj = self.root
         for atom in target.split("."):

@@ -3,8 +3,9 @@
 The tracer is assembled from mixins, one concern each: :mod:`.fake_execution` (the
 fake value of every node), :mod:`.traced_attributes` (leaves, attributes, constants),
 :mod:`.graph_finish` (code generation, runtime checks, the traced model, the default
-passes) and :mod:`.decisions` (Python conversions of symbolic values). This module
-holds the trace itself: inputs, proxies and the patch window.
+passes) and :mod:`.decisions` (Python conversions of symbolic values). What one trace
+accumulates is a :class:`.trace_state.TraceState`, the tracer's ``state``, replaced for
+every trace. This module holds the trace itself: inputs, proxies and the patch window.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .proxies import (
 from .refinement import Refinements
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
+from .trace_state import TraceState
 from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
 
 
@@ -147,17 +149,8 @@ class CustomTracer(
         self.traced_model: torch.nn.Module | None = None
         #: assumptions the traced graph relies on
         self.guards: list[Guard] = []
-        self._constants: dict[str, torch.Tensor] = {}
-        self._constant_nodes: dict[int, Node] = {}
-        self._subgraphs: dict[str, torch.fx.Graph | torch.nn.Module] = {}
-        self._shape_cache: dict[Node, Any] = {}
-        self._lift_stack: list[dict[Node, Node]] = []
-        self._tensor_names: dict[int, str] = {}
-        self._inputs: FlatInputs | None = None
-        self._out_spec = None
-        self._structured = False
-        self._in_fake = 0
-        self._allowed_guards = 0
+        #: everything else the trace accumulates (see :class:`.trace_state.TraceState`)
+        self.state = TraceState()
         # torch.fx's bookkeeping of the modules being traced; a trace that raised
         # leaves entries behind, and a tracer may be used again.
         self.module_stack = collections.OrderedDict()
@@ -292,7 +285,7 @@ class CustomTracer(
         current_window().push(lambda: _settle_fake_mode(fake_mode))
         module = root if isinstance(root, torch.nn.Module) else _CallableModule(root)
         forward = root.forward if isinstance(root, torch.nn.Module) else root
-        self._inputs = flatten_example_inputs(
+        self.state.inputs = flatten_example_inputs(
             bind_example_inputs(forward, concrete_args, allow_missing=True),
             dynamic_shapes,
             self.dims,
@@ -340,15 +333,15 @@ class CustomTracer(
         self._clear()
 
     def _index_tensors(self, module: torch.nn.Module) -> None:
-        self._tensor_names = {}
+        self.state.tensor_names = {}
         for name, p in module.named_parameters(remove_duplicate=True):
-            self._tensor_names.setdefault(id(p), name)
+            self.state.tensor_names.setdefault(id(p), name)
         for name, b in module.named_buffers(remove_duplicate=True):
-            self._tensor_names.setdefault(id(b), name)
+            self.state.tensor_names.setdefault(id(b), name)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         """Creates one placeholder per flattened input leaf (see :mod:`.inputs`)."""
-        inputs: FlatInputs = self._inputs
+        inputs: FlatInputs = self.state.inputs
         proxies, baked = [], []
         for name, leaf, sizes in zip(inputs.names, inputs.leaves, inputs.sizes):
             node = self.create_node("placeholder", name, (), {})
@@ -384,9 +377,9 @@ class CustomTracer(
             out = inputs.call(root_fn, leaves, self_arg=self.root if is_module else None)
             register_cache_flattening(out)
             flat_out, out_spec = pytree.tree_flatten(out)
-            self._out_spec = out_spec
-            self._structured = structured or not _is_simple_output(out_spec)
-            return tuple(flat_out) if self._structured else out
+            self.state.out_spec = out_spec
+            self.state.structured = structured or not _is_simple_output(out_spec)
+            return tuple(flat_out) if self.state.structured else out
 
         return flat_fn, proxies
 
@@ -463,7 +456,7 @@ class CustomTracer(
             )
         elif kind != "placeholder":
             if kind == "call_method" and isinstance(target, str) and target.endswith("_"):
-                self._shape_cache.pop(args_[0], None)
+                self.state.shape_cache.pop(args_[0], None)
             val = self._run_fake(node)
             node.meta["val"] = val
             self.bind_unbacked(node, val)
@@ -484,7 +477,7 @@ class CustomTracer(
     def shape_of(self, proxy: CustomProxy) -> Any:
         """``x.shape``: ``torch.Size`` when static, else :class:`CustomProxyShape`."""
         node = proxy.node
-        cached = self._shape_cache.get(node)
+        cached = self.state.shape_cache.get(node)
         if cached is not None:
             return cached
         items: list[Any] = []
@@ -498,7 +491,7 @@ class CustomTracer(
             shape = torch.Size(items)
         else:
             shape = CustomProxyShape(items, self)
-        self._shape_cache[node] = shape
+        self.state.shape_cache[node] = shape
         return shape
 
     def iter(self, obj: Proxy):
