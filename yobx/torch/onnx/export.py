@@ -540,7 +540,7 @@ def to_onnx(
         (:func:`onnxscript.rewriter.ort_fusions.optimize_for_ort`: attention, RMS and
         skip normalizations, rotary embeddings, GELU...), faster in onnxruntime but
         using its contrib operators, so that only onnxruntime runs the model; the
-        fusions applied are counted in the ``optimize`` stage's ``fusions``
+        fusions applied are counted in the ``fuse`` stage's ``fusions``
     :return: an :class:`ExportResult`
     """
     opset = check_opset(opset)

@@ -161,7 +161,10 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     The fused model uses onnxruntime's contrib operators (``com.microsoft`` domain, and
     ``SimplifiedLayerNormalization`` in the default domain): only onnxruntime runs it.
     onnxscript runs its whole optimizer again first, including the rules that
-    :func:`optimize_model` leaves out for being quadratic in the graph's size.
+    :func:`optimize_model` leaves out for being quadratic in the graph's size. Plain
+    ``Gemm`` nodes become ``MatMul`` + ``Add`` before (counted as
+    ``gemm_to_matmul_add``), and the shapes of intermediate values are cleared after:
+    the fusions may drop a ``Reshape`` and leave stale shapes behind.
     """
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
