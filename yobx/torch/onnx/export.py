@@ -204,7 +204,10 @@ class ExportResult:
 
     def session_source(self) -> onnx.ModelProto | str:
         """What onnxruntime should load: the saved file when the weights are outside
-        it, else the proto."""
+        it, else the proto.
+
+        :raises ValueError: the weights exceed 2 GB and the model was not saved
+        """
         if self.filename is not None and len(self.files) > 1:
             return self.filename
         if self.weight_bytes >= EXTERNAL_DATA_THRESHOLD:
@@ -223,6 +226,11 @@ class ExportResult:
         sizes of the dynamic dimensions (as ``to_onnx(validate=True)``); useful after
         :meth:`apply_weights` and :meth:`save`, with the model holding the weights.
 
+        :param model: the eager model, holding the weights
+        :param args: positional inputs (the example the model was exported with)
+        :param kwargs: keyword inputs
+        :raises ValueError: this result does not keep its capture
+        :raises OnnxExportError: ``model`` has weights on the meta device
         :return: the :class:`~yobx.torch.onnx.validation.ValidationReport`, also kept in
             :attr:`validation`
         """
@@ -258,7 +266,10 @@ def save_model(
     external_data: bool | None = None,
 ) -> None:
     """Saves a model, with its weights in ``<filename>.data`` past 2 GB (or as
-    ``external_data`` says); an ``onnx_ir`` model is streamed tensor by tensor."""
+    ``external_data`` says); an ``onnx_ir`` model is streamed tensor by tensor.
+
+    :raises WeightsNotAppliedError: weights of a meta model were not applied
+    """
     if isinstance(model, onnx.ModelProto):
         model = ir.from_proto(model)
     save_ir_model(model, filename, external_data)

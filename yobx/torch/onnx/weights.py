@@ -327,8 +327,13 @@ def load_weights_into(module: torch.nn.Module, source: Any) -> None:
     """Gives ``module`` the weights of ``source`` (for an eager run of a model built on
     the meta device); buffers absent from the source keep their values.
 
+    :param module: the model, modified in place
+    :param source: what :meth:`yobx.torch.onnx.ExportResult.apply_weights` accepts: a
+        state dict, a ``.safetensors`` file, a list of shard files, an index file or a
+        directory
     :raises WeightsMismatchError: a parameter or buffer still on the meta device after
         loading
+    :raises WeightSourceError: a missing file, an unreadable index, a name found twice
     """
     groups: dict[int, list[str]] = {}
     for name, parameter in module.named_parameters(remove_duplicate=False):

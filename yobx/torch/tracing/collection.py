@@ -1,6 +1,6 @@
 """GraphCollection: the graphs and per-module statuses produced by robust tracing.
 
-:func:`yobx.torch.tracing.robust.recursive_trace` fills one collection: the graph of
+:func:`yobx.torch.tracing.recursive_trace` fills one collection: the graph of
 the root, a graph for the traceable part of every module that failed, and one status
 per module (``traced``, ``inlined``, ``leaf``, ``failed``, ``unvisited``,
 ``container``) with the failure message and the user's ``file:line`` that raised.
