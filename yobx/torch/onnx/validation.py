@@ -99,8 +99,9 @@ class ValidationReport:
 
     @property
     def ok(self) -> bool:
-        """True when every case ran, every output is within tolerance and nothing in
-        :attr:`problems`."""
+        """True when at least one input set was compared, every compared case ran, every
+        output is within tolerance and nothing is in :attr:`problems` (input sets eager
+        refused are skipped)."""
         if self.n_checked == 0 or self.problems:
             return False
         for case in self.cases:

@@ -57,6 +57,9 @@ def record_calls(
     also on errors, so that the model is left as it was (BatchNorm running statistics,
     caches updated in place...). The inputs of the run are copies of ``args``/``kwargs``.
 
+    :param model: the model, run under ``torch.no_grad()``
+    :param args: positional inputs
+    :param kwargs: keyword inputs
     :return: for each module, its calls in execution order
     """
     calls: dict[torch.nn.Module, list[RecordedCall]] = {}

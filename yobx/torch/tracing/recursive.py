@@ -91,6 +91,7 @@ def recursive_trace(
     :param dynamic_shapes: dynamic dimensions of the root's inputs (torch.export's format)
     :return: the root graph, graphs of the traceable parts of failing modules, and one
         status per module
+    :raises TypeError: ``model`` is not a ``torch.nn.Module``
 
     Example (a value-dependent branch in a submodule)::
 

@@ -211,8 +211,8 @@ class CustomTracer(
             ``torch.fx.symbolic_trace``: everything that needs no decision on its values
             or shapes traces, and the first decision that does raises a
             :class:`~torch.fx.proxy.TraceError` naming the line and the example to pass
-        :param remove_inplace: make the graph functional with
-            :func:`yobx.torch.passes.remove_inplace` (when available)
+        :param remove_inplace: run the default passes on the graph
+            (:func:`yobx.torch.passes.run_default_passes`: the graph becomes functional)
         :param update_model_with_callable: when ``root`` is a plain callable, wrap it
             into a module stored in :attr:`traced_model`; with False, :attr:`traced_model`
             stays None for callables
@@ -222,6 +222,7 @@ class CustomTracer(
         :return: the graph; run it with ``torch.fx.GraphModule(tracer.traced_model, graph)``
         :raises TraceError: when the code cannot be traced soundly (the message names
             the user's file and line)
+        :raises TypeError: ``root`` is neither a module nor a callable
 
         Example (a slice by half the dynamic batch, checked at another size)::
 
