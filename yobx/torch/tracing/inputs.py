@@ -322,6 +322,9 @@ def register_cache_flattening(values: Any = None) -> None:
     Tracing flattens inputs with pytree and the traced GraphModule flattens them again
     when called, so the registration has to outlive the trace: it is done once, only
     when a DynamicCache is seen, and only if transformers has not registered one.
+
+    :param values: the inputs about to be flattened: nothing is done unless one of them
+        holds a DynamicCache; ``None`` registers whenever transformers is importable
     """
     # Values holding a DynamicCache imply its module was imported: tracing does not
     # pay for importing transformers (seconds) when it was not.

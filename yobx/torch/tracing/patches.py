@@ -350,13 +350,15 @@ def _kernel_replacements() -> list[tuple[Any, str, Any]]:
 def replace_problematic_function_before_tracing() -> Iterator[None]:
     """Context manager replacing the functions that cannot take proxies as they are.
 
-    Inside it, ``torch.cat``/``torch.stack`` (lists mixing proxies and tensors), tensor
-    factories (``torch.zeros(x.size(0), 4)``, ``torch.full(x.shape[:2], 1.0)``),
-    ``torch.cond``, ``torch.vmap``, ``torch.ops.higher_order.scan``, ``torch._check``
-    and the builtins ``max``/``min`` accept proxies. Calls without proxies, and every
-    call from another thread, behave as usual. Everything is restored on exit,
-    including when the body raises; only one such block is open at a time in the
-    process (another thread waits).
+    Inside it, ``torch.cat``/``torch.stack`` & co (lists mixing proxies and tensors),
+    tensor factories (``torch.zeros(x.size(0), 4)``, ``torch.full(x.shape[:2], 1.0)``),
+    indexing of a real tensor by symbolic sizes (``tensor[:, n:]``), ``torch.cond``,
+    ``torch.vmap``/``torch.func.vmap``, ``torch.ops.higher_order.scan``,
+    ``torch._check`` and the builtins ``max``/``min`` accept proxies, and
+    ``isinstance(x, torch.Tensor)``/``torch.is_tensor(x)`` are True for a proxy of a
+    tensor in model code. Calls without proxies, and every call from another thread,
+    behave as usual. Everything is restored on exit, including when the body raises;
+    only one such block is open at a time in the process (another thread waits).
     """
     # the context expressions run in order: the originals are read inside the window,
     # once another thread's trace is over
