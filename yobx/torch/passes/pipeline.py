@@ -36,6 +36,8 @@ def run_default_passes(
         ``"write_back"`` (``copy_`` at the end of the graph) or ``"outputs"`` (extra
         outputs, torch.export's convention); see :func:`remove_inplace`
     :param exc: raise when an in-place node has to be left in place
+        (:class:`InplaceRemovalError`) or a vmap region cannot be batched
+        (:class:`BatchDimRemovalError`); otherwise both are refusals in the results
     :param recursive: also clean the subgraphs of ``torch.cond`` / scan
     :param verbose: verbosity
     :param exported_program: the ``ExportedProgram`` owning the graph, if any

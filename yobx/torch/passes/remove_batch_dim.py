@@ -359,6 +359,7 @@ def remove_batch_dim_nodes(graph: Graph, verbose: int = 0) -> PassResult:
     :param graph: graph to modify in place
     :param verbose: verbosity
     :return: the number of removed nodes (a :class:`PassResult`)
+    :raises BatchDimRemovalError: a region that cannot be rewritten into batched code
 
     Example (the vmap region of a ``torch.export`` graph becomes batched operators)::
 

@@ -83,6 +83,7 @@ def remove_inplace(
         an input is rewritten only when no other input or buffer is read after it
     :return: a :class:`~yobx.torch.passes.PassResult`, equal to the number of rewritten
         nodes, or to ``-k`` when ``k`` in-place nodes were left (with ``exc=False``)
+    :raises ValueError: ``mutations`` is neither ``"write_back"`` nor ``"outputs"``
 
     Example::
 
