@@ -22,6 +22,8 @@ from torch.fx.node import map_arg
 from ._inplace_walk import WRITE_BACK_KEY, InplaceRemovalError, Root
 from ._targets import aten, example_value
 
+#: ``output_node.meta`` key listing the mutated inputs and buffers whose final values
+#: ``remove_inplace(mutations="outputs")`` appended to the outputs
 MUTATIONS_KEY = "yobx_mutations"
 
 

@@ -24,6 +24,8 @@ def graph_erase_node(graph: Graph, node: Node) -> int:
     :param graph: graph owning ``node``
     :param node: node to erase, it must have no users and no side effect
     :return: number of erased nodes
+    :raises ValueError: ``node`` belongs to another graph, still has users, is a
+        placeholder or the output, or has a side effect
 
     Example::
 
