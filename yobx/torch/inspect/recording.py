@@ -322,7 +322,14 @@ def _placeholder_values(gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> 
 def trace_graph_module(
     model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any = None
 ) -> torch.fx.GraphModule:
-    """Capture ``model`` with yobx's ``CustomTracer`` when available, else ``symbolic_trace``."""
+    """Capture ``model`` with yobx's ``CustomTracer`` when available, else ``symbolic_trace``.
+
+    :param model: the model (a GraphModule is returned as it is)
+    :param args: positional example inputs
+    :param kwargs: keyword example inputs
+    :param dynamic_shapes: torch.export's format, given to the tracer
+    :raises TypeError: the inputs do not match ``model.forward``'s signature
+    """
     if isinstance(model, torch.fx.GraphModule):
         return model
     try:
@@ -424,6 +431,7 @@ def record_run(
     :param kwargs: keyword inputs of the first run
     :return: the :class:`TraceResult`; if a run raises, the exception propagates with
         the partial result in its ``yobx_trace_result`` attribute
+    :raises TypeError, ValueError: not a module, an unknown stage, ``onnx`` without model
 
     Example (record the eager modules and the traced graph, then compare them)::
 
