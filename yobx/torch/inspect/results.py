@@ -105,6 +105,8 @@ class TraceCall(KeyedAccess):
     :param aliases: other names of the same computation (module path of a ``call_module``
         node, ONNX output names), used to match calls across stages
     :param start_ns: ``time.perf_counter_ns()`` when the call started
+    :param output_names: names of the outputs when the call produces named values (ONNX
+        nodes); :meth:`output_for` picks one of them
     """
 
     _kind = "call"
@@ -179,6 +181,10 @@ class TraceStage(KeyedAccess):
 
     ``stage[i]`` is the i-th call, ``stage["name"]`` all calls of that name (a list),
     ``stage.outputs[run]`` the summary of what the stage returned for each input set.
+
+    :param name: the stage name
+    :param max_calls: record at most that many calls (the others are counted in
+        :attr:`dropped_calls`)
     """
 
     _kind = "stage"
@@ -246,7 +252,8 @@ class TraceStage(KeyedAccess):
         )
 
     def table(self, max_rows: int | None = None) -> str:
-        """The calls as a text table: index, run, name, target, output, duration."""
+        """The calls as a text table: index, run, name, target, output, duration; the
+        first ``max_rows`` calls (:attr:`MAX_REPR_ROWS` by default)."""
         max_rows = self.MAX_REPR_ROWS if max_rows is None else max_rows
         rows = [("#", "run", "name", "target", "output", "us")]
         for call in self.calls[:max_rows]:
