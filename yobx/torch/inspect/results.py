@@ -100,7 +100,7 @@ class TraceCall(KeyedAccess):
     :param retval: summary of the return value (a tuple for several outputs)
     :param duration_ns: duration of the call alone in nanoseconds, None when unknown
     :param kind: ``module``, ``call_function``, ``call_method``, ``call_module``,
-        ``onnx``, ``function``
+        ``onnx``, ``function`` (:func:`trace_func`), ``method`` (:func:`trace_model_func`)
     :param run: index of the input set in the recording
     :param aliases: other names of the same computation (module path of a ``call_module``
         node, ONNX output names), used to match calls across stages

@@ -218,6 +218,8 @@ class SummaryCache:
     The output of one call is usually the input of the next: the cache avoids hashing and
     copying it twice. A tensor is the same when it is the same object with the same
     version counter (in-place operations bump it).
+
+    :param keep_tensors: keep copies of the tensors in the summaries
     """
 
     def __init__(self, keep_tensors: bool = True):
@@ -249,8 +251,9 @@ def summarize(value: Any, cache: SummaryCache | None = None, keep_tensors: bool 
     """Summarise any value a model call may take or return.
 
     Tensors become :class:`TensorSummary`, lists, tuples and mappings keep their structure
-    with summarised items, pytree-registered objects become :class:`ObjectSummary`, and
-    everything else becomes a :class:`ValueSummary`.
+    with summarised items (named tuples and structseqs become dicts by field name, a
+    ``torch.Size`` a tuple), pytree-registered objects become :class:`ObjectSummary`,
+    and everything else becomes a :class:`ValueSummary`.
 
     :param value: the value
     :param cache: a :class:`SummaryCache` to share summaries of unchanged tensors
