@@ -158,7 +158,11 @@ class TraceHandler:
 
 
 def load_trace_events(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Events of a Chrome trace file, either a JSON list or ``{"traceEvents": [...]}``."""
+    """Events of a Chrome trace file (JSON, optionally gzipped), either a JSON list or
+    ``{"traceEvents": [...]}``.
+
+    :raises ValueError: the file holds no list of events
+    """
     with open(path, "rb") as f:
         raw = f.read()
     if raw[:2] == b"\x1f\x8b":
@@ -363,7 +367,10 @@ class JSONTraceHandler(TraceHandler):
     def write(self, path: str | os.PathLike | None = None, compress: bool | None = None) -> str:
         """Write the trace; gzip when ``compress`` or the path ends with ``.gz``.
 
+        :param path: output file, default the constructor's ``path``
+        :param compress: gzip or not, default according to the suffix
         :return: the path written
+        :raises ValueError: no path given here nor to the constructor
         """
         path = path if path is not None else self.path
         if path is None:
@@ -545,7 +552,7 @@ def write_stage_profile(
     """Write pipeline stages (capture, passes, translation, ...) as a Chrome trace file.
 
     Each stage becomes an ``X`` event. A stage inside another one (by time) is drawn
-    nested under it; stages that overlap without nesting go to a second track. Memory
+    nested under it; stages that overlap without nesting go to another track. Memory
     counter events (RSS in MiB) come from ``rss_start_bytes``/``rss_end_bytes`` (fields
     or ``args`` entries, see :class:`StageRecorder`) or ``args["rss_bytes"]`` (at the end
     of the stage); when no stage has any, one sample taken now is put at the end of the
