@@ -130,7 +130,12 @@ def _inspect(options: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``yobx`` command, returns the exit status (0 success, 1 the result
     disagrees with eager PyTorch, 2 bad input, 3 the model could not be traced, exported
-    or run, 130 interrupted; see :mod:`yobx.cli`)."""
+    or run, 130 interrupted; see :mod:`yobx.cli`).
+
+    :param argv: the arguments after ``yobx``, default ``sys.argv[1:]``
+    :raises SystemExit: for ``--help`` (status 0) and a command line argparse rejects
+        (status 2), as argparse does
+    """
     options = _parser().parse_args(argv)
     handlers = {"export": _export, "trace": _trace, "inspect": _inspect}
     try:
