@@ -350,15 +350,13 @@ def compare(
     output names), the k-th call of a name in ``a`` with the k-th one in ``b``, within
     the same input set. The final outputs of each run are compared last.
 
-    :param a: a stage, or a result (then ``stage`` picks the stage, default ``graph``,
-        else the first stage both results recorded)
+    :param a: a stage, or a result (``stage`` picks one: ``graph``, else a common one)
     :param b: the other stage or result
     :param stage: stage name when comparing two results
     :param atol: absolute tolerance
     :param rtol: relative tolerance
     :return: a :class:`Comparison`; ``.first_divergence`` is what usually matters
-    :raises TypeError: ``a`` and ``b`` are not two stages or two results
-    :raises ValueError: two results without a common stage
+    :raises TypeError, ValueError: not two stages nor two results; no common stage
     """
     stage_a, stage_b = _pick_stages(a, b, stage)
     comparison = Comparison(stage_a, stage_b, atol, rtol)
