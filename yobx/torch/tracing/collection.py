@@ -155,13 +155,20 @@ class GraphCollection:
         return entry.graph
 
     def graph_module(self, module: torch.nn.Module | str) -> torch.fx.GraphModule:
-        """``torch.fx.GraphModule`` running the graph of ``module``."""
+        """``torch.fx.GraphModule`` running the graph of ``module``.
+
+        :raises KeyError: the module is not in the collection or has no graph
+        """
         entry = self.entry(module)
         graph = self[module]
         return torch.fx.GraphModule(entry.traced_model, graph)
 
     def inputs(self, module: torch.nn.Module | str) -> tuple[tuple, dict] | None:
-        """``(args, kwargs)`` the module received in the eager run (first call)."""
+        """``(args, kwargs)`` the module received in the eager run (first call), None
+        when it was not called.
+
+        :raises KeyError: the module is not part of the collection
+        """
         return self.entry(module).inputs
 
     # statuses
@@ -216,7 +223,7 @@ class GraphCollection:
         return rows
 
     def summary(self) -> str:
-        """One line per count: modules per status and graphs."""
+        """One line: the model's class, the number of modules per status and of graphs."""
         counts = {s: 0 for s in STATUSES}
         for e in self._entries.values():
             counts[e.status] += 1
