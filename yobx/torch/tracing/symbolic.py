@@ -63,8 +63,11 @@ class Guard:
     :param reason: why it is known: ``"bounds"`` (provable from the declared ranges and
         checked facts), ``"torch._check"`` (a fact the user asserted),
         ``"adopted"`` (taken from the example and recorded as a constraint, see
-        :mod:`yobx.torch.tracing.refinement`) or ``"constant argument"`` (a Python
-        scalar input baked into the graph)
+        :mod:`yobx.torch.tracing.refinement`), ``"constant argument"`` (a Python
+        scalar input baked into the graph), or, for a module
+        :class:`~yobx.torch.tracing.RobustTracer` runs as an opaque leaf, the output
+        shapes it produced: ``"specialized"`` (on fake inputs with symbolic dimensions)
+        or ``"example"`` (taken from the eager run when the fake run failed)
     :param location: the user's ``file:line`` that required it
     """
 
