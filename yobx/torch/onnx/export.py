@@ -546,13 +546,13 @@ def to_onnx(
     :param progress: called with each :class:`Stage` when it ends
     :param tracer: ``"custom"`` (CustomTracer) or ``"fx"`` (``torch.fx.symbolic_trace``
         with fake propagation, for models without shape-dependent code)
-    :param optimize: ``"default"`` (onnxscript's optimizer, a standard ONNX model) or
-        ``"ort"``: then onnxscript's fusions for onnxruntime
-        (:func:`onnxscript.rewriter.ort_fusions.optimize_for_ort`: attention, RMS and
-        skip normalizations, rotary embeddings, GELU...), faster in onnxruntime but
-        using its contrib operators, so that only onnxruntime runs the model; the
-        fusions applied are counted in the ``fuse`` stage's ``fusions``
+    :param optimize: ``"default"`` (onnxscript's optimizer, a standard ONNX model) or ``"ort"``:
+        then onnxscript's fusions for onnxruntime (attention, RMS and skip normalizations,
+        rotary embeddings, GELU...: :func:`onnxscript.rewriter.ort_fusions.optimize_for_ort`),
+        faster in onnxruntime but using its contrib operators, so that only onnxruntime runs
+        the model; the fusions applied are counted in the ``fuse`` stage's ``fusions``
     :return: an :class:`ExportResult`
+    :raises ValueError: an unsupported ``opset``, ``optimize`` or ``tracer``
     """
     opset = check_opset(opset)
     optimize = check_optimize_level(optimize)
