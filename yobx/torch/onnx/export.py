@@ -176,6 +176,7 @@ class ExportResult:
         :return: which initializer took which tensor, and what was left
         :raises WeightsMismatchError: missing or unexpected names, other shapes or
             dtypes (nothing is changed then)
+        :raises WeightSourceError: the source cannot be read (missing file, bad index)
 
         Buffers computed in ``__init__`` (non-persistent, absent from checkpoints) are
         taken from the source when it has them, else they keep the values the model

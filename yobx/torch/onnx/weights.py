@@ -263,6 +263,7 @@ def apply_weights(
         the source must be a parameter or buffer of the model; with ``strict=False``
         only weights without data must be there, and other names are ignored
     :raises WeightsMismatchError: missing or unexpected names, other shapes or dtypes
+    :raises WeightSourceError: the source cannot be read (missing file, bad index)
     """
     entries = open_weight_source(source)
     initializers = model.graph.initializers
