@@ -465,10 +465,17 @@ class CustomProxyShape(tuple):
 
 
 class CustomAttribute(Attribute):
-    """Attribute of a proxy (``x.T``, ``x.add_``...) whose node is created on first use."""
+    """Attribute of a proxy whose node is created on first use: a method (``x.add_``,
+    recorded as ``call_method`` when called), or any attribute of a value without a
+    fake value (tensor properties such as ``x.T`` of a known tensor are nodes at once).
+
+    :param root: the proxy the attribute is read from
+    :param attr: the attribute's name
+    """
 
     @property
     def node(self):
+        """The ``getattr`` node, created when first asked for."""
         if self._node is None:
             self._node = self.tracer.create_proxy(
                 "call_function", getattr, (self.root, self.attr), {}
@@ -485,6 +492,7 @@ class CustomAttribute(Attribute):
 
     @property
     def val(self) -> Any:
+        """The fake value of the ``getattr`` node (creates the node)."""
         return self.node.meta.get("val")
 
 
