@@ -14,7 +14,15 @@ from .values import TensorSummary, ValueSummary, flatten_summaries, short_text
 
 
 class ValueComparison:
-    """How two recorded values differ: ``ok``, largest differences and, if not ok, why."""
+    """How two recorded values differ: ``ok``, largest differences and, if not ok, why.
+
+    :param ok: whether the values agree within tolerance
+    :param max_abs_diff: largest absolute difference
+    :param max_rel_diff: largest relative difference
+    :param reason: why they differ (empty when ok)
+    :param index: position of the largest difference in the output tensor
+    :param output: which output (in flattening order) the comparison is about
+    """
 
     def __init__(
         self,
@@ -137,7 +145,21 @@ def _compare_leaf(a: Any, b: Any, atol: float, rtol: float) -> ValueComparison:
 
 
 class CallComparison(ValueComparison):
-    """Comparison of the outputs of two matched calls (``call_b`` None for final outputs)."""
+    """Comparison of the outputs of two matched calls (``call_a`` and ``call_b`` None,
+    ``name`` ``"output"``, for the final outputs of a run).
+
+    :param name: the name of the call in the first stage
+    :param call_a: the call of the first stage
+    :param call_b: the matched call of the second stage
+    :param value_a: the summary compared from the first stage
+    :param value_b: the summary compared from the second stage
+    :param result: the comparison of the two values
+    :param stage_a: name of the first stage
+    :param stage_b: name of the second stage
+    :param run: index of the input set
+    :param atol: absolute tolerance used
+    :param rtol: relative tolerance used
+    """
 
     def __init__(
         self,
@@ -258,7 +280,13 @@ def _field(summary: Any, field: str) -> str:
 
 
 class Comparison:
-    """All matched calls of two stages in the order of the first, and their differences."""
+    """All matched calls of two stages in the order of the first, and their differences.
+
+    :param stage_a: the first stage
+    :param stage_b: the second stage
+    :param atol: absolute tolerance used
+    :param rtol: relative tolerance used
+    """
 
     def __init__(self, stage_a: TraceStage, stage_b: TraceStage, atol: float, rtol: float):
         self.stage_a = stage_a
