@@ -59,7 +59,10 @@ class KeyedAccess:
 
 
 class Params(KeyedAccess):
-    """The captured parameters of one call, by parameter name, in call order."""
+    """The captured parameters of one call, by parameter name, in call order.
+
+    :param values: parameter name -> summary
+    """
 
     _kind = "params"
 

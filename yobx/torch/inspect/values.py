@@ -120,7 +120,11 @@ class TensorSummary:
 
     @property
     def tensor(self) -> torch.Tensor:
-        """The full recorded tensor (a copy taken at record time)."""
+        """The full recorded tensor (a copy taken at record time).
+
+        :raises ValueError: the tensor was not kept (``keep_tensors=False``, or a fake
+            or meta tensor without data)
+        """
         if self._tensor is None:
             raise ValueError(
                 f"the tensor {self.short()} was not kept; record with keep_tensors=True"
@@ -164,7 +168,10 @@ class TensorSummary:
 
 
 class ValueSummary:
-    """Summary of a non-tensor value (number, string, None, SymInt, unknown object)."""
+    """Summary of a non-tensor value (number, string, None, SymInt, unknown object).
+
+    :param value: the value, kept as it is; its ``repr`` is cut to :attr:`MAX_TEXT`
+    """
 
     __slots__ = ("_value", "text", "type_name")
 
@@ -194,7 +201,11 @@ class ValueSummary:
 
 
 class ObjectSummary:
-    """Summary of an object made of tensors known to ``torch.utils._pytree`` (caches...)."""
+    """Summary of an object made of tensors known to ``torch.utils._pytree`` (caches...).
+
+    :param type_name: the object's class name
+    :param children: the summaries of its flattened leaves
+    """
 
     __slots__ = ("children", "type_name")
 
