@@ -245,7 +245,11 @@ class JSONTraceHandler(TraceHandler):
     def process_duration_event(
         self, name, categories, is_start, timestamp_ns, pid=None, tid=None, args=None
     ) -> None:
-        """Open a duration, or close the innermost open duration of that name as an ``X``."""
+        """Open a duration, or close the innermost open duration of that name as an ``X``
+        (with the durations opened after it and still open).
+
+        :raises ValueError: an end without an open duration of that name
+        """
         key = self._ids(pid, tid)
         self._seen(timestamp_ns)
         stack = self._open.setdefault(key, [])
