@@ -388,7 +388,8 @@ class CustomTracer(
 
     @classmethod
     def remove_inplace(cls, graph, exported_program=None, verbose=0, exc=True, recursive=False):
-        """See :func:`yobx.torch.passes.remove_inplace`."""
+        """See :func:`yobx.torch.passes.remove_inplace`; returns a plain int, not the
+        :class:`~yobx.torch.passes.PassResult`."""
         from ..passes import remove_inplace
 
         # [passes, issue 11] the seed's classmethods return plain ints
@@ -398,14 +399,16 @@ class CustomTracer(
 
     @classmethod
     def remove_unnecessary_slices(cls, graph, verbose=0):
-        """See :func:`yobx.torch.passes.remove_unnecessary_slices`."""
+        """See :func:`yobx.torch.passes.remove_unnecessary_slices`; returns a plain int, not the
+        :class:`~yobx.torch.passes.PassResult`."""
         from ..passes import remove_unnecessary_slices
 
         return int(remove_unnecessary_slices(graph, verbose=verbose))
 
     @classmethod
     def remove_batch_dim_nodes(cls, graph, verbose=0):
-        """See :func:`yobx.torch.passes.remove_batch_dim_nodes`."""
+        """See :func:`yobx.torch.passes.remove_batch_dim_nodes`; returns a plain int, not the
+        :class:`~yobx.torch.passes.PassResult`."""
         from ..passes import remove_batch_dim_nodes
 
         return int(remove_batch_dim_nodes(graph, verbose=verbose))
