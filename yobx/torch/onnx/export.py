@@ -204,11 +204,8 @@ class ExportResult:
         self.filename = os.fspath(filename)
 
     def session_source(self) -> onnx.ModelProto | str:
-        """What onnxruntime should load: the saved file when the weights are outside
-        it, else the proto.
-
-        :raises ValueError: the weights exceed 2 GB and the model was not saved
-        """
+        """What onnxruntime should load: the saved file when the weights are outside it,
+        else the proto; a ``ValueError`` past 2 GB when the model was not saved."""
         if self.filename is not None and len(self.files) > 1:
             return self.filename
         if self.weight_bytes >= EXTERNAL_DATA_THRESHOLD:
