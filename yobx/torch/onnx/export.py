@@ -36,7 +36,7 @@ from yobx.torch.onnx.save import (
     model_to_proto,
     save_ir_model,
 )
-from yobx.torch.onnx.stages import Stage, StageRecorder
+from yobx.torch.onnx.stages import ExportStageRecorder, Stage
 from yobx.torch.onnx.translate import build_model
 from yobx.torch.onnx.weights import (
     AppliedWeights,
@@ -161,8 +161,8 @@ class ExportResult:
         """Total time of all stages in seconds."""
         return sum(stage.duration_s for stage in self.stages)
 
-    def _stage(self, name: str) -> StageRecorder:
-        recorder = StageRecorder(0, None)
+    def _stage(self, name: str) -> ExportStageRecorder:
+        recorder = ExportStageRecorder(0, None)
         recorder.stages = self.stages
         return recorder(name)
 
@@ -459,7 +459,7 @@ def _fuse(ir_model: ir.Model, weights: list[str], dimensions: tuple) -> dict[str
 
 
 def _optimize_and_check(
-    stage: StageRecorder, ir_model: ir.Model, opset: int, optimize: str, dimensions: tuple
+    stage: ExportStageRecorder, ir_model: ir.Model, opset: int, optimize: str, dimensions: tuple
 ) -> None:
     """The ``optimize`` and ``check`` stages, then ``fuse`` with ``optimize="ort"``.
 
@@ -555,7 +555,7 @@ def to_onnx(
     opset = check_opset(opset)
     optimize = check_optimize_level(optimize)
     args, kwargs = _checked_inputs(model, args, kwargs, validate)
-    stage = StageRecorder(verbose, progress)
+    stage = ExportStageRecorder(verbose, progress)
 
     with stage("capture") as info:
         captured = _capture(model, args, kwargs, dynamic_shapes, module_leaves, tracer)

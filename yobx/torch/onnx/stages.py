@@ -32,7 +32,7 @@ class Stage:
         return (self.end_ns - self.start_ns) / 1e9
 
 
-class StageRecorder:
+class ExportStageRecorder:
     """Records the :class:`Stage` of each ``with recorder(name) as args:`` block,
     prints them with ``verbose`` and reports each to ``progress`` when it ends."""
 
@@ -60,4 +60,4 @@ class StageRecorder:
             print(f"[to_onnx] {name} done in {stage.duration_s:.3f}s", flush=True)
 
 
-__all__ = ["Stage", "StageRecorder"]
+__all__ = ["Stage", "ExportStageRecorder"]
