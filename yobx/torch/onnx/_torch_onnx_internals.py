@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +28,8 @@ from torch.onnx._internal.exporter import (
 )
 from torch.onnx._internal.fx.passes import type_promotion
 
+from yobx.torch.onnx.quiet_logs import quieted
+
 #: ONNX domain of the local functions holding subgraphs (cond, scan bodies).
 LOCAL_FUNCTION_DOMAIN = "pkg.torch.__subgraph__"
 
@@ -41,13 +42,8 @@ def onnx_registry(opset: int = 18) -> _registration.ONNXRegistry:
     once per process and opset.
     """
     # torchvision is not required; the registry warns for each of its missing ops.
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    with quieted("torch.onnx._internal.exporter._registration"):
         registry = _registration.ONNXRegistry.from_torchlib(opset_version=opset)
-    finally:
-        logger.setLevel(level)
     from yobx.torch.onnx import custom_ops
 
     custom_ops.register_translations(registry)
@@ -198,10 +194,7 @@ def translate_graph(
     """Translates one aten FX graph into ``graph_like``, returns node name -> values."""
     # torch.onnx warns for every node without nn_module_stack, which our aten graphs
     # never have: silence it for the call.
-    logger = logging.getLogger(_core.__name__)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    with quieted(_core.__name__):
         return _core._translate_fx_graph(
             graph,
             model,
@@ -210,8 +203,6 @@ def translate_graph(
             lower="at_conversion",
             registry=onnx_registry(opset),
         )
-    finally:
-        logger.setLevel(level)
 
 
 def torch_tensor(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -30,6 +29,7 @@ from yobx.torch.onnx.dimensions import (
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.optimize import check_optimize_level, fuse_for_onnxruntime, optimize_model
+from yobx.torch.onnx.quiet_logs import quieted
 from yobx.torch.onnx.save import (
     EXTERNAL_DATA_THRESHOLD,
     check_model,
@@ -327,13 +327,8 @@ def _convert_opset(model: ir.Model, opset: int) -> None:
 def _quiet_constant_folding() -> Iterator[None]:
     """Silences the optimizer's per-node warnings ("Skipping constant folding for op
     Split with multiple outputs", once per node): nothing a user can act on."""
-    logger = logging.getLogger("onnxscript.optimizer._constant_folding")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    with quieted("onnxscript.optimizer._constant_folding"):
         yield
-    finally:
-        logger.setLevel(level)
 
 
 def _checked_inputs(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ import torch
 from onnx_ir.tensor_adapters import from_torch_dtype, to_torch_dtype
 
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.onnx.quiet_logs import quieted
 from yobx.torch.onnx.weight_sources import WeightEntry, _listing, open_weight_source
 
 
@@ -169,14 +169,11 @@ def weights_kept_apart(model: ir.Model, names: Any) -> Iterator[None]:
         if value is not None and value.const_value is not None:
             hidden[name] = (value, value.const_value)
             value.const_value = None
-    # The deduplication pass warns once per initializer without a value.
-    logger = logging.getLogger("onnx_ir.passes.common.initializer_deduplication")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
     try:
-        yield
+        # The deduplication pass warns once per initializer without a value.
+        with quieted("onnx_ir.passes.common.initializer_deduplication"):
+            yield
     finally:
-        logger.setLevel(level)
         for value, tensor in hidden.values():
             value.const_value = tensor
 
