@@ -4,15 +4,23 @@ Exports every test model with both exporters (dynamic shapes), validates both wi
 onnxruntime against eager PyTorch on the example inputs, and prints per model:
 success, max absolute error, median export time and the ratio yobx / torch.onnx.
 The two exporters alternate, export after export, so that the machine's slow phases
-weigh on both.
+weigh on both. Garbage is collected before each timed export: a full collection
+(a few hundred ms in a process holding torch, transformers and onnxscript) otherwise
+lands on whichever export happens to cross the collector's threshold, often one of a
+tiny model's after a large model's export.
 
-    python _scripts/bench_export.py [--repeat 3] [--models tiny-llm,hf:BertModel]
+    python _scripts/bench_export.py [--repeat 3] [--models tiny-llm,hf:BertModel] [--times]
+
+To compare with an older commit under the same method, run this script on its code:
+``git worktree add /tmp/ref <commit> && cd /tmp/ref && PYTHONPATH=$PWD python
+<this checkout>/_scripts/bench_export.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import logging
 import statistics
@@ -50,7 +58,7 @@ def _torch_onnx(model, args, kwargs, dynamic_shapes):
     return program.model_proto
 
 
-def _measure(name: str, repeat: int) -> dict[str, dict]:
+def _measure(name: str, repeat: int, show_times: bool = False) -> dict[str, dict]:
     """Exports ``name`` ``repeat`` times with each exporter, alternating them.
 
     Alternating keeps a slow phase of the machine from penalizing one exporter only.
@@ -63,6 +71,7 @@ def _measure(name: str, repeat: int) -> dict[str, dict]:
             if current["error"] is not None:
                 continue
             model, args, kwargs, dynamic_shapes = load_model(name)
+            gc.collect()
             start = time.perf_counter()
             try:
                 current["proto"] = exporter(model, args, kwargs, dynamic_shapes)
@@ -71,6 +80,9 @@ def _measure(name: str, repeat: int) -> dict[str, dict]:
                 current["error"] = f"{type(exc).__name__}: {message}"
                 continue
             current["times"].append(time.perf_counter() - start)
+    if show_times:
+        times = {who: [round(t, 3) for t in current["times"]] for who, current in state.items()}
+        print(f"{name}: seconds per export {times}", flush=True)
     return {who: _validated(name, current) for who, current in state.items()}
 
 
@@ -92,6 +104,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="exports per model")
     parser.add_argument("--models", default=",".join(MODELS), help="comma separated")
+    parser.add_argument(
+        "--times", action="store_true", help="print every export's time, not only the median"
+    )
     options = parser.parse_args(argv)
     # torch.onnx logs a warning per missing torchvision operator at every export
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
@@ -111,7 +126,7 @@ def main(argv=None) -> int:
     ratios = []
     failures = []
     for name in names:
-        measured = _measure(name, options.repeat)
+        measured = _measure(name, options.repeat, options.times)
         ours, theirs = measured["yobx"], measured["torch.onnx"]
 
         def cell(r):

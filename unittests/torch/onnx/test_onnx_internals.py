@@ -44,6 +44,63 @@ def test_composite_ops_preserved_and_restored():
     assert not any(n.target is torch.ops.aten.linear.default for n in graph.nodes)
 
 
+def test_composite_override_matches_torch_export_and_restores():
+    """Our direct writes into the kernel tables install what torch.export's
+    _override_composite_implicit_decomp installs, and leave every table and fake rule
+    as they were."""
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    kernels = internals._preserving_kernels(18)
+    ops = list(kernels)
+    before = {op: dict(op.py_kernels) for op in ops}
+    rules_before = dict(fake_impls.op_implementations_dict)
+    with _override_composite_implicit_decomp(kernels):
+        theirs = {op: set(op.py_kernels) for op in ops}
+        their_rules = {op for op in ops if fake_impls._is_op_registered_to_fake_rule(op)}
+    # torch's exit drops fake rules that existed before: put them back
+    fake_impls.op_implementations_dict.update(rules_before)
+    with internals._composite_kernels_overridden(kernels):
+        ours = {op: set(op.py_kernels) for op in ops}
+        our_rules = {op for op in ops if fake_impls._is_op_registered_to_fake_rule(op)}
+        composite = torch._C.DispatchKey.CompositeImplicitAutograd
+        assert all(op.py_kernels[composite] is kernels[op] for op in ops)
+        # a fake tensor runs the decomposition: same result as eager
+        x, w = torch.randn(2, 3), torch.randn(4, 3)
+        with FakeTensorMode() as mode:
+            out = torch.ops.aten.linear.default(mode.from_tensor(x), mode.from_tensor(w))
+        assert out.shape == (2, 4)
+    assert ours == theirs
+    assert our_rules == their_rules
+    assert {op: dict(op.py_kernels) for op in ops} == before
+    assert dict(fake_impls.op_implementations_dict) == rules_before
+
+
+def test_composite_override_restores_after_an_error():
+    kernels = internals._preserving_kernels(18)
+    before = {op: dict(op.py_kernels) for op in kernels}
+    with pytest.raises(RuntimeError, match="inside"):
+        with internals._composite_kernels_overridden(kernels):
+            raise RuntimeError("inside")
+    assert {op: dict(op.py_kernels) for op in kernels} == before
+
+
+def test_op_signatures_memoized_only_while_translating():
+    import onnx
+    import onnx_ir as ir
+
+    original = ir.schemas.OpSignature.from_op_schema
+    schema = onnx.defs.get_schema("Slice", 13)
+    with internals._op_signatures_memoized():
+        first = ir.schemas.OpSignature.from_op_schema(schema)
+        assert ir.schemas.OpSignature.from_op_schema(schema) is first
+    assert ir.schemas.OpSignature.from_op_schema == original
+    fresh = ir.schemas.OpSignature.from_op_schema(schema)
+    assert fresh is not first
+    assert [p.name for p in fresh.params] == [p.name for p in first.params]
+
+
 def test_dimension_renamer_simplifies_with_user_names():
     renamer = DimensionRenamer({"s1": "seq", "s2": "past"})
     assert renamer.rename("s1 + s2") in ("past+seq", "seq+past")
