@@ -58,6 +58,38 @@ def test_rules_rewrite_what_the_model_has_and_results_do_not_change():
     onnx.checker.check_model(ir.serde.serialize_model(model))
 
 
+def test_anchored_rules_rewrite_as_onnxscript_does(monkeypatch):
+    """Each rule tried only on its root operator's nodes gives the model onnxscript's
+    own rule set gives (same nodes, same order), on an exported transformer block."""
+    from onnxscript import rewriter
+
+    from yobx.models import load_model
+    from yobx.torch.onnx import export as export_module
+    from yobx.torch.onnx import optimize as optimize_module
+    from yobx.torch.onnx import to_onnx
+
+    before_optimization = []
+
+    def recording(ir_model, *args, **kwargs):
+        before_optimization.append(ir.serde.serialize_model(ir_model))
+        return optimize_model(ir_model, *args, **kwargs)
+
+    monkeypatch.setattr(export_module, "optimize_model", recording)
+    model, args, kwargs, dynamic_shapes = load_model("transformer-encoder")
+    to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    (proto,) = before_optimization
+    ours, theirs = (ir.serde.deserialize_model(proto) for _ in range(2))
+    rules = _linear_rules()
+    anchored = optimize_module._RewritePresentOperators(rules)(ours)
+    plain = rewriter.RewritePass(rules)(theirs)
+    assert anchored.modified and plain.modified
+
+    def nodes(m):
+        return [(n.op_type, n.domain, [v.name if v else "" for v in n.inputs]) for n in m.graph]
+
+    assert nodes(ours) == nodes(theirs)
+
+
 def test_operators_of_subgraphs_are_seen():
     cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
