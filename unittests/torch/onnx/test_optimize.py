@@ -90,6 +90,29 @@ def test_anchored_rules_rewrite_as_onnxscript_does(monkeypatch):
     assert nodes(ours) == nodes(theirs)
 
 
+def test_shape_inference_skipped_only_where_it_adds_nothing(monkeypatch):
+    """Values with a complete type and shape skip the folding's ONNX shape inference:
+    the model is the same, node for node and value type for value type."""
+    from yobx.models import load_model
+    from yobx.torch.onnx import optimize as optimize_module
+    from yobx.torch.onnx import to_onnx
+
+    def export():
+        model, args, kwargs, dynamic_shapes = load_model("transformer-encoder")
+        proto = to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes).model_proto
+        values = [*proto.graph.value_info, *proto.graph.output]
+        return (
+            [(n.op_type, n.domain, list(n.input)) for n in proto.graph.node],
+            {v.name: str(v.type) for v in values},
+        )
+
+    skipping = export()
+    monkeypatch.setattr(optimize_module, "_fully_known", lambda value: False)
+    inferring = export()
+    assert skipping == inferring
+    assert len(skipping[1]) > 100
+
+
 def test_operators_of_subgraphs_are_seen():
     cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
