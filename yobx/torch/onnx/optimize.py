@@ -64,9 +64,10 @@ class _AnchoredRule:
     """A rewrite rule tried only on the nodes of its root operator.
 
     onnxscript's rule set tries every rule on every node, and the matcher's first
-    check is the node's operator: this one comes before the call (a tenth of the
-    rewriter's time was spent failing it). The domain and operator are compared exactly,
-    as the matcher does. Everything else is the wrapped rule's.
+    check is the node's operator: this one comes before the call (on tiny-llm, 10 500
+    tries that fail there were four fifths of the rewriter's time). The domain and
+    operator are compared exactly, as the matcher does. Everything else is the wrapped
+    rule's.
     """
 
     def __init__(self, rule: Any, root: tuple[str, str]) -> None:
