@@ -7,6 +7,7 @@ every ``nn.Module`` call of the process afterwards. Now traces run one at a time
 patches answer with the original behaviour in every other thread, and nothing is left.
 """
 
+import math
 import threading
 import time
 
@@ -185,3 +186,45 @@ def test_tracer_reused_across_threads():
     for thread in threads:
         thread.join(timeout=600)
     assert len(graphs) == 2
+
+
+class MathModel(torch.nn.Module):
+    """Calls a ``math`` function on a dimension: torch.fx autowraps ``math``."""
+
+    def forward(self, x):
+        return x / math.sqrt(x.shape[1]) + math.floor(2.5)
+
+
+def test_autowrap_gates_reused_across_traces_and_gated_per_thread():
+    import math as math_module
+
+    from yobx.torch.tracing import fx_isolation
+
+    originals = {name: getattr(math_module, name) for name in ("sqrt", "floor", "cos")}
+    seen_in_other_thread = []
+    installed = []
+
+    class Probe(torch.nn.Module):
+        # runs during the trace: the gate is installed in math's globals, and another
+        # thread calling math.sqrt meanwhile gets a plain number
+        def forward(self, x):
+            installed.append(vars(math_module)["sqrt"])
+            other = threading.Thread(target=lambda: seen_in_other_thread.append(math.sqrt(16)))
+            other.start()
+            other.join()
+            return MathModel()(x)
+
+    for width in (4, 9):
+        x = torch.randn(2, width)
+        gm = interrupt_sweep.trace(Probe(), {"x": x}, {"x": {1: "width"}})
+        for other_width in (4, 16):
+            y = torch.randn(3, other_width)
+            torch.testing.assert_close(gm(y), MathModel()(y))
+    # one gate for math.sqrt, built by the first trace, installed by both
+    assert installed[0] is installed[1]
+    assert installed[0] is not originals["sqrt"]
+    entry = fx_isolation._AUTOWRAP_GATES[id(originals["sqrt"])]
+    assert entry[0] is originals["sqrt"] and entry[1] is installed[0]
+    assert seen_in_other_thread == [4.0, 4.0]
+    for name, original in originals.items():
+        assert getattr(math_module, name) is original

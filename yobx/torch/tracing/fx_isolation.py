@@ -87,13 +87,50 @@ class _ThreadPatcher(_symbolic_trace._Patcher):
         if original is None or getattr(original, "__fx_already_patched", False):
             super().patch(frame_dict, name, new_fn, deduplicate)
             return
-        super().patch(frame_dict, name, _gate(original, new_fn, deduplicate), deduplicate)
+        super().patch(frame_dict, name, _function_gate(original, new_fn, deduplicate), deduplicate)
 
     def patch_method(self, cls, name, new_fn, deduplicate=True) -> None:
         original = getattr(cls, name)
         if getattr(original, "__fx_already_patched", False):
             return
         super().patch_method(cls, name, _gate(original, new_fn, deduplicate), deduplicate)
+
+
+#: the code of torch.fx's autowrap replacements (``_create_wrapped_func``'s closure)
+_AUTOWRAP_CODE = _symbolic_trace._create_wrapped_func(len).__code__
+
+#: id(original) -> (original, gate) of torch.fx's autowrap replacement of ``original``
+_AUTOWRAP_GATES: dict[int, tuple[Any, Any]] = {}
+
+
+def _is_autowrap_of(replacement: Any, original: Any) -> bool:
+    # torch.fx's wrapper of ``original``: it closes over ``original`` only and finds the
+    # tracer from the proxies it is called with, so one trace's is any trace's
+    code = getattr(replacement, "__code__", None)
+    closure = getattr(replacement, "__closure__", None)
+    return (
+        code is _AUTOWRAP_CODE
+        and closure is not None
+        and len(closure) == 1
+        and closure[0].cell_contents is original
+    )
+
+
+def _function_gate(original: Any, replacement: Any, deduplicate: bool) -> Any:
+    """The gate of a function patched in the traced code's globals.
+
+    Each trace autowraps every function of ``math`` (55 patches) with a new wrapper of
+    the same behaviour: their gates are built once per process (a millisecond of a
+    small model's trace). Any other replacement gets its own gate.
+    """
+    if not (deduplicate and _is_autowrap_of(replacement, original)):
+        return _gate(original, replacement, deduplicate)
+    cached = _AUTOWRAP_GATES.get(id(original))
+    if cached is not None and cached[0] is original:
+        return cached[1]
+    gate = _gate(original, replacement, deduplicate)
+    _AUTOWRAP_GATES[id(original)] = (original, gate)
+    return gate
 
 
 def _gate(original: Any, replacement: Any, deduplicate: bool) -> Any:
