@@ -128,6 +128,12 @@ CASES = [
     _m("to", "x", torch.float16),
     _m("float", "x"),
     _m("view", "q", "b", -1, handled=False),  # torch refuses: no view of these strides
+    _f(torch.triu, "scores", 1),
+    _f(torch.tril, "mask"),
+    _f(torch.triu, "mask", diagonal=1),
+    _m("tril", "q", -1),  # strided input: the output is contiguous
+    _m("triu", "q_t", "s"),
+    _f(torch.triu, "bias", handled=False),  # rank 1: torch raises
     _f(torch.arange, "s"),
     _f(torch.arange, "s", dtype=torch.float32),
     _f(torch.arange, 2, "s"),

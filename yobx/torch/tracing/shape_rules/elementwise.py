@@ -240,6 +240,24 @@ def masked_fill(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tens
     return factory.new(x.shape, x.dtype, x.device, needs_grad([x]), strides)
 
 
+def triangular(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``triu``/``tril`` (``diagonal`` positional or keyword): a contiguous tensor of the
+    input's shape and dtype, whatever the input's layout (torch's kernel and its fake
+    decomposition both allocate one). The decomposition builds masks from ``arange`` on
+    symbolic sizes: a causal mask's ``triu`` cost a quarter of tiny-llm's capture."""
+    if len(args) not in (1, 2) or any(k != "diagonal" for k in kwargs):
+        raise Unsupported("unexpected arguments")
+    if len(args) == 2 and kwargs:
+        raise Unsupported("diagonal given twice")
+    x = args[0]
+    diagonal = args[1] if len(args) == 2 else kwargs.get("diagonal", 0)
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise Unsupported("not a tensor of rank 2 or more")
+    if isinstance(diagonal, bool) or not isinstance(diagonal, _INT_SCALARS):
+        raise Unsupported("diagonal is not an int")
+    return factory.new(x.shape, x.dtype, x.device, needs_grad([x]), None)
+
+
 def _float_unary_with(*allowed):
     def rule(factory, args, kwargs):
         return float_unary(factory, args, kwargs, allowed)
@@ -293,6 +311,8 @@ FUNCTION_RULES: dict[Any, Any] = {
     torch.ne: comparison,
     torch.where: where,
     torch.masked_fill: masked_fill,
+    torch.triu: triangular,
+    torch.tril: triangular,
     F.gelu: _float_unary_with("approximate"),
     F.silu: _float_unary_with("inplace"),
     F.sigmoid: _float_unary_with(),
@@ -317,5 +337,7 @@ METHOD_RULES: dict[str, Any] = {
     "eq": comparison,
     "ne": comparison,
     "masked_fill": masked_fill,
+    "triu": triangular,
+    "tril": triangular,
     **{name: _float_unary_with() for name in _FLOAT_UNARY_NAMES},
 }
