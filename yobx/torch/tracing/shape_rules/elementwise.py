@@ -1,4 +1,5 @@
-"""Shape rules of elementwise operations: unary, binary, comparisons, ``where``.
+"""Shape rules of elementwise operations: unary, binary, comparisons, ``where``,
+``masked_fill``, and ``triu``/``tril`` (a masked copy of their input).
 
 The output of an elementwise operation on exactly contiguous inputs is a fresh
 contiguous tensor of the broadcast shape. The dtype follows torch's promotion for
