@@ -22,7 +22,7 @@ from torch._ops import HigherOrderOperator
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
-from .errors import TracingError
+from .errors import TracingError, exception_summary
 from .proxies import find_proxy
 
 _ORIGINAL_COND = torch.cond
@@ -413,8 +413,7 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
     except Exception as e:
         raise TracingError.at(
             tracer.location(),
-            f"torch.vmap could not batch the traced function: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            f"torch.vmap could not batch the traced function: {exception_summary(e)}",
         ) from e
     outer_inputs = [
         nodes[i] if isinstance(nodes[i], Node) else nodes[i].node for i in tensor_inputs

@@ -77,3 +77,10 @@ class StrictDimensionError(TracingError):
             dimensions=sorted({d for c, _ in needed for d in getattr(c, "dimensions", ())}),
         )
         self.needed = list(needed)
+
+
+def exception_summary(e: BaseException) -> str:
+    """``Type: first line of the message`` of an exception torch raised underneath,
+    for the message of the :class:`TracingError` that wraps it."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else repr(e)}"

@@ -27,7 +27,7 @@ from torch.utils._sympy.functions import FloorDiv, Mod
 
 from ..node_text import operation_name
 from . import shape_rules
-from .errors import TracingError
+from .errors import TracingError, exception_summary
 from .symbolic import Guard
 from .symbolic_variants import function_variant
 
@@ -94,11 +94,6 @@ def _fake_value(node: Node) -> Any:
     if "val" not in node.meta:
         raise TraceError(f"node {node.format_node()} has no fake value")
     return node.meta["val"]
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else repr(e)
 
 
 class FakeExecutionMixin:
@@ -196,8 +191,7 @@ class FakeExecutionMixin:
         except Exception as e:
             raise TracingError.at(
                 self.location(),
-                f"{operation_name(node)} failed on fake tensors "
-                f"with {type(e).__name__}: {_first_line(e)}",
+                f"{operation_name(node)} failed on fake tensors with {exception_summary(e)}",
             ) from e
         finally:
             torch._C._set_grad_enabled(grad_mode)
