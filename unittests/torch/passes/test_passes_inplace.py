@@ -231,6 +231,29 @@ def test_iadd_on_numbers_becomes_add():
     assert more.target is operator.add
 
 
+def test_graph_without_writes_is_left_as_it_is_and_recompiled():
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            return torch.relu(x[:, 1:] * 2) + y[1:]
+
+    gm = torch.fx.symbolic_trace(M())
+    # an edit the caller made before the pass: the pass recompiles the module
+    relu = next(n for n in gm.graph.nodes if n.target is torch.relu)
+    relu.target = torch.tanh
+    before = [(n, n.op, n.target, n.args, n.kwargs) for n in gm.graph.nodes]
+    assert remove_inplace(gm.graph) == 0
+    assert [(n, n.op, n.target, n.args, n.kwargs) for n in gm.graph.nodes] == before
+    assert_same(torch.tanh(X[:, 1:] * 2) + Y[1:], gm(X, Y))
+    # write-backs of an earlier run are still re-created (the pass is idempotent)
+    gm2 = torch.fx.symbolic_trace(Lambda(lambda m, x, y: x.add_(y).sum()))
+    assert remove_inplace(gm2.graph) == 1
+    assert remove_inplace(gm2.graph) == 0
+    assert write_backs(gm2.graph) == ["x"]
+    x = X.clone()
+    assert_same((X + Y).sum(), gm2(x, Y))
+    assert_same(X + Y, x)
+
+
 def test_tensor_method_as_function():
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

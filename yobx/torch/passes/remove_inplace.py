@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.fx import Graph
 
+from ._inplace_forms import inplace_form
 from ._inplace_walk import WRITE_BACK_KEY, InplaceRemovalError, InplaceWalk
 from ._mutations import (
     MUTATIONS_KEY,
@@ -21,6 +22,7 @@ from ._mutations import (
     record_outputs,
     write_back,
 )
+from ._side_effects import writes
 from ._targets import recompile_owner
 from .result import PassResult, Refusal
 
@@ -137,6 +139,11 @@ def _remove_inplace(
                 sub.recompile()
                 changed += sub_changed
                 refused.extend(sub_refused)
+    if not _writes_anything(graph):
+        # the walk would map every node to itself: skip its aliasing analysis (most of
+        # a trace's passes when the model has no in-place operation)
+        recompile_owner(graph)
+        return changed, refused
     walk = InplaceWalk(graph, verbose, convention != "refuse", assume_distinct_inputs)
     original = set(graph.nodes)
     changed += walk.run()
@@ -153,3 +160,13 @@ def _remove_inplace(
     graph.lint()
     recompile_owner(graph)
     return changed, refused
+
+
+def _writes_anything(graph: Graph) -> bool:
+    """Whether the walk has something to rewrite or refuse: an in-place form (augmented
+    assignments on numbers included), a module call with in-place children, or the
+    write-backs of an earlier run (which the walk re-creates)."""
+    return any(
+        node.meta.get(WRITE_BACK_KEY) or inplace_form(node) is not None or writes(node)
+        for node in graph.nodes
+    )

@@ -14,10 +14,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch._prims_common import (
-    compute_elementwise_output_strides,
-    is_contiguous_for_memory_format_or_false,
-)
+from torch._prims_common import is_contiguous_for_memory_format_or_false
 
 from ._base import (
     FLOATING,
@@ -30,6 +27,7 @@ from ._base import (
     needs_grad,
     size_key,
 )
+from ._strides import elementwise_output_strides
 
 _INT_SCALARS = (int, torch.SymInt)
 _FLOAT_SCALARS = (float, torch.SymFloat)
@@ -81,8 +79,8 @@ def output_strides(
 
     ``fast_binary`` follows FakeTensor's fast path for add/sub/mul/div (any operand
     with the output's shape and all contiguous: a contiguous result); otherwise the
-    layout is torch's own :func:`compute_elementwise_output_strides` of the inputs
-    broadcast to the output shape.
+    layout is torch's own ``compute_elementwise_output_strides`` of the inputs
+    broadcast to the output shape (:func:`~._strides.elementwise_output_strides`).
     """
     keys = [size_key(s) for s in shape]
     full = [[size_key(s) for s in t.shape] == keys for t in tensors]
@@ -102,8 +100,9 @@ def output_strides(
         t if is_full else factory.view(t, shape, _expanded(t, shape))
         for t, is_full in zip(tensors, full)
     ]
+    shape_env = factory.fake_mode.shape_env
     return factory.memoized(
-        "elementwise_strides", expanded, lambda: compute_elementwise_output_strides(*expanded)
+        "elementwise_strides", expanded, lambda: elementwise_output_strides(shape_env, expanded)
     )
 
 

@@ -1,0 +1,122 @@
+"""The layout of elementwise results decided from the dimensions' ranges
+(``shape_rules._strides``) against torch's ``compute_elementwise_output_strides``, on
+random layouts: permuted, padded (a slice of a wider buffer), broadcast; static and
+symbolic sizes; one to three operands."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch._prims_common import compute_elementwise_output_strides
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    ShapeEnv,
+    StatelessSymbolicContext,
+    statically_known_true,
+)
+
+from yobx.torch.tracing.shape_rules._strides import (
+    RangeDecider,
+    _decided,
+    _Undecided,
+    elementwise_output_strides,
+)
+
+
+def _operand(rng: random.Random, mode: FakeTensorMode, shape: list) -> torch.Tensor:
+    """A tensor of ``shape`` (broadcast from size 1 on some dimensions) laid out in a
+    random order of its dimensions, sometimes padded along the innermost one."""
+    ndim = len(shape)
+    sizes = [s if rng.random() < 0.7 else 1 for s in shape]
+    order = list(range(ndim))
+    rng.shuffle(order)
+    physical = [sizes[i] for i in order]
+    with mode:
+        if rng.random() < 0.3:
+            tensor = torch.empty([*physical[:-1], physical[-1] * 2])[..., : physical[-1]]
+        else:
+            tensor = torch.empty(physical)
+        return tensor.permute([order.index(i) for i in range(ndim)]).expand(shape)
+
+
+def _operands(seed: int) -> tuple[ShapeEnv, list[torch.Tensor]]:
+    rng = random.Random(seed)
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    real = [rng.choice([1, 2, 3, 4, 5, 8]) for _ in range(rng.randint(1, 5))]
+    dynamic = [
+        DimDynamic.DYNAMIC if size >= 2 and rng.random() < 0.5 else DimDynamic.STATIC
+        for size in real
+    ]
+    base = mode.from_tensor(
+        torch.empty(real), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dynamic)
+    )
+    shape = list(base.shape)
+    return shape_env, [_operand(rng, mode, shape) for _ in range(rng.randint(1, 3))]
+
+
+def _same(a, b) -> bool:
+    def equal(u, v):
+        result = u == v
+        return result if isinstance(result, bool) else statically_known_true(result)
+
+    return len(a) == len(b) and all(equal(u, v) for u, v in zip(a, b))
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_decided_layouts_are_torch_layouts(block):
+    decided = 0
+    for seed in range(block * 150, (block + 1) * 150):
+        shape_env, tensors = _operands(seed)
+        try:
+            strides = _decided(RangeDecider(shape_env), tensors)
+        except _Undecided:
+            continue
+        decided += 1
+        expected = compute_elementwise_output_strides(*tensors)
+        assert _same(strides, expected), (
+            [(tuple(t.shape), t.stride()) for t in tensors],
+            strides,
+            expected,
+        )
+    # most layouts are settled by the ranges (the others go to torch)
+    assert decided > 100
+
+
+def test_undecided_falls_back_to_torch_and_its_guard():
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 2)
+    rows, cols = mode.from_tensor(torch.empty(3, 4), symbolic_context=dynamic).shape
+    with mode:
+        # strides of two different symbols: only the example (3 < 4) orders them
+        a = torch.empty_strided((rows, cols), (cols, rows))
+        b = torch.empty(rows, cols)
+    with pytest.raises(_Undecided):
+        _decided(RangeDecider(shape_env), [a, b])
+    guards = len(shape_env.guards)
+    strides = elementwise_output_strides(shape_env, [a, b])
+    assert len(shape_env.guards) > guards
+    assert _same(strides, compute_elementwise_output_strides(a, b))
+
+
+def test_squares_and_monomials():
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    x = mode.from_tensor(torch.empty(5, 8), symbolic_context=dynamic)
+    n = x.shape[0]
+    decider = RangeDecider(shape_env)
+    key = n.node.expr
+    # n >= 2: n**2 > n, 8n >= 8, n % 8 undecided (depends on n)
+    assert decider.greater_equal(key**2, key)
+    assert not decider.equal(key**2, key)
+    assert decider.divides(8 * key, key)
+    assert not decider.divides(1, key)
+    with pytest.raises(_Undecided):
+        decider.divides(key, 8)
+    with pytest.raises(_Undecided):
+        decider.equal(key, 8)
