@@ -15,6 +15,7 @@ the user's modules, and the graph must still compute what eager does:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +30,8 @@ from .proxies import INPLACE_OPERATORS, CustomProxy
 from .shape_rules._base import Unsupported, size_key
 
 _INPLACE_OPERATORS = frozenset(INPLACE_OPERATORS)
+#: the builtin, even inside the trace's patch window
+_ISINSTANCE = builtins.isinstance
 
 _MISSING = object()
 
@@ -84,6 +87,9 @@ _GLOBAL_HOOKS = (
 
 def _contents(attributes: dict) -> dict[str, tuple[Any, Any]]:
     """Each attribute with a copy of its items when it is a container."""
+    # the builtin isinstance: the snapshot is taken inside the trace's patch window,
+    # where the proxy-aware one costs more than the copies (hundreds of attributes)
+    isinstance = _ISINSTANCE
     saved = {}
     for name, value in attributes.items():
         if isinstance(value, dict):

@@ -32,6 +32,7 @@ from torch.utils._sympy.numbers import int_oo
 
 from .expression_text import pretty
 from .range_proofs import prove_from_ranges
+from .static_fakes import StaticFakes
 
 
 def static_fake(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
@@ -98,6 +99,8 @@ class SymbolicDimensions:
             allow_scalar_outputs=True,
         )
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True)
+        #: the fake copies of the traced module's plain parameters and buffers
+        self.static_fakes = StaticFakes(self.fake_mode)
         #: user name -> SymInt
         self.by_name: dict[str, torch.SymInt] = {}
         #: ShapeEnv symbol name -> user name
@@ -331,7 +334,8 @@ class SymbolicDimensions:
 
     def from_real(self, tensor: torch.Tensor) -> torch.Tensor:
         """Returns a fake tensor with the static shape of a real tensor (a constant)."""
-        return static_fake(self.fake_mode, tensor)
+        fake = self.static_fakes.get(tensor)
+        return fake if fake is not None else static_fake(self.fake_mode, tensor)
 
     # rendering
 
