@@ -44,6 +44,17 @@ def size_key(value: Any) -> Any:
     raise Unsupported(f"not a size: {value!r}")
 
 
+def _raw_key(value: Any) -> Any:
+    """A cheaper :func:`size_key` for memo keys: the expression a SymInt was built with,
+    before the ShapeEnv's replacements. Keys that also hold the ShapeEnv's version
+    (replacements included) stay exact; two spellings of one size only miss."""
+    if type(value) is int:
+        return value
+    if isinstance(value, torch.SymInt):
+        return value.node._expr
+    return size_key(value)
+
+
 def same_size(a: Any, b: Any) -> bool:
     """``True`` when both sizes are the same expression (or the same integer)."""
     return size_key(a) == size_key(b)
@@ -144,16 +155,18 @@ class TensorFactory:
         version = (
             None
             if shape_env is None
-            else (shape_env._version_counter, tuple(shape_env.var_to_range.items()))
+            else (
+                shape_env._version_counter,
+                # the keys are expressions before replacements (see _raw_key)
+                shape_env._replacements_version_counter,
+                tuple(shape_env.var_to_range.items()),
+            )
         )
         key = (
             kind,
             version,
-            tuple(
-                (tuple(size_key(s) for s in t.shape), tuple(size_key(s) for s in t.stride()))
-                for t in tensors
-            ),
-            tuple(size_key(s) for s in sizes),
+            tuple((tuple(map(_raw_key, t.shape)), tuple(map(_raw_key, t.stride()))) for t in tensors),
+            tuple(map(_raw_key, sizes)),
         )
         result = self._memo.get(key, _MISSING)
         if result is _MISSING:
