@@ -120,3 +120,37 @@ def test_squares_and_monomials():
         decider.divides(key, 8)
     with pytest.raises(_Undecided):
         decider.equal(key, 8)
+
+
+def test_decided_layouts_replace_torchs_permutation_in_the_window_only():
+    import threading
+
+    import torch._prims_common as prims_common
+
+    from yobx.torch.tracing.decided_layouts import decided_layouts
+
+    name = "compute_elementwise_output_logical_to_physical_perm"
+    original = getattr(prims_common, name)
+    cases = [_operands(seed) for seed in range(40)]
+    expected = [original(*tensors) for _, tensors in cases]
+    first = cases[0][1][0]
+    with first.fake_mode:
+        transposed = first.transpose(0, -1)
+        like = torch.empty_like(transposed).stride()
+    seen_elsewhere = []
+    with decided_layouts():
+        assert getattr(prims_common, name) is not original
+        for (_, tensors), (perm, _) in zip(cases, expected):
+            assert getattr(prims_common, name)(*tensors) == (perm, False)
+            # the ambiguity check is torch's own
+            assert getattr(prims_common, name)(*tensors, ambiguity_check=True)[0] == perm
+        # torch's functions calling it by name (empty_like of a transposed tensor)
+        with first.fake_mode:
+            assert torch.empty_like(transposed).stride() == like
+        thread = threading.Thread(
+            target=lambda: seen_elsewhere.append(getattr(prims_common, name)(*cases[0][1]))
+        )
+        thread.start()
+        thread.join()
+    assert getattr(prims_common, name) is original
+    assert seen_elsewhere == [expected[0]]

@@ -29,6 +29,7 @@ from yobx.torch.onnx import custom_ops
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.control_flow import CondCCOp
+from yobx.torch.tracing.decided_layouts import decided_layouts
 from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
 from yobx.torch.tracing.symbolic import static_fake
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
@@ -371,6 +372,7 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         stack.enter_context(patched_attributes([(fake_mode, "cache_enabled", False)]))
         # ATen's size arithmetic (strides, numel, contiguity) repeats itself
         stack.enter_context(memoized_symbolic_arithmetic())
+        stack.enter_context(decided_layouts())
         # fake values from the tracer's exact shape rules where they apply
         stack.enter_context(aten_fake_rules(fake_mode))
         aten_gm = proxy_tensor.make_fx(

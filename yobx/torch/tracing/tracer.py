@@ -23,6 +23,7 @@ from torch.fx.proxy import Proxy, TraceError
 
 from . import shape_rules
 from .constraints import Constraint
+from .decided_layouts import decided_layouts
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .fake_execution import FakeExecutionMixin
 from .fx_isolation import fx_tracing_per_thread
@@ -297,6 +298,7 @@ class CustomTracer(
             preserved_modules(module),
             replace_problematic_function_before_tracing(),
             memoized_symbolic_arithmetic(),
+            decided_layouts(),
             buffer_assignments(self._assign_buffer),
         ):
             try:

@@ -165,7 +165,9 @@ class TensorFactory:
         key = (
             kind,
             version,
-            tuple((tuple(map(_raw_key, t.shape)), tuple(map(_raw_key, t.stride()))) for t in tensors),
+            tuple(
+                (tuple(map(_raw_key, t.shape)), tuple(map(_raw_key, t.stride()))) for t in tensors
+            ),
             tuple(map(_raw_key, sizes)),
         )
         result = self._memo.get(key, _MISSING)

@@ -32,7 +32,7 @@ from torch._prims_common import (
 )
 from torch.utils._sympy.numbers import int_oo
 
-from ._base import contiguous_strides, size_key
+from ._base import Unsupported, contiguous_strides, size_key
 
 _MISSING = object()
 
@@ -321,3 +321,33 @@ def elementwise_output_strides(shape_env: Any, tensors: Sequence[torch.Tensor]) 
         return _decided(RangeDecider(shape_env), tensors)
     except _Undecided:
         return compute_elementwise_output_strides(*tensors)
+
+
+def decided_perm(tensors: Sequence[Any]) -> list[int] | None:
+    """torch's ``compute_elementwise_output_logical_to_physical_perm(*tensors)`` for
+    tensors of one shape (structurally: the same expressions), of rank 2 or more, when
+    the ranges of the dimensions settle every comparison; ``None`` otherwise."""
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    ndim = tensors[0].dim()
+    if ndim < 2 or any(t.dim() != ndim for t in tensors):
+        return None
+    try:
+        sizes = [size_key(s) for s in tensors[0].shape]
+        if any([size_key(s) for s in t.shape] != sizes for t in tensors[1:]):
+            return None
+        strides = [[size_key(s) for s in t.stride()] for t in tensors]
+    except Unsupported:
+        return None
+    shape_env = next(
+        (
+            s.node.shape_env
+            for s in (*tensors[0].shape, *(x for t in tensors for x in t.stride()))
+            if isinstance(s, torch.SymInt)
+        ),
+        None,
+    )
+    try:
+        return _logical_to_physical_perm(RangeDecider(shape_env), sizes, strides)
+    except _Undecided:
+        return None
