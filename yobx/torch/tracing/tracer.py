@@ -50,6 +50,7 @@ from .proxies import (
 from .refinement import Refinements
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
+from .torch_frames import cheap_uninteresting_files
 from .trace_state import TraceState
 from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
 
@@ -250,14 +251,16 @@ class CustomTracer(
         error = None
         try:
             window.open()
-            return self._trace(
-                root,
-                concrete_args,
-                dynamic_shapes,
-                remove_inplace=remove_inplace,
-                update_model_with_callable=update_model_with_callable,
-                verbose=verbose,
-            )
+            # from the first symbol on (the inputs'), torch looks for the user's frame
+            with cheap_uninteresting_files():
+                return self._trace(
+                    root,
+                    concrete_args,
+                    dynamic_shapes,
+                    remove_inplace=remove_inplace,
+                    update_model_with_callable=update_model_with_callable,
+                    verbose=verbose,
+                )
         except BaseException as e:
             error = e
             raise
