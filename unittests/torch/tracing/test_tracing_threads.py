@@ -79,6 +79,14 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
     traced: list[int] = []
     done = threading.Event()
     eager = {"cond": 0, "plain": 0, "while_patched": 0, "fx_flag_seen": False}
+    observed = threading.Event()
+
+    class WaitsForEager(torch.nn.Module):
+        # traces are fast: one of them waits (patches installed) until eager code ran
+        # beside it, so that the test does not depend on the thread switches
+        def forward(self, x):
+            observed.wait(timeout=60)
+            return x + 1
 
     def plain_loop():
         # eager code calling what a trace patches runs beside the trace
@@ -90,6 +98,8 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
                     torch.testing.assert_close(plain_model(inputs[i]), expected_plain[i])
                     eager["plain"] += 1
                     eager["while_patched"] += patched and hasattr(torch.cat, "__yobx_gate__")
+                    if eager["while_patched"]:
+                        observed.set()
                     eager["fx_flag_seen"] |= bool(fx_symbolic_trace.is_fx_tracing())
                     eager["fx_flag_seen"] |= torch.fx.experimental._config.backed_size_oblivious
         except BaseException as e:
@@ -109,6 +119,10 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
 
     def tracing(index):
         try:
+            if index == 0:
+                CustomTracer().trace(
+                    WaitsForEager(), concrete_args={"x": torch.ones(2, 4)}, dynamic_shapes=None
+                )
             _trace_and_check(traced, index)
         except BaseException as e:
             errors.append(e)

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.fx.experimental.sym_node import SymNode
 
-from .patch_window import patch_window
-from .patches import patched_attributes
+from .patch_window import patch_window, register_undo
+from .patches import memoized_replacements, patched_attributes
 
 #: binary operations of ``SymNode`` (its ``_<name>`` implementations)
 _BINARY = (
@@ -51,15 +51,21 @@ _BINARY = (
 )
 
 
-def _memoized(name: str, original, memo: dict):
+#: the memo of each open block, innermost last (the replacements read the last one)
+_MEMOS: list[dict] = []
+
+
+def _memoized(name: str, original):
     def binary(self: SymNode, other: SymNode) -> SymNode:
         if (
-            type(other) is not SymNode
+            not _MEMOS
+            or type(other) is not SymNode
             or self.shape_env is None
             or other.shape_env is not self.shape_env
             or get_proxy_mode() is not None
         ):
             return original(self, other)
+        memo = _MEMOS[-1]
         key = (name, id(self.shape_env), self.pytype, other.pytype, self.expr, other.expr)
         result = memo.get(key)
         if result is None:
@@ -77,6 +83,17 @@ def _memoized(name: str, original, memo: dict):
     return binary
 
 
+@memoized_replacements
+def _replacements() -> list:
+    # built once: the memo is not in the functions (they read _MEMOS), so the same
+    # replacements and their thread gates serve every trace
+    return [
+        (SymNode, f"_{name}", _memoized(name, SymNode.__dict__[f"_{name}"]))
+        for name in _BINARY
+        if f"_{name}" in SymNode.__dict__
+    ]
+
+
 @contextlib.contextmanager
 def memoized_symbolic_arithmetic() -> Iterator[None]:
     """Caches ``SymNode`` binary operations inside the block (restored on exit).
@@ -86,10 +103,18 @@ def memoized_symbolic_arithmetic() -> Iterator[None]:
     """
     memo: dict = {}
     with patch_window():
-        replacements = [
-            (SymNode, f"_{name}", _memoized(name, SymNode.__dict__[f"_{name}"], memo))
-            for name in _BINARY
-            if f"_{name}" in SymNode.__dict__
-        ]
-        with patched_attributes(replacements):
-            yield
+        # journaled first: an interrupt right after the append still removes it
+        undo = register_undo(lambda: _discard(memo))
+        _MEMOS.append(memo)
+        try:
+            with patched_attributes(_replacements()):
+                yield
+        finally:
+            undo()
+
+
+def _discard(memo: dict) -> None:
+    for index, open_memo in enumerate(_MEMOS):
+        if open_memo is memo:
+            del _MEMOS[index]
+            return
