@@ -22,6 +22,7 @@ from yobx.torch.tracing.shape_rules._strides import (
     RangeDecider,
     _decided,
     _Undecided,
+    decided_contiguity,
     elementwise_output_strides,
 )
 
@@ -154,3 +155,26 @@ def test_decided_layouts_replace_torchs_permutation_in_the_window_only():
         thread.join()
     assert getattr(prims_common, name) is original
     assert seen_elsewhere == [expected[0]]
+
+
+def test_decided_contiguity_is_torchs():
+    from torch._prims_common import is_contiguous_for_memory_format_or_false
+
+    formats = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+    decided = 0
+    for seed in range(150):
+        _, tensors = _operands(seed)
+        for tensor in tensors:
+            for memory_format in formats:
+                answer = decided_contiguity(tensor, memory_format)
+                if answer is None:
+                    continue
+                decided += 1
+                expected = is_contiguous_for_memory_format_or_false(
+                    tensor, memory_format=memory_format
+                )
+                assert answer == expected, (tensor.shape, tensor.stride(), memory_format)
+    assert decided > 300
+    # static sizes and other formats are torch's
+    assert decided_contiguity(torch.ones(2, 3), torch.contiguous_format) is None
+    assert decided_contiguity(tensors[0], torch.preserve_format) is None

@@ -5,10 +5,15 @@ output of an elementwise decomposition, or ``empty_like`` of a transposed query 
 meta function of ``scaled_dot_product_attention``. Both order dimensions with
 ``compute_elementwise_output_logical_to_physical_perm``, a sympy evaluation per
 comparison of symbolic strides (a fifth of the fake dispatch in an ONNX lowering).
+Contiguity tests are the same kind of comparisons: make_fx records the memory format
+of every value it traces (``shape_prop._extract_tensor_metadata``), a tenth of a
+lowering.
 
 :func:`decided_layouts` replaces that function, in the thread of the patch window only,
 by one that first tries :func:`~.shape_rules._strides.decided_perm` (the same
-algorithm, comparisons settled from the ranges) and otherwise calls torch's.
+algorithm, comparisons settled from the ranges) and otherwise calls torch's; and the
+same for ``is_contiguous_for_memory_format_or_false``
+(:func:`~.shape_rules._strides.decided_contiguity`).
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import contextlib
 from collections.abc import Iterator
 
 import torch._prims_common as prims_common
+import torch._subclasses.fake_impls as fake_impls
+import torch.fx.passes.shape_prop as shape_prop
 
-from .patches import patched_attributes
-from .shape_rules._strides import decided_perm
+from .patches import memoized_replacements, patched_attributes
+from .shape_rules._strides import decided_contiguity, decided_perm
 
 _NAME = "compute_elementwise_output_logical_to_physical_perm"
+_CONTIGUITY = "is_contiguous_for_memory_format_or_false"
 
 
 def _settled_first(original):
@@ -35,10 +43,35 @@ def _settled_first(original):
     return perm
 
 
+def _contiguity_settled_first(original):
+    def is_contiguous(tensor, *, memory_format):
+        decided = decided_contiguity(tensor, memory_format)
+        if decided is not None:
+            return decided
+        return original(tensor, memory_format=memory_format)
+
+    return is_contiguous
+
+
+@memoized_replacements
+def _replacements() -> list:
+    contiguity = _contiguity_settled_first(prims_common.is_contiguous_for_memory_format_or_false)
+    return [
+        (prims_common, _NAME, _settled_first(getattr(prims_common, _NAME))),
+        # torch asks it by its own name in these modules (fake kernels, the metadata
+        # make_fx records for every value)
+        *(
+            (module, _CONTIGUITY, contiguity)
+            for module in (prims_common, shape_prop, fake_impls)
+            if getattr(module, _CONTIGUITY, None) is prims_common.__dict__[_CONTIGUITY]
+        ),
+    ]
+
+
 @contextlib.contextmanager
 def decided_layouts() -> Iterator[None]:
-    """Inside the block, torch's elementwise layout permutation is settled from the
-    ranges of the dimensions when they decide it (restored on exit)."""
-    original = getattr(prims_common, _NAME)
-    with patched_attributes([(prims_common, _NAME, _settled_first(original))]):
+    """Inside the block, torch's elementwise layout permutation and its contiguity
+    tests are settled from the ranges of the dimensions when they decide them
+    (restored on exit)."""
+    with patched_attributes(_replacements()):
         yield

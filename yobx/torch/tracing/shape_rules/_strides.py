@@ -210,6 +210,20 @@ def _channels_last(decider: RangeDecider, sizes: Sequence[Any], strides: Sequenc
     return True
 
 
+def _channels_last_3d(decider: RangeDecider, sizes: Sequence[Any], strides: Sequence[Any]) -> bool:
+    """torch's ``is_channels_last_contiguous_3d(a, false_if_dde=True)``."""
+    if len(sizes) != 5:
+        return False
+    expected: Any = 1
+    for index in (1, 4, 3, 2, 0):
+        if decider.equal(sizes[index], 1):
+            continue
+        if not decider.equal(strides[index], expected):
+            return False
+        expected = expected * sizes[index]
+    return True
+
+
 class _SizeStride:
     """torch's ``K``: ``(size, stride)`` ordered by stride, settled by the ranges."""
 
@@ -323,6 +337,42 @@ def elementwise_output_strides(shape_env: Any, tensors: Sequence[torch.Tensor]) 
         return compute_elementwise_output_strides(*tensors)
 
 
+def _symbolic_geometry(tensors: Sequence[Any]) -> Any:
+    """The ShapeEnv of the first symbolic size or stride of ``tensors``, or None."""
+    return next(
+        (
+            s.node.shape_env
+            for t in tensors
+            for s in (*t.shape, *t.stride())
+            if isinstance(s, torch.SymInt)
+        ),
+        None,
+    )
+
+
+def decided_contiguity(tensor: Any, memory_format: torch.memory_format) -> bool | None:
+    """torch's ``is_contiguous_for_memory_format_or_false(tensor, memory_format=...)``
+    for a strided tensor with symbolic sizes, when the ranges of the dimensions settle
+    it; ``None`` otherwise."""
+    checks = {
+        torch.contiguous_format: _contiguous,
+        torch.channels_last: _channels_last,
+        torch.channels_last_3d: _channels_last_3d,
+    }
+    check = checks.get(memory_format)
+    if check is None or not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+        return None
+    shape_env = _symbolic_geometry([tensor])
+    if shape_env is None:
+        return None
+    try:
+        sizes = [size_key(s) for s in tensor.shape]
+        strides = [size_key(s) for s in tensor.stride()]
+        return check(RangeDecider(shape_env), sizes, strides)
+    except (Unsupported, _Undecided):
+        return None
+
+
 def decided_perm(tensors: Sequence[Any]) -> list[int] | None:
     """torch's ``compute_elementwise_output_logical_to_physical_perm(*tensors)`` for
     tensors of one shape (structurally: the same expressions), of rank 2 or more, when
@@ -339,15 +389,7 @@ def decided_perm(tensors: Sequence[Any]) -> list[int] | None:
         strides = [[size_key(s) for s in t.stride()] for t in tensors]
     except Unsupported:
         return None
-    shape_env = next(
-        (
-            s.node.shape_env
-            for s in (*tensors[0].shape, *(x for t in tensors for x in t.stride()))
-            if isinstance(s, torch.SymInt)
-        ),
-        None,
-    )
     try:
-        return _logical_to_physical_perm(RangeDecider(shape_env), sizes, strides)
+        return _logical_to_physical_perm(RangeDecider(_symbolic_geometry(tensors)), sizes, strides)
     except _Undecided:
         return None
