@@ -178,3 +178,16 @@ def test_decided_contiguity_is_torchs():
     # static sizes and other formats are torch's
     assert decided_contiguity(torch.ones(2, 3), torch.contiguous_format) is None
     assert decided_contiguity(tensors[0], torch.preserve_format) is None
+
+
+def test_sizes_known_at_run_time_only_are_left_to_torch():
+    shape_env = ShapeEnv()
+    unbacked = shape_env.create_unbacked_symint().node.expr
+    shape_env.constrain_symbol_range(unbacked, compiler_min=2, compiler_max=64)
+    decider = RangeDecider(shape_env)
+    # true for every value, but torch answers False for a run-time size it cannot prove
+    with pytest.raises(_Undecided):
+        decider.greater_equal(unbacked**2, unbacked)
+    with pytest.raises(_Undecided):
+        decider.equal(unbacked, 1)
+    assert decider.equal(unbacked, unbacked)

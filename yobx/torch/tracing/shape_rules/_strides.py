@@ -31,10 +31,12 @@ from torch._prims_common import (
     invert_perm,
 )
 from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from ._base import Unsupported, contiguous_strides, size_key
 
 _MISSING = object()
+_UNBACKED = (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)
 
 
 class _Undecided(Exception):
@@ -97,6 +99,10 @@ class RangeDecider:
         return low, high
 
     def _symbol_bounds(self, symbol: sympy.Symbol) -> tuple[int, float] | None:
+        if symbol_is_type(symbol, _UNBACKED):
+            # torch answers False to what it cannot prove on a size known at run time
+            # only, where the decider may prove it (s**2 >= s): let torch decide
+            return None
         value_range = self._ranges.get(symbol)
         if value_range is None or value_range.lower == -int_oo or value_range.lower < 0:
             return None
