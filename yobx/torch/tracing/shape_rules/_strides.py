@@ -202,32 +202,29 @@ def _contiguous(decider: RangeDecider, sizes: Sequence[Any], strides: Sequence[A
     return decider.numel_below_2(sizes) or _dense_in_order(decider, sizes, strides)
 
 
-def _channels_last(decider: RangeDecider, sizes: Sequence[Any], strides: Sequence[Any]) -> bool:
-    """torch's ``is_channels_last_contiguous_2d(a, false_if_dde=True)``."""
-    if len(sizes) != 4:
-        return False
+def _dense_in_dimension_order(
+    decider: RangeDecider, sizes: Sequence[Any], strides: Sequence[Any], order: Sequence[int]
+) -> bool:
+    """Strides of a dense layout with ``order`` from the innermost dimension (size-1
+    dimensions skipped), as torch's channels-last tests check them."""
     expected: Any = 1
-    for index in (1, 3, 2, 0):
+    for index in order:
         if decider.equal(sizes[index], 1):
             continue
         if not decider.equal(strides[index], expected):
             return False
         expected = expected * sizes[index]
     return True
+
+
+def _channels_last(decider: RangeDecider, sizes: Sequence[Any], strides: Sequence[Any]) -> bool:
+    """torch's ``is_channels_last_contiguous_2d(a, false_if_dde=True)``."""
+    return len(sizes) == 4 and _dense_in_dimension_order(decider, sizes, strides, (1, 3, 2, 0))
 
 
 def _channels_last_3d(decider: RangeDecider, sizes: Sequence[Any], strides: Sequence[Any]) -> bool:
     """torch's ``is_channels_last_contiguous_3d(a, false_if_dde=True)``."""
-    if len(sizes) != 5:
-        return False
-    expected: Any = 1
-    for index in (1, 4, 3, 2, 0):
-        if decider.equal(sizes[index], 1):
-            continue
-        if not decider.equal(strides[index], expected):
-            return False
-        expected = expected * sizes[index]
-    return True
+    return len(sizes) == 5 and _dense_in_dimension_order(decider, sizes, strides, (1, 4, 3, 2, 0))
 
 
 class _SizeStride:
