@@ -98,3 +98,19 @@ def test_tied_and_aliased_weights_trace_and_compute_as_eager():
     for other in (ids, torch.tensor([[1, 2, 3, 4, 5]])):
         torch.testing.assert_close(gm(other), eager_model(other))
         torch.testing.assert_close(traced_model.scale, eager_model.scale)
+
+
+def test_inference_tensors_gradients_and_earlier_conversions_stay_torchs():
+    with torch.inference_mode():
+        made_in_inference = torch.ones(3)
+    with_grad = torch.nn.Parameter(torch.ones(2))
+    with_grad.grad = torch.zeros(2)
+    converted = torch.ones(4)
+    fakes = StaticFakes(_mode())
+    earlier = fakes.fake_mode.from_tensor(converted, static_shapes=True)
+    fakes.index([made_in_inference, with_grad, converted])
+    # the converter copies what a direct fake would miss
+    assert fakes.get(made_in_inference) is None
+    assert fakes.get(with_grad) is None
+    # a tensor torch converted first keeps torch's fake
+    assert fakes.get(converted) is earlier

@@ -103,3 +103,32 @@ def test_input_mutated_in_place():
     a, b = x.clone(), x.clone()
     torch.testing.assert_close(gm(a), InputMutation()(b))
     torch.testing.assert_close(a, b)
+
+
+def test_buffer_written_while_a_plain_attribute_views_it():
+    """An unregistered attribute viewing a buffer (a constant of the trace) sees the
+    buffer's in-place update: the write is not moved after the read."""
+    import copy
+
+    from yobx.torch.tracing import CustomTracer
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.zeros(4))
+            self.alias = self.buf[:2]
+
+        def forward(self, x):
+            self.buf.add_(x.sum())
+            return x[:2] * self.alias
+
+    model = Model()
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        copy.deepcopy(model), concrete_args={"x": torch.ones(3)}, dynamic_shapes={"x": {0: "n"}}
+    )
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for x in (torch.ones(3), torch.arange(5.0)):
+        expected = model(x)
+        torch.testing.assert_close(gm(x), expected)
+        torch.testing.assert_close(gm.buf, model.buf)

@@ -335,7 +335,8 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
     state, aliases = _collect_state(graph_module)
     state_names = list(state)
     with fake_mode:
-        # the tracer's fake values of the parameters (meta weights run as on the CPU)
+        # static fake copies of the parameters (meta weights run as on the CPU); which
+        # of them share storage is in `aliases`
         fake_state = [static_fake(fake_mode, t.detach()) for t in state.values()]
     origins: dict[str, torch.fx.Node] = {}
     guards: list[tuple[Any, torch.fx.Node]] = []

@@ -197,6 +197,15 @@ class GraphFinishMixin:
         tensors: dict[str, Any] = dict(zip(self.state.inputs.names, self.state.inputs.leaves))
         tensors.update(module.named_parameters(remove_duplicate=False))
         tensors.update(module.named_buffers(remove_duplicate=False))
+        # tensors held as plain attributes (``self.alias = self.buf[:2]``) alias too
+        for node in graph.find_nodes(op="get_attr"):
+            if node.target not in tensors:
+                try:
+                    value = self._attribute(node.target)
+                except AttributeError:
+                    continue
+                if isinstance(value, torch.Tensor):
+                    tensors[node.target] = value
         mark_storages(graph, tensors)
 
     def _apply_default_passes(self, graph) -> None:

@@ -23,7 +23,8 @@ from torch.utils._mode_utils import no_dispatch
 
 
 def _plain(tensor: torch.Tensor) -> bool:
-    """A leaf, dense, contiguous tensor at the start of a storage of its exact size."""
+    """A leaf, dense, contiguous tensor at the start of a storage of its exact size,
+    without gradient, not made in inference mode (the converter copies both)."""
     return (
         type(tensor) in (torch.Tensor, torch.nn.Parameter)
         and tensor.layout == torch.strided
@@ -31,6 +32,8 @@ def _plain(tensor: torch.Tensor) -> bool:
         and not tensor.is_nested
         and tensor.device.type in ("cpu", "meta")
         and tensor.is_leaf
+        and not tensor.is_inference()
+        and tensor.grad is None
         and not tensor._is_view()
         and tensor.storage_offset() == 0
         and tensor.is_contiguous()
@@ -70,6 +73,12 @@ class StaticFakes:
         fake = self._fakes.get(key)
         if fake is not None or self._plain.get(key) is not tensor:
             return fake
+        converter = self.fake_mode.fake_tensor_converter
+        known = converter._get_memo(tensor)
+        if known is not None:
+            # converted before it was indexed: keep torch's fake
+            self._fakes[key] = known
+            return known
         # a meta tensor (a model built without weights) computes as on the CPU
         device = torch.device("cpu") if tensor.device.type == "meta" else tensor.device
         with no_dispatch():
@@ -82,6 +91,6 @@ class StaticFakes:
                 fake.requires_grad_(True)
         if type(tensor) is torch.nn.Parameter:
             fake._is_param = True
-        self.fake_mode.fake_tensor_converter.set_tensor_memo(tensor, fake)
+        converter.set_tensor_memo(tensor, fake)
         self._fakes[key] = fake
         return fake

@@ -16,7 +16,6 @@ function is as cheap and is left alone).
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import os
 import sys
@@ -64,10 +63,20 @@ def _module_file(name: str) -> str | None:
     return None
 
 
-@functools.lru_cache(None)
 def uninteresting_files() -> frozenset[str] | None:
     """torch's set of uninteresting files, or ``None`` when one of them cannot be
-    located without importing it (torch's own function is used then)."""
+    located without importing it (torch's own function is used then; asked again next
+    time, when dynamo's polyfills may be loaded)."""
+    global _FILES
+    if _FILES is None:
+        _FILES = _located_files()
+    return _FILES
+
+
+_FILES: frozenset[str] | None = None
+
+
+def _located_files() -> frozenset[str] | None:
     files = {_module_file(name) for name in _MODULES}
     loader = sys.modules.get("torch._dynamo.polyfills.loader")
     if None in files or loader is None:

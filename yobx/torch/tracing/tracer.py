@@ -340,11 +340,13 @@ class CustomTracer(
 
     def _index_tensors(self, module: torch.nn.Module) -> None:
         self.state.tensor_names = {}
-        parameters = list(module.named_parameters(remove_duplicate=False))
-        buffers = list(module.named_buffers(remove_duplicate=False))
-        for name, tensor in parameters + buffers:
+        named = [
+            *module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False),
+        ]
+        for name, tensor in named:
             self.state.tensor_names.setdefault(id(tensor), name)
-        self.dims.static_fakes.index(tensor for _, tensor in parameters + buffers)
+        self.dims.static_fakes.index(tensor for _, tensor in named)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         """Creates one placeholder per flattened input leaf (see :mod:`.inputs`)."""

@@ -11,6 +11,7 @@ which decide (and guard) as usual.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,14 +80,21 @@ def exactly_contiguous(tensor: torch.Tensor) -> bool:
     outputs of the rules are fresh contiguous tensors, which is only what torch
     produces when the inputs are laid out exactly that way.
     """
+    return _exactly_contiguous(
+        tuple(size_key(s) for s in tensor.shape), tuple(size_key(s) for s in tensor.stride())
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _exactly_contiguous(sizes: tuple[Any, ...], strides: tuple[Any, ...]) -> bool:
+    # structural (expressions only, no ranges): cached across traces, since the products
+    # of sympy expressions are what the check costs
     expected: Any = 1
-    sizes = tensor.shape
-    strides = tensor.stride()
     for i in range(len(sizes) - 1, -1, -1):
-        size = size_key(sizes[i])
+        size = sizes[i]
         if size == 0:
             raise Unsupported("empty tensor")
-        if size_key(strides[i]) != expected:
+        if strides[i] != expected:
             return False
         # sympy keeps products of symbols in a canonical order: no expand needed
         expected = expected * size

@@ -11,9 +11,12 @@ about a millisecond.
 same order) but settles each comparison from the value ranges of the symbols: sizes and
 strides that are a positive integer times a product of symbols have bounds, and equal
 expressions are equal. A comparison settled that way holds for every value of the
-dimensions, so torch reaches the same answer (from the same ranges, or from the example
-with a guard that the ranges already imply). As soon as one comparison is not settled,
-torch's own function runs instead, and decides and guards as usual.
+dimensions. torch reaches the same answer: while tracing (size-oblivious mode) its
+``guard_or_false`` proves it from the same ranges (bounds, or ``Mod(q*b, b) == 0`` for
+the ratios), and otherwise it would decide from the example, which the ranges contain.
+Symbols of sizes known at run time only are left to torch. As soon as one comparison is
+not settled, torch's own function runs instead, and decides and guards as usual.
+Empty dimensions (a static size 0) are :class:`~._base.Unsupported`, as in every rule.
 """
 
 from __future__ import annotations
@@ -60,10 +63,21 @@ def _monomial(expr: sympy.Expr) -> tuple[int, tuple[tuple[sympy.Symbol, int], ..
     return int(coeff), tuple(factors)
 
 
+@functools.lru_cache(maxsize=1024)
+def _range_bounds(value_range: Any) -> tuple[int, float] | None:
+    """The bounds of a non-negative integer range as Python numbers (sympy comparisons
+    are slow: cached by range)."""
+    if value_range.lower == -int_oo or value_range.lower < 0:
+        return None
+    high = math.inf if value_range.upper == int_oo else int(value_range.upper)
+    return int(value_range.lower), high
+
+
 class RangeDecider:
     """Comparisons of sizes and strides (ints or sympy expressions, see
     :func:`~._base.size_key`) that the value ranges of one ShapeEnv settle;
-    :class:`_Undecided` otherwise. Results are cached: build one per layout."""
+    :class:`_Undecided` otherwise. Results are cached, which assumes the ranges do not
+    change while it is used: build one per layout."""
 
     def __init__(self, shape_env: Any) -> None:
         self._ranges = shape_env.var_to_range if shape_env is not None else {}
@@ -104,10 +118,7 @@ class RangeDecider:
             # only, where the decider may prove it (s**2 >= s): let torch decide
             return None
         value_range = self._ranges.get(symbol)
-        if value_range is None or value_range.lower == -int_oo or value_range.lower < 0:
-            return None
-        high = math.inf if value_range.upper == int_oo else int(value_range.upper)
-        return int(value_range.lower), high
+        return None if value_range is None else _range_bounds(value_range)
 
     def _ratio_low(self, a: Any, b: Any) -> float:
         """The lower bound of ``a / b`` when it is a monomial, else 0."""
@@ -312,6 +323,8 @@ def _logical_to_physical_perm(
 
 
 def _decided(decider: RangeDecider, tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """torch's ``compute_elementwise_output_strides(*tensors)`` (tensors of one shape),
+    :class:`_Undecided` when a comparison is not settled."""
     shape = tensors[0].shape
     ndim = len(shape)
     if ndim == 0:
@@ -353,16 +366,18 @@ def _symbolic_geometry(tensors: Sequence[Any]) -> Any:
     )
 
 
+_CONTIGUITY_CHECKS = {
+    torch.contiguous_format: _contiguous,
+    torch.channels_last: _channels_last,
+    torch.channels_last_3d: _channels_last_3d,
+}
+
+
 def decided_contiguity(tensor: Any, memory_format: torch.memory_format) -> bool | None:
     """torch's ``is_contiguous_for_memory_format_or_false(tensor, memory_format=...)``
     for a strided tensor with symbolic sizes, when the ranges of the dimensions settle
     it; ``None`` otherwise."""
-    checks = {
-        torch.contiguous_format: _contiguous,
-        torch.channels_last: _channels_last,
-        torch.channels_last_3d: _channels_last_3d,
-    }
-    check = checks.get(memory_format)
+    check = _CONTIGUITY_CHECKS.get(memory_format)
     if check is None or not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
         return None
     shape_env = _symbolic_geometry([tensor])
