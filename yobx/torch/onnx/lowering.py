@@ -335,8 +335,7 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
     state, aliases = _collect_state(graph_module)
     state_names = list(state)
     with fake_mode:
-        # static fake copies of the parameters (meta weights run as on the CPU); which
-        # of them share storage is in `aliases`
+        # static fakes of the parameters (meta weights as on the CPU); sharing: `aliases`
         fake_state = [static_fake(fake_mode, t.detach()) for t in state.values()]
     origins: dict[str, torch.fx.Node] = {}
     guards: list[tuple[Any, torch.fx.Node]] = []

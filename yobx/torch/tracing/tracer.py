@@ -204,9 +204,9 @@ class CustomTracer(
 
         :param root: a ``torch.nn.Module`` or a callable
         :param concrete_args: example input per parameter name (optional), or a tuple
-            of positional examples (as torch.export's ``args``); tensor
-            inputs stay placeholders (they are examples, not constants) whose nodes
-            carry fake values with symbolic dimensions; Python constants (None, ints,
+            of positional examples (as torch.export's ``args``); tensor inputs stay
+            placeholders (they are examples, not constants) whose nodes carry fake
+            values with symbolic dimensions; Python constants (None, ints,
             bools, strings, lists of them) are baked in and checked when the graph
             runs; lists, tuples and dicts keep their structure. A parameter without an
             example becomes a placeholder without metadata, as in
@@ -215,9 +215,8 @@ class CustomTracer(
             :class:`~torch.fx.proxy.TraceError` naming the line and the example to pass
         :param remove_inplace: run the default passes on the graph
             (:func:`yobx.torch.passes.run_default_passes`: the graph becomes functional)
-        :param update_model_with_callable: when ``root`` is a plain callable, wrap it
-            into a module stored in :attr:`traced_model`; with False, :attr:`traced_model`
-            stays None for callables
+        :param update_model_with_callable: when ``root`` is a plain callable, wrap it into
+            a module stored in :attr:`traced_model` (else it stays None for callables)
         :param dynamic_shapes: torch.export's format: per parameter (dict by name or
             tuple), ``{axis: torch.export.Dim(...) or "name"}``, nested like the inputs
         :param verbose: verbosity
@@ -245,14 +244,13 @@ class CustomTracer(
         """
         _check_traceable(root)
         # One trace at a time in the process; its patches hold for this thread only, and
-        # everything is restored in this frame's `finally`, which no interrupt can skip:
-        # an interrupt landing in the restoration makes it run again (see patch_window).
+        # everything is restored in this frame's `finally`, which no interrupt can skip
+        # (an interrupt landing in the restoration makes it run again, see patch_window).
         window = PatchWindow()
         error = None
         try:
             window.open()
-            # from the first symbol on (the inputs'), torch looks for the user's frame
-            with cheap_uninteresting_files():
+            with cheap_uninteresting_files():  # from the inputs' symbols on
                 return self._trace(
                     root,
                     concrete_args,
