@@ -28,6 +28,7 @@ from yobx.torch.onnx.dimensions import (
 )
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
+from yobx.torch.onnx.opsets import DEFAULT_OPSET, check_opset, convert_opset, supported_opsets
 from yobx.torch.onnx.optimize import check_optimize_level, fuse_for_onnxruntime, optimize_model
 from yobx.torch.onnx.quiet_logs import quieted
 from yobx.torch.onnx.save import (
@@ -47,37 +48,6 @@ from yobx.torch.onnx.weights import (
     weights_kept_apart,
 )
 from yobx.torch.passes import MUTATIONS_KEY
-
-#: Default ONNX opset: the one torch_lib is written for.
-DEFAULT_OPSET = 18
-
-
-def supported_opsets() -> range:
-    """The ONNX opsets :func:`to_onnx` writes: torch_lib translates to opset 18 and
-    onnxscript's version converter converts from there, up to the newest opset it (and
-    the installed onnx) knows; torch_lib's functions use opset 18 operators, so older
-    opsets would need operators rewritten backwards, which nothing does reliably."""
-    from onnxscript.version_converter import _version_converter
-
-    newest = min(_version_converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
-    return range(DEFAULT_OPSET, newest + 1)
-
-
-def check_opset(opset: Any) -> int:
-    """Returns ``opset`` (:data:`DEFAULT_OPSET` for None) or raises a ``ValueError``
-    naming the supported range."""
-    if opset is None:
-        return DEFAULT_OPSET
-    supported = supported_opsets()
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset not in supported:
-        raise ValueError(
-            f"opset {opset!r} is not supported: to_onnx writes ONNX opsets "
-            f"{supported.start} to {supported.stop - 1} (torch_lib translates to opset "
-            f"{DEFAULT_OPSET}, onnxscript's version converter goes up to "
-            f"{supported.stop - 1})"
-        )
-    return opset
-
 
 #: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
 _TWO_GB = 2**31
@@ -306,23 +276,6 @@ def _rename_cache_inputs(model_ir: ir.Model, model: Any, args: tuple, kwargs: An
             value.name = renamed[value.name]
 
 
-def _convert_opset(model: ir.Model, opset: int) -> None:
-    """Converts ``model`` (opset 18) to ``opset`` or raises: never a model of another
-    opset than the one asked for."""
-    import onnxscript.version_converter
-
-    try:
-        onnxscript.version_converter.convert_version(model, opset, fallback=False)
-    except Exception as exc:
-        raise OnnxExportError(
-            f"cannot convert the model to opset {opset}: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}"
-        ) from exc
-    imported = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
-    if imported != opset:
-        raise OnnxExportError(f"the model imports opset {imported} instead of {opset}")
-
-
 @contextlib.contextmanager
 def _quiet_constant_folding() -> Iterator[None]:
     """Silences the optimizer's per-node warnings ("Skipping constant folding for op
@@ -380,18 +333,20 @@ def _capture(
     raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
 
 
-def _lower(captured: Any) -> Any:
+def _lower(captured: Any, direct: bool, info: dict) -> Any:
     """The ``lower`` stage: the captured graph in aten operators; the guards the
     lowering adds are judged against what the capture knew."""
     dims = getattr(captured.tracer, "dims", None)
     known = dims.snapshot() if dims is not None else None
-    lowered = lower_to_aten(captured.graph_module, opset=DEFAULT_OPSET)
+    lowered = lower_to_aten(captured.graph_module, opset=DEFAULT_OPSET, direct=direct)
+    info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
+    info["direct"] = lowered.n_direct
     adopt_lowering_guards(captured, lowered, known)
     return lowered
 
 
 def _translate(
-    captured: Any, lowered: Any, model: Any, args: tuple, kwargs: dict
+    captured: Any, lowered: Any, model: Any, args: tuple, kwargs: dict, info: dict
 ) -> tuple[ir.Model, DimensionRenamer]:
     """The ``translate`` stage: the ONNX model, its outputs named after the model's
     output structure, its cache inputs after the layers, its dimensions after the
@@ -406,6 +361,9 @@ def _translate(
     _rename_cache_inputs(ir_model, model, args, kwargs)
     renamer = DimensionRenamer(dict(captured.dimension_names), captured.shape_env)
     rename_dimensions(ir_model, renamer)
+    # parameters on the meta device: the graph is exported, the data comes later
+    info["pending_weights"] = mark_pending(ir_model)
+    info["onnx_nodes"] = len(ir_model.graph)
     return ir_model, renamer
 
 
@@ -417,7 +375,7 @@ def _optimize(ir_model: ir.Model, opset: int) -> list[str]:
     with _quiet_constant_folding(), weights_kept_apart(ir_model, weights):
         optimize_model(ir_model)
         if opset != DEFAULT_OPSET:
-            _convert_opset(ir_model, opset)
+            convert_opset(ir_model, opset)
     return weights
 
 
@@ -514,6 +472,7 @@ def to_onnx(
     tracer: str = "custom",
     progress: Callable[[Stage], None] | None = None,
     optimize: str = "default",
+    direct_lowering: bool = True,
 ) -> ExportResult:
     """Exports ``model`` to ONNX.
 
@@ -544,6 +503,9 @@ def to_onnx(
         rotary embeddings, GELU...: :func:`onnxscript.rewriter.ort_fusions.optimize_for_ort`),
         faster in onnxruntime but using its contrib operators, so that only onnxruntime runs
         the model; the fusions applied are counted in the ``fuse`` stage's ``fusions``
+    :param direct_lowering: common operators go to aten directly, with the capture's
+        values (:mod:`yobx.torch.onnx.direct_lowering`; counted by the ``lower`` stage);
+        ``False`` lowers everything through make_fx (same aten graph, slower)
     :return: an :class:`ExportResult`
     :raises ValueError: an unsupported ``opset``, ``optimize`` or ``tracer``
     """
@@ -560,13 +522,9 @@ def to_onnx(
     with stage("passes") as info:
         info.update(_pass_counts(captured))
     with stage("lower") as info:
-        lowered = _lower(captured)
-        info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
+        lowered = _lower(captured, direct_lowering, info)
     with stage("translate") as info:
-        ir_model, renamer = _translate(captured, lowered, model, args, kwargs)
-        # parameters on the meta device: the graph is exported, the data comes later
-        info["pending_weights"] = mark_pending(ir_model)
-        info["onnx_nodes"] = len(ir_model.graph)
+        ir_model, renamer = _translate(captured, lowered, model, args, kwargs, info)
     _optimize_and_check(stage, ir_model, opset, optimize, (declared, renamer, captured, lowered))
     result = _export_result(model, ir_model, captured, stage.stages)
     if filename is not None:

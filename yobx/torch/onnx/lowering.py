@@ -25,9 +25,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv, rebind_unbacked
 from torch.nn.utils import stateless
 
 from yobx.torch.onnx import _torch_onnx_internals as internals
-from yobx.torch.onnx import custom_ops
+from yobx.torch.onnx import custom_ops, direct_lowering
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.passes import writes_anything
+from yobx.torch.tracing import shape_rules
 from yobx.torch.tracing.control_flow import CondCCOp
 from yobx.torch.tracing.decided_layouts import decided_layouts
 from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
@@ -56,6 +58,8 @@ class LoweredGraph:
     :param origins: aten node name -> torch-level node it was created for
     :param guards: the guards torch added while lowering (decisions taken from the
         example sizes), each with the torch-level node being lowered
+    :param n_direct: how many torch-level nodes were written directly
+        (:mod:`yobx.torch.onnx.direct_lowering`) instead of going through make_fx
     """
 
     graph_module: torch.fx.GraphModule
@@ -65,6 +69,7 @@ class LoweredGraph:
     fake_mode: FakeTensorMode
     origins: dict[str, torch.fx.Node]
     guards: list[tuple[Any, torch.fx.Node]] = dataclasses.field(default_factory=list)
+    n_direct: int = 0
 
 
 def _fake_mode_of(graph_module: torch.fx.GraphModule) -> FakeTensorMode:
@@ -113,13 +118,22 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         origins: dict[str, torch.fx.Node],
         shape_env: Any,
         guards: list[tuple[Any, torch.fx.Node]],
+        direct_mode: FakeTensorMode | None = None,
     ):
         super().__init__(module, garbage_collect_values=True)
         self.origins = origins
         self.shape_env = shape_env
         #: guards torch added while lowering, with the node being lowered
         self.guards = guards
+        #: the fake mode of the capture's values, when common operators are written
+        #: directly (:mod:`.direct_lowering`); None lowers everything through make_fx
+        self.direct_mode = direct_mode
+        #: how many nodes were written directly
+        self.n_direct = 0
+        #: YOBX_CHECK_SHAPE_RULES: each direct value is compared with torch's
+        self.check = shape_rules.check_enabled()
         self._last: torch.fx.Node | None = None
+        self._node: torch.fx.Node | None = None
 
     def _new_aten_nodes(self, tracer: Any) -> list[torch.fx.Node]:
         # make_fx only appends nodes: walk back from the end to the last node seen,
@@ -141,6 +155,7 @@ class _LoweringInterpreter(torch.fx.Interpreter):
             self._new_aten_nodes(tracer)
         guards = self.shape_env.guards if self.shape_env is not None else []
         n_guards = len(guards)
+        self._node = node
         try:
             result = super().run_node(node)
         except OnnxExportError:
@@ -171,15 +186,55 @@ class _LoweringInterpreter(torch.fx.Interpreter):
                     break
         return result
 
+    def _lower_directly(self, args: Any, kwargs: Any, module: Any = None) -> Any:
+        """The node's aten call written directly with the capture's value, or
+        NotImplemented (make_fx lowers it)."""
+        if self.direct_mode is None:
+            return NotImplemented
+        value = direct_lowering.capture_value(self._node, self.direct_mode)
+        if value is None:
+            return NotImplemented
+        try:
+            call = direct_lowering.aten_call(self._node, args, kwargs, module)
+        except Exception:
+            # a rule failing on an argument it did not foresee is a bug in the rule, not
+            # in the model: make_fx lowers the node (the check mode surfaces it)
+            if self.check:
+                raise
+            return NotImplemented
+        mode = proxy_tensor.get_proxy_mode()
+        if call is None or mode is None or not direct_lowering.emit(mode.tracer, call, value):
+            return NotImplemented
+        if self.check:
+            op, call_args, call_kwargs = call
+            # outside make_fx's graph: comparing sizes is symbolic arithmetic too
+            with proxy_tensor.disable_proxy_modes_tracing():
+                expected = op(*call_args, **call_kwargs)
+                direct_lowering.check_value(value, expected, str(op))
+        self.n_direct += 1
+        return value
+
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        result = self._lower_directly(args, kwargs)
+        if result is not NotImplemented:
+            return result
         if isinstance(target, CondCCOp):
             return _lower_cond(*args)
         # the tracer computed this node's value with the same symbolic variant
         # (math.sqrt of a dimension: torch._sym_sqrt, an ONNX Sqrt of the shape)
         return super().call_function(function_variant(target, args), args, kwargs)
 
+    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        result = self._lower_directly(args, kwargs)
+        if result is not NotImplemented:
+            return result
+        return super().call_method(target, args, kwargs)
+
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
         submodule = self.fetch_attr(target)
+        result = self._lower_directly(args, kwargs, submodule)
+        if result is not NotImplemented:
+            return result
         replacement = custom_ops.leaf_module_call(submodule, args, kwargs)
         if replacement is not None:
             return replacement
@@ -314,12 +369,38 @@ def _is_graph_input(value: Any) -> bool:
     return isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> LoweredGraph:
+def _enter_lowering_contexts(stack: contextlib.ExitStack, fake_mode: Any, opset: int) -> None:
+    """What the lowering runs under, entered on ``stack``."""
+    stack.enter_context(torch.no_grad())
+    stack.enter_context(fake_mode)
+    # Shapes of size 0 or 1 are not specialised while lowering: the tracer already
+    # decided what the dimensions may be.
+    stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
+    stack.enter_context(internals.preserve_translatable_composite_ops(opset))
+    # the kernels the tracer used to keep sizes symbolic
+    stack.enter_context(symbolic_kernels())
+    # With symbolic shapes a cache hit rebuilds the output tensor (symbolic
+    # storage, strides...), about the cost of computing it, plus hashing: on the
+    # benchmarked models the cache made lowering 1.5 to 2 times slower.
+    stack.enter_context(patched_attributes([(fake_mode, "cache_enabled", False)]))
+    # ATen's size arithmetic (strides, numel, contiguity) repeats itself
+    stack.enter_context(memoized_symbolic_arithmetic())
+    stack.enter_context(decided_layouts())
+    # fake values from the tracer's exact shape rules where they apply
+    stack.enter_context(aten_fake_rules(fake_mode))
+
+
+def lower_to_aten(
+    graph_module: torch.fx.GraphModule, opset: int = 18, direct: bool = True
+) -> LoweredGraph:
     """Lowers ``graph_module`` (torch-level, with ``meta["val"]``) to an aten graph.
 
     :param graph_module: the torch-level graph; placeholders need ``meta["val"]``
     :param opset: ONNX opset, selects which ops torch_lib implements (and so which
         ones are decomposed)
+    :param direct: writes the aten nodes of common operators directly, with the values
+        the capture computed (:mod:`yobx.torch.onnx.direct_lowering`), instead of
+        running them through make_fx; the aten graph is the same
     :return: the lowered graph
     """
     fake_mode = _fake_mode_of(graph_module)
@@ -340,6 +421,9 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
     origins: dict[str, torch.fx.Node] = {}
     guards: list[tuple[Any, torch.fx.Node]] = []
     n_inputs = len(inputs)
+    # a value shared with the capture must never be written into by the lowering
+    direct_mode = fake_mode if direct and not writes_anything(graph_module.graph) else None
+    counts = {"direct": 0}
 
     def run(*flat: Any) -> Any:
         replacements = dict(zip(state_names, flat[n_inputs:]))
@@ -349,8 +433,11 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         for index, value in zip(inputs, flat[:n_inputs]):
             values[index] = value
         with stateless._reparametrize_module(graph_module, replacements, strict=False):
-            interpreter = _LoweringInterpreter(graph_module, origins, fake_mode.shape_env, guards)
+            interpreter = _LoweringInterpreter(
+                graph_module, origins, fake_mode.shape_env, guards, direct_mode
+            )
             outputs = interpreter.run(*values, enable_io_processing=False)
+            counts["direct"] = interpreter.n_direct
         return pytree.tree_map_only((int, float, bool), _constant_output, outputs)
 
     table = internals.decomposition_table(opset)
@@ -358,23 +445,7 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
     # lowering computes them again and binds the new symbols to the capture's ones
     fake_mode.epoch += 1
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.no_grad())
-        stack.enter_context(fake_mode)
-        # Shapes of size 0 or 1 are not specialised while lowering: the tracer already
-        # decided what the dimensions may be.
-        stack.enter_context(torch.fx.experimental._config.patch(backed_size_oblivious=True))
-        stack.enter_context(internals.preserve_translatable_composite_ops(opset))
-        # the kernels the tracer used to keep sizes symbolic
-        stack.enter_context(symbolic_kernels())
-        # With symbolic shapes a cache hit rebuilds the output tensor (symbolic
-        # storage, strides...), about the cost of computing it, plus hashing: on the
-        # benchmarked models the cache made lowering 1.5 to 2 times slower.
-        stack.enter_context(patched_attributes([(fake_mode, "cache_enabled", False)]))
-        # ATen's size arithmetic (strides, numel, contiguity) repeats itself
-        stack.enter_context(memoized_symbolic_arithmetic())
-        stack.enter_context(decided_layouts())
-        # fake values from the tracer's exact shape rules where they apply
-        stack.enter_context(aten_fake_rules(fake_mode))
+        _enter_lowering_contexts(stack, fake_mode, opset)
         aten_gm = proxy_tensor.make_fx(
             run,
             decomposition_table=table,
@@ -393,4 +464,5 @@ def lower_to_aten(graph_module: torch.fx.GraphModule, opset: int = 18) -> Lowere
         fake_mode=fake_mode,
         origins=origins,
         guards=guards,
+        n_direct=counts["direct"],
     )

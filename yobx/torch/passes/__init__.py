@@ -11,7 +11,13 @@ from .aliasing import STORAGE_KEY, has_side_effect, mark_storages, shared_storag
 from .erase import graph_erase_node
 from .pipeline import DEFAULT_PASSES, run_default_passes
 from .remove_batch_dim import BatchDimRemovalError, remove_batch_dim_nodes
-from .remove_inplace import MUTATIONS_KEY, WRITE_BACK_KEY, InplaceRemovalError, remove_inplace
+from .remove_inplace import (
+    MUTATIONS_KEY,
+    WRITE_BACK_KEY,
+    InplaceRemovalError,
+    remove_inplace,
+    writes_anything,
+)
 from .remove_slices import remove_unnecessary_slices
 from .result import PassResult, Refusal
 
@@ -32,4 +38,5 @@ __all__ = [
     "remove_unnecessary_slices",
     "run_default_passes",
     "shared_storage_groups",
+    "writes_anything",
 ]

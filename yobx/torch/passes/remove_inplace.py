@@ -139,7 +139,7 @@ def _remove_inplace(
                 sub.recompile()
                 changed += sub_changed
                 refused.extend(sub_refused)
-    if not _writes_anything(graph):
+    if not writes_anything(graph):
         # the walk would map every node to itself: skip its aliasing analysis (most of
         # a trace's passes when the model has no in-place operation)
         recompile_owner(graph)
@@ -162,10 +162,11 @@ def _remove_inplace(
     return changed, refused
 
 
-def _writes_anything(graph: Graph) -> bool:
-    """Whether the walk has something to rewrite or refuse: an in-place form (augmented
-    assignments on numbers included), a module call with in-place children, or the
-    write-backs of an earlier run (which the walk re-creates)."""
+def writes_anything(graph: Graph) -> bool:
+    """Whether a graph may write into a tensor (what :func:`remove_inplace`'s walk
+    rewrites or refuses): an in-place form (augmented assignments on numbers included),
+    a module call with in-place children, or the write-backs of an earlier run (which
+    the walk re-creates)."""
     return any(
         node.meta.get(WRITE_BACK_KEY) or inplace_form(node) is not None or writes(node)
         for node in graph.nodes
