@@ -65,7 +65,14 @@ class Patterns(torch.nn.Module):
         j = torch.cat([i, h], dim=-1).permute(0, 2, 1).unsqueeze(0).expand(2, -1, -1, -1)
         k = torch.where(i > 0, i, 0.0) + i.masked_fill(i < 0, 0.0) + torch.rsqrt(i.abs() + 1)
         m = torch.addmm(h[0, 0], h[0], self.lin.weight) + (h == h).float().sum()
-        return g, j, k, m
+        q = h.unsqueeze(1)
+        # every query row keeps its own key: no row is fully masked (torch_lib's
+        # translation and eager disagree on those, with or without this lowering)
+        mask = q[..., :1] >= q[..., :1].transpose(-1, -2)
+        o = F.scaled_dot_product_attention(q, q, q) + F.scaled_dot_product_attention(
+            q, q, q, attn_mask=mask, is_causal=False, scale=0.5
+        )
+        return g, j, k, m, o
 
 
 def _patterns_inputs():

@@ -160,6 +160,37 @@ def _proxies(tracer: Any, values: Any) -> Any:
     return pytree.tree_unflatten(out, spec)
 
 
+def _sym_proxy(tracer: Any, op: Any, proxy: Any, index: int | None, size: Any) -> Any:
+    args = (proxy,) if index is None else (proxy, index)
+    size_proxy = tracer.create_proxy("call_function", op, args, {})
+    size_proxy.node.meta["val"] = size
+    return size_proxy
+
+
+def _bind_lazily(tracer: Any, size: Any, op: Any, proxy: Any, index: int | None = None) -> None:
+    if isinstance(size, torch.SymInt):
+        with proxy_tensor._enable_thunkify(tracer):
+            thunk = proxy_tensor.thunkify(tracer, _sym_proxy, tracer, op, proxy, index, size)
+            proxy_tensor.set_proxy_slot(size, tracer, thunk)
+
+
+def _track(value: FakeTensor, proxy: Any, tracer: Any) -> None:
+    """make_fx's ``track_tensor``: the proxy of ``value``, and of each of its symbolic
+    sizes, strides, element count and storage offset a ``sym_*`` node made when first
+    used; but the element count is computed outside make_fx's graph. Inside,
+    ``value.numel()`` multiplies the sizes with symbolic arithmetic that make_fx records
+    as graph nodes (dead, removed later): half the cost of a node written directly."""
+    for index, size in enumerate(value.shape):
+        _bind_lazily(tracer, size, aten.sym_size.int, proxy, index)
+    for index, stride in enumerate(value.stride()):
+        _bind_lazily(tracer, stride, aten.sym_stride.int, proxy, index)
+    with proxy_tensor.disable_proxy_modes_tracing():
+        numel = value.numel()
+    _bind_lazily(tracer, numel, aten.sym_numel.default, proxy)
+    _bind_lazily(tracer, value.storage_offset(), aten.sym_storage_offset.default, proxy)
+    proxy_tensor.set_proxy_slot(value, tracer, proxy_tensor._ProxyTensor(proxy, None))
+
+
 def emit(tracer: Any, call: AtenCall, value: FakeTensor) -> bool:
     """Writes the aten ``call`` into make_fx's graph with ``value`` as its fake value,
     tracked as make_fx tracks its outputs; False (nothing written) when an argument is
@@ -174,7 +205,7 @@ def emit(tracer: Any, call: AtenCall, value: FakeTensor) -> bool:
         *proxies,
         name=tracer.graph._target_to_str(op.overloadpacket.__name__),
     )
-    proxy_tensor.track_tensor(value, proxy, constant=None, tracer=tracer)
+    _track(value, proxy, tracer)
     # the capture's value as it is: translation reads dtype and shape from "val"; the
     # proxy mode's copy and its "tensor_meta" (contiguity in every memory format) are
     # what this path saves

@@ -293,6 +293,44 @@ def _layer_norm(args: tuple, kwargs: dict) -> AtenCall | None:
     return _trimmed(aten.layer_norm.default, call, {})
 
 
+def _attention(args: tuple, kwargs: dict) -> AtenCall | None:
+    """``F.scaled_dot_product_attention`` on 4-d inputs without dropout: the one form
+    the lowering keeps whole (others are lifted to 4-d or decomposed: make_fx)."""
+    bound = _bind(
+        args,
+        kwargs,
+        ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+        {
+            "attn_mask": None,
+            "dropout_p": 0.0,
+            "is_causal": False,
+            "scale": None,
+            "enable_gqa": False,
+        },
+    )
+    if bound is None or not all(_is_tensor(bound[k]) for k in ("query", "key", "value")):
+        return None
+    if any(bound[k].dim() != 4 for k in ("query", "key", "value")):
+        return None
+    mask, scale = bound["attn_mask"], bound["scale"]
+    if (mask is not None and not _is_tensor(mask)) or (scale is not None and not _is_number(scale)):
+        return None
+    if bound["dropout_p"] not in (0, 0.0) or type(bound["dropout_p"]) not in (int, float):
+        return None
+    if type(bound["is_causal"]) is not bool or type(bound["enable_gqa"]) is not bool:
+        return None
+    call = (
+        bound["query"],
+        bound["key"],
+        bound["value"],
+        mask,
+        bound["dropout_p"],
+        bound["is_causal"],
+    )
+    keywords = {"scale": scale, "enable_gqa": bound["enable_gqa"]}
+    return _trimmed(aten.scaled_dot_product_attention.default, call, keywords)
+
+
 def _embedding(args: tuple, kwargs: dict) -> AtenCall | None:
     bound = _bind(
         args,
@@ -466,6 +504,7 @@ FUNCTION_RULES: dict[Any, Rule] = {
     F.softmax: _softmax,
     F.linear: _linear,
     F.layer_norm: _layer_norm,
+    F.scaled_dot_product_attention: _attention,
     F.embedding: _embedding,
     F.gelu: _gelu,
     F.relu: _activation(aten.relu.default),
