@@ -10,7 +10,8 @@ output's fake value (the capture computed it exactly: ``node.meta["val"]``, in t
 fake mode, on the same symbols).
 
 :func:`aten_call` says which aten call a node is when it is one of those (the rules
-are in :mod:`yobx.torch.onnx.direct_rules`), and
+are in :mod:`yobx.torch.onnx.direct_rules` and :mod:`yobx.torch.onnx.direct_nn_rules`),
+and
 :func:`emit` writes it into make_fx's graph with the capture's value, tracked as make_fx
 tracks its own outputs (sizes, strides and numel lazily bound to ``sym_size`` nodes), so
 that every later operator, lowered either way, finds it. The aten node is the one
@@ -37,12 +38,12 @@ from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from yobx.torch.onnx.direct_arguments import AtenCall
+from yobx.torch.onnx.direct_nn_rules import module_call
 from yobx.torch.onnx.direct_rules import (
     FUNCTION_RULES,
     METHOD_RULES,
-    AtenCall,
     function_with_sizes,
-    module_call,
     with_sizes,
 )
 from yobx.torch.tracing.shape_rules import ShapeRuleMismatch

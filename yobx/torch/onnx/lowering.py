@@ -33,6 +33,7 @@ from yobx.torch.tracing import shape_rules
 from yobx.torch.tracing.control_flow import CondCCOp
 from yobx.torch.tracing.decided_layouts import decided_layouts
 from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
+from yobx.torch.tracing.static_fakes import StaticFakes
 from yobx.torch.tracing.symbolic import static_fake
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 from yobx.torch.tracing.symbolic_variants import function_variant
@@ -369,6 +370,19 @@ def _is_graph_input(value: Any) -> bool:
     return isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
+def _state_fakes(fake_mode: FakeTensorMode, tensors: list[torch.Tensor]) -> list[Any]:
+    """Static fakes of the lifted parameters and buffers, detached (meta weights compute
+    as on the CPU). A plain tensor (contiguous, owning its storage, which no other one
+    shares) gets its fake made directly, as the capture does
+    (:class:`~yobx.torch.tracing.static_fakes.StaticFakes`); the others go through
+    torch's converter, which keeps shared storages shared."""
+    detached = [t.detach() for t in tensors]
+    direct = StaticFakes(fake_mode)
+    direct.index(detached)
+    fakes = [direct.get(t) for t in detached]
+    return [static_fake(fake_mode, t) if f is None else f for t, f in zip(detached, fakes)]
+
+
 def _enter_lowering_contexts(stack: contextlib.ExitStack, fake_mode: Any, opset: int) -> None:
     """What the lowering runs under, entered on ``stack``."""
     stack.enter_context(torch.no_grad())
@@ -415,9 +429,7 @@ def lower_to_aten(
     inputs = [i for i, value in enumerate(user_values) if _is_graph_input(value)]
     state, aliases = _collect_state(graph_module)
     state_names = list(state)
-    with fake_mode:
-        # static fakes of the parameters (meta weights as on the CPU); sharing: `aliases`
-        fake_state = [static_fake(fake_mode, t.detach()) for t in state.values()]
+    fake_state = _state_fakes(fake_mode, list(state.values()))
     origins: dict[str, torch.fx.Node] = {}
     guards: list[tuple[Any, torch.fx.Node]] = []
     n_inputs = len(inputs)
