@@ -102,3 +102,43 @@ def test_complex_dtype_is_traced_and_exported_inside_the_model():
 def test_complex_output_is_refused_clearly():
     with pytest.raises(OnnxExportError, match=r"complex64 tensor.*view_as_real"):
         to_onnx(_ComplexOutput(), (torch.randn(3, 4),), dynamic_shapes={"x": {0: "n"}})
+
+
+class _PaddedAttention(torch.nn.Module):
+    """Attention over a padded batch: the padding queries see no key."""
+
+    def forward(self, x, keep):
+        q = x.unsqueeze(1)
+        mask = (keep[:, None, :, None] & keep[:, None, None, :]).expand(-1, 1, -1, -1)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def test_attention_query_with_every_key_masked_gives_zeros_as_torch():
+    """torch_lib filled the masked scores with the dtype's lowest value, so a fully
+    masked row came out as the mean of the values where torch gives zeros."""
+    x = torch.randn(2, 5, 4)
+    keep = torch.tensor([[True, True, True, False, False], [True] * 5])
+    model = _PaddedAttention()
+    assert model(x, keep)[0, 0, 3].abs().max() == 0
+    result = export_and_validate(
+        model, (x, keep), dynamic_shapes=({0: "batch", 1: "seq"}, {0: "batch", 1: "seq"})
+    )
+    other_keep = torch.tensor([[True, False, False], [False, False, False], [True, True, True]])
+    report = validate(model, result, [(torch.randn(3, 3, 4), other_keep)])
+    assert report.ok, report.format()
+
+
+def test_attention_with_an_additive_mask_is_torch_libs():
+    x = torch.randn(2, 5, 4)
+    mask = torch.zeros(2, 1, 5, 5)
+    mask[..., 3:] = -1e4
+
+    class Additive(torch.nn.Module):
+        def forward(self, x, mask):
+            q = x.unsqueeze(1)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    result = export_and_validate(
+        Additive(), (x, mask), dynamic_shapes=({0: "b", 1: "s"}, {0: "b", 2: "s", 3: "s"})
+    )
+    assert "Where" not in {n.op_type for n in result.model_proto.graph.node}

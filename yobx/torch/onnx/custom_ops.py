@@ -127,6 +127,34 @@ def _copy_to_onnx(self, src, non_blocking: bool = False):
     return _op.Expand(_op.CastLike(src, self), _op.Shape(self))
 
 
+def _attention_to_onnx(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+):
+    """torch_lib's attention, with torch's answer for a query whose keys a boolean mask
+    hides all: zeros. torch_lib gives the hidden scores the dtype's lowest value, not
+    ``-inf``, so that row's softmax is uniform and the row the mean of the values (its
+    NaN guard never fires): silently another output, on padded batches."""
+    from onnxscript.function_libs.torch_lib.ops.nn import aten_scaled_dot_product_attention
+
+    out = aten_scaled_dot_product_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+    )
+    if attn_mask is None or attn_mask.dtype != onnxscript.BOOL.dtype:
+        return out
+    any_key = _op.ReduceMax(
+        _op.Cast(attn_mask, to=onnxscript.INT32.dtype), _op.Constant(value_ints=[-1]), keepdims=1
+    )
+    attends = _op.Cast(any_key, to=onnxscript.BOOL.dtype)
+    return _op.Where(attends, out, _op.CastLike(_op.Constant(value_float=0.0), out))
+
+
 def _symbolic_math(onnx_op: str):
     """``torch._sym_sqrt`` and friends (``math.sqrt(x.shape[0])``): the ONNX operator
     on the size converted to float (a SymFloat is a float tensor in torch_lib)."""
@@ -160,7 +188,8 @@ def register_translations(registry: Any) -> None:
 
     The RNN custom operators, and what torch_lib lacks or gets wrong:
     ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
-    lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, and the
+    lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, attention
+    with a boolean mask hiding every key of a query (zeros, as torch), and the
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
     dimension lowers to.
     """
@@ -169,6 +198,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten.sym_numel.default, _sym_numel_to_onnx)
     registry.register_op(torch.ops.aten.masked_select.default, _masked_select_to_onnx)
     registry.register_op(torch.ops.aten.copy.default, _copy_to_onnx)
+    registry.register_op(torch.ops.aten.scaled_dot_product_attention.default, _attention_to_onnx)
     for name, onnx_op in _SYMBOLIC_MATH.items():
         function = getattr(torch, f"_sym_{name}", None)
         if function is not None:
