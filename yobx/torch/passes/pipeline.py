@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.fx import Graph
 
+from ._targets import one_recompile
 from .remove_batch_dim import BatchDimRemovalError, remove_batch_dim_nodes
 from .remove_inplace import remove_inplace
 from .remove_slices import remove_unnecessary_slices
@@ -59,7 +60,7 @@ def run_default_passes(
         >>> [n.target for n in gm.graph.nodes if n.op == "call_method"]
         ['mul', 'copy_']
     """
-    with _owned_by(graph, module):
+    with _owned_by(graph, module), one_recompile():
         return _run(graph, mutations, exc, recursive, verbose, exported_program)
 
 
