@@ -11,13 +11,13 @@ fake mode, on the same symbols).
 
 :func:`aten_call` says which aten call a node is when it is one of those (the rules
 are in :mod:`yobx.torch.onnx.direct_rules` and :mod:`yobx.torch.onnx.direct_nn_rules`),
-and
-:func:`emit` writes it into make_fx's graph with the capture's value, tracked as make_fx
-tracks its own outputs (sizes, strides and numel lazily bound to ``sym_size`` nodes), so
-that every later operator, lowered either way, finds it. The aten node is the one
-make_fx would record (the same overload, arguments in the same form), and torch_lib
-translates it as before: ``to_onnx(direct_lowering=False)`` lowers everything through
-make_fx, which the tests compare with.
+and :func:`emit` writes it into make_fx's graph with the capture's value, tracked as
+make_fx tracks its own outputs (sizes, strides, element count and storage offset bound
+lazily to ``sym_*`` nodes), so that every later operator, lowered either way, finds it.
+The aten node is the one make_fx would record (the same overload, arguments in the same
+form), and torch_lib translates it as before. ``to_onnx(direct_lowering=False)`` lowers
+everything through make_fx, which the tests compare with (a few ``clone`` nodes may
+differ, where the capture and make_fx gave a value other strides).
 
 Anything else keeps the make_fx path: other argument forms (keywords away from their
 defaults, Python scalars on the left, symbolic scalars as operands), operators that may
@@ -55,7 +55,7 @@ _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 def aten_call(
     node: torch.fx.Node, args: tuple, kwargs: dict, module: Any = None
 ) -> AtenCall | None:
-    """The aten call(s) make_fx records for ``node`` with the interpreted ``args`` and
+    """The aten call make_fx records for ``node`` with the interpreted ``args`` and
     ``kwargs``, when the node is a common operator in a form written directly.
 
     :param node: a torch-level node (``call_function``, ``call_method`` or
@@ -145,19 +145,21 @@ def check_value(value: torch.Tensor, expected: Any, what: str) -> None:
 
 def _proxies(tracer: Any, values: Any) -> Any:
     """The make_fx proxies of tensors and symbolic scalars in ``values``; None when a
-    tensor is not tracked or is a constant make_fx propagates."""
+    tensor is not tracked or is a constant make_fx propagates (checked first: fetching
+    a symbolic scalar's proxy may write its ``sym_size`` node)."""
     flat, spec = pytree.tree_flatten(values)
-    out = []
-    for value in flat:
+    slots = {}
+    for index, value in enumerate(flat):
         if isinstance(value, torch.Tensor):
             slot = proxy_tensor.get_proxy_slot(value, tracer, None)
             if slot is None or slot.constant is not None:
                 return None
-            out.append(slot.proxy)
-        elif isinstance(value, _SYMBOLIC):
-            out.append(proxy_tensor.fetch_sym_proxy(tracer)(value))
-        else:
-            out.append(value)
+            slots[index] = slot.proxy
+    fetch = proxy_tensor.fetch_sym_proxy(tracer)
+    out = [
+        slots[index] if index in slots else fetch(value) if isinstance(value, _SYMBOLIC) else value
+        for index, value in enumerate(flat)
+    ]
     return pytree.tree_unflatten(out, spec)
 
 

@@ -25,6 +25,9 @@ F = torch.nn.functional
 
 
 def unary(op: Any) -> Rule:
+    """The rule of a one-tensor operator without options (``torch.relu(x)``,
+    ``x.exp()``, ``nn.SiLU()``)."""
+
     def rule(args: tuple, kwargs: dict) -> AtenCall | None:
         if kwargs or len(args) != 1 or not is_tensor(args[0]):
             return None
