@@ -22,6 +22,7 @@ LAYERS = {
     "yobx.torch.node_text": 0,
     "yobx.torch.chrome_trace": 0,
     "yobx.torch.tolerances": 0,
+    "yobx.torch.frozen_gc": 0,
     "yobx.torch.passes": 0,
     "yobx.torch.tracing": 1,
     "yobx.torch.onnx": 2,

@@ -13,6 +13,7 @@ import onnx_ir as ir
 import torch
 
 from yobx.torch.chrome_trace import write_stage_profile
+from yobx.torch.frozen_gc import frozen_during_call
 from yobx.torch.onnx import capture as capture_module
 from yobx.torch.onnx.declared import (
     adopt_lowering_guards,
@@ -457,6 +458,7 @@ def _validate(
     )
 
 
+@frozen_during_call  # full collections walk only the export's objects
 def to_onnx(
     model: torch.nn.Module,
     args: tuple = (),
@@ -503,9 +505,8 @@ def to_onnx(
         rotary embeddings, GELU...: :func:`onnxscript.rewriter.ort_fusions.optimize_for_ort`),
         faster in onnxruntime but using its contrib operators, so that only onnxruntime runs
         the model; the fusions applied are counted in the ``fuse`` stage's ``fusions``
-    :param direct_lowering: common operators go to aten directly, with the capture's
-        values (:mod:`yobx.torch.onnx.direct_lowering`; counted by the ``lower`` stage);
-        ``False`` lowers everything through make_fx (same aten graph, slower)
+    :param direct_lowering: common operators go to aten with the capture's values
+        (:mod:`yobx.torch.onnx.direct_lowering`); ``False``: all through make_fx
     :return: an :class:`ExportResult`
     :raises ValueError: an unsupported ``opset``, ``optimize`` or ``tracer``
     """

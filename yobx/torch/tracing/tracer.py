@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
+from ..frozen_gc import older_objects_frozen
 from . import shape_rules
 from .constraints import Constraint
 from .decided_layouts import decided_layouts
@@ -250,7 +251,7 @@ class CustomTracer(
         error = None
         try:
             window.open()
-            with cheap_uninteresting_files():  # from the inputs' symbols on
+            with cheap_uninteresting_files(), older_objects_frozen():  # see their modules
                 return self._trace(
                     root,
                     concrete_args,

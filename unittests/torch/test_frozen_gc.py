@@ -1,0 +1,79 @@
+"""The collector keeps off the objects older than a capture, and is as it was after."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from yobx.torch.frozen_gc import frozen_during_call, older_objects_frozen
+from yobx.torch.tracing import CustomTracer
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_older_objects_frozen_then_back_and_collected_as_usual():
+    assert gc.get_freeze_count() == 0
+    old = _Cycle()
+    alive = weakref.ref(old)
+    with older_objects_frozen():
+        assert gc.get_freeze_count() > 0
+        del old
+        gc.collect()
+        # frozen: a full collection does not reach it
+        assert alive() is not None
+        new = _Cycle()
+        new_alive = weakref.ref(new)
+        del new
+        gc.collect()
+        # made inside the block: collected as usual
+        assert new_alive() is None
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert alive() is None
+
+
+def test_unfrozen_after_an_error():
+    with pytest.raises(RuntimeError, match="inside"):
+        with older_objects_frozen():
+            raise RuntimeError("inside")
+    assert gc.get_freeze_count() == 0
+
+
+def test_objects_the_user_froze_stay_frozen():
+    gc.freeze()
+    try:
+        count = gc.get_freeze_count()
+        with older_objects_frozen():
+            pass
+        assert gc.get_freeze_count() == count
+    finally:
+        gc.unfreeze()
+
+
+def test_disabled_collector_is_left_alone():
+    gc.disable()
+    try:
+        with older_objects_frozen():
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_decorated_function_and_trace_leave_nothing_frozen():
+    seen = []
+
+    @frozen_during_call
+    def work(x):
+        """Doubles."""
+        seen.append(gc.get_freeze_count())
+        return 2 * x
+
+    assert work(3) == 6 and seen[0] > 0 and work.__doc__ == "Doubles."
+    CustomTracer().trace(torch.nn.ReLU(), concrete_args={"input": torch.randn(2)})
+    assert gc.get_freeze_count() == 0
