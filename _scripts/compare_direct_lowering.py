@@ -9,9 +9,10 @@ prints the number of nodes written directly and the lowering times (median of
     python _scripts/compare_direct_lowering.py [--repeat 3] [--models vit,t5,tiny-llm]
 
 Exit status 1 when a model validates on one path and not on the other, or when the two
-aten graphs use other operators than ``clone`` (a copy make_fx writes where the capture
-and make_fx chose other layouts for a value: ONNX has no layouts, the copy is an
-``Identity`` the optimizer removes); a difference in clones is printed.
+aten graphs use other operators than ``clone`` (a copy make_fx writes for an eval
+dropout, which the direct lowering leaves out, or where the capture and make_fx chose
+other layouts for a value: ONNX has no layouts, the copy is an ``Identity`` the
+optimizer removes); a difference in clones is printed.
 """
 
 from __future__ import annotations

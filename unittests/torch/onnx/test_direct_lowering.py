@@ -22,13 +22,15 @@ F = torch.nn.functional
 
 
 def _operators(lowered) -> collections.Counter:
-    """The aten operators of a lowered graph (size bookkeeping aside)."""
+    """The aten operators of a lowered graph, size bookkeeping and copies aside (an eval
+    dropout is a clone for make_fx, nothing when written directly; a clone also
+    appears where make_fx gave a value other strides than the capture)."""
     return collections.Counter(
         str(node.target)
         for node in lowered.graph_module.graph.nodes
         if isinstance(node.target, torch._ops.OpOverload)
         and node.target.overloadpacket.__name__
-        not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
+        not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "clone")
     )
 
 
@@ -49,12 +51,15 @@ class Patterns(torch.nn.Module):
         self.emb = torch.nn.Embedding(10, 4, padding_idx=0)
         self.ln = torch.nn.LayerNorm(4)
         self.act = torch.nn.GELU(approximate="tanh")
+        self.drop = torch.nn.Dropout(0.1)
 
     def forward(self, x, ids):
         a = x * 2.0 + 1
         b = 2 * a - x / 3
         c = torch.matmul(a, b.transpose(-1, -2)) @ x
         d = F.softmax(c, dim=-1) + c.softmax(-1) + torch.softmax(c, -1)
+        d = self.drop(d) + F.dropout(d, 0.2, training=False) + d.softmax(-1, dtype=torch.float32)
+        d = d.transpose(1, 2).contiguous().transpose(1, 2) + d.contiguous()
         e = self.lin(d) + F.linear(d, self.lin.weight) + self.emb(ids)
         f = self.ln(e) + F.layer_norm(e, (4,)) + F.gelu(e) + self.act(e) + F.silu(e)
         g = f[..., :2] + f[..., 2:] + f[None][0, ..., :2:1].neg()
@@ -224,7 +229,8 @@ class LinearWithHook(torch.nn.Linear):
         ("call_function", operator.add, (T, True), {}, None),  # bool promotes otherwise
         ("call_function", torch.add, (T, T), {"alpha": 2}, None),
         ("call_function", F.relu, (T,), {"inplace": True}, None),
-        ("call_function", F.softmax, (T,), {"dim": -1, "dtype": torch.float64}, None),
+        ("call_function", F.softmax, (T,), {"dim": -1, "dtype": torch.float64}, aten.softmax.int),
+        ("call_function", F.softmax, (T,), {"dim": -1, "dtype": "float"}, None),
         ("call_function", F.softmax, (T,), {}, None),  # implicit dim
         ("call_function", F.gelu, (T,), {"approximate": "tanh"}, aten.gelu.default),
         ("call_function", F.embedding, (T, T), {"max_norm": 1.0}, None),
@@ -238,7 +244,9 @@ class LinearWithHook(torch.nn.Linear):
         ("call_method", "mean", (T,), {"dtype": torch.float64}, None),
         ("call_method", "sum", (T, (0, 1)), {}, aten.sum.dim_IntList),
         ("call_method", "to", (T, torch.float16), {}, None),  # may return its input
-        ("call_method", "contiguous", (T,), {}, None),
+        # the copy; a contiguous tensor's own value is taken before (identity_value)
+        ("call_method", "contiguous", (T,), {}, aten.clone.default),
+        ("call_method", "contiguous", (T,), {"memory_format": torch.channels_last}, None),
     ],
 )
 def test_rule_forms(op, target, args, kwargs, expected):
@@ -257,3 +265,32 @@ def test_module_forms():
     embedding = torch.nn.Embedding(4, 3, padding_idx=-1)
     _, (weight, indices, padding_idx), _ = aten_call(node, (T,), {}, embedding)
     assert padding_idx == 3  # normalized as F.embedding does
+
+
+class ReturnsItsInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        y = self.drop(x).contiguous().to(torch.float32)
+        return y.transpose(0, 1).contiguous() * 2
+
+
+def test_operators_returning_their_input_take_its_value():
+    x = torch.randn(3, 4)
+    dynamic_shapes = ({0: "batch"},)
+    lowered = _both_lowerings(ReturnsItsInput().eval(), (x,), {}, dynamic_shapes)
+    clones = {
+        direct: [
+            n.kwargs.get("memory_format")
+            for n in lowered[direct].graph_module.graph.nodes
+            if n.target is aten.clone.default
+        ]
+        for direct in (True, False)
+    }
+    # make_fx copies for the eval dropout; both copy for the transposed contiguous()
+    assert clones[True] == [torch.contiguous_format]
+    assert len(clones[False]) == 2
+    assert lowered[True].n_direct == 6
+    export_and_validate(ReturnsItsInput().eval(), (x,), dynamic_shapes=dynamic_shapes)

@@ -16,15 +16,17 @@ make_fx tracks its own outputs (sizes, strides, element count and storage offset
 lazily to ``sym_*`` nodes), so that every later operator, lowered either way, finds it.
 The aten node is the one make_fx would record (the same overload, arguments in the same
 form), and torch_lib translates it as before. ``to_onnx(direct_lowering=False)`` lowers
-everything through make_fx, which the tests compare with (a few ``clone`` nodes may
-differ, where the capture and make_fx gave a value other strides).
+everything through make_fx, which the tests compare with (``clone`` nodes may differ:
+make_fx copies for an eval dropout, and where it gave a value other strides than the
+capture).
 
-Anything else keeps the make_fx path: other argument forms (keywords away from their
-defaults, Python scalars on the left, symbolic scalars as operands), operators that may
-return their input itself (``to``, ``contiguous``, ``type_as``, dropout), tensors that
-make_fx holds as constants, sizes only known at run time, and graphs that write into a
-tensor (the in-place forms the passes leave): a value shared with the capture must not
-be mutated by the lowering.
+A node the capture found to return its argument itself (an eval dropout, ``to`` its own
+dtype) takes that argument's lowered value (:func:`identity_value`). Anything else
+keeps the make_fx path: other argument forms (keywords away from their defaults, Python
+scalars on the left, symbolic scalars as operands), tensors that make_fx holds as
+constants, sizes only known at run time, and graphs that write into a tensor (the
+in-place forms the passes leave): a value shared with the capture must not be mutated
+by the lowering.
 """
 
 from __future__ import annotations
@@ -108,6 +110,21 @@ def capture_value(node: torch.fx.Node, fake_mode: Any) -> FakeTensor | None:
     if node.meta.get("unbacked_bindings") or value.requires_grad:
         return None
     return value
+
+
+def identity_value(node: torch.fx.Node, args: tuple) -> torch.Tensor | None:
+    """The lowering's value of the node's first argument when the capture found the node
+    to return that argument itself (``dropout`` in eval mode, ``contiguous()`` of a
+    contiguous tensor, ``to`` its own dtype...): the lowering takes it as well, with no
+    node (make_fx writes a ``clone`` for an eval dropout, which the ONNX optimizer
+    removes). Only in graphs that write nothing, where an operator returning its
+    argument does not change it."""
+    if not node.args or not isinstance(node.args[0], torch.fx.Node) or not args:
+        return None
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or node.args[0].meta.get("val") is not value:
+        return None
+    return args[0] if isinstance(args[0], torch.Tensor) else None
 
 
 def is_view_of(node: torch.fx.Node, source: Any) -> bool:

@@ -133,16 +133,22 @@ def _softmax(args: tuple, kwargs: dict) -> AtenCall | None:
     )
     if bound is None or not is_tensor(bound["input"]) or not is_dim(bound["dim"]):
         return None
-    if bound["dtype"] is not None:
-        return None
-    return aten.softmax.int, (bound["input"], bound["dim"]), {}
+    return _softmax_call(bound["input"], bound["dim"], bound["dtype"])
 
 
 def _softmax_method(args: tuple, kwargs: dict) -> AtenCall | None:
     bound = bind(args, kwargs, ("input", "dim", "dtype"), {"dtype": None})
-    if bound is None or bound["dtype"] is not None or not is_dim(bound["dim"]):
+    if bound is None or not is_tensor(bound["input"]) or not is_dim(bound["dim"]):
         return None
-    return aten.softmax.int, (bound["input"], bound["dim"]), {}
+    return _softmax_call(bound["input"], bound["dim"], bound["dtype"])
+
+
+def _softmax_call(tensor: Any, dim: int, dtype: Any) -> AtenCall | None:
+    """``softmax(x, dim, dtype=torch.float32)`` (HF's eager attention): the dtype is
+    the third argument of the aten overload."""
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        return None
+    return trimmed(aten.softmax.int, (tensor, dim, dtype), {})
 
 
 def _log_softmax(args: tuple, kwargs: dict) -> AtenCall | None:
@@ -156,6 +162,19 @@ def _log_softmax_method(args: tuple, kwargs: dict) -> AtenCall | None:
 
 
 # ---------------------------------------------------------------- views and shapes
+
+
+def _contiguous(args: tuple, kwargs: dict) -> AtenCall | None:
+    """``x.contiguous()`` that copies (when the capture's value is ``x`` itself, the
+    lowering takes ``x``: see :func:`~yobx.torch.onnx.direct_lowering.identity_value`)."""
+    bound = bind(
+        args, kwargs, ("input", "memory_format"), {"memory_format": torch.contiguous_format}
+    )
+    if bound is None or not is_tensor(bound["input"]):
+        return None
+    if bound["memory_format"] is not torch.contiguous_format:
+        return None
+    return aten.clone.default, (bound["input"],), {"memory_format": torch.contiguous_format}
 
 
 def _transpose(args: tuple, kwargs: dict) -> AtenCall | None:
@@ -303,6 +322,7 @@ METHOD_RULES: dict[str, Rule] = {
     "softmax": _softmax_method,
     "log_softmax": _log_softmax_method,
     "masked_fill": _masked_fill,
+    "contiguous": _contiguous,
     **{name: unary(getattr(aten, name).default) for name in _UNARY_NAMES},
     **NN_METHOD_RULES,
 }

@@ -195,6 +195,10 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         value = direct_lowering.capture_value(self._node, self.direct_mode)
         if value is None:
             return NotImplemented
+        same = direct_lowering.identity_value(self._node, args)
+        if same is not None:
+            self.n_direct += 1
+            return same
         try:
             call = direct_lowering.aten_call(self._node, args, kwargs, module)
         except Exception:
