@@ -9,10 +9,11 @@ prints the number of nodes written directly and the lowering times (median of
     python _scripts/compare_direct_lowering.py [--repeat 3] [--models vit,t5,tiny-llm]
 
 Exit status 1 when a model validates on one path and not on the other, or when the two
-aten graphs use other operators than ``clone`` (a copy make_fx writes for an eval
-dropout, which the direct lowering leaves out, or where the capture and make_fx chose
-other layouts for a value: ONNX has no layouts, the copy is an ``Identity`` the
-optimizer removes); a difference in clones is printed.
+aten graphs use other operators than ``clone`` and ``type_as`` (what make_fx writes
+for an operator returning its argument, an eval dropout or a cast to the same dtype,
+which the direct lowering leaves out, and the copies where the capture and make_fx
+chose other layouts for a value: ONNX has no layouts, these are ``Identity`` nodes the
+optimizer removes); such differences are printed.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ DEMOS = ["tiny-llm", "tiny-cnn", "transformer-encoder", "hf:GPT2LMHeadModel", "h
 
 #: scalar bookkeeping make_fx may write in another number or order on either path
 _SCALAR_TARGETS = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
-#: layout copies: where the two paths' values have other strides
-_LAYOUT_COPIES = {"aten.clone.default"}
+#: what make_fx writes for an operator the capture found to return its argument (an eval
+#: dropout's clone, a type_as of the same dtype), or where it gave a value other strides
+_NO_OPS = {"aten.clone.default", "aten.type_as.default"}
 
 
 def _load(name: str):
@@ -102,9 +104,9 @@ def compare(name: str, repeat: int) -> bool:
         return True
     direct_ops, reference_ops = _operators(lowered[True]), _operators(lowered[False])
     same = direct_ops == reference_ops
-    for name in _LAYOUT_COPIES:
-        direct_ops.pop(name, None)
-        reference_ops.pop(name, None)
+    for operator in _NO_OPS:
+        direct_ops.pop(operator, None)
+        reference_ops.pop(operator, None)
     direct_ok = _validate(model, args, kwargs, dynamic_shapes, True)
     reference_ok = _validate(model, args, kwargs, dynamic_shapes, False)
     agree = direct_ops == reference_ops and direct_ok.split(" ")[0] == reference_ok.split(" ")[0]

@@ -22,15 +22,16 @@ F = torch.nn.functional
 
 
 def _operators(lowered) -> collections.Counter:
-    """The aten operators of a lowered graph, size bookkeeping and copies aside (an eval
-    dropout is a clone for make_fx, nothing when written directly; a clone also
-    appears where make_fx gave a value other strides than the capture)."""
+    """The aten operators of a lowered graph, size bookkeeping and no-ops aside (an eval
+    dropout is a clone for make_fx, a cast to the same dtype a type_as, nothing when
+    written directly; a clone also appears where make_fx gave a value other strides
+    than the capture)."""
     return collections.Counter(
         str(node.target)
         for node in lowered.graph_module.graph.nodes
         if isinstance(node.target, torch._ops.OpOverload)
         and node.target.overloadpacket.__name__
-        not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "clone")
+        not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "clone", "type_as")
     )
 
 
