@@ -123,16 +123,22 @@ class Convolutions(torch.nn.Module):
         )
         y = self.norm(y) + self.plain_norm(y) + F.group_norm(y, 2, self.norm.weight)
         z = self.conv1d(y.flatten(2))
-        return z.log_softmax(-1), self.strided(y), self.circular(x)
+        size = (x.shape[2], x.shape[3])
+        up = (
+            F.interpolate(y, size=size, mode="bilinear", align_corners=False)
+            + F.interpolate(y, size=size)
+            + F.interpolate(y, size=size, mode="bicubic", align_corners=True)
+        )
+        return z.log_softmax(-1), self.strided(y), self.circular(x), up
 
 
 def test_convolutions_give_make_fx_graph_and_eager_outputs():
     x = torch.randn(2, 3, 8, 10)
     dynamic_shapes = ({0: "batch", 2: "height", 3: "width"},)
     lowered = _both_lowerings(Convolutions().eval(), (x,), {}, dynamic_shapes)
-    # conv, relu, pool, F.conv2d, 3 group norms, conv1d, log_softmax, strided; not the
-    # circular one
-    assert lowered[True].n_direct >= 10
+    # conv, relu, pool, F.conv2d, 3 group norms, conv1d, log_softmax, strided, 3
+    # interpolations; not the circular one
+    assert lowered[True].n_direct >= 13
     assert _operators(lowered[True]) == _operators(lowered[False])
     export_and_validate(Convolutions().eval(), (x,), dynamic_shapes=dynamic_shapes)
 
@@ -215,6 +221,7 @@ def _node(op: str, target, n_args: int = 2) -> torch.fx.Node:
 
 T = torch.empty(2, 3)
 MASK = torch.empty(2, 3, dtype=torch.bool)
+IMAGE = torch.empty(1, 2, 3, 4)
 
 
 class LinearWithHook(torch.nn.Linear):
@@ -240,6 +247,9 @@ class LinearWithHook(torch.nn.Linear):
         ("call_function", operator.getitem, (T, (Ellipsis, 0)), {}, None),
         ("call_function", operator.getitem, (T, (Ellipsis, slice(None, None, -1))), {}, None),
         ("call_function", torch.where, (MASK, T, T), {}, aten.where.self),
+        ("call_function", F.interpolate, (IMAGE,), {"size": 5}, aten.upsample_nearest2d.vec),
+        ("call_function", F.interpolate, (IMAGE,), {"scale_factor": 2.0}, None),
+        ("call_function", F.interpolate, (IMAGE,), {"size": 5, "antialias": True}, None),
         ("call_method", "view", (T, torch.float16), {}, None),  # reinterprets the bytes
         ("call_method", "view", (T, 3, 2), {}, aten.view.default),
         ("call_method", "mean", (T,), {"dtype": torch.float64}, None),

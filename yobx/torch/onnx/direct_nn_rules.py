@@ -145,6 +145,61 @@ def _group_norm(args: tuple, kwargs: dict) -> AtenCall | None:
     return trimmed(aten.group_norm.default, call, {})
 
 
+_UPSAMPLING = {
+    "nearest": aten.upsample_nearest2d.vec,
+    "bilinear": aten.upsample_bilinear2d.vec,
+    "bicubic": aten.upsample_bicubic2d.vec,
+}
+
+
+def _interpolate(args: tuple, kwargs: dict) -> AtenCall | None:
+    """``F.interpolate`` of a 4-d tensor to a given ``size`` (a vision transformer's
+    position table, 380 ms through make_fx on symbolic sizes): the ``upsample_*2d.vec``
+    overload torch records; a scale factor or antialiasing go through make_fx."""
+    bound = bind(
+        args,
+        kwargs,
+        (
+            "input",
+            "size",
+            "scale_factor",
+            "mode",
+            "align_corners",
+            "recompute_scale_factor",
+            "antialias",
+        ),
+        {
+            "size": None,
+            "scale_factor": None,
+            "mode": "nearest",
+            "align_corners": None,
+            "recompute_scale_factor": None,
+            "antialias": False,
+        },
+    )
+    if bound is None or not is_tensor(bound["input"]) or bound["input"].dim() != 4:
+        return None
+    if bound["scale_factor"] is not None or bound["recompute_scale_factor"] is not None:
+        return None
+    op = _UPSAMPLING.get(bound["mode"]) if isinstance(bound["mode"], str) else None
+    size = bound["size"]
+    size = (
+        [size, size] if is_size(size) else list(size) if isinstance(size, (tuple, list)) else None
+    )
+    if op is None or bound["antialias"] is not False or not size or len(size) != 2:
+        return None
+    if not all(is_size(s) for s in size):
+        return None
+    if bound["mode"] == "nearest":
+        if bound["align_corners"] is not None:
+            return None
+        return op, (bound["input"], size, None), {}
+    align_corners = False if bound["align_corners"] is None else bound["align_corners"]
+    if type(align_corners) is not bool:
+        return None
+    return op, (bound["input"], size, align_corners, None), {}
+
+
 def _attention(args: tuple, kwargs: dict) -> AtenCall | None:
     """``F.scaled_dot_product_attention`` on 4-d inputs without dropout: the one form
     the lowering keeps whole (others are lifted to 4-d or decomposed: make_fx)."""
@@ -238,6 +293,7 @@ NN_FUNCTION_RULES: dict[Any, Rule] = {
     F.conv2d: _convolution(aten.conv2d.default, 2),
     F.conv3d: _convolution(aten.conv3d.default, 3),
     F.scaled_dot_product_attention: _attention,
+    F.interpolate: _interpolate,
     F.embedding: _embedding,
     F.gelu: _gelu,
     F.relu: _activation(aten.relu.default),
