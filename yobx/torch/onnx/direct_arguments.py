@@ -26,6 +26,11 @@ def is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
 
+def is_optional_tensor(value: Any) -> bool:
+    """None or a tensor (an optional bias, weight or mask)."""
+    return value is None or isinstance(value, torch.Tensor)
+
+
 def is_number(value: Any) -> bool:
     """A plain Python int or float (a bool changes the promotion, a symbolic scalar
     is recorded through its own node: both go through make_fx)."""

@@ -51,7 +51,6 @@ from yobx.torch.onnx.direct_rules import (
 from yobx.torch.tracing.shape_rules import ShapeRuleMismatch
 
 aten = torch.ops.aten
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def aten_call(
@@ -70,7 +69,10 @@ def aten_call(
     if node.op == "call_function":
         if node.target is torch.reshape:
             return _reshape(node, args, kwargs)
-        rule = FUNCTION_RULES.get(node.target) if _hashable(node.target) else None
+        try:
+            rule = FUNCTION_RULES.get(node.target)
+        except TypeError:  # an unhashable callable (a functools.partial of a list...)
+            return None
         return None if rule is None else rule(args, kwargs)
     if node.op == "call_method":
         if node.target == "reshape":
@@ -90,14 +92,6 @@ def _reshape(node: torch.fx.Node, args: tuple, kwargs: dict) -> AtenCall | None:
     if node.op == "call_function":
         return function_with_sizes(aten.view.default, "shape")(args, kwargs)
     return with_sizes(aten.view.default)(args, kwargs)
-
-
-def _hashable(target: Any) -> bool:
-    try:
-        hash(target)
-    except TypeError:
-        return False
-    return True
 
 
 def capture_value(node: torch.fx.Node, fake_mode: Any) -> FakeTensor | None:
@@ -173,11 +167,12 @@ def _proxies(tracer: Any, values: Any) -> Any:
                 return None
             slots[index] = slot.proxy
     fetch = proxy_tensor.fetch_sym_proxy(tracer)
-    out = [
-        slots[index] if index in slots else fetch(value) if isinstance(value, _SYMBOLIC) else value
-        for index, value in enumerate(flat)
-    ]
-    return pytree.tree_unflatten(out, spec)
+    for index, value in enumerate(flat):
+        if index in slots:
+            flat[index] = slots[index]
+        elif isinstance(value, proxy_tensor.py_sym_types):
+            flat[index] = fetch(value)
+    return pytree.tree_unflatten(flat, spec)
 
 
 def _sym_proxy(tracer: Any, op: Any, proxy: Any, index: int | None, size: Any) -> Any:

@@ -14,6 +14,7 @@ from yobx.torch.onnx.direct_arguments import (
     bind,
     is_dim,
     is_number,
+    is_optional_tensor,
     is_size,
     is_tensor,
     per_dimension,
@@ -89,7 +90,7 @@ def _convolution(op: Any, rank: int) -> Rule:
         )
         if bound is None or not (is_tensor(bound["input"]) and is_tensor(bound["weight"])):
             return None
-        if bound["bias"] is not None and not is_tensor(bound["bias"]):
+        if not is_optional_tensor(bound["bias"]):
             return None
         geometry = [per_dimension(bound[k], rank) for k in ("stride", "padding", "dilation")]
         if any(g is None for g in geometry) or not is_dim(bound["groups"]):
@@ -104,7 +105,7 @@ def _linear(args: tuple, kwargs: dict) -> AtenCall | None:
     bound = bind(args, kwargs, ("input", "weight", "bias"), {"bias": None})
     if bound is None or not (is_tensor(bound["input"]) and is_tensor(bound["weight"])):
         return None
-    if bound["bias"] is not None and not is_tensor(bound["bias"]):
+    if not is_optional_tensor(bound["bias"]):
         return None
     return trimmed(aten.linear.default, (bound["input"], bound["weight"], bound["bias"]), {})
 
@@ -122,7 +123,7 @@ def _layer_norm(args: tuple, kwargs: dict) -> AtenCall | None:
     shape = [shape] if is_dim(shape) else list(shape) if isinstance(shape, (tuple, list)) else None
     if not shape or not all(is_size(s) for s in shape) or not is_number(bound["eps"]):
         return None
-    if any(bound[k] is not None and not is_tensor(bound[k]) for k in ("weight", "bias")):
+    if not (is_optional_tensor(bound["weight"]) and is_optional_tensor(bound["bias"])):
         return None
     call = (bound["input"], shape, bound["weight"], bound["bias"], bound["eps"])
     return trimmed(aten.layer_norm.default, call, {})
@@ -137,7 +138,7 @@ def _group_norm(args: tuple, kwargs: dict) -> AtenCall | None:
     )
     if bound is None or not is_tensor(bound["input"]) or not is_dim(bound["num_groups"]):
         return None
-    if any(bound[k] is not None and not is_tensor(bound[k]) for k in ("weight", "bias")):
+    if not (is_optional_tensor(bound["weight"]) and is_optional_tensor(bound["bias"])):
         return None
     if not is_number(bound["eps"]):
         return None
@@ -220,7 +221,7 @@ def _attention(args: tuple, kwargs: dict) -> AtenCall | None:
     if any(bound[k].dim() != 4 for k in ("query", "key", "value")):
         return None
     mask, scale = bound["attn_mask"], bound["scale"]
-    if (mask is not None and not is_tensor(mask)) or (scale is not None and not is_number(scale)):
+    if not is_optional_tensor(mask) or (scale is not None and not is_number(scale)):
         return None
     if bound["dropout_p"] not in (0, 0.0) or type(bound["dropout_p"]) not in (int, float):
         return None

@@ -54,7 +54,10 @@ def _binary(tensor_op: Any, commutative: bool) -> Rule:
     return rule
 
 
-def _comparison(tensor_op: Any, scalar_op: Any) -> Rule:
+def _tensor_or_scalar(tensor_op: Any, scalar_op: Any) -> Rule:
+    """``x op y`` with ``y`` a tensor (``tensor_op``) or a Python number (``scalar_op``):
+    comparisons, ``pow``."""
+
     def rule(args: tuple, kwargs: dict) -> AtenCall | None:
         if kwargs or len(args) != 2 or not is_tensor(args[0]):
             return None
@@ -67,14 +70,7 @@ def _comparison(tensor_op: Any, scalar_op: Any) -> Rule:
     return rule
 
 
-def _pow(args: tuple, kwargs: dict) -> AtenCall | None:
-    if kwargs or len(args) != 2 or not is_tensor(args[0]):
-        return None
-    if is_tensor(args[1]):
-        return aten.pow.Tensor_Tensor, args, {}
-    if is_number(args[1]):
-        return aten.pow.Tensor_Scalar, args, {}
-    return None
+_pow = _tensor_or_scalar(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar)
 
 
 def _where(args: tuple, kwargs: dict) -> AtenCall | None:
@@ -270,12 +266,12 @@ _BINARY = {
     operator.truediv: _binary(aten.div.Tensor, False),
 }
 _COMPARISONS = {
-    operator.eq: _comparison(aten.eq.Tensor, aten.eq.Scalar),
-    operator.ne: _comparison(aten.ne.Tensor, aten.ne.Scalar),
-    operator.lt: _comparison(aten.lt.Tensor, aten.lt.Scalar),
-    operator.le: _comparison(aten.le.Tensor, aten.le.Scalar),
-    operator.gt: _comparison(aten.gt.Tensor, aten.gt.Scalar),
-    operator.ge: _comparison(aten.ge.Tensor, aten.ge.Scalar),
+    operator.eq: _tensor_or_scalar(aten.eq.Tensor, aten.eq.Scalar),
+    operator.ne: _tensor_or_scalar(aten.ne.Tensor, aten.ne.Scalar),
+    operator.lt: _tensor_or_scalar(aten.lt.Tensor, aten.lt.Scalar),
+    operator.le: _tensor_or_scalar(aten.le.Tensor, aten.le.Scalar),
+    operator.gt: _tensor_or_scalar(aten.gt.Tensor, aten.gt.Scalar),
+    operator.ge: _tensor_or_scalar(aten.ge.Tensor, aten.ge.Scalar),
 }
 _UNARY_NAMES = ("neg", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "abs")
 
