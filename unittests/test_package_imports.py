@@ -148,6 +148,17 @@ def test_passes_load_without_tracer_or_exporter():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_importing_the_tracer_and_exporter_does_not_import_dynamo():
+    # importing dynamo takes half a second; only a trace needs it (torch's ShapeEnv)
+    code = (
+        "import sys, yobx.torch.tracing, yobx.torch.onnx, yobx.models, yobx.cli; "
+        "print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", out.stdout
+
+
 def test_lazy_names_of_yobx_torch():
     import yobx.torch
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import sympy
 import torch
-from torch._dynamo.source import ConstantSource
+from torch._guards import GuardSource, Source, dataclass_with_cached_hash
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
@@ -33,6 +33,29 @@ from torch.utils._sympy.numbers import int_oo
 from .expression_text import pretty
 from .range_proofs import prove_from_ranges
 from .static_fakes import StaticFakes
+
+
+@dataclass_with_cached_hash(frozen=True)
+class DimensionSource(Source):
+    """Where a user's dimension comes from, for the ShapeEnv (its messages name it).
+
+    The same as dynamo's ``ConstantSource``, which lives in ``torch._dynamo.source``:
+    importing that module imports dynamo (half a second), which importing the tracer
+    does not need (the first trace does: creating a ShapeEnv imports it).
+    """
+
+    source_name: str
+
+    @property
+    def guard_source(self) -> GuardSource:
+        return GuardSource.CONSTANT
+
+    @property
+    def _name_template(self) -> str:
+        return self.source_name
+
+    def make_guard(self, fn: Any) -> Any:
+        raise NotImplementedError
 
 
 def static_fake(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
@@ -226,7 +249,7 @@ class SymbolicDimensions:
         self, name: str, hint: int, low: int, high: int | None
     ) -> tuple[sympy.Symbol, torch.SymInt]:
         """Creates a ShapeEnv symbol named ``name`` for the user, in ``[low, high]``."""
-        source = ConstantSource(f"dim_{len(self.names)}_{_identifier(name)}")
+        source = DimensionSource(f"dim_{len(self.names)}_{_identifier(name)}")
         symbol = self.shape_env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
         self.shape_env.constrain_symbol_range(
             symbol, compiler_min=low, compiler_max=int_oo if high is None else int(high)
