@@ -327,3 +327,60 @@ def test_memoized_layouts_are_recomputed_when_the_ranges_change():
     assert factory.memoized("other", [x], compute) == 4
     torch._check(s <= 100)
     assert factory.memoized("k", [x], compute) == 5
+
+
+@pytest.mark.parametrize(
+    "sizes, strides",
+    [
+        (("b", "s", 32), None),
+        (("b", 1, "s", 8), None),
+        (("s",), None),
+        (("b", "s", 32), (1, "b", lambda b, s: b * s)),  # a transposed layout
+        (("b", 4, "s", 8), (lambda b, s: 32 * s, 8, 32, 1)),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+def test_new_tensor_with_symbolic_sizes_is_torchs_factory_output(sizes, strides, dtype):
+    # TensorFactory.new builds symbolic tensors itself (a storage resized to the bytes
+    # torch would allocate, then restrided): it must be the tensor torch.empty or
+    # torch.empty_strided makes, its own storage, usable by in-place restriding ops
+    import sympy
+
+    from yobx.torch.tracing.shape_rules._base import TensorFactory
+
+    dims = SymbolicDimensions()
+    b, s = dims.dimension("batch", 3), dims.dimension("seq", 5)
+    names = {"b": b, "s": s}
+    concrete_sizes = [names.get(v, v) for v in sizes]
+    concrete_strides = (
+        None if strides is None else [v(b, s) if callable(v) else names.get(v, v) for v in strides]
+    )
+    factory = TensorFactory(dims.fake_mode)
+    guards = len(dims.shape_env.guards)
+    ours = factory.new(concrete_sizes, dtype, torch.device("cpu"), strides=concrete_strides)
+    again = factory.new(concrete_sizes, dtype, torch.device("cpu"), strides=concrete_strides)
+    with dims.fake_mode:
+        if concrete_strides is None:
+            expected = torch.empty(concrete_sizes, dtype=dtype)
+        else:
+            expected = torch.empty_strided(concrete_sizes, concrete_strides, dtype=dtype)
+
+    def same(a, c):
+        return sympy.simplify(sympy.sympify(a) - sympy.sympify(c)) == 0
+
+    assert ours.shape == expected.shape and ours.dtype == expected.dtype
+    assert all(same(a, c) for a, c in zip(ours.stride(), expected.stride()))
+    assert ours.storage_offset() == 0 and not ours._is_view()
+    assert same(ours.untyped_storage().nbytes(), expected.untyped_storage().nbytes())
+    assert isinstance(ours, torch._subclasses.fake_tensor.FakeTensor)
+    assert ours.device == torch.device("cpu")
+    # each tensor has its own storage and, when computed, its own symbolic strides
+    # (make_fx binds a SymNode to the tensor it was first read from)
+    assert ours.untyped_storage()._cdata != again.untyped_storage()._cdata
+    for a, c in zip(ours.stride(), again.stride()):
+        if isinstance(a, torch.SymInt) and strides is None:
+            assert a.node is not c.node
+    with dims.fake_mode:
+        restrided = ours.clone() if dtype == torch.bool else ours
+        restrided.unsqueeze_(0).transpose_(0, 1)
+    assert len(dims.shape_env.guards) == guards

@@ -10,6 +10,7 @@ every trace. This module holds the trace itself: inputs, proxies and the patch w
 
 from __future__ import annotations
 
+import builtins
 import collections
 import math
 from collections.abc import Callable
@@ -54,6 +55,8 @@ from .symbolic_memo import memoized_symbolic_arithmetic
 from .torch_frames import cheap_uninteresting_files
 from .trace_state import TraceState
 from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
+
+_BUILTIN_ISINSTANCE = builtins.isinstance
 
 
 def _has_symbol(args: Any) -> bool:
@@ -453,6 +456,17 @@ class CustomTracer(
         proxy_factory_fn=None,
     ):
         """Creates the node, computes its fake value, returns a proxy or a constant."""
+        # torch.fx's and torch's code run in here (and a leaf module's forward, on fake
+        # values): no proxy reaches a model's isinstance, so all of them get the builtin
+        # rather than the trace's Python function (thousands of calls per trace)
+        patched_isinstance = builtins.isinstance
+        builtins.isinstance = _BUILTIN_ISINSTANCE
+        try:
+            return self._create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+        finally:
+            builtins.isinstance = patched_isinstance
+
+    def _create_proxy(self, kind, target, args, kwargs, name, type_expr, proxy_factory_fn):
         args_ = self.create_arg(args)
         kwargs_ = self.create_arg(kwargs)
         node = self.create_node(kind, target, args_, kwargs_, name, type_expr)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+from torch.fx.experimental.sym_node import SymNode
 
 _MISSING = object()
 
@@ -197,14 +198,52 @@ class TensorFactory:
             if size_key(size) == 0:
                 raise Unsupported("empty output")
         with in_kernel_invocation_manager(self.fake_mode):
-            if strides is None:
-                meta = torch.empty(tuple(sizes), dtype=dtype, device="meta")
+            if all(type(size) is int for size in sizes):
+                if strides is None:
+                    meta = torch.empty(tuple(sizes), dtype=dtype, device="meta")
+                else:
+                    meta = torch.empty_strided(
+                        tuple(sizes), tuple(strides), dtype=dtype, device="meta"
+                    )
             else:
-                meta = torch.empty_strided(tuple(sizes), tuple(strides), dtype=dtype, device="meta")
+                meta = self._symbolic_meta(sizes, strides, dtype)
         out = FakeTensor(self.fake_mode, meta, device)
         if requires_grad:
             out.requires_grad_(True)
         return out
+
+    def _symbolic_meta(
+        self, sizes: Sequence[Any], strides: Sequence[Any] | None, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """``torch.empty_strided(sizes, strides)`` on the meta device, symbolic sizes.
+
+        torch's factories compute the strides, the element count and the storage
+        size with ``SymInt`` arithmetic, each operation a call back into Python: a
+        quarter of a trace. Here they are computed once per geometry (a repeated
+        layer creates the same ones over and over), and the tensor is a restriding of
+        a storage resized to torch's size (``computeStorageNbytes``): the tensor owns
+        its storage, as a factory's output does. Each tensor gets its own ``SymNode``
+        objects, as from a factory (see :mod:`..symbolic_memo` for why).
+        """
+        itemsize = dtype.itemsize
+        if strides is None:
+            layout, nbytes = self.memoized(
+                _CONTIGUOUS_STORAGE[itemsize],
+                (),
+                lambda: _contiguous_storage(sizes, itemsize),
+                sizes,
+            )
+            strides = tuple(map(_fresh, layout))
+        else:
+            nbytes = self.memoized(
+                _STRIDED_STORAGE[itemsize],
+                (),
+                lambda: _strided_storage(sizes, strides, itemsize),
+                (*sizes, *strides),
+            )
+        base = _EMPTY((0,), dtype=dtype, device=_META)
+        _RESIZE_STORAGE_BYTES(base, _fresh(nbytes))
+        return _AS_STRIDED(base, tuple(sizes), tuple(strides), 0).detach()
 
     def view(
         self,
@@ -222,6 +261,52 @@ class TensorFactory:
         if base.requires_grad and torch.is_grad_enabled():
             out.requires_grad_(True)
         return out
+
+
+def _contiguous_storage(sizes: Sequence[Any], itemsize: int) -> tuple[tuple[Any, ...], Any]:
+    """The strides and the storage size (bytes) of ``torch.empty(sizes)``."""
+    numel: Any = 1
+    for size in sizes:
+        numel = numel * size
+    return tuple(contiguous_strides(sizes)), itemsize * numel
+
+
+def _strided_storage(sizes: Sequence[Any], strides: Sequence[Any], itemsize: int) -> Any:
+    """The storage size (bytes) of ``torch.empty_strided(sizes, strides)``: one more
+    than the position of the last element (the sizes are not 0, see ``new``)."""
+    extent: Any = 1
+    for size, stride in zip(sizes, strides):
+        extent = extent + stride * (size - 1)
+    return itemsize * extent
+
+
+def _fresh(value: Any) -> Any:
+    """A new ``SymInt`` of the same value (an ``int`` is returned as it is)."""
+    if type(value) is int:
+        return value
+    node = value.node
+    return torch.SymInt(
+        SymNode(
+            node._expr,
+            node.shape_env,
+            node.pytype,
+            node._hint,
+            node.constant,
+            node.fx_node,
+            optimized_summation=node._optimized_summation,
+        )
+    )
+
+
+_EMPTY = torch.ops.aten.empty.memory_format
+_AS_STRIDED = torch.ops.aten.as_strided.default
+# resizes a storage to a symbolic number of bytes (registered by torch's C++ library,
+# without importing inductor)
+_RESIZE_STORAGE_BYTES = torch.ops.inductor.resize_storage_bytes_.default
+_META = torch.device("meta")
+#: memo kinds of the storage layouts, per item size
+_CONTIGUOUS_STORAGE = {n: f"contiguous_storage_{n}" for n in (1, 2, 4, 8, 16)}
+_STRIDED_STORAGE = {n: f"strided_storage_{n}" for n in (1, 2, 4, 8, 16)}
 
 
 def contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
