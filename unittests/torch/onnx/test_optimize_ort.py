@@ -92,3 +92,74 @@ def test_ort_fusions_of_models_with_gemms_load_and_match_eager(name):
     result = export_and_validate(model, args, kwargs, dynamic_shapes, optimize="ort", min_cases=2)
     fuse = next(stage for stage in result.stages if stage.name == "fuse")
     assert fuse.args["fusions"].get("gemm_to_matmul_add", 0) > 0, fuse.args
+    # onnxruntime's SkipLayerNormalization is several times slower on the CPU than
+    # Add + LayerNormalization: none is left
+    assert all(node.op_type != "SkipLayerNormalization" for node in result.model.graph)
+
+
+def _skip_layer_norm_model(with_bias: bool, outputs: list[str]):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    hidden = 16
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32), name)
+        for name in ("gamma", "beta", "bias")
+    ]
+    inputs = ["x", "skip", "gamma", "beta"] + (["bias"] if with_bias else [])
+    node = helper.make_node(
+        "SkipLayerNormalization", inputs, outputs, domain="com.microsoft", epsilon=1e-5
+    )
+    shape = ["batch", 5, hidden]
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "skip")],
+        [
+            helper.make_tensor_value_info(
+                n, TensorProto.FLOAT, shape if n in ("y", "sum") else ["batch", 5, 1]
+            )
+            for n in outputs
+            if n
+        ],
+        initializers if with_bias else initializers[:2],
+    )
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    proto.ir_version = 10
+    onnx.checker.check_model(proto)
+    return proto
+
+
+@pytest.mark.parametrize(
+    "with_bias, outputs, split",
+    [
+        (True, ["y"], True),
+        (False, ["y"], True),
+        (True, ["y", "", "", "sum"], True),  # the sum of the residual is read
+        (True, ["y", "mean", "", ""], False),  # the mean has no Add + LayerNorm form
+    ],
+)
+def test_skip_layer_normalization_is_split_with_the_same_outputs(with_bias, outputs, split):
+    import onnx_ir as ir
+
+    from yobx.torch.onnx.optimize import _split_skip_layer_normalizations
+
+    proto = _skip_layer_norm_model(with_bias, outputs)
+    model = ir.serde.deserialize_model(proto)
+    assert _split_skip_layer_normalizations(model) == int(split)
+    ops = [node.op_type for node in model.graph]
+    assert ("SkipLayerNormalization" in ops) != split, ops
+    rng = np.random.default_rng(1)
+    for batch in (1, 3):
+        feeds = {n: rng.standard_normal((batch, 5, 16)).astype(np.float32) for n in ("x", "skip")}
+        sessions = [
+            onnxruntime.InferenceSession(p.SerializeToString(), providers=["CPUExecutionProvider"])
+            for p in (proto, ir.serde.serialize_model(model))
+        ]
+        before, after = (s.run(None, feeds) for s in sessions)
+        assert len(before) == len(after)
+        for b, a in zip(before, after):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)

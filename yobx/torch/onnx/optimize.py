@@ -213,6 +213,9 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     ``Gemm`` nodes become ``MatMul`` + ``Add`` before (counted as
     ``gemm_to_matmul_add``), and the shapes of intermediate values are cleared after:
     the fusions may drop a ``Reshape`` and leave stale shapes behind.
+    ``SkipLayerNormalization`` nodes become ``Add`` + ``LayerNormalization`` again
+    (counted as ``skip_layer_normalization_split``): onnxruntime's CPU kernel is several
+    times slower than the two (:func:`_split_skip_layer_normalizations`).
     """
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
@@ -221,6 +224,7 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     # MatMul broadcasts, and onnxruntime fuses MatMul + Add into Gemm itself
     unfused = _gemms_to_matmul(model)
     _, counts = optimize_for_ort(model)
+    split = _split_skip_layer_normalizations(model)
     # the fusions leave stale shapes on values whose producer they changed (a Reshape
     # dropped: 2-d on a 3-d value); onnxruntime infers the intermediate ones itself
     boundary = {*model.graph.inputs, *model.graph.outputs}
@@ -231,7 +235,52 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     fusions = {name: count for name, count in counts.items() if count}
     if unfused:
         fusions["gemm_to_matmul_add"] = unfused
+    if split:
+        fusions["skip_layer_normalization_split"] = split
     return fusions
+
+
+def _split_skip_layer_normalizations(model: ir.Model) -> int:
+    """Replaces every ``com.microsoft`` ``SkipLayerNormalization`` whose mean and
+    inverse standard deviation nothing reads by ``Add`` (``+ bias``) and
+    ``LayerNormalization``; returns how many.
+
+    onnxruntime's CPU kernel (1.32, float) takes 600 µs on a ``[2, 128, 512]`` input
+    where ``Add`` + ``LayerNormalization`` take 85 µs, at every size measured up to
+    ``[4, 512, 4096]`` (2.9x): onnxscript's ``skip_layer_normalization`` fusion made GPT2-
+    and ViT-shaped models slower than without ``optimize="ort"``. onnxruntime does not
+    fuse the two back when it loads the model (the sum is read by the next residual
+    ``Add``). ``SkipSimplifiedLayerNormalization`` (RMS) is as fast as its parts: kept.
+    """
+    replaced = 0
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        if node.op_type != "SkipLayerNormalization" or node.domain != "com.microsoft":
+            continue
+        outputs = [*node.outputs, None, None, None][:4]
+        if any(v is not None and (v.uses() or v.is_graph_output()) for v in outputs[1:3]):
+            continue
+        x, skip, gamma, beta, bias = [*node.inputs, None, None, None][:5]
+        new_nodes = [ir.node("Add", [x, skip])]
+        if bias is not None:
+            new_nodes.append(ir.node("Add", [new_nodes[-1].outputs[0], bias]))
+        total = new_nodes[-1].outputs[0]
+        epsilon = _attribute(node, "epsilon", 1e-12)  # onnxruntime's default
+        new_nodes.append(
+            ir.node(
+                "LayerNormalization",
+                [total, gamma] + ([beta] if beta is not None else []),
+                {"axis": -1, "epsilon": float(epsilon), "stash_type": 1},
+            )
+        )
+        old, new = [outputs[0]], [new_nodes[-1].outputs[0]]
+        if outputs[3] is not None:
+            old.append(outputs[3])
+            new.append(total)
+        for before, after in zip(old, new):
+            after.shape, after.type = before.shape, before.type
+        ir.convenience.replace_nodes_and_values(node.graph, node, [node], new_nodes, old, new)
+        replaced += 1
+    return replaced
 
 
 def _attribute(node: ir.Node, name: str, default: Any) -> Any:
