@@ -40,9 +40,10 @@ def size_key(value: Any) -> Any:
     if type(value) is int:
         return value
     if isinstance(value, torch.SymInt):
-        node = value.node
-        constant = node.maybe_as_int()
-        return constant if constant is not None else node.expr
+        # SymNode.maybe_as_int, reading the normalized expression once (each read
+        # tests it for a number, a walk of the expression)
+        expr = value.node.expr
+        return int(expr) if expr.is_number else expr
     raise Unsupported(f"not a size: {value!r}")
 
 
