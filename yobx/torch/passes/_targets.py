@@ -233,16 +233,30 @@ def callable_name(node: Node) -> str | None:
         return target._schema.name.split("::")[-1]
     if isinstance(target, torch._ops.OpOverloadPacket):
         return target._qualified_op_name.split("::")[-1]
+    try:
+        if target in _OPERATOR_FUNCTIONS:
+            return None
+        owner = _TORCH_OWNERS.get(target)
+    except TypeError:  # an unhashable callable
+        owner = None
     name = getattr(target, "__name__", None)
     if name is None:
         return None
-    if getattr(torch.Tensor, name, None) is target:
+    # the namespace found last time, checked again (it may have been patched since)
+    if owner is not None and getattr(owner, name, None) is target:
         return name
-    if getattr(torch, name, None) is target or getattr(torch.nn.functional, name, None) is target:
-        return name
-    if getattr(torch.special, name, None) is target or getattr(torch.linalg, name, None) is target:
-        return name
+    for owner in (torch.Tensor, torch, torch.nn.functional, torch.special, torch.linalg):
+        if getattr(owner, name, None) is target:
+            with contextlib.suppress(TypeError):
+                _TORCH_OWNERS[target] = owner
+            return name
     return None
+
+
+#: the functions of ``operator`` (``x + y`` in a graph): never torch's
+_OPERATOR_FUNCTIONS = frozenset(f for f in vars(operator).values() if callable(f))
+#: the torch namespace each torch function was found in (the passes ask for every node)
+_TORCH_OWNERS: dict[Any, Any] = {}
 
 
 @functools.cache

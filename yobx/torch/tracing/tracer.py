@@ -59,6 +59,11 @@ from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
 _BUILTIN_ISINSTANCE = builtins.isinstance
 
 
+#: target -> the base name torch.fx gives its nodes (``Graph._target_to_str``, a regular
+#: expression per node otherwise)
+_NODE_NAMES: dict[Any, str] = {}
+
+
 class _ModuleStack(collections.OrderedDict):
     """torch.fx's stack of the modules being called, which it copies into the
     ``meta["nn_module_stack"]`` of every node: ``copy.copy`` of an ``OrderedDict``
@@ -454,6 +459,17 @@ class CustomTracer(
         if cls is None:
             cls = proxy_class_for(node.meta.get("val"))
         return cls(node, self, **kwargs)
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):
+        """torch.fx's, with the name a target gives its nodes computed once per target."""
+        if name is None and (kind == "call_function" or kind == "call_method"):
+            try:
+                name = _NODE_NAMES.get(target)
+                if name is None:
+                    name = _NODE_NAMES[target] = self.graph._target_to_str(target)
+            except TypeError:  # an unhashable callable
+                pass
+        return super().create_node(kind, target, args, kwargs, name, type_expr)
 
     def create_proxy(
         self,
