@@ -18,40 +18,55 @@ import warnings
 import torch
 
 from yobx.models import load_model
+from yobx.models.architectures import build
 from yobx.torch.tracing import CustomTracer
 
-#: the demo models of ``yobx.models`` (the same ones as ``bench_export.py``)
+#: the demo models of ``yobx.models`` (the same ones as ``bench_export.py``), and two
+#: architecture cases of ``yobx.models.architectures`` (``arch:<name>``): a vision
+#: transformer and an encoder-decoder
 MODELS = (
     "hf:LlamaForCausalLM",
     "hf:GPT2LMHeadModel",
     "hf:BertModel",
     "transformer-encoder",
     "tiny-cnn",
+    "arch:vit",
+    "arch:t5",
 )
 
 
-def models():
+def models(names=MODELS):
     """Yields (name, model, example kwargs, dynamic shapes) for every benchmarked model."""
-    for name in MODELS:
-        model, args, kwargs, dynamic_shapes = load_model(name)
+    for name in names:
+        if name.startswith("arch:"):
+            case = build(name[len("arch:") :])
+            model, args, kwargs, dynamic_shapes = (
+                case.model,
+                case.args,
+                case.kwargs,
+                case.dynamic_shapes,
+            )
+        else:
+            model, args, kwargs, dynamic_shapes = load_model(name)
         names = list(inspect.signature(model.forward).parameters)
         kwargs = {**dict(zip(names, args)), **kwargs}
         yield name, model, kwargs, dynamic_shapes
 
 
-def _as_dims(dynamic_shapes):
-    """torch.export wants Dim objects: same names give the same Dim."""
-    cache = {}
+def _as_dims(dynamic_shapes, kwargs):
+    """torch.export's dynamic shapes: every named dimension ``Dim.DYNAMIC`` (torch
+    infers the relations and ranges), every input without a spec ``None``."""
 
     def convert(spec):
         if isinstance(spec, str):
-            # a name shared by several inputs is one Dim
-            return cache.setdefault(spec, torch.export.Dim(spec))
+            return torch.export.Dim.DYNAMIC
         if isinstance(spec, dict):
             return {k: convert(v) for k, v in spec.items()}
+        if isinstance(spec, (list, tuple)):
+            return type(spec)(convert(v) for v in spec)
         return spec
 
-    return {k: convert(v) for k, v in dynamic_shapes.items()}
+    return {k: convert(dynamic_shapes.get(k)) for k in kwargs}
 
 
 def _median_times(functions: dict, repeat: int) -> dict:
@@ -79,13 +94,14 @@ def _median_times(functions: dict, repeat: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     print(
         f"{'model':22s} {'yobx (s)':>10s} {'fx (s)':>10s} {'export (s)':>11s} "
         f"{'yobx/export':>12s} {'yobx/fx':>8s}"
     )
-    for name, model, kwargs, dyn in models():
+    for name, model, kwargs, dyn in models(args.models.split(",")):
         measured = _median_times(
             {
                 "yobx": lambda model=model, kwargs=kwargs, dyn=dyn: CustomTracer().trace(
@@ -93,7 +109,7 @@ def main() -> None:
                 ),
                 "fx": lambda model=model: torch.fx.symbolic_trace(model),
                 "export": lambda model=model, kwargs=kwargs, dyn=dyn: torch.export.export(
-                    model, (), kwargs, dynamic_shapes=_as_dims(dyn), strict=False
+                    model, (), kwargs, dynamic_shapes=_as_dims(dyn, kwargs), strict=False
                 ),
             },
             args.repeat,

@@ -31,15 +31,29 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import Node
 
-from . import conv, elementwise, factories, nn, views
+from . import conv, elementwise, factories, nn, resample, views
 from ._base import TensorFactory, Unsupported
 
 __all__ = ["ShapeRuleMismatch", "ShapeRules", "Unsupported", "check_enabled", "compare"]
 
-_FUNCTION_RULES = {**elementwise.FUNCTION_RULES, **views.FUNCTION_RULES, **nn.FUNCTION_RULES}
+_FUNCTION_RULES = {
+    **elementwise.FUNCTION_RULES,
+    **views.FUNCTION_RULES,
+    **nn.FUNCTION_RULES,
+    **resample.FUNCTION_RULES,
+    **factories.LIKE_RULES,
+}
 _FACTORY_RULES = frozenset(factories.FUNCTION_RULES.values())
+#: rules that also apply to a static input given symbolic sizes (torch's Python
+#: decompositions compute those, see symbolic_variants._python_dispatched)
+_SIZED_RULES = frozenset([*resample.FUNCTION_RULES.values(), *factories.METHOD_RULES.values()])
 _FUNCTION_RULES.update(factories.FUNCTION_RULES)
-_METHOD_RULES = {**elementwise.METHOD_RULES, **views.METHOD_RULES, **nn.METHOD_RULES}
+_METHOD_RULES = {
+    **elementwise.METHOD_RULES,
+    **views.METHOD_RULES,
+    **nn.METHOD_RULES,
+    **factories.METHOD_RULES,
+}
 _MODULE_RULES = {**nn.MODULE_RULES, **conv.MODULE_RULES}
 
 
@@ -72,9 +86,11 @@ class ShapeRules:
         if rule is None:
             return NotImplemented
         if rule in _FACTORY_RULES:
-            if not any(isinstance(a, torch.SymInt) for a in args):
+            if not _any_symbolic_size(args, {}):
                 return NotImplemented
-        elif not _has_symbolic_tensor(args, kwargs):
+        elif not _has_symbolic_tensor(args, kwargs) and not (
+            rule in _SIZED_RULES and _any_symbolic_size(args, kwargs)
+        ):
             return NotImplemented
         try:
             if node.op == "call_module":
@@ -104,6 +120,15 @@ def _has_symbolic_tensor(args: tuple, kwargs: dict) -> bool:
     the latter, so they only apply when torch would take that path.
     """
     return _any_symbolic(args) or _any_symbolic(kwargs.values())
+
+
+def _any_symbolic_size(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``SymInt`` is among the arguments, or in a tuple or list of them."""
+    return any(
+        isinstance(v, torch.SymInt)
+        or (type(v) in (tuple, list) and any(isinstance(i, torch.SymInt) for i in v))
+        for v in (*args, *kwargs.values())
+    )
 
 
 def _any_symbolic(values: Any) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 from torch.fx.experimental.sym_node import SymNode
+from torch.utils._sympy.functions import Max
 
 _MISSING = object()
 
@@ -90,16 +91,25 @@ def exactly_contiguous(tensor: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _exactly_contiguous(sizes: tuple[Any, ...], strides: tuple[Any, ...]) -> bool:
     # structural (expressions only, no ranges): cached across traces, since the products
-    # of sympy expressions are what the check costs
+    # of sympy expressions are what the check costs.
+    # torch writes contiguous strides as products of max(size, 1)
+    # (make_contiguous_strides_for), which sympy simplifies to the size for a symbol but
+    # not for an expression such as s // 8 (a convolution's output, whose ranges may not
+    # exclude 0 since the tracer does not record what a convolution asks): both
+    # spellings are accepted. They differ only when a size is 0, where the tensor is
+    # empty: no element to compute, nothing aliased, contiguous for torch whatever the
+    # strides.
     expected: Any = 1
+    expected_max: Any = 1
     for i in range(len(sizes) - 1, -1, -1):
         size = sizes[i]
         if size == 0:
             raise Unsupported("empty tensor")
-        if strides[i] != expected:
+        if strides[i] != expected and strides[i] != expected_max:
             return False
         # sympy keeps products of symbols in a canonical order: no expand needed
         expected = expected * size
+        expected_max = expected_max * (size if type(size) is int else Max(1, size))
     return True
 
 

@@ -150,6 +150,15 @@ def true_divide(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tens
     return _elementwise(factory, args, fast_binary=len(args) == 2)
 
 
+def extremum(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``torch.minimum/maximum(a, b)``, and ``torch.min/max(a, b)`` of two tensors (T5's
+    relative position buckets); ``min(x)`` or ``min(x, dim)`` are reductions: torch."""
+    _no_kwargs(kwargs)
+    if len(args) != 2 or not all(isinstance(a, torch.Tensor) for a in args):
+        raise Unsupported("not two tensors")
+    return _elementwise(factory, args)
+
+
 def comparison(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     """``< <= > >= == !=``: a bool tensor."""
     _no_kwargs(kwargs)
@@ -310,6 +319,10 @@ FUNCTION_RULES: dict[Any, Any] = {
     torch.eq: comparison,
     torch.ne: comparison,
     torch.where: where,
+    torch.minimum: extremum,
+    torch.maximum: extremum,
+    torch.min: extremum,
+    torch.max: extremum,
     torch.masked_fill: masked_fill,
     torch.triu: triangular,
     torch.tril: triangular,
@@ -336,6 +349,10 @@ METHOD_RULES: dict[str, Any] = {
     "ge": comparison,
     "eq": comparison,
     "ne": comparison,
+    "minimum": extremum,
+    "maximum": extremum,
+    "min": extremum,
+    "max": extremum,
     "masked_fill": masked_fill,
     "triu": triangular,
     "tril": triangular,
