@@ -113,7 +113,7 @@ def _run_default_passes(graph: torch.fx.Graph) -> dict[str, Any]:
 def remove_dead_code(graph_module: torch.fx.GraphModule) -> int:
     """Removes what the model computes without using it, in every graph, and the
     runtime checks of the constraints (ONNX has no assertions: the constraints go to
-    the model's metadata).
+    the model's metadata) and of the inputs' layouts (ONNX inputs are always dense).
 
     Lowering dead code is not only a waste: its aten kernels may take decisions on the
     example's sizes the model never needed (a dead ``y[:, 1:] = y[:, :-1]``).
@@ -121,6 +121,7 @@ def remove_dead_code(graph_module: torch.fx.GraphModule) -> int:
     :return: the number of nodes removed
     """
     from yobx.torch.passes import has_side_effect
+    from yobx.torch.tracing.input_layouts import check_contiguous
     from yobx.torch.tracing.runtime_checks import check_constraint
 
     removed = 0
@@ -131,7 +132,7 @@ def remove_dead_code(graph_module: torch.fx.GraphModule) -> int:
         for node in reversed(list(graph.nodes)):
             if node.op in ("placeholder", "output") or node.users:
                 continue
-            if node.target is check_constraint or not has_side_effect(node):
+            if node.target in (check_constraint, check_contiguous) or not has_side_effect(node):
                 graph.erase_node(node)
                 removed += 1
         if removed and isinstance(module, torch.fx.GraphModule):

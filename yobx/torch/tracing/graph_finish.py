@@ -17,6 +17,7 @@ from torch.fx.graph import _PyTreeInfo
 
 from ..node_text import operation_name
 from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
+from .input_layouts import check_examples, insert_layout_checks, layout_dependent_inputs
 from .inputs import NO_EXAMPLE
 from .patches import symbolic_kernels
 from .runtime_checks import RuntimeCheck, declared_checks, insert_runtime_checks
@@ -121,6 +122,7 @@ class GraphFinishMixin:
         elif constants:
             graph._codegen = CheckedCodeGen(constants)
         _remove_unused_scalar_nodes(graph)
+        self._check_input_layouts(graph)
         # Pickling or copying a GraphModule traces its code again with this class:
         # torch.fx's own tracer does that job (it needs no example inputs).
         graph._tracer_cls = None
@@ -143,6 +145,19 @@ class GraphFinishMixin:
             self.traced_model = None
             return
         self.traced_model = self._build_traced_model(module, graph)
+
+    def _check_input_layouts(self, graph) -> None:
+        """Refuses a non-contiguous example of an input whose layout the graph depends
+        on, and makes the graph check that input's layout (see :mod:`.input_layouts`)."""
+        reasons = layout_dependent_inputs(graph, self.state.layout_reads)
+        if not reasons:
+            return
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        leaves = self.state.inputs.leaves if self.state.inputs is not None else []
+        if len(placeholders) == len(leaves):
+            check_examples(reasons, dict(zip(placeholders, leaves)))
+        if self.runtime_checks:
+            insert_layout_checks(graph, reasons)
 
     def _traced_constants(self, graph) -> dict[str, Any]:
         """Placeholder name -> the Python constant it was traced with."""

@@ -48,6 +48,9 @@ class TraceState:
     #: whether inputs or outputs are nested structures: the graph module then flattens
     #: and rebuilds them (a ``_PyTreeCodeGen``)
     structured: bool = False
+    #: the tensors whose layout the traced code read (``stride()``, ``is_contiguous()``...),
+    #: with the user's ``file:line``: a read folded into a constant leaves no node
+    layout_reads: list[tuple[Node, str]] = dataclasses.field(default_factory=list)
     #: depth of fake executions in progress (> 0: torch runs an operation on fake
     #: values, module calls and attribute reads are torch's, not the user's)
     in_fake: int = 0

@@ -30,6 +30,7 @@ from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .fake_execution import FakeExecutionMixin
 from .fx_isolation import fx_tracing_per_thread
 from .graph_finish import GraphFinishMixin, _CallableModule, graph_fingerprint
+from .input_layouts import reads_layout
 from .inputs import (
     NO_EXAMPLE,
     FlatInputs,
@@ -493,6 +494,10 @@ class CustomTracer(
             builtins.isinstance = patched_isinstance
 
     def _create_proxy(self, kind, target, args, kwargs, name, type_expr, proxy_factory_fn):
+        if args and isinstance(args[0], Proxy) and reads_layout(kind, target):
+            # the graph's values depend on the layout of the inputs this is computed
+            # from (a read folded into a constant leaves no node: see input_layouts)
+            self.state.layout_reads.append((args[0].node, self.location()))
         args_ = self.create_arg(args)
         kwargs_ = self.create_arg(kwargs)
         node = self.create_node(kind, target, args_, kwargs_, name, type_expr)
