@@ -89,18 +89,21 @@ def test_layout_free_graph_takes_any_layout():
         torch.testing.assert_close(gm(value), LayoutFree()(value))
 
 
-def test_direct_write_into_an_input_checks_it():
-    class AddInPlace(torch.nn.Module):
-        def forward(self, x):
-            x.add_(1)
-            return x * 2
+class WritesDirectly(torch.nn.Module):
+    def forward(self, x):
+        x.add_(1)  # into x whatever its layout
+        x.t()[0].mul_(2)  # through a view: the same
+        return x * 2
 
-    graph, gm = _trace(AddInPlace(), torch.randn(3, 5))
-    assert any(n.target is check_contiguous for n in graph.nodes)
-    x = torch.randn(4, 6)
-    expected = x.clone()
-    torch.testing.assert_close(gm(x), AddInPlace()(expected))
-    torch.testing.assert_close(x, expected)
+
+def test_direct_writes_into_an_input_take_any_layout():
+    x = _transposed(3, 5)
+    graph, gm = _trace(WritesDirectly(), x.clone())
+    assert not any(n.target is check_contiguous for n in graph.nodes)
+    for value in (x, _transposed(4, 2), torch.randn(6, 7)):
+        x_eager, x_graph = value.clone(), value.clone()
+        torch.testing.assert_close(gm(x_graph), WritesDirectly()(x_eager))
+        torch.testing.assert_close(x_graph, x_eager)
 
 
 def test_onnx_of_a_layout_dependent_graph_matches_eager():

@@ -7,9 +7,11 @@ out, except when it
 * reads a layout: ``stride()``, ``is_contiguous()``, ``as_strided(...)``,
   ``storage_offset()`` of the input or of a tensor computed from it (an elementwise
   result follows the layout of its inputs);
-* writes into the input or into a tensor the trace found to share its memory:
+* writes into the input through a tensor the trace found to share its memory:
   ``x.contiguous()`` and ``x.reshape(...)`` return the input itself or a view of it
-  when it is contiguous, a copy otherwise; eager writes through the one, not the other.
+  when it is contiguous, a copy otherwise; eager writes through the one, not the other
+  (a write into the input itself or through a view, ``x[0]`` or ``x.t()``, does not
+  depend on the layout).
 
 For those inputs, the trace refuses an example that is not contiguous (its values
 would be computed for another layout than the example's) and the graph checks, each
@@ -137,23 +139,68 @@ def _ancestors(node: Node, placeholders: set[Node]) -> list[Node]:
 
 
 def _input_writes(graph: torch.fx.Graph, placeholders: list[Node], reasons: dict) -> None:
+    """Inputs written through a tensor that shares their memory only because they are
+    contiguous (a ``contiguous()`` or ``reshape`` the trace found to return the input
+    or a view of it). A write into the input itself, or through a view (``x[0]``,
+    ``x.t()``), writes into it whatever its layout: the graph does so too."""
     storages = {}
     for placeholder in placeholders:
         storages.setdefault(_storage(placeholder), placeholder)
     storages.pop(None, None)
-    # the nodes sharing an input's memory, then what writes into them
-    aliases = {}
+    # the nodes sharing an input's memory (in graph order), and whether they share it
+    # through a layout-conditional operation
+    aliases: dict[Node, tuple[Node, bool]] = {}
     for node in graph.nodes:
         placeholder = storages.get(_storage(node))
-        if placeholder is not None:
-            aliases[node] = placeholder
-    for alias, placeholder in aliases.items():
-        if placeholder in reasons:
+        if placeholder is None:
+            continue
+        parent = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+        inherited = parent in aliases and aliases[parent][0] is placeholder and aliases[parent][1]
+        aliases[node] = (
+            placeholder,
+            node is not placeholder and (inherited or _aliases_if_contiguous(node)),
+        )
+    for alias, (placeholder, conditional) in aliases.items():
+        if not conditional or placeholder in reasons:
             continue
         for user in alias.users:
-            if any(aliases.get(w) is placeholder for w in writes(user) if isinstance(w, Node)):
-                reasons[placeholder] = ("it writes into it", _at(user))
+            if any(w is alias for w in writes(user)):
+                reasons[placeholder] = (
+                    "it writes into it through a tensor that shares its memory only when it "
+                    "is contiguous",
+                    _at(user),
+                )
                 break
+
+
+#: operations returning their input or a view of it when it is laid out for it, a copy
+#: otherwise
+_CONDITIONAL_ALIAS_METHODS = frozenset({"contiguous", "reshape", "reshape_as", "flatten", "ravel"})
+_CONDITIONAL_ALIAS_FUNCTIONS = frozenset(
+    {
+        torch.reshape,
+        torch.flatten,
+        torch.ravel,
+        torch.Tensor.contiguous,
+        torch.Tensor.reshape,
+        torch.Tensor.reshape_as,
+        torch.Tensor.flatten,
+        torch.Tensor.ravel,
+    }
+)
+
+
+def _aliases_if_contiguous(node: Node) -> bool:
+    if node.op == "call_method":
+        if node.target == "to":
+            return "memory_format" in node.kwargs
+        return node.target in _CONDITIONAL_ALIAS_METHODS
+    if node.op != "call_function":
+        return False
+    try:
+        return node.target in _CONDITIONAL_ALIAS_FUNCTIONS
+    except TypeError:  # an unhashable callable
+        return False
 
 
 def _storage(node: Node) -> StorageWeakRef | None:

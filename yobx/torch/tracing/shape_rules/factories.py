@@ -113,6 +113,7 @@ def _new_filled(with_value: bool):
         if with_value:
             if len(rest) != 2:
                 raise Unsupported("arguments")
+            _fill_dtype(rest[1])  # a fill value of a known kind
             rest = rest[:1]
         dtype, device = _options(kwargs, x.dtype, x.device)
         return factory.new(_sizes(rest), dtype, device)
