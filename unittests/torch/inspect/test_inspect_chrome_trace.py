@@ -184,7 +184,13 @@ def test_record_run_profile_nests_stage_run_and_calls(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     path = str(tmp_path / "run.json")
-    result = record_run(model, torch.randn(3, 4), inputs=[(torch.randn(2, 4),)], profile=path)
+    result = record_run(
+        model,
+        torch.randn(3, 4),
+        inputs=[(torch.randn(2, 4),)],
+        profile=path,
+        dynamic_shapes={"input": {0: "batch"}},  # the second run has another batch
+    )
     assert result.profile_path == path
     events = _load(path)["traceEvents"]
     _check_well_formed(events)

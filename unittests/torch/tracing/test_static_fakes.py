@@ -95,7 +95,7 @@ def test_tied_and_aliased_weights_trace_and_compute_as_eager():
     eager_model, traced_model = Tied(), Tied()
     traced_model.load_state_dict(eager_model.state_dict())
     gm = torch.fx.GraphModule(traced_model, graph)
-    for other in (ids, torch.tensor([[1, 2, 3, 4, 5]])):
+    for other in (ids, torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]])):
         torch.testing.assert_close(gm(other), eager_model(other))
         torch.testing.assert_close(traced_model.scale, eager_model.scale)
 

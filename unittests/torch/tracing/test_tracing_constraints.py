@@ -445,3 +445,22 @@ def test_no_warning_for_a_clean_trace():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_trace(Lengths(), {"x": torch.randn(4, 3, 2)}, {"x": {0: "n"}})
+
+
+def test_graph_checks_the_static_sizes_it_was_traced_with():
+    # a static dimension is baked into the graph (x[:, :4] for x[:, : x.shape[1] - 1]):
+    # another size would give another result than eager, so the graph refuses it
+    class Trim(torch.nn.Module):
+        def forward(self, x):
+            return x[:, : x.shape[1] - 1] * 2
+
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        Trim(), concrete_args={"x": torch.randn(3, 5)}, dynamic_shapes={"x": {0: "b"}}
+    )
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for batch in (2, 7):
+        x = torch.randn(batch, 5)
+        torch.testing.assert_close(gm(x), Trim()(x))
+    with pytest.raises(ConstraintViolationError, match=r"x.size\(1\) == 5 \(static\)"):
+        gm(torch.randn(2, 7))

@@ -132,3 +132,38 @@ def test_buffer_written_while_a_plain_attribute_views_it():
         expected = model(x)
         torch.testing.assert_close(gm(x), expected)
         torch.testing.assert_close(gm.buf, model.buf)
+
+
+def test_inplace_squeeze_of_an_input_sharing_a_dimension():
+    # the runtime checks read the inputs' sizes as they were when the trace started
+    # (the in-place squeeze changed the placeholder's fake value: an IndexError before)
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            y.squeeze_(0)
+            return x + y
+
+    from ._helpers import trace_module
+
+    dynamic = {"x": {0: "b", 1: "d"}, "y": {1: "d"}}
+    _, _, gm = trace_module(M(), {"x": torch.randn(3, 4), "y": torch.randn(1, 4)}, dynamic)
+    for b, d in ((3, 4), (2, 7), (5, 2)):
+        x, y = torch.randn(b, d), torch.randn(1, d)
+        y_eager, y_graph = y.clone(), y.clone()
+        torch.testing.assert_close(gm(x, y_graph), M()(x, y_eager))
+        assert y_graph.shape == y_eager.shape == (d,)
+
+
+@pytest.mark.parametrize("dims", [(0,), (0, 1), (-2,)])
+def test_inplace_squeeze_of_a_dynamic_dimension(dims):
+    # torch's fake kernel of squeeze_ on a symbolic dimension kills the process (a
+    # segmentation fault in torch 2.13): the tracer decides the dimension is not 1 and
+    # leaves it as it is; the graph checks that decision when it runs
+    class M(torch.nn.Module):
+        def forward(self, x):
+            x = x.clone()
+            x.squeeze_(*dims)
+            return x * 2
+
+    inputs = {"x": torch.randn(3, 5)}
+    others = [{"x": torch.randn(2, 5)}, {"x": torch.randn(4, 5)}]
+    check_trace(M(), inputs, {"x": {0: "b"}}, other_inputs=others)

@@ -19,6 +19,7 @@ import torch
 import torch.fx
 
 from ..chrome_trace import JSONTraceHandler, current_rss_bytes
+from ..tracing.runtime_checks import RUNTIME_CHECK
 from .results import TraceCall, TraceStage
 from .trace_result import TraceResult
 from .values import SummaryCache, summarize
@@ -254,7 +255,8 @@ class _RecordingInterpreter(torch.fx.Interpreter):
         return _function_params(node.target, args, kwargs)
 
     def run_node(self, n: torch.fx.Node) -> Any:
-        if n.op not in _CALL_OPS:
+        if n.op not in _CALL_OPS or n.meta.get(RUNTIME_CHECK):
+            # the graph checking its inputs runs, unrecorded: not a call of the model
             return super().run_node(n)
         set_node = getattr(self, "_set_current_node", None)
         with set_node(n) if set_node is not None else contextlib.nullcontext():

@@ -84,6 +84,21 @@ def _is_squeeze(node: Node) -> bool:
     return node.op == "call_function" and node.target in (torch.squeeze, torch.Tensor.squeeze)
 
 
+def _squeezed_dims(x: torch.Tensor, args: tuple, kwargs: dict) -> list[int]:
+    """The dimensions ``squeeze`` is asked to remove if they are 1 (non-negative)."""
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dims is None:
+        dims = range(x.dim())
+    elif isinstance(dims, int):
+        dims = [dims]
+    return [d % max(x.dim(), 1) for d in dims]
+
+
+def _remaining_dims(args: tuple, kwargs: dict, not_one: list[int]) -> tuple[int, ...]:
+    """The dimensions an in-place squeeze still asks once ``not_one`` are left out."""
+    return tuple(d for d in _squeezed_dims(args[0], args, kwargs) if d not in not_one)
+
+
 def _is_convolution(node: Node, module: torch.nn.Module | None) -> bool:
     if node.op == "call_function":
         return node.target in _CONVOLUTIONS
@@ -141,7 +156,15 @@ class FakeExecutionMixin:
         """Runs the node's operation on the fake values of its arguments."""
         args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
         if _is_squeeze(node):
-            self._decide_squeezed(args, kwargs)
+            not_one = self._decide_squeezed(args, kwargs)
+            if not_one and node.op == "call_method" and node.target == "squeeze_":
+                # torch's fake kernel of an in-place squeeze of a symbolic dimension
+                # crashes the process (a segmentation fault, torch 2.13): the dimensions
+                # decided not to be 1 stay as they are, torch squeezes the others
+                dims = _remaining_dims(args, kwargs, not_one)
+                if not dims:
+                    return args[0]
+                args, kwargs = (args[0], dims), {}
         guards_before = len(self.shape_env.guards)
         known = self.dims.snapshot()
         self.state.in_fake += 1
@@ -201,23 +224,25 @@ class FakeExecutionMixin:
             self._new_guards(guards_before, node, known)
         return val
 
-    def _decide_squeezed(self, args: tuple, kwargs: dict) -> None:
+    def _decide_squeezed(self, args: tuple, kwargs: dict) -> list[int]:
         """``squeeze`` removes the dimensions of size 1: which ones decides the rank of
         its output, so each dynamic one is a decision the graph relies on (torch's fake
         kernel answers "not 1" without recording anything: a graph running with such a
-        dimension of size 1 would compute with the wrong rank)."""
+        dimension of size 1 would compute with the wrong rank). Returns the dynamic
+        dimensions decided not to be 1."""
         x = args[0] if args else kwargs.get("input", kwargs.get("self"))
         if not isinstance(x, torch.Tensor):
-            return
-        dims = args[1] if len(args) > 1 else kwargs.get("dim")
-        if dims is None:
-            dims = range(x.dim())
-        elif isinstance(dims, int):
-            dims = [dims]
-        for d in dims:
+            return []
+        not_one = []
+        for d in _squeezed_dims(x, args, kwargs):
             size = x.shape[d]
-            if isinstance(size, torch.SymInt) and size.node.maybe_as_int() is None:
-                self.decide(size == 1, "squeeze: the dimension's size is 1")
+            if (
+                isinstance(size, torch.SymInt)
+                and size.node.maybe_as_int() is None
+                and not self.decide(size == 1, "squeeze: the dimension's size is 1")
+            ):
+                not_one.append(d)
+        return not_one
 
     def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
         """Runs the node's operation through torch (the fake mode must be active)."""

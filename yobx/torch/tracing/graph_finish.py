@@ -20,7 +20,13 @@ from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
 from .input_layouts import check_examples, insert_layout_checks, layout_dependent_inputs
 from .inputs import NO_EXAMPLE
 from .patches import symbolic_kernels
-from .runtime_checks import RuntimeCheck, declared_checks, insert_runtime_checks
+from .runtime_checks import (
+    RUNTIME_CHECK,
+    RuntimeCheck,
+    declared_checks,
+    insert_runtime_checks,
+    static_checks,
+)
 
 # Nodes computing shapes and scalars have no side effect: removed when unused.
 _PURE_SCALAR_FUNCTIONS = frozenset(
@@ -61,11 +67,14 @@ def graph_fingerprint(graph: torch.fx.Graph) -> str:
 
     Two captures with the same fingerprint name the same computations the same way;
     tools matching values by node name (ONNX value names, recorded runs) check it first.
+    The nodes checking the inputs (``CustomTracer(runtime_checks=...)``) are left out.
     """
     import hashlib
 
     digest = hashlib.blake2b(digest_size=16)
     for node in graph.nodes:
+        if node.meta.get(RUNTIME_CHECK):
+            continue
         target = node.target if isinstance(node.target, str) else operation_name(node)
         digest.update(f"{node.op}|{node.name}|{target}\n".encode())
     return digest.hexdigest()
@@ -127,7 +136,13 @@ class GraphFinishMixin:
         # torch.fx's own tracer does that job (it needs no example inputs).
         graph._tracer_cls = None
         if self.runtime_checks:
-            checks = declared_checks(self.dims)
+            inputs = self.state.inputs
+            sizes = (
+                {n: s for n, s in zip(inputs.names, inputs.sizes) if s is not None}
+                if inputs is not None
+                else {}
+            )
+            checks = declared_checks(self.dims) + static_checks(sizes)
             checks += [
                 RuntimeCheck(condition, f"torch._check({text})", location)
                 for condition, text, location in self.refinements.user_checks
@@ -136,7 +151,7 @@ class GraphFinishMixin:
                 RuntimeCheck(fact.condition, fact.constraint.expression, fact.constraint.location)
                 for fact in self.refinements.adopted
             ]
-            insert_runtime_checks(graph, self.dims, checks)
+            insert_runtime_checks(graph, self.dims, checks, sizes)
         for n in graph.nodes:
             if n.op == "output":
                 n.meta["guards"] = list(self.guards)

@@ -33,6 +33,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..passes._side_effects import writes
 from .errors import TracingError
+from .runtime_checks import RUNTIME_CHECK
 
 #: methods and functions whose result depends on the layout of their first argument
 _LAYOUT_METHODS = frozenset(
@@ -249,4 +250,5 @@ def insert_layout_checks(graph: torch.fx.Graph, reasons: dict[Node, tuple[str, s
             reason = f"{what} at {location}" if location else what
             node = graph.call_function(check_contiguous, (placeholder, placeholder.target, reason))
             node.meta["val"] = None
+            node.meta[RUNTIME_CHECK] = True
     return len(reasons)

@@ -9,7 +9,8 @@ printing and pickling, and the passes keep them (the function is registered with
 1. the declared range of every dimension (``batch >= 2`` by default, ``Dim(max=...)``);
 2. inputs sharing a dimension agree (``x.size(0) == mask.size(0)``), and derived
    dims match their root;
-3. every constraint adopted while tracing (``seq <= 128``, ``dim % 2 == 0``...).
+3. the static sizes of the inputs (``x.size(1) == 5``), which the graph computes for;
+4. every constraint adopted while tracing (``seq <= 128``, ``dim % 2 == 0``...).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from torch.utils._sympy import functions as torch_sympy
 from .constraints import ConstraintViolationError
 from .errors import TracingError
 from .symbolic import SymbolicDimensions
+
+#: ``node.meta`` key set on the nodes a graph runs to check its inputs (not the model's)
+RUNTIME_CHECK = "yobx_runtime_check"
 
 
 @torch.fx.node.has_side_effect
@@ -101,18 +105,41 @@ def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
     return checks
 
 
+def static_checks(input_sizes: dict[str, list[Any]]) -> list[RuntimeCheck]:
+    """The static sizes of the tensor inputs: a graph computes for them (a slice to
+    ``x.shape[1] - 1`` is ``x[:, :4]`` in the graph), as torch.export's programs do,
+    which check them too."""
+    checks = []
+    for leaf, sizes in input_sizes.items():
+        if not isinstance(sizes, (list, tuple)):
+            continue  # an int input declared dynamic
+        for axis, size in enumerate(sizes):
+            if type(size) is int:
+                symbol = sympy.Symbol(f"{leaf}.size({axis})", integer=True)
+                checks.append(
+                    RuntimeCheck(sympy.Eq(symbol, size), f"{leaf}.size({axis}) == {size} (static)")
+                )
+    return checks
+
+
 def insert_runtime_checks(
-    graph: torch.fx.Graph, dims: SymbolicDimensions, checks: list[RuntimeCheck]
+    graph: torch.fx.Graph,
+    dims: SymbolicDimensions,
+    checks: list[RuntimeCheck],
+    input_sizes: dict[str, list[Any]] | None = None,
 ) -> int:
     """Inserts the nodes checking ``checks`` after the placeholders.
 
+    :param input_sizes: the sizes of each tensor input when the trace started, by
+        placeholder name (an in-place ``squeeze_`` or ``transpose_`` of an input changes
+        its placeholder's fake value afterwards); the placeholders' values otherwise
     :return: the number of checks inserted (checks that are always true are skipped)
     """
     placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
     anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
     if anchor is None or not checks:
         return 0
-    builder = _CheckBuilder(graph, dims, placeholders)
+    builder = _CheckBuilder(graph, dims, placeholders, input_sizes or {})
     count = 0
     with graph.inserting_before(anchor):
         for check in checks:
@@ -123,10 +150,17 @@ def insert_runtime_checks(
 class _CheckBuilder:
     """Builds the nodes of the checks, sharing the size and arithmetic nodes."""
 
-    def __init__(self, graph: torch.fx.Graph, dims: SymbolicDimensions, placeholders: dict):
+    def __init__(
+        self,
+        graph: torch.fx.Graph,
+        dims: SymbolicDimensions,
+        placeholders: dict,
+        input_sizes: dict[str, list[Any]],
+    ):
         self.graph = graph
         self.dims = dims
         self.placeholders = placeholders
+        self.input_sizes = input_sizes
         self.tracer = GraphAppendingTracer(graph)
         self.proxies: dict[sympy.Expr, Any] = {}
 
@@ -154,6 +188,7 @@ class _CheckBuilder:
             ),
         )
         node.meta["val"] = None
+        node.meta[RUNTIME_CHECK] = True
         return 1
 
     def _unchecked(self, check: RuntimeCheck) -> TracingError:
@@ -212,7 +247,11 @@ class _CheckBuilder:
                 self.proxies[key] = Proxy(placeholder, self.tracer)
                 return self.proxies[key]
             node = self.graph.call_method("size", (placeholder, axis))
-            node.meta["val"] = placeholder.meta["val"].shape[axis]
+            sizes = self.input_sizes.get(leaf)
+            node.meta["val"] = (
+                sizes[axis] if sizes is not None else placeholder.meta["val"].shape[axis]
+            )
+            node.meta[RUNTIME_CHECK] = True
             self.proxies[key] = Proxy(node, self.tracer)
         return self.proxies[key]
 
@@ -230,6 +269,7 @@ class _CheckBuilder:
                 "call_function", fractions.Fraction, (int(expr.p), int(expr.q)), {}
             )
             proxy.node.meta["val"] = None
+            proxy.node.meta[RUNTIME_CHECK] = True
             self.proxies[expr] = proxy
             return proxy
         function, folds = _operation(expr)
@@ -248,6 +288,7 @@ class _CheckBuilder:
             return function(*operands)
         proxy = self.tracer.create_proxy("call_function", function, operands, {})
         proxy.node.meta["val"] = None
+        proxy.node.meta[RUNTIME_CHECK] = True
         return proxy
 
 
