@@ -20,6 +20,7 @@ from yobx.torch.onnx.direct_arguments import (
     per_dimension,
     trimmed,
 )
+from yobx.torch.tracing.shape_rules.resample import INTERPOLATE_DEFAULTS, INTERPOLATE_PARAMETERS
 
 aten = torch.ops.aten
 F = torch.nn.functional
@@ -157,27 +158,7 @@ def _interpolate(args: tuple, kwargs: dict) -> AtenCall | None:
     """``F.interpolate`` of a 4-d tensor to a given ``size`` (a vision transformer's
     position table, 380 ms through make_fx on symbolic sizes): the ``upsample_*2d.vec``
     overload torch records; a scale factor or antialiasing go through make_fx."""
-    bound = bind(
-        args,
-        kwargs,
-        (
-            "input",
-            "size",
-            "scale_factor",
-            "mode",
-            "align_corners",
-            "recompute_scale_factor",
-            "antialias",
-        ),
-        {
-            "size": None,
-            "scale_factor": None,
-            "mode": "nearest",
-            "align_corners": None,
-            "recompute_scale_factor": None,
-            "antialias": False,
-        },
-    )
+    bound = bind(args, kwargs, INTERPOLATE_PARAMETERS, INTERPOLATE_DEFAULTS)
     if bound is None or not is_tensor(bound["input"]) or bound["input"].dim() != 4:
         return None
     if bound["scale_factor"] is not None or bound["recompute_scale_factor"] is not None:

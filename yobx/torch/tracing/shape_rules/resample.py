@@ -34,7 +34,8 @@ from ._base import (
     size_key,
 )
 
-_PARAMETERS = (
+#: the parameters of ``F.interpolate``, in order, and their defaults
+INTERPOLATE_PARAMETERS = (
     "input",
     "size",
     "scale_factor",
@@ -43,7 +44,7 @@ _PARAMETERS = (
     "recompute_scale_factor",
     "antialias",
 )
-_DEFAULTS = {
+INTERPOLATE_DEFAULTS = {
     "size": None,
     "scale_factor": None,
     "mode": "nearest",
@@ -57,12 +58,14 @@ _LINEAR = ("bilinear", "bicubic")
 
 
 def _bound(args: tuple, kwargs: dict) -> dict[str, Any]:
-    if len(args) > len(_PARAMETERS) or any(k not in _PARAMETERS for k in kwargs):
+    if len(args) > len(INTERPOLATE_PARAMETERS) or any(
+        k not in INTERPOLATE_PARAMETERS for k in kwargs
+    ):
         raise Unsupported("arguments")
-    bound = dict(_DEFAULTS)
-    bound.update(zip(_PARAMETERS, args))
+    bound = dict(INTERPOLATE_DEFAULTS)
+    bound.update(zip(INTERPOLATE_PARAMETERS, args))
     for name, value in kwargs.items():
-        if name in bound and _PARAMETERS.index(name) < len(args):
+        if name in bound and INTERPOLATE_PARAMETERS.index(name) < len(args):
             raise Unsupported("argument given twice")
         bound[name] = value
     if "input" not in bound:
