@@ -51,7 +51,9 @@ def test_objects_the_user_froze_stay_frozen():
         count = gc.get_freeze_count()
         with older_objects_frozen():
             pass
-        assert gc.get_freeze_count() == count
+        # nothing unfrozen (the count would be 0) nor frozen again (it would grow by the
+        # objects created since); frozen objects freed meanwhile leave the count
+        assert 0 < gc.get_freeze_count() <= count
     finally:
         gc.unfreeze()
 
