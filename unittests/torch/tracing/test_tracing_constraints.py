@@ -464,3 +464,6 @@ def test_graph_checks_the_static_sizes_it_was_traced_with():
         torch.testing.assert_close(gm(x), Trim()(x))
     with pytest.raises(ConstraintViolationError, match=r"x.size\(1\) == 5 \(static\)"):
         gm(torch.randn(2, 7))
+    # another rank: x.shape[-1] is another dimension (eager would slice the last one)
+    with pytest.raises(ConstraintViolationError, match=r"x.dim\(\) == 2 \(static\)"):
+        gm(torch.randn(2, 5, 3))

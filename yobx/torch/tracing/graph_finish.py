@@ -24,6 +24,7 @@ from .runtime_checks import (
     RUNTIME_CHECK,
     RuntimeCheck,
     declared_checks,
+    insert_rank_checks,
     insert_runtime_checks,
     static_checks,
 )
@@ -152,6 +153,9 @@ class GraphFinishMixin:
                 for fact in self.refinements.adopted
             ]
             insert_runtime_checks(graph, self.dims, checks, sizes)
+            insert_rank_checks(
+                graph, {n: len(s) for n, s in sizes.items() if isinstance(s, (list, tuple))}
+            )
         for n in graph.nodes:
             if n.op == "output":
                 n.meta["guards"] = list(self.guards)

@@ -9,7 +9,8 @@ printing and pickling, and the passes keep them (the function is registered with
 1. the declared range of every dimension (``batch >= 2`` by default, ``Dim(max=...)``);
 2. inputs sharing a dimension agree (``x.size(0) == mask.size(0)``), and derived
    dims match their root;
-3. the static sizes of the inputs (``x.size(1) == 5``), which the graph computes for;
+3. the ranks and static sizes of the inputs (``x.dim() == 2``, ``x.size(1) == 5``), which
+   the graph computes for;
 4. every constraint adopted while tracing (``seq <= 128``, ``dim % 2 == 0``...).
 """
 
@@ -120,6 +121,33 @@ def static_checks(input_sizes: dict[str, list[Any]]) -> list[RuntimeCheck]:
                     RuntimeCheck(sympy.Eq(symbol, size), f"{leaf}.size({axis}) == {size} (static)")
                 )
     return checks
+
+
+def insert_rank_checks(graph: torch.fx.Graph, ranks: dict[str, int]) -> int:
+    """Inserts, after the placeholders, a check that each input of ``ranks`` has that
+    number of dimensions (``x.shape[-1]`` of another rank is another size: the static
+    sizes checked by index would not see it); returns how many."""
+    placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
+    anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    if anchor is None:
+        return 0
+    count = 0
+    with graph.inserting_before(anchor):
+        for name, rank in ranks.items():
+            placeholder = placeholders.get(name)
+            if placeholder is None:
+                continue
+            dim = graph.call_method("dim", (placeholder,))
+            same = graph.call_function(operator.eq, (dim, rank))
+            check = graph.call_function(
+                check_constraint,
+                (same, f"{name}.dim() == {rank} (static)", "", {f"{name}.dim()": dim}),
+            )
+            for node, value in ((dim, rank), (same, True), (check, None)):
+                node.meta["val"] = value
+                node.meta[RUNTIME_CHECK] = True
+            count += 1
+    return count
 
 
 def insert_runtime_checks(
