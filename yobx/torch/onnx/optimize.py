@@ -245,12 +245,13 @@ def _split_skip_layer_normalizations(model: ir.Model) -> int:
     inverse standard deviation nothing reads by ``Add`` (``+ bias``) and
     ``LayerNormalization``; returns how many.
 
-    onnxruntime's CPU kernel (1.32, float) takes 600 µs on a ``[2, 128, 512]`` input
-    where ``Add`` + ``LayerNormalization`` take 85 µs, at every size measured up to
-    ``[4, 512, 4096]`` (2.9x): onnxscript's ``skip_layer_normalization`` fusion made GPT2-
-    and ViT-shaped models slower than without ``optimize="ort"``. onnxruntime does not
-    fuse the two back when it loads the model (the sum is read by the next residual
-    ``Add``). ``SkipSimplifiedLayerNormalization`` (RMS) is as fast as its parts: kept.
+    onnxruntime's CPU kernel (1.32, float) is 3 to 7 times slower than ``Add`` +
+    ``LayerNormalization`` from ``[2, 128, 512]`` to ``[4, 512, 4096]``
+    (``_scripts/bench_skip_layer_norm.py``): onnxscript's ``skip_layer_normalization``
+    fusion made GPT2- and ViT-shaped models slower than without ``optimize="ort"``
+    (``_scripts/bench_ort_latency.py``). onnxruntime does not fuse the two back when it
+    loads the model (the sum is read by the next residual ``Add``).
+    ``SkipSimplifiedLayerNormalization`` (RMS, Llama) is left as it is.
     """
     replaced = 0
     for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):

@@ -44,9 +44,6 @@ _CONVOLUTIONS = frozenset(
 )
 
 
-_ORIGINAL_ISINSTANCE = builtins.isinstance
-
-
 # how a scalar node's value is built from its operands' expressions
 _SYMPY_OPERATIONS = {
     operator.eq: sympy.Eq,
@@ -168,12 +165,10 @@ class FakeExecutionMixin:
         guards_before = len(self.shape_env.guards)
         known = self.dims.snapshot()
         self.state.in_fake += 1
-        # torch's own Python code runs here: it must see the real isinstance (faster,
-        # and no proxy reaches fake kernels anyway).
-        patched_isinstance = builtins.isinstance
+        # torch's own Python code runs here with the builtin isinstance: create_proxy,
+        # the only caller, installed it (no proxy reaches fake kernels anyway)
         grad_mode = torch.is_grad_enabled()
         try:
-            builtins.isinstance = _ORIGINAL_ISINSTANCE
             # Fake values carry no autograd history: recording it costs time, and a
             # rule's output must not be a leaf that requires grad (in-place ops on it
             # would then fail where eager succeeds).
@@ -218,7 +213,6 @@ class FakeExecutionMixin:
             ) from e
         finally:
             torch._C._set_grad_enabled(grad_mode)
-            builtins.isinstance = patched_isinstance
             self.state.in_fake -= 1
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)

@@ -117,10 +117,12 @@ def reads_layout(kind: str, target: Any) -> bool:
     """Whether an operation's result depends on the layout of its first argument."""
     if kind == "call_method":
         return target in _LAYOUT_METHODS
-    if kind != "call_function":
-        return False
+    return kind == "call_function" and _is_in(target, _LAYOUT_FUNCTIONS)
+
+
+def _is_in(target: Any, table: frozenset) -> bool:
     try:
-        return target in _LAYOUT_FUNCTIONS
+        return target in table
     except TypeError:  # an unhashable callable
         return False
 
@@ -143,35 +145,40 @@ def _input_writes(graph: torch.fx.Graph, placeholders: list[Node], reasons: dict
     """Inputs written through a tensor that shares their memory only because they are
     contiguous (a ``contiguous()`` or ``reshape`` the trace found to return the input
     or a view of it). A write into the input itself, or through a view (``x[0]``,
-    ``x.t()``), writes into it whatever its layout: the graph does so too."""
+    ``x.t()``), writes into it whatever its layout: the graph does so too.
+
+    Only the few layout-conditional nodes are looked at, then the tensors sharing their
+    memory down their users: no storage is read for the other nodes of the graph.
+    """
+    conditional = [n for n in graph.nodes if _aliases_if_contiguous(n)]
+    if not conditional:
+        return
     storages = {}
     for placeholder in placeholders:
         storages.setdefault(_storage(placeholder), placeholder)
     storages.pop(None, None)
-    # the nodes sharing an input's memory (in graph order), and whether they share it
-    # through a layout-conditional operation
-    aliases: dict[Node, tuple[Node, bool]] = {}
-    for node in graph.nodes:
-        placeholder = storages.get(_storage(node))
-        if placeholder is None:
+    for start in conditional:
+        storage = _storage(start)
+        placeholder = None if storage is None else storages.get(storage)
+        if placeholder is None or placeholder in reasons:
             continue
-        parent = node.args[0] if node.args and isinstance(node.args[0], Node) else None
-        inherited = parent in aliases and aliases[parent][0] is placeholder and aliases[parent][1]
-        aliases[node] = (
-            placeholder,
-            node is not placeholder and (inherited or _aliases_if_contiguous(node)),
-        )
-    for alias, (placeholder, conditional) in aliases.items():
-        if not conditional or placeholder in reasons:
-            continue
-        for user in alias.users:
-            if any(w is alias for w in writes(user)):
-                reasons[placeholder] = (
-                    "it writes into it through a tensor that shares its memory only when it "
-                    "is contiguous",
-                    _at(user),
-                )
-                break
+        seen, stack = {start}, [start]
+        while stack and placeholder not in reasons:
+            alias = stack.pop()
+            for user in alias.users:
+                if any(w is alias for w in writes(user)):
+                    reasons[placeholder] = (
+                        "it writes into it through a tensor that shares its memory only "
+                        "when it is contiguous",
+                        _at(user),
+                    )
+                    break
+                if user in seen:
+                    continue
+                shared = _storage(user)  # StorageWeakRef == None raises
+                if shared is not None and shared == storage:
+                    seen.add(user)
+                    stack.append(user)
 
 
 #: operations returning their input or a view of it when it is laid out for it, a copy
@@ -196,12 +203,7 @@ def _aliases_if_contiguous(node: Node) -> bool:
         if node.target == "to":
             return "memory_format" in node.kwargs
         return node.target in _CONDITIONAL_ALIAS_METHODS
-    if node.op != "call_function":
-        return False
-    try:
-        return node.target in _CONDITIONAL_ALIAS_FUNCTIONS
-    except TypeError:  # an unhashable callable
-        return False
+    return node.op == "call_function" and _is_in(node.target, _CONDITIONAL_ALIAS_FUNCTIONS)
 
 
 def _storage(node: Node) -> StorageWeakRef | None:
