@@ -1,6 +1,7 @@
 """Graph rewrite passes over any ``torch.fx.Graph``.
 
-Each pass mutates the graph in place, leaves it ``graph.lint()``-clean and returns a
+Each pass mutates the graph in place, leaves a graph it changed ``graph.lint()``-clean
+and returns a
 :class:`PassResult`: an int (the number of nodes it changed or removed, negative when it
 had to leave nodes) carrying what was done and what could not be. What the passes know
 about aliasing and side effects comes from :mod:`yobx.torch.passes.aliasing`. None of

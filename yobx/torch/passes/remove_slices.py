@@ -286,6 +286,8 @@ def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> PassResult:
         node.replace_all_uses_with(replacement)
         # a self copy_ writes nothing: it goes although copy_ has a side effect in general
         removed += erase_with_inputs(graph, node)
-    graph.lint()
+    if removed:
+        # (an unchanged graph is as well-formed as it was)
+        graph.lint()
     recompile_owner(graph)
     return PassResult("remove_unnecessary_slices", removed)

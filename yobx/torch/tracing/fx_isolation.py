@@ -43,7 +43,7 @@ from torch.fx import _symbolic_trace
 from torch.fx.experimental import proxy_tensor
 
 from .patch_window import _WINDOW_LOCK, any_thread, patch_window, thread_gate
-from .patches import patched_attributes
+from .patches import memoized_replacements, patched_attributes
 from .world_state import THREAD_STATE, current_fx_patcher, revert_fx_patches
 
 #: seconds to wait for another thread's torch.fx trace before tracing anyway
@@ -101,6 +101,25 @@ _AUTOWRAP_CODE = _symbolic_trace._create_wrapped_func(len).__code__
 
 #: id(original) -> (original, gate) of torch.fx's autowrap replacement of ``original``
 _AUTOWRAP_GATES: dict[int, tuple[Any, Any]] = {}
+
+
+_CREATE_WRAPPED_FUNC = _symbolic_trace._create_wrapped_func
+#: id(original) -> (original, torch.fx's autowrap wrapper of it)
+_WRAPPED_FUNCS: dict[int, tuple[Any, Any]] = {}
+
+
+def _cached_wrapped_func(original: Any) -> Any:
+    """torch.fx's ``_create_wrapped_func``, built once per function: the wrapper closes
+    over ``original`` only and finds its tracer from the proxies it is called with."""
+    cached = _WRAPPED_FUNCS.get(id(original))
+    if cached is not None and cached[0] is original:
+        return cached[1]
+    wrapper = _CREATE_WRAPPED_FUNC(original)
+    if len(_WRAPPED_FUNCS) >= 1024:
+        # `torch.fx.wrap`-ed functions of modules since unloaded
+        _WRAPPED_FUNCS.clear()
+    _WRAPPED_FUNCS[id(original)] = (original, wrapper)
+    return wrapper
 
 
 def _is_autowrap_of(replacement: Any, original: Any) -> bool:
@@ -249,32 +268,42 @@ def fx_tracing_per_thread() -> Iterator[None]:
     """Inside the block, torch.fx traces of this thread keep their state to themselves
     and other threads' torch.fx traces, make_fx runs and higher-order operators wait
     (see the module's documentation)."""
-    exclusive = [(owner, name, _waiting(vars(owner)[name])) for owner, name in _EXCLUSIVE_ENTRIES]
-    with patch_window() as window, patched_attributes(exclusive):
+    with patch_window() as window, patched_attributes(_exclusive_entries()):
         # no foreign trace starts now; one already running is waited for, and the
         # process-wide state to restore is read once it is over
         _wait_for_foreign_trace()
         window.recapture_process_state()
-        with patched_attributes(
-            [
-                (_symbolic_trace, "_new_patcher", any_thread(_new_patcher)),
-                (
-                    _symbolic_trace,
-                    "_maybe_revert_all_patches",
-                    any_thread(
-                        thread_gate(
-                            _symbolic_trace._maybe_revert_all_patches,
-                            _thread_maybe_revert_all_patches,
-                        )
-                    ),
-                ),
-                (_symbolic_trace, "is_fx_tracing", _is_fx_tracing),
-                (_symbolic_trace, "is_fx_symbolic_tracing", _is_fx_symbolic_tracing),
-                # Tracer.trace restores the value it found: this one
-                (_symbolic_trace, "_is_fx_tracing_flag", FX_TRACING_FLAG),
-            ]
-        ):
+        with patched_attributes(_per_thread_state()):
             yield
+
+
+@memoized_replacements
+def _exclusive_entries() -> list[tuple[Any, str, Any]]:
+    return [(owner, name, _waiting(vars(owner)[name])) for owner, name in _EXCLUSIVE_ENTRIES]
+
+
+@memoized_replacements
+def _per_thread_state() -> list[tuple[Any, str, Any]]:
+    return [
+        (_symbolic_trace, "_new_patcher", any_thread(_new_patcher)),
+        (
+            _symbolic_trace,
+            "_maybe_revert_all_patches",
+            any_thread(
+                thread_gate(
+                    _symbolic_trace._maybe_revert_all_patches,
+                    _thread_maybe_revert_all_patches,
+                )
+            ),
+        ),
+        (_symbolic_trace, "is_fx_tracing", _is_fx_tracing),
+        (_symbolic_trace, "is_fx_symbolic_tracing", _is_fx_symbolic_tracing),
+        # Tracer.trace restores the value it found: this one
+        (_symbolic_trace, "_is_fx_tracing_flag", FX_TRACING_FLAG),
+        # torch.fx wraps every function of `math` again in each trace (55 copies of the
+        # function's attributes); its wrapper is the same for every trace
+        (_symbolic_trace, "_create_wrapped_func", _cached_wrapped_func),
+    ]
 
 
 _ORIGINAL_NEW_PATCHER = _symbolic_trace._new_patcher

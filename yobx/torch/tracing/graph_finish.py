@@ -24,9 +24,8 @@ from .runtime_checks import (
     RUNTIME_CHECK,
     RuntimeCheck,
     declared_checks,
-    insert_rank_checks,
     insert_runtime_checks,
-    static_checks,
+    insert_shape_checks,
 )
 
 # Nodes computing shapes and scalars have no side effect: removed when unused.
@@ -143,7 +142,7 @@ class GraphFinishMixin:
                 if inputs is not None
                 else {}
             )
-            checks = declared_checks(self.dims) + static_checks(sizes)
+            checks = declared_checks(self.dims)
             checks += [
                 RuntimeCheck(condition, f"torch._check({text})", location)
                 for condition, text, location in self.refinements.user_checks
@@ -153,9 +152,8 @@ class GraphFinishMixin:
                 for fact in self.refinements.adopted
             ]
             insert_runtime_checks(graph, self.dims, checks, sizes)
-            insert_rank_checks(
-                graph, {n: len(s) for n, s in sizes.items() if isinstance(s, (list, tuple))}
-            )
+            # inserted before the others: a size read by index needs the rank first
+            insert_shape_checks(graph, sizes)
         for n in graph.nodes:
             if n.op == "output":
                 n.meta["guards"] = list(self.guards)

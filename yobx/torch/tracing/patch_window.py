@@ -243,17 +243,25 @@ def gated_value(owner: Any, name: str, value: Any) -> Any:
         return value
     # The same replacement of the same original (the next trace) reuses its gate:
     # building one copies the original's attributes, a cost paid per patch and per trace.
-    key = (id(owner), name)
+    # The key holds the replacement: two patches of one attribute stacked in a trace
+    # (an indexing patch under a kernel patch) keep a gate each, instead of evicting
+    # each other's and rebuilding both every trace.
+    key = (id(owner), name, id(value))
     cached = _GATES.get(key)
     if cached is not None and cached[0] is owner and cached[1] is original and cached[2] is value:
         return cached[3]
+    if len(_GATES) >= _MAX_GATES:
+        # replacements rebuilt after someone else's patch leave stale entries behind
+        _GATES.clear()
     gate = thread_gate(original, value)
     _GATES[key] = (owner, original, value, gate)
     return gate
 
 
-#: (id(owner), name) -> (owner, original, replacement, gate) of the last gate built
-_GATES: dict[tuple[int, str], tuple[Any, Any, Any, Callable]] = {}
+#: (id(owner), name, id(replacement)) -> (owner, original, replacement, gate)
+_GATES: dict[tuple[int, str, int], tuple[Any, Any, Any, Callable]] = {}
+#: more gates than the patches of a few traces' worth of rebuilt replacement lists
+_MAX_GATES = 1024
 
 
 __all__ = [

@@ -6,11 +6,11 @@ to :func:`check_constraint`. They are ordinary FX nodes: they survive ``recompil
 printing and pickling, and the passes keep them (the function is registered with
 :func:`torch.fx.node.has_side_effect`). Checked, in order:
 
-1. the declared range of every dimension (``batch >= 2`` by default, ``Dim(max=...)``);
-2. inputs sharing a dimension agree (``x.size(0) == mask.size(0)``), and derived
-   dims match their root;
-3. the ranks and static sizes of the inputs (``x.dim() == 2``, ``x.size(1) == 5``), which
+1. the ranks and static sizes of the inputs (``x.dim() == 2``, ``x.size(1) == 5``), which
    the graph computes for;
+2. the declared range of every dimension (``batch >= 2`` by default, ``Dim(max=...)``);
+3. inputs sharing a dimension agree (``x.size(0) == mask.size(0)``), and derived
+   dims match their root;
 4. every constraint adopted while tracing (``seq <= 128``, ``dim % 2 == 0``...).
 """
 
@@ -106,48 +106,49 @@ def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
     return checks
 
 
-def static_checks(input_sizes: dict[str, list[Any]]) -> list[RuntimeCheck]:
-    """The static sizes of the tensor inputs: a graph computes for them (a slice to
-    ``x.shape[1] - 1`` is ``x[:, :4]`` in the graph), as torch.export's programs do,
-    which check them too."""
-    checks = []
-    for leaf, sizes in input_sizes.items():
-        if not isinstance(sizes, (list, tuple)):
-            continue  # an int input declared dynamic
-        for axis, size in enumerate(sizes):
-            if type(size) is int:
-                symbol = sympy.Symbol(f"{leaf}.size({axis})", integer=True)
-                checks.append(
-                    RuntimeCheck(sympy.Eq(symbol, size), f"{leaf}.size({axis}) == {size} (static)")
-                )
-    return checks
+def insert_shape_checks(graph: torch.fx.Graph, input_sizes: dict[str, Any]) -> int:
+    """Inserts, after the placeholders, the checks of the rank and the static sizes of
+    each tensor input (``x.dim() == 2``, ``x.size(1) == 5``); returns how many.
 
+    A graph computes for them (a slice to ``x.shape[1] - 1`` is ``x[:, :4]`` in the
+    graph), as torch.export's programs do, which check them too; ``x.shape[-1]`` of
+    another rank is another size, which the sizes checked by index would not see. The
+    nodes are built directly: these conditions need no symbolic arithmetic.
 
-def insert_rank_checks(graph: torch.fx.Graph, ranks: dict[str, int]) -> int:
-    """Inserts, after the placeholders, a check that each input of ``ranks`` has that
-    number of dimensions (``x.shape[-1]`` of another rank is another size: the static
-    sizes checked by index would not see it); returns how many."""
+    :param input_sizes: the sizes of each input when the trace started, by placeholder
+        name (an int declared dynamic has a ``SymInt`` instead of a list)
+    """
     placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
     anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
     if anchor is None:
         return 0
     count = 0
     with graph.inserting_before(anchor):
-        for name, rank in ranks.items():
+        for name, sizes in input_sizes.items():
             placeholder = placeholders.get(name)
-            if placeholder is None:
+            if placeholder is None or not isinstance(sizes, (list, tuple)):
                 continue
+            rank = len(sizes)
             dim = graph.call_method("dim", (placeholder,))
-            same = graph.call_function(operator.eq, (dim, rank))
-            check = graph.call_function(
-                check_constraint,
-                (same, f"{name}.dim() == {rank} (static)", "", {f"{name}.dim()": dim}),
-            )
-            for node, value in ((dim, rank), (same, True), (check, None)):
-                node.meta["val"] = value
-                node.meta[RUNTIME_CHECK] = True
+            _check_node(graph, dim, rank, f"{name}.dim() == {rank} (static)", f"{name}.dim()")
             count += 1
+            for axis, size in enumerate(sizes):
+                if type(size) is not int:
+                    continue
+                read = graph.call_method("size", (placeholder, axis))
+                text = f"{name}.size({axis})"
+                _check_node(graph, read, size, f"{text} == {size} (static)", text)
+                count += 1
     return count
+
+
+def _check_node(graph: torch.fx.Graph, read: torch.fx.Node, value: int, text: str, name: str):
+    """``check_constraint(read == value)`` after ``read``, whose traced value is ``value``."""
+    same = graph.call_function(operator.eq, (read, value))
+    check = graph.call_function(check_constraint, (same, text, "", {name: read}))
+    for node, val in ((read, value), (same, True), (check, None)):
+        node.meta["val"] = val
+        node.meta[RUNTIME_CHECK] = True
 
 
 def insert_runtime_checks(

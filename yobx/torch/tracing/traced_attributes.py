@@ -29,6 +29,23 @@ CONSTANT_PREFIX = "_yobx_constant"
 
 _PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 
+#: argument types a node stores as they are (torch.fx's answer for them, reached
+#: without its chain of isinstance tests: most arguments of most nodes are these)
+_ATOMIC_ARGUMENTS = frozenset(
+    {
+        int,
+        float,
+        bool,
+        str,
+        type(None),
+        type(...),
+        torch.dtype,
+        torch.device,
+        torch.memory_format,
+        torch.layout,
+    }
+)
+
 
 def _identifier_of(name: str) -> str:
     text = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
@@ -89,6 +106,16 @@ class AttributesMixin:
 
     def create_arg(self, a: Any) -> Any:
         """Like torch.fx's, but keeps the user's module untouched for tensor constants."""
+        cls = type(a)
+        if cls in _ATOMIC_ARGUMENTS:
+            return a
+        if cls is tuple:  # not a named tuple nor a torch.Size (subclasses)
+            return tuple([self.create_arg(x) for x in a])
+        if cls is list:
+            return [self.create_arg(x) for x in a]
+        if cls is dict and all(type(k) is str for k in a):
+            # the keyword arguments of every node
+            return {k: self.create_arg(v) for k, v in a.items()}
         if isinstance(a, Proxy):
             node = a.node
             if node.graph is not self.graph:
