@@ -458,3 +458,34 @@ def test_getitem_of_ambiguous_max_is_not_fresh():
     count = remove_inplace(gm.graph, exc=False)
     assert_same(expected, gm(X.clone(), Y))
     assert count == -1
+
+
+def test_local_writes_skip_the_walk():
+    """A write into a new tensor nobody else reads is rewritten where it is (no aliasing
+    walk); a write into a tensor read later, or a chain of writes, goes to the walk."""
+    from yobx.torch.passes.remove_inplace import _local_writes
+
+    def local(m, x, y):
+        a = x * 2
+        a = a.add_(y)  # later reads go through the write's result (``a += y``)
+        b = torch.relu(x).mul_(3)
+        return a - b
+
+    def read_later(m, x, y):
+        a = x * 2
+        c = a + 1
+        a.add_(y)  # ``a`` itself is read again
+        return a, c
+
+    def chained(m, x, y):
+        a = x * 2
+        return a.add_(y).mul_(3)
+
+    for fn, fast in ((local, True), (read_later, False), (chained, False)):
+        model = Lambda(fn)
+        gm = torch.fx.symbolic_trace(model)
+        assert (_local_writes(gm.graph) is not None) is fast, fn.__name__
+        remove_inplace(gm.graph)
+        gm.recompile()
+        assert not has_inplace(gm.graph), fn.__name__
+        assert_same(model(*clone((X, Y))), gm(*clone((X, Y))))

@@ -159,6 +159,25 @@ CASES = [
     _m("new_full", "mask", ("b",), False),
     _m("new_zeros", "w", ("s", 3)),  # a static tensor, a symbolic size
     _m("new_empty", "w", (2, 3), handled=False),
+    # augmented assignments: the written tensor itself (T5's relative position buckets)
+    _f(operator.iadd, "x", "y"),
+    _f(operator.iadd, "x", "bias"),  # broadcast into the written tensor
+    _f(operator.imul, "scores", 2.0),
+    _f(operator.isub, "ids", 1),
+    _f(operator.iadd, "ids", "ids", handled=False),  # the operand is the written tensor
+    _f(operator.iadd, "bias", "x", handled=False),  # torch refuses: bias would grow
+    _f(operator.iadd, "x1", "cos", handled=True),
+    _f(operator.iadd, "cos", "x1", handled=False),  # broadcasts beyond the written tensor
+    _f(operator.iadd, "q", "q", handled=False),  # a strided view
+    _f(operator.iadd, "ids", 0.5, handled=False),  # a float into an integer tensor
+    _f(operator.isub, "mask", "mask", handled=False),  # torch refuses bool subtraction
+    _f(operator.iadd, 1, "x", handled=False),  # a number on the left: ``1 + x``
+    # dropout outside training: its input itself
+    _f(F.dropout, "x", 0.1, False),
+    _f(F.dropout, "q", p=0.0, training=False, inplace=False),
+    _f(F.dropout, "x", 0.1, handled=False),  # training (random values)
+    _f(F.dropout, "x", 0.1, False, True, handled=False),  # in place
+    _f(F.dropout, "x", 1.5, False, handled=False),  # torch raises
 ]
 
 
@@ -206,6 +225,7 @@ def test_rule_matches_torch(env, case):
         nn.LayerNorm(32),
         nn.GELU(),
         nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval(),
+        nn.Dropout(0.1).eval(),
     ],
     ids=lambda m: type(m).__name__,
 )
@@ -244,6 +264,37 @@ def test_cnn_module_rule_matches_torch(env, module):
             state = {k: dims.from_real(v) for k, v in module.state_dict().items()}
             expected = torch.func.functional_call(module, state, (images,))
     shape_rules.compare(value, expected, [images], repr(module))
+
+
+@pytest.mark.parametrize(
+    "module", [nn.Dropout(0.1), nn.Dropout(0.1, inplace=True).eval()], ids=repr
+)
+def test_dropout_module_in_training_or_in_place_falls_back(env, module):
+    dims, values = env
+    rules = shape_rules.ShapeRules(dims.fake_mode)
+    node = types.SimpleNamespace(op="call_module", target="m")
+    with torch.no_grad():
+        assert rules.run(node, (values["x"],), {}, module) is NotImplemented
+
+
+def test_traced_augmented_assignment_matches_eager():
+    """``b += ...`` into a new tensor (T5's buckets) through the rule and the local
+    rewrite of ``remove_inplace``, checked numerically."""
+
+    class Buckets(nn.Module):
+        def forward(self, x):
+            s = x.shape[1]
+            position = torch.arange(s)[None, :] - torch.arange(s)[:, None]
+            buckets = (position > 0).to(torch.long) * 4
+            buckets += torch.where(position.abs() < 2, position.abs(), 1)
+            return x + F.dropout(buckets.to(x.dtype), 0.1, False)
+
+    inputs = {"x": torch.randn(2, 5, 5)}
+    other = {"x": torch.randn(3, 7, 7)}
+    tracer, _, _ = check_trace(
+        Buckets(), inputs, {"x": {0: "batch", 1: "seq", 2: "seq"}}, other_inputs=[other]
+    )
+    assert tracer.shape_rules.fallbacks == 0
 
 
 def test_compare_detects_a_wrong_rule(monkeypatch):

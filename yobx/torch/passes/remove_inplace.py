@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.fx import Graph
+from torch.fx import Graph, Node
 
-from ._inplace_forms import inplace_form
+from ..node_text import describe
+from ._inplace_forms import InplaceForm, inplace_form
 from ._inplace_walk import WRITE_BACK_KEY, InplaceRemovalError, InplaceWalk
 from ._mutations import (
     MUTATIONS_KEY,
@@ -22,8 +23,8 @@ from ._mutations import (
     record_outputs,
     write_back,
 )
-from ._side_effects import writes
-from ._targets import recompile_owner
+from ._side_effects import _module_writes_inputs, changes_metadata, writes
+from ._targets import module_of, recompile_owner
 from .result import PassResult, Refusal
 
 __all__ = ["InplaceRemovalError", "MUTATIONS_KEY", "WRITE_BACK_KEY", "remove_inplace"]
@@ -146,6 +147,15 @@ def _remove_inplace(
         return changed, refused
     walk = InplaceWalk(graph, verbose, convention != "refuse", assume_distinct_inputs)
     original = set(graph.nodes)
+    local = _local_writes(graph)
+    if local is not None:
+        # every write goes into a new tensor nobody else reads: rewritten where it is,
+        # without the walk's aliasing analysis of the whole graph
+        changed += _rewrite_local(walk, local)
+        propagate_values(graph, original)
+        graph.lint()
+        recompile_owner(graph)
+        return changed, refused
     changed += walk.run()
     refused.extend(walk.refused)
     finals = walk.final_values()
@@ -160,6 +170,70 @@ def _remove_inplace(
     graph.lint()
     recompile_owner(graph)
     return changed, refused
+
+
+def _local_writes(graph: Graph) -> list[tuple[Node, InplaceForm]] | None:
+    """The in-place nodes of a graph when each one writes into a tensor read by nothing
+    else, else None (the walk decides).
+
+    Such a write is *local*: the mutated tensor is the new result of an operation
+    (classified fresh: no input, parameter or other result shares its storage) whose
+    only user is the in-place node, itself not a write (``x += a; x += b`` goes to the
+    walk). Anything aliasing that storage would be a user of the tensor, so nothing
+    but the in-place node's own result sees the write: its functional form, computed
+    from the same arguments, replaces it. Augmented assignments on numbers are
+    retargeted as the walk does. Any other writing node (views, inputs, buffers,
+    ``setitem``, ``out=``, modules writing their inputs, write-backs of an earlier run,
+    metadata changes) sends the whole graph to the walk.
+    """
+    from .aliasing import FRESH, classify
+
+    local: list[tuple[Node, InplaceForm]] = []
+    for node in graph.nodes:
+        if node.meta.get(WRITE_BACK_KEY) or changes_metadata(node):
+            return None
+        form = inplace_form(node)
+        if form is None:
+            # what ``writes`` says of a node without an in-place form
+            if node.op == "call_module" and _module_writes_inputs(module_of(node)):
+                return None
+            continue
+        if form.kind == "number":
+            local.append((node, form))
+            continue
+        mutated = form.mutated
+        if (
+            form.kind != "twin"
+            or not isinstance(mutated, Node)
+            or mutated.op not in ("call_function", "call_method", "call_module")
+            or list(mutated.users) != [node]
+            or inplace_form(mutated) is not None
+            or classify(mutated).kind != FRESH
+        ):
+            return None
+        local.append((node, form))
+    return local
+
+
+def _rewrite_local(walk: InplaceWalk, local: list[tuple[Node, InplaceForm]]) -> int:
+    """Rewrites the writes :func:`_local_writes` found, as the walk would."""
+    graph = walk.graph
+    changed = 0
+    for node, form in local:
+        if form.kind == "number":
+            node.target = form.target
+            changed += 1
+            continue
+        # the form again: its arguments may hold an earlier rewritten node
+        form = inplace_form(node)
+        if walk.verbose > 1:
+            print(f"[remove_inplace] rewrote {describe(node)}")
+        with graph.inserting_before(node):
+            value = walk._functional_value(node, form, form.mutated)
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+        changed += 1
+    return changed
 
 
 def writes_anything(graph: Graph) -> bool:

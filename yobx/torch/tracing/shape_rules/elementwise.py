@@ -159,6 +159,37 @@ def extremum(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     return _elementwise(factory, args)
 
 
+def _inplace_arithmetic(no_bool: bool):
+    def rule(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``x += y``, ``x -= y``, ``x *= y`` on a tensor ``x`` (``operator.iadd`` & co.,
+        T5's relative position buckets): ``x`` itself, written in place.
+
+        Only when nothing can go wrong: the operands promote to ``x``'s dtype (one dtype,
+        compatible scalars), broadcast to ``x``'s shape exactly, share ``x``'s device,
+        ``x`` is exactly contiguous (no overlapping elements) and no other operand shares
+        its storage. A number on the left (``0 += t`` is ``0 + t``) goes to torch.
+        """
+        _no_kwargs(kwargs)
+        if len(args) != 2 or not isinstance(args[0], torch.Tensor):
+            raise Unsupported("not a tensor written in place")
+        x = args[0]
+        tensors, dtype = _operand_dtype(args)
+        if no_bool and dtype == torch.bool:
+            raise Unsupported("bool subtraction")
+        shape = broadcast_shapes(*(t.shape for t in tensors))
+        if [size_key(s) for s in shape] != [size_key(s) for s in x.shape]:
+            raise Unsupported("the operands do not broadcast to the written tensor")
+        common_device(tensors)
+        if not exactly_contiguous(x):
+            raise Unsupported("written tensor not contiguous")
+        storage = x.untyped_storage()._cdata
+        if any(t.untyped_storage()._cdata == storage for t in tensors[1:]):
+            raise Unsupported("an operand shares the written tensor's storage")
+        return x
+
+    return rule
+
+
 def comparison(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     """``< <= > >= == !=``: a bool tensor."""
     _no_kwargs(kwargs)
@@ -303,6 +334,9 @@ FUNCTION_RULES: dict[Any, Any] = {
     operator.ne: comparison,
     operator.and_: logical,
     operator.or_: logical,
+    operator.iadd: _inplace_arithmetic(no_bool=False),
+    operator.imul: _inplace_arithmetic(no_bool=False),
+    operator.isub: _inplace_arithmetic(no_bool=True),
     torch.add: arithmetic,
     torch.mul: arithmetic,
     torch.sub: arithmetic_no_bool,

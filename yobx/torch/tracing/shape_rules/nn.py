@@ -249,6 +249,34 @@ def activation_module(factory, module: nn.Module, args, kwargs) -> torch.Tensor:
     return elementwise.float_unary(factory, args, {})
 
 
+def _eval_dropout(x: Any, p: Any, training: Any, inplace: Any) -> torch.Tensor:
+    """Dropout outside training returns its input itself (ATen's ``dropout``: ``if
+    (!train) return input``); training and in-place forms go to torch."""
+    if training is not False or inplace is not False:
+        raise Unsupported("dropout in training or in place")
+    if type(p) not in (int, float) or not 0.0 <= p <= 1.0:
+        raise Unsupported("dropout probability")
+    return fake(x)
+
+
+def dropout(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``F.dropout(input, p=0.5, training=True, inplace=False)`` with ``training=False``."""
+    names = ("input", "p", "training", "inplace")
+    if len(args) > len(names) or set(kwargs) - set(names):
+        raise Unsupported("unexpected arguments")
+    bound = {"p": 0.5, "training": True, "inplace": False, **dict(zip(names, args)), **kwargs}
+    if "input" not in bound:
+        raise Unsupported("no input")
+    return _eval_dropout(bound["input"], bound["p"], bound["training"], bound["inplace"])
+
+
+def dropout_module(factory, module: nn.Dropout, args, kwargs) -> torch.Tensor:
+    """``nn.Dropout`` in eval mode: its input itself."""
+    if kwargs or len(args) != 1:
+        raise Unsupported("unexpected arguments")
+    return _eval_dropout(args[0], module.p, module.training, module.inplace)
+
+
 def encoder_layer_module(factory, module: nn.TransformerEncoderLayer, args, kwargs):
     """A ``TransformerEncoderLayer`` returns a tensor shaped like its input.
 
@@ -288,6 +316,7 @@ FUNCTION_RULES: dict[Any, Any] = {
     torch.concat: cat,
     F.layer_norm: layer_norm,
     F.embedding: embedding,
+    F.dropout: dropout,
 }
 
 METHOD_RULES: dict[str, Any] = {
@@ -309,4 +338,5 @@ MODULE_RULES: dict[type, Any] = {
     nn.Tanh: activation_module,
     nn.Sigmoid: activation_module,
     nn.TransformerEncoderLayer: encoder_layer_module,
+    nn.Dropout: dropout_module,
 }
