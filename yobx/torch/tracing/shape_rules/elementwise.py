@@ -185,6 +185,9 @@ def _inplace_arithmetic(no_bool: bool):
         storage = x.untyped_storage()._cdata
         if any(t.untyped_storage()._cdata == storage for t in tensors[1:]):
             raise Unsupported("an operand shares the written tensor's storage")
+        if needs_grad(tensors) and not x.requires_grad:
+            # torch makes `x` require grad: its metadata changes
+            raise Unsupported("an operand requires grad")
         return x
 
     return rule
