@@ -18,6 +18,13 @@ make a size read from an unrelated tensor's stride (a valid but untranslatable
 ``sym_stride`` in the lowered graph). A copy is as new as a recomputed node, for a
 fraction of the cost. Operations made while a proxy mode is active (symbolic
 arithmetic ``make_fx`` records) always go through unchanged.
+
+The results outlive the trace: the next trace of the same model asks for the same
+operations on the same symbols (a ShapeEnv names its symbols after their sources) and
+the same example sizes. An operation's result is a function of the operands'
+expressions (after the ShapeEnv's replacements), their hints, Python types and
+summation flags only, which the process-wide key holds; ``mod``, which also reads the
+ranges of the symbols, stays memoized per ShapeEnv.
 """
 
 from __future__ import annotations
@@ -56,31 +63,65 @@ _MEMOS: list[dict] = []
 
 
 def _memoized(name: str, original):
+    per_shape_env = name == "mod"
+
     def binary(self: SymNode, other: SymNode) -> SymNode:
+        shape_env = self.shape_env
         if (
             not _MEMOS
             or type(other) is not SymNode
-            or self.shape_env is None
-            or other.shape_env is not self.shape_env
+            or shape_env is None
+            or other.shape_env is not shape_env
             or get_proxy_mode() is not None
+            # the results then carry the ShapeEnv's own FX nodes
+            or shape_env._translation_validation_enabled
         ):
             return original(self, other)
-        memo = _MEMOS[-1]
-        key = (name, id(self.shape_env), self.pytype, other.pytype, self.expr, other.expr)
+        if per_shape_env:
+            memo = _MEMOS[-1]
+            key: tuple = (name, id(shape_env), self.pytype, other.pytype, self.expr, other.expr)
+        else:
+            memo = _RESULTS
+            key = (
+                name,
+                self.pytype,
+                other.pytype,
+                self.expr,
+                other.expr,
+                self._hint,
+                other._hint,
+                self._optimized_summation,
+                other._optimized_summation,
+            )
         result = memo.get(key)
         if result is None:
-            result = memo[key] = original(self, other)
+            if len(_RESULTS) >= _MAX_RESULTS:
+                _RESULTS.clear()
+            computed = original(self, other)
+            result = memo[key] = (
+                computed._expr,
+                computed.pytype,
+                computed._hint,
+                computed.constant,
+                computed._optimized_summation,
+            )
         return SymNode(
-            result._expr,
-            result.shape_env,
-            result.pytype,
-            result._hint,
-            result.constant,
-            result.fx_node,
-            optimized_summation=result._optimized_summation,
+            result[0],
+            shape_env,
+            result[1],
+            result[2],
+            result[3],
+            None,
+            optimized_summation=result[4],
         )
 
     return binary
+
+
+#: results of the operations of every trace, by operation, operands and hints
+_RESULTS: dict[tuple, tuple] = {}
+#: a few large models' worth of distinct operations
+_MAX_RESULTS = 100_000
 
 
 @memoized_replacements
