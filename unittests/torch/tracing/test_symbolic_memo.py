@@ -7,8 +7,7 @@ import torch
 from torch.fx.experimental.sym_node import SymNode
 from torch.fx.proxy import TraceError
 
-from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing import symbolic_memo
+from yobx.torch.tracing import CustomTracer, symbolic_memo
 from yobx.torch.tracing.symbolic import SymbolicDimensions
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 
@@ -108,7 +107,7 @@ def test_traces_at_two_sizes_give_the_graphs_of_each_size():
         tracer = CustomTracer()
         graph = tracer.trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {0: "b"}})
         gm = torch.fx.GraphModule(tracer.traced_model, graph)
-        output = [n for n in graph.nodes if n.op == "output"][0].args[0]
+        output = next(n for n in graph.nodes if n.op == "output").args[0]
         assert output.meta["val"].shape[0].node.hint == batch * 4
         for other in (2, 7):
             y = torch.rand(other, 4, 6)
