@@ -231,29 +231,31 @@ class TensorFactory:
         torch's factories compute the strides, the element count and the storage
         size with ``SymInt`` arithmetic, each operation a call back into Python: a
         quarter of a trace. Here they are computed once per geometry (a repeated
-        layer creates the same ones over and over), and the tensor is a restriding of
+        layer creates the same ones over and over, and the next trace of the model
+        too: see :data:`_CONTIGUOUS_STORAGES`), and the tensor is a restriding of
         a storage resized to torch's size (``computeStorageNbytes``): the tensor owns
         its storage, as a factory's output does. Each tensor gets its own ``SymNode``
         objects, as from a factory (see :mod:`..symbolic_memo` for why).
         """
         itemsize = dtype.itemsize
+        shape_env = self.fake_mode.shape_env
+        sizes_key = tuple(map(_pure_key, sizes))
         if strides is None:
-            layout, nbytes = self.memoized(
-                _CONTIGUOUS_STORAGE[itemsize],
-                (),
-                lambda: _contiguous_storage(sizes, itemsize),
-                sizes,
-            )
-            strides = tuple(map(_fresh, layout))
+            key: tuple = (itemsize, sizes_key)
+            recipe = _CONTIGUOUS_STORAGES.get(key)
+            if recipe is None:
+                layout, nbytes = _contiguous_storage(sizes, itemsize)
+                recipe = _remember(_CONTIGUOUS_STORAGES, key, (*layout, nbytes))
+            *strides, nbytes = (_symint(r, shape_env) for r in recipe)
         else:
-            nbytes = self.memoized(
-                _STRIDED_STORAGE[itemsize],
-                (),
-                lambda: _strided_storage(sizes, strides, itemsize),
-                (*sizes, *strides),
-            )
+            key = (itemsize, sizes_key, tuple(map(_pure_key, strides)))
+            recipe = _STRIDED_STORAGES.get(key)
+            if recipe is None:
+                nbytes = _strided_storage(sizes, strides, itemsize)
+                recipe = _remember(_STRIDED_STORAGES, key, (nbytes,))
+            nbytes = _symint(recipe[0], shape_env)
         base = _EMPTY((0,), dtype=dtype, device=_META)
-        _RESIZE_STORAGE_BYTES(base, _fresh(nbytes))
+        _RESIZE_STORAGE_BYTES(base, nbytes)
         return _AS_STRIDED(base, tuple(sizes), tuple(strides), 0).detach()
 
     def view(
@@ -291,21 +293,49 @@ def _strided_storage(sizes: Sequence[Any], strides: Sequence[Any], itemsize: int
     return itemsize * extent
 
 
-def _fresh(value: Any) -> Any:
-    """A new ``SymInt`` of the same value (an ``int`` is returned as it is)."""
+#: (item size, sizes) -> the strides and the byte count of ``torch.empty(sizes)``, and
+#: (item size, sizes, strides) -> the byte count of ``torch.empty_strided``, as
+#: :func:`_recipe`s. Process-wide: the layouts are SymInt arithmetic on the sizes, a
+#: function of their expressions (after the ShapeEnv's replacements) and hints only,
+#: which the keys hold (:func:`_pure_key`); they serve every trace of a model.
+_CONTIGUOUS_STORAGES: dict[tuple, tuple] = {}
+_STRIDED_STORAGES: dict[tuple, tuple] = {}
+#: entries kept before a cache starts over (a few large models' geometries)
+_MAX_STORAGES = 50_000
+
+
+def _pure_key(value: Any) -> Any:
+    """A size in a process-wide key: the int, or the normalized expression and hint."""
+    if type(value) is int:
+        return value
+    if isinstance(value, torch.SymInt):
+        node = value.node
+        return node.expr, node._hint
+    raise Unsupported(f"not a size: {value!r}")
+
+
+def _recipe(value: Any) -> Any:
+    """What :func:`_symint` needs to rebuild ``value`` in another ShapeEnv."""
     if type(value) is int:
         return value
     node = value.node
+    return node._expr, node.pytype, node._hint, node._optimized_summation
+
+
+def _remember(cache: dict, key: tuple, values: tuple) -> tuple:
+    if len(cache) >= _MAX_STORAGES:
+        cache.clear()
+    recipe = cache[key] = tuple(map(_recipe, values))
+    return recipe
+
+
+def _symint(recipe: Any, shape_env: Any) -> Any:
+    """A new ``SymInt`` of ``shape_env`` from a :func:`_recipe` (an int stays an int)."""
+    if type(recipe) is int:
+        return recipe
+    expr, pytype, hint, optimized_summation = recipe
     return torch.SymInt(
-        SymNode(
-            node._expr,
-            node.shape_env,
-            node.pytype,
-            node._hint,
-            node.constant,
-            node.fx_node,
-            optimized_summation=node._optimized_summation,
-        )
+        SymNode(expr, shape_env, pytype, hint, optimized_summation=optimized_summation)
     )
 
 
@@ -315,9 +345,6 @@ _AS_STRIDED = torch.ops.aten.as_strided.default
 # without importing inductor)
 _RESIZE_STORAGE_BYTES = torch.ops.inductor.resize_storage_bytes_.default
 _META = torch.device("meta")
-#: memo kinds of the storage layouts, per item size
-_CONTIGUOUS_STORAGE = {n: f"contiguous_storage_{n}" for n in (1, 2, 4, 8, 16)}
-_STRIDED_STORAGE = {n: f"strided_storage_{n}" for n in (1, 2, 4, 8, 16)}
 
 
 def contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
