@@ -537,3 +537,31 @@ def test_rules_take_convolution_outputs_as_contiguous(min_size):
                 int(g.node.expr.xreplace(env)) if isinstance(g, torch.SymInt) else g for g in want
             ]
             assert got == want, (sizes, got, want)
+
+
+@pytest.mark.parametrize("strides", [None, "transposed"])
+def test_storage_layouts_kept_across_traces_belong_to_each_trace(strides):
+    # the layouts are kept process-wide: a second trace (another ShapeEnv) gets
+    # SymInts of its own ShapeEnv, and an example of another size its own hints
+    from yobx.torch.tracing.shape_rules._base import TensorFactory
+
+    for batch in (3, 3, 6):
+        dims = SymbolicDimensions()
+        b, s = dims.dimension("batch", batch), dims.dimension("seq", 5)
+        sizes = [b, s, 4]
+        given = None if strides is None else [4, 4 * b, 1]
+        ours = TensorFactory(dims.fake_mode).new(
+            sizes, torch.float32, torch.device("cpu"), strides=given
+        )
+        with dims.fake_mode:
+            expected = torch.empty(sizes) if given is None else torch.empty_strided(sizes, given)
+        nbytes = ours.untyped_storage().nbytes()
+        assert nbytes.node.shape_env is dims.shape_env
+        assert nbytes.node.hint == expected.untyped_storage().nbytes().node.hint
+        assert nbytes.node.hint == batch * 5 * 4 * 4
+        for got, want in zip(ours.stride(), expected.stride()):
+            if isinstance(got, torch.SymInt):
+                assert got.node.shape_env is dims.shape_env
+                assert got.node.hint == want.node.hint
+            else:
+                assert got == want
