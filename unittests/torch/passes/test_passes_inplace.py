@@ -489,3 +489,171 @@ def test_local_writes_skip_the_walk():
         gm.recompile()
         assert not has_inplace(gm.graph), fn.__name__
         assert_same(model(*clone((X, Y))), gm(*clone((X, Y))))
+
+
+def test_local_rewrite_values_are_torchs():
+    """The functional twin of a local write gets exactly torch's fake value (computed by
+    the tracer's shape rules), a strided written tensor and a broadcast operand included."""
+    from yobx.torch.tracing import CustomTracer, shape_rules
+
+    class Model(torch.nn.Module):
+        def forward(self, x, y):
+            a = x.t() * 2  # a new tensor with transposed strides
+            a += y  # broadcast
+            b = x * 3
+            b -= 1.5
+            return a, b
+
+    x, y = X.clone(), torch.linspace(-1, 1, 6).reshape(6, 1)
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        Model(),
+        concrete_args={"x": x, "y": y},
+        dynamic_shapes={"x": {0: "rows", 1: "cols"}, "y": {0: "cols"}},
+    )
+    assert not has_inplace(graph)
+    twins = [n for n in graph.nodes if n.target in (operator.add, operator.sub)]
+    assert len(twins) == 2
+    for node in twins:
+        args = torch.fx.node.map_arg(node.args, lambda n: n.meta["val"])
+        with torch.no_grad(), tracer.fake_mode:
+            expected = node.target(*args)
+        shape_rules.compare(node.meta["val"], expected, list(args), node.name)
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for inputs in ((x, y), (X2, torch.linspace(-1, 1, 8).reshape(8, 1))):
+        assert_same(Model()(*clone(inputs)), gm(*clone(inputs)))
+
+
+def _scan_cases():
+    def nothing(m, x, y):
+        return x + y
+
+    def number(m, x, y):
+        n = x.shape[0]
+        n += 1
+        return x * n
+
+    def metadata(m, x, y):
+        a = x * 2
+        a.unsqueeze_(0)
+        return a
+
+    def metadata_and_local(m, x, y):
+        a = x * 2
+        a.unsqueeze_(0)
+        b = x + 1
+        b.mul_(2)
+        return a, b
+
+    def local(m, x, y):
+        a = x * 2
+        a.add_(y)
+        return a
+
+    def into_input(m, x, y):
+        x.add_(y)
+        return x
+
+    def module_inplace(m, x, y):
+        return m.relu(x * 2) + 1
+
+    def module_writing_inputs(m, x, y):
+        return m.block(x) + 1
+
+    return [
+        nothing,
+        number,
+        metadata,
+        metadata_and_local,
+        local,
+        into_input,
+        module_inplace,
+        module_writing_inputs,
+    ]
+
+
+@pytest.mark.parametrize("fn", _scan_cases(), ids=lambda f: f.__name__)
+def test_scan_of_writes_is_the_two_scans_it_replaces(fn):
+    """_scan_writes gives what writes_anything and the former _local_writes gave (the
+    in-place form of every node, computed separately)."""
+    from yobx.torch.passes import writes_anything
+    from yobx.torch.passes._inplace_forms import inplace_form
+    from yobx.torch.passes._side_effects import writes, writes_in
+    from yobx.torch.passes.aliasing import FRESH, changes_metadata, classify
+    from yobx.torch.passes.remove_inplace import _scan_writes
+
+    model = Lambda(fn)
+    model.relu = torch.nn.ReLU(inplace=True)
+    model.block = torch.nn.Sequential(torch.nn.ReLU(inplace=True), torch.nn.Identity())
+    gm = torch.fx.symbolic_trace(model)
+    graph = gm.graph
+
+    def expected_local():
+        local = []
+        for node in graph.nodes:
+            if changes_metadata(node):
+                return None
+            form = inplace_form(node)
+            if form is None:
+                if writes(node):
+                    return None
+                continue
+            if form.kind == "number":
+                local.append((node, form))
+                continue
+            mutated = form.mutated
+            if (
+                form.kind != "twin"
+                or not isinstance(mutated, torch.fx.Node)
+                or mutated.op not in ("call_function", "call_method", "call_module")
+                or list(mutated.users) != [node]
+                or inplace_form(mutated) is not None
+                or classify(mutated).kind != FRESH
+            ):
+                return None
+            local.append((node, form))
+        return local
+
+    any_write, local = _scan_writes(graph)
+    assert any_write == writes_anything(graph)
+    assert writes_in(graph) == any(writes(n) for n in graph.nodes)
+    expected = expected_local()
+    if expected is None or not any_write:
+        assert local is None or not any_write
+    else:
+        assert [(n, f.kind) for n, f in local] == [(n, f.kind) for n, f in expected]
+    remove_inplace(gm.graph, exc=False, assume_distinct_inputs=True)
+    gm.graph.lint()
+
+
+def test_module_lookup_is_get_submodule():
+    """module_lookup finds what Module.get_submodule finds, None where it raises."""
+    from yobx.torch.passes._targets import module_lookup, module_of
+
+    root = torch.nn.Module()
+    root.block = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    root.block.extra = torch.nn.Module()
+    root.block.extra.leaf = torch.nn.Identity()
+    root.tensor = torch.nn.Parameter(torch.zeros(1))
+    root.number = 3
+    graph = torch.fx.Graph(owning_module=root)
+    targets = [
+        "",
+        "block",
+        "block.0",
+        "block.1",
+        "block.extra.leaf",
+        "block.extra",
+        "block.2",
+        "tensor",
+        "number",
+        "missing.leaf",
+        ".block",
+        "block.",
+        "block..0",
+        "block.0.weight",
+    ]
+    nodes = [graph.create_node("call_module", t, name=f"n{i}") for i, t in enumerate(targets)]
+    lookup = module_lookup(graph)
+    for node in nodes * 2:  # twice: looked up, then cached
+        assert lookup(node) is module_of(node), node.target

@@ -45,6 +45,12 @@ def env():
             "flat": dims.fake_tensor(torch.empty(15, 32), [b * s, 32]),
         }
         values["q_t"] = values["q"].transpose(-1, -2)
+        # T5's position bias: [1, heads, s, s] with permuted strides
+        values["pbias"] = dims.fake_tensor(torch.empty(1, 5, 5, 4), [1, s, s, 4]).permute(
+            0, 3, 1, 2
+        )
+        # contiguous for torch (a size-1 dimension's stride is ignored), not exactly
+        values["x1_odd"] = values["x1"].as_strided((b, 1, s, 8), (8 * s, 7, 8, 1))
     values["w"] = dims.from_real(torch.empty(16, 32))
     values["bias"] = dims.from_real(torch.empty(32))
     values["b"], values["s"] = b, s
@@ -78,6 +84,12 @@ CASES = [
     _m("masked_fill", "scores", "mask", float("-inf")),
     _m("masked_fill", "mask", "scores", 0.0, handled=False),  # the mask must be bool
     _f(operator.add, "x", "z", handled=False),  # two dimensions that may differ
+    _f(operator.add, "scores", "pbias"),  # a broadcast operand with permuted strides
+    _f(operator.add, "pbias", "scores"),
+    _f(torch.where, "mask", "scores", "pbias"),
+    _f(operator.mul, "pbias", 2.0, handled=False),  # channels-last: torch's fast path
+    _f(operator.add, "x1_odd", "x1"),
+    _f(operator.sub, "x1_odd", "cos"),
     _f(operator.add, "x", 1, handled=True),
     _f(F.linear, "x", "w"),
     _f(F.linear, "half", "w", handled=False),  # 16 != 32
@@ -373,6 +385,30 @@ def test_traced_rope_attention_matches_eager():
     dynamic = {"x": {0: "batch", 1: "seq"}, "cos": {2: "seq"}}
     tracer, _, _ = check_trace(model, inputs, dynamic, other_inputs=[other])
     assert tracer.shape_rules.handled > 10
+
+
+def test_repeated_broadcast_with_permuted_strides_matches_torch(env):
+    """The layout of ``scores + position_bias`` is memoized per geometry: the second
+    add of a repeated layer gets torch's value too, as a tensor of its own."""
+    dims, values = env
+    rules = shape_rules.ShapeRules(dims.fake_mode)
+    node = types.SimpleNamespace(op="call_function", target=operator.add)
+    args = (values["scores"], values["pbias"])
+    outputs = []
+    with torch.no_grad():
+        for _ in range(2):
+            value = rules.run(node, args, {})
+            assert value is not NotImplemented
+            with dims.fake_mode:
+                expected = operator.add(*args)
+            shape_rules.compare(value, expected, list(args), "add")
+            outputs.append(value)
+        # the channels-last case falls back, memoized or not
+        for _ in range(2):
+            assert rules.run(node, (values["pbias"], 2.0), {}) is NotImplemented
+    first, second = outputs
+    assert first is not second
+    assert first.untyped_storage()._cdata != second.untyped_storage()._cdata
 
 
 def test_memoized_layouts_are_recomputed_when_the_ranges_change():

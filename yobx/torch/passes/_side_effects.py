@@ -10,7 +10,7 @@ import operator
 from typing import Any
 
 import torch
-from torch.fx import Node
+from torch.fx import Graph, Node
 
 from ._inplace_forms import inplace_form
 from ._targets import (
@@ -19,6 +19,7 @@ from ._targets import (
     METADATA_INPLACE,
     callable_name,
     is_tensor,
+    module_lookup,
     module_of,
 )
 
@@ -106,6 +107,23 @@ def writes(node: Node) -> list[Any]:
     if node.op == "call_module" and _module_writes_inputs(module_of(node)):
         return [a for a in node.all_input_nodes if is_tensor(a) is not False]
     return []
+
+
+def writes_in(graph: Graph) -> bool:
+    """``any(writes(node) for node in graph.nodes)``, each module looked up once."""
+    module_of_node = module_lookup(graph)
+    for node in graph.nodes:
+        if node.op == "call_module":
+            module = module_of_node(node)
+            if module is not None and getattr(module, "inplace", False):
+                # an in-place form (inplace_form's own test): what it writes
+                if writes(node):
+                    return True
+            elif _module_writes_inputs(module):
+                return True
+        elif writes(node):
+            return True
+    return False
 
 
 def _module_writes_inputs(module: Any) -> bool:

@@ -11,11 +11,11 @@ import contextlib
 import functools
 import operator
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.fx import Node
+from torch.fx import Graph, Node
 
 aten = torch.ops.aten
 INT64_MAX = 9223372036854775807
@@ -476,3 +476,39 @@ def module_of(node: Node) -> torch.nn.Module | None:
         return owner.get_submodule(node.target)
     except AttributeError:
         return None
+
+
+_MISSING = object()
+
+
+def module_lookup(graph: Graph) -> Callable[[Node], torch.nn.Module | None]:
+    """:func:`module_of` for the nodes of one graph, each module along a path looked up
+    once (the calls of a model share their prefixes, ``encoder.block.0.layer.0...``).
+
+    The same attribute lookups as ``Module.get_submodule``, made once per prefix: the
+    module tree must not change while the returned function is used.
+    """
+    owner = graph.owning_module
+    if owner is None or type(owner).get_submodule is not torch.nn.Module.get_submodule:
+        return module_of
+    found: dict[str, Any] = {"": owner}
+
+    def lookup(target: str) -> Any:
+        module = found.get(target, _MISSING)
+        if module is _MISSING:
+            parent, dot, item = target.rpartition(".")
+            # "" is the root only as the whole target (".x" has an empty first name)
+            base = None if dot and not parent else lookup(parent)
+            module = None
+            if base is not None and hasattr(base, item):
+                module = getattr(base, item)
+                if not isinstance(module, torch.nn.Module):
+                    module = None
+            found[target] = module
+        return module
+
+    def of(node: Node) -> torch.nn.Module | None:
+        target = node.target
+        return lookup(target) if type(target) is str else module_of(node)
+
+    return of

@@ -24,7 +24,7 @@ from ._mutations import (
     write_back,
 )
 from ._side_effects import _module_writes_inputs, changes_metadata, writes
-from ._targets import module_of, recompile_owner
+from ._targets import module_lookup, recompile_owner
 from .result import PassResult, Refusal
 
 __all__ = ["InplaceRemovalError", "MUTATIONS_KEY", "WRITE_BACK_KEY", "remove_inplace"]
@@ -140,20 +140,21 @@ def _remove_inplace(
                 sub.recompile()
                 changed += sub_changed
                 refused.extend(sub_refused)
-    if not writes_anything(graph):
+    any_write, local = _scan_writes(graph)
+    if not any_write:
         # the walk would map every node to itself: skip its aliasing analysis (most of
         # a trace's passes when the model has no in-place operation)
         recompile_owner(graph)
         return changed, refused
     walk = InplaceWalk(graph, verbose, convention != "refuse", assume_distinct_inputs)
     original = set(graph.nodes)
-    local = _local_writes(graph)
     if local is not None:
         # every write goes into a new tensor nobody else reads: rewritten where it is,
-        # without the walk's aliasing analysis of the whole graph
+        # without the walk's aliasing analysis of the whole graph. No lint: each
+        # functional node is inserted right before the node it replaces, with the same
+        # arguments, so the graph stays in topological order (the tests lint it).
         changed += _rewrite_local(walk, local)
         propagate_values(graph, original)
-        graph.lint()
         recompile_owner(graph)
         return changed, refused
     changed += walk.run()
@@ -186,18 +187,48 @@ def _local_writes(graph: Graph) -> list[tuple[Node, InplaceForm]] | None:
     ``setitem``, ``out=``, modules writing their inputs, write-backs of an earlier run,
     metadata changes) sends the whole graph to the walk.
     """
+    return _scan_writes(graph)[1]
+
+
+def _scan_writes(graph: Graph) -> tuple[bool, list[tuple[Node, InplaceForm]] | None]:
+    """:func:`writes_anything` and :func:`_local_writes` in one walk over the nodes (the
+    in-place form of each node and the module of each call computed once)."""
     from .aliasing import FRESH, classify
 
-    local: list[tuple[Node, InplaceForm]] = []
+    local: list[tuple[Node, InplaceForm]] | None = []
+    #: the nodes having an in-place form, seen so far
+    forms: set[Node] = set()
+    module_of_node = module_lookup(graph)
     for node in graph.nodes:
-        if node.meta.get(WRITE_BACK_KEY) or changes_metadata(node):
-            return None
-        form = inplace_form(node)
-        if form is None:
-            # what ``writes`` says of a node without an in-place form
-            if node.op == "call_module" and _module_writes_inputs(module_of(node)):
-                return None
+        if node.meta.get(WRITE_BACK_KEY):
+            return True, None
+        op = node.op
+        if op == "call_module":
+            module = module_of_node(node)
+            # inplace_form's own test: only a module with ``inplace=True`` has a form
+            form = (
+                inplace_form(node)
+                if module is not None and getattr(module, "inplace", False)
+                else None
+            )
+            if form is None:
+                # what ``writes`` says of a module call without an in-place form
+                if _module_writes_inputs(module):
+                    return True, None
+                continue
+        elif op == "call_function" or op == "call_method":
+            if local is not None and changes_metadata(node):
+                # not a write by itself (writes_anything), but not local either
+                local = None
+            form = inplace_form(node)
+            if form is None:
+                continue
+        else:
+            # placeholders, attributes and the output write nothing
             continue
+        forms.add(node)
+        if local is None:
+            return True, None
         if form.kind == "number":
             local.append((node, form))
             continue
@@ -207,12 +238,12 @@ def _local_writes(graph: Graph) -> list[tuple[Node, InplaceForm]] | None:
             or not isinstance(mutated, Node)
             or mutated.op not in ("call_function", "call_method", "call_module")
             or list(mutated.users) != [node]
-            or inplace_form(mutated) is not None
+            or mutated in forms
             or classify(mutated).kind != FRESH
         ):
-            return None
+            return True, None
         local.append((node, form))
-    return local
+    return bool(forms), local
 
 
 def _rewrite_local(walk: InplaceWalk, local: list[tuple[Node, InplaceForm]]) -> int:

@@ -11,6 +11,7 @@ from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._indexing import is_full_slice
+from ._side_effects import writes_in
 from ._targets import INT64_MAX, aten, callable_name, example_value, is_tensor, recompile_owner
 from .aliasing import FRESH, changes_metadata, classify, mutates_container, writes
 from .erase import erase_with_inputs
@@ -264,7 +265,7 @@ def remove_unnecessary_slices(graph: Graph, verbose: int = 0) -> PassResult:
         >>> [n.op for n in gm.graph.nodes]
         ['placeholder', 'call_method', 'output']
     """
-    has_inplace = any(writes(n) for n in graph.nodes)
+    has_inplace = writes_in(graph)
     removed = 0
     for node in list(graph.nodes):
         if node.graph is not graph:

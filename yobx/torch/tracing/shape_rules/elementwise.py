@@ -27,7 +27,7 @@ from ._base import (
     needs_grad,
     size_key,
 )
-from ._strides import elementwise_output_strides
+from ._strides import decided_contiguity, elementwise_output_strides
 
 _INT_SCALARS = (int, torch.SymInt)
 _FLOAT_SCALARS = (float, torch.SymFloat)
@@ -81,7 +81,25 @@ def output_strides(
     with the output's shape and all contiguous: a contiguous result); otherwise the
     layout is torch's own ``compute_elementwise_output_strides`` of the inputs
     broadcast to the output shape (:func:`~._strides.elementwise_output_strides`).
+
+    A function of the sizes and strides of the operands and of the output shape only:
+    memoized (a repeated layer adds the same bias, with permuted strides, to the same
+    scores; its contiguity tests and broadcast views are then computed once).
     """
+    return factory.memoized(
+        _OUTPUT_STRIDES[fast_binary],
+        tensors,
+        lambda: _output_strides(factory, tensors, shape, fast_binary),
+        shape,
+    )
+
+
+_OUTPUT_STRIDES = {True: "output_strides_fast_binary", False: "output_strides"}
+
+
+def _output_strides(
+    factory: TensorFactory, tensors: list[torch.Tensor], shape: list[Any], fast_binary: bool
+) -> Any:
     keys = [size_key(s) for s in shape]
     full = [[size_key(s) for s in t.shape] == keys for t in tensors]
     if fast_binary and any(full):
@@ -100,15 +118,17 @@ def output_strides(
         t if is_full else factory.view(t, shape, _expanded(t, shape))
         for t, is_full in zip(tensors, full)
     ]
-    shape_env = factory.fake_mode.shape_env
-    return factory.memoized(
-        "elementwise_strides", expanded, lambda: elementwise_output_strides(shape_env, expanded)
-    )
+    return elementwise_output_strides(factory.fake_mode.shape_env, expanded)
 
 
 def _is_contiguous(tensor: torch.Tensor, memory_format: torch.memory_format) -> bool:
+    """torch's ``is_contiguous_for_memory_format_or_false``: settled from the ranges of
+    the dimensions when they decide it (the same comparisons, no sympy), else torch's."""
     if tensor.dim() != 4 and memory_format == torch.channels_last:
         return False
+    decided = decided_contiguity(tensor, memory_format)
+    if decided is not None:
+        return decided
     return is_contiguous_for_memory_format_or_false(tensor, memory_format=memory_format)
 
 
