@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import math
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -92,6 +93,19 @@ def trace(model, inputs, dynamic_shapes) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(tracer.traced_model, graph)
 
 
+_TORCH_DECOMPOSITIONS = tuple(
+    os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("_decomp", "_prims_common")
+)
+
+
+def _in_torch_decomposition(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_TORCH_DECOMPOSITIONS):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Interrupter:
     """A trace function raising KeyboardInterrupt at the ``at``-th Python call (never
     with 0); with ``record``, it also records the code object of every call."""
@@ -107,8 +121,15 @@ class Interrupter:
             self.count += 1
             if self.codes is not None:
                 self.codes.append(frame.f_code)
-            if self.count == self.at:
+            if self.at and self.count >= self.at and not self.where:
                 code = frame.f_code
+                if _in_torch_decomposition(frame):
+                    # an interrupt raised while the fake mode runs a decomposition (a
+                    # Python callback of its C++ code, under torch._disable_dynamo)
+                    # aborted the process (torch 2.13, `increase_prec`'s `x.to`, under
+                    # pytest-xdist): a crash no tracer can undo; the next call outside
+                    # torch's decompositions is interrupted instead
+                    return None
                 self.where = f"{code.co_filename}:{code.co_firstlineno} {code.co_name}"
                 # Python removes a trace function that raises: one interrupt per trace
                 raise KeyboardInterrupt(f"interrupt at call {self.at} ({self.where})")

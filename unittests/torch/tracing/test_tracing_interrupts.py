@@ -70,3 +70,40 @@ def test_interrupts_spread_over_a_trace(calls):
 def test_interrupts_in_fake_and_dispatch_mode_exits(calls):
     """Where the reported bug was: the fake mode stayed installed."""
     _sweep(_exit_points(calls, [FakeTensorMode.__exit__, TorchDispatchMode.__exit__], 4))
+
+
+def test_an_interrupt_leaving_guards_suppressed_is_undone(monkeypatch):
+    # torch's ShapeEnv.suppress_guards is a flag of the thread: an interrupt in its
+    # exit left it on, and no later trace of the thread recorded a fact it adopted
+    from torch.fx.experimental import symbolic_shapes
+
+    from yobx.torch.tracing import CustomTracer
+
+    original = symbolic_shapes.ShapeEnv._suppress_guards_exit
+    calls = []
+
+    def interrupted_exit(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return original(self)
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    monkeypatch.setattr(symbolic_shapes.ShapeEnv, "_suppress_guards_exit", interrupted_exit)
+    with pytest.raises(BaseException) as info:
+        CustomTracer().trace(
+            conv,
+            concrete_args={"input": torch.randn(2, 3, 8, 8)},
+            dynamic_shapes={"input": {0: "b"}},
+        )
+    assert interrupt_sweep.is_interrupt(info.value)
+    monkeypatch.undo()
+    assert not getattr(symbolic_shapes.TLS, "suppress_guards", False)
+
+    class NeedsAFact(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(-1, 3)  # the dimension must be a multiple of 3
+
+    tracer = CustomTracer()
+    tracer.trace(NeedsAFact(), concrete_args={"x": torch.randn(6)}, dynamic_shapes={"x": {0: "n"}})
+    assert [c.expression for c in tracer.constraints] != []

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx._symbolic_trace as fx_symbolic_trace
 from torch.fx.experimental import _config as fx_config
-from torch.fx.experimental import proxy_tensor
+from torch.fx.experimental import proxy_tensor, symbolic_shapes
 from torch.utils import _python_dispatch
 
 
@@ -61,6 +61,20 @@ def _config_overrides() -> tuple[Any, ...]:
     )
 
 
+def _suppressed_guards() -> tuple[bool, int]:
+    tls = symbolic_shapes.TLS
+    return getattr(tls, "suppress_guards", False), len(getattr(tls, "suppress_guards_stack", ()))
+
+
+def _restore_suppressed_guards(flag: bool, depth: int) -> None:
+    tls = symbolic_shapes.TLS
+    stack = getattr(tls, "suppress_guards_stack", None)
+    if stack is not None:
+        del stack[depth:]
+    if getattr(tls, "suppress_guards", False) is not flag:
+        tls.suppress_guards = flag
+
+
 def _interpreter_depth() -> int:
     return len(torch._C._functorch.get_interpreter_stack() or ())
 
@@ -84,6 +98,9 @@ class WorldState:
     thread_fx_patcher: Any
     fx_tracing_flag: Any
     config: tuple[Any, ...]
+    #: torch's thread-local guard suppression (``ShapeEnv.suppress_guards``): left on,
+    #: no later trace of the thread would record the facts it takes from its examples
+    suppress_guards: tuple[bool, int]
 
     @classmethod
     def capture(cls) -> WorldState:
@@ -105,6 +122,7 @@ class WorldState:
             thread_fx_patcher=THREAD_STATE.fx_patcher,
             fx_tracing_flag=fx_symbolic_trace._is_fx_tracing_flag,
             config=_config_overrides(),
+            suppress_guards=_suppressed_guards(),
         )
 
     def with_process_state(self) -> WorldState:
@@ -140,6 +158,7 @@ class WorldState:
         for name, value in zip(_CONFIG_ENTRIES, self.config):
             if name in entries and entries[name].user_override.get() is not value:
                 entries[name].user_override.set(value)
+        _restore_suppressed_guards(*self.suppress_guards)
 
     def _restore_fx(self) -> None:
         patcher = THREAD_STATE.fx_patcher
