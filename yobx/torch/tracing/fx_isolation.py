@@ -42,9 +42,10 @@ from torch._higher_order_ops import utils as hop_utils
 from torch.fx import _symbolic_trace
 from torch.fx.experimental import proxy_tensor
 
+from .module_classes import class_level_targets
 from .patch_window import _WINDOW_LOCK, any_thread, patch_window, thread_gate
 from .patches import memoized_replacements, patched_attributes
-from .world_state import THREAD_STATE, current_fx_patcher, revert_fx_patches
+from .world_state import THREAD_STATE, PatchedClasses, current_fx_patcher, revert_fx_patches
 
 #: seconds to wait for another thread's torch.fx trace before tracing anyway
 FOREIGN_TRACE_TIMEOUT = 60.0
@@ -90,10 +91,31 @@ class _ThreadPatcher(_symbolic_trace._Patcher):
         super().patch(frame_dict, name, _function_gate(original, new_fn, deduplicate), deduplicate)
 
     def patch_method(self, cls, name, new_fn, deduplicate=True) -> None:
+        if cls is torch.nn.Module:
+            # on the traced modules' classes (see module_classes): no slot updates of
+            # nn.Module's hundreds of subclasses
+            self._patch_classes(class_level_targets(name), name, new_fn, deduplicate)
+            return
         original = getattr(cls, name)
         if getattr(original, "__fx_already_patched", False):
             return
         super().patch_method(cls, name, _gate(original, new_fn, deduplicate), deduplicate)
+
+    def _patch_classes(self, classes, name, new_fn, deduplicate) -> None:
+        values, gates = [], {}
+        for cls in classes:
+            original = getattr(cls, name)
+            if getattr(original, "__fx_already_patched", False):
+                continue
+            # one gate per original: all of them but under a nested trace
+            gate = gates.get(id(original))
+            if gate is None:
+                gate = gates[id(original)] = _gate(original, new_fn, deduplicate)
+            values.append((cls, gate))
+        if values:
+            patch = PatchedClasses.of(name, values)
+            self.patches_made.append(patch)
+            patch.patch()
 
 
 #: the code of torch.fx's autowrap replacements (``_create_wrapped_func``'s closure)

@@ -24,6 +24,7 @@ import torch
 from torch.fx.node import Node
 
 from .errors import TracingError
+from .module_classes import class_level_targets
 from .patch_window import patch_window, register_undo
 from .patches import patched_attributes
 from .proxies import INPLACE_OPERATORS, CustomProxy
@@ -125,17 +126,29 @@ def buffer_assignments(assign: Callable[[torch.nn.Module, str, Any], bool]) -> I
     """Patches ``Module.__setattr__``: ``assign(module, name, value)`` handles the
     assignment when it returns True; otherwise it happens as usual."""
     with patch_window():
-        original = torch.nn.Module.__setattr__
-
-        def setattr_(module: torch.nn.Module, name: str, value: Any) -> None:
-            buffers = module.__dict__.get("_buffers")
-            is_buffer = buffers is not None and buffers.get(name) is not None
-            if is_buffer and assign(module, name, value):
-                return
-            original(module, name, value)
-
-        with patched_attributes([(torch.nn.Module, "__setattr__", setattr_)]):
+        # on the traced modules' classes (see module_classes); one replacement per
+        # original (they differ only under a nested trace)
+        replacements: dict[int, Callable] = {}
+        entries = []
+        for cls in class_level_targets("__setattr__"):
+            original = cls.__setattr__
+            setattr_ = replacements.get(id(original))
+            if setattr_ is None:
+                setattr_ = replacements[id(original)] = _buffer_setattr(original, assign)
+            entries.append((cls, "__setattr__", setattr_))
+        with patched_attributes(entries):
             yield
+
+
+def _buffer_setattr(original: Callable, assign: Callable) -> Callable:
+    def setattr_(module: torch.nn.Module, name: str, value: Any) -> None:
+        buffers = module.__dict__.get("_buffers")
+        is_buffer = buffers is not None and buffers.get(name) is not None
+        if is_buffer and assign(module, name, value):
+            return
+        original(module, name, value)
+
+    return setattr_
 
 
 def assign_traced_buffer(tracer: Any, module: torch.nn.Module, name: str, value: Any) -> bool:

@@ -38,6 +38,7 @@ from .inputs import (
     flatten_example_inputs,
     register_cache_flattening,
 )
+from .module_classes import traced_module_classes
 from .module_state import buffer_assignments, preserved_modules
 from .patch_window import PatchWindow, close_window, current_window
 from .patches import (
@@ -316,6 +317,7 @@ class CustomTracer(
         self._index_tensors(module)
         with (
             fx_tracing_per_thread(),
+            traced_module_classes(module),
             preserved_modules(module),
             replace_problematic_function_before_tracing(),
             memoized_symbolic_arithmetic(),

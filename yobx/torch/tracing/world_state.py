@@ -31,6 +31,9 @@ class _ThreadState(threading.local):
     window: Any = None
     #: torch.fx's patcher of the trace running in this thread (see :mod:`.fx_isolation`)
     fx_patcher: Any = None
+    #: the classes of the modules traced in this thread, enclosing traces included
+    #: (see :mod:`.module_classes`); None outside a trace
+    module_classes: Any = None
 
 
 #: per-thread state of the tracer's isolation
@@ -203,6 +206,36 @@ class WorldState:
                     continue
 
 
+_MISSING = object()
+
+
+class PatchedClasses(fx_symbolic_trace._PatchedFn):
+    """A torch.fx patch of an ``nn.Module`` attribute made on the classes of the traced
+    modules instead (see :mod:`.module_classes`).
+
+    ``frame_dict`` holds ``(class, value in its __dict__ before, new value)`` triples;
+    ``revert`` deletes an attribute the class only inherited. Both are idempotent.
+    """
+
+    def revert(self) -> None:
+        for cls, saved, _ in reversed(self.frame_dict):
+            if saved is not _MISSING:
+                setattr(cls, self.fn_name, saved)
+            elif self.fn_name in vars(cls):
+                delattr(cls, self.fn_name)
+
+    def patch(self) -> None:
+        for cls, _, value in self.frame_dict:
+            setattr(cls, self.fn_name, value)
+
+    @classmethod
+    def of(cls, name: str, values: list[tuple[type, Any]]) -> PatchedClasses:
+        """The patch setting ``name`` to each ``(class, value)``, with what each class
+        holds now."""
+        entries = tuple((c, vars(c).get(name, _MISSING), value) for c, value in values)
+        return cls(entries, name, None, values[0][1] if values else None)
+
+
 def revert_fx_patches(patcher: Any) -> None:
     """Undoes the patches of a torch.fx ``_Patcher``, latest first.
 
@@ -211,7 +244,9 @@ def revert_fx_patches(patcher: Any) -> None:
     if patcher is None:
         return
     for patch in reversed(patcher.patches_made):
-        if isinstance(patch, fx_symbolic_trace._PatchedFnSetAttr):
+        if isinstance(patch, PatchedClasses):
+            patch.revert()
+        elif isinstance(patch, fx_symbolic_trace._PatchedFnSetAttr):
             setattr(patch.frame_dict, patch.fn_name, patch.orig_fn)
         elif isinstance(patch, fx_symbolic_trace._PatchedFnDel):
             if patch.frame_dict.get(patch.fn_name) is patch.new_fn:
@@ -271,6 +306,7 @@ def current_fx_patcher() -> Any:
 
 __all__ = [
     "THREAD_STATE",
+    "PatchedClasses",
     "WorldState",
     "clear_interrupted_frames",
     "current_fx_patcher",
