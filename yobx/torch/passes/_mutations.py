@@ -145,62 +145,24 @@ def propagate_values(graph: Graph, original: set[Node]) -> None:
         return
     if mode is None:
         return
+    missing = object()
 
     def value(node: Node) -> Any:
-        val = node.meta.get("val", _MISSING)
-        if val is _MISSING:
+        val = node.meta.get("val", missing)
+        if val is missing:
             raise KeyError(node.name)
         return val
 
-    rules = None
-    for node in graph.nodes:
-        if node in original or "val" in node.meta:
-            continue
-        if node.op not in ("call_method", "call_function"):
-            continue
-        try:
-            args = map_arg(node.args, value)
-            kwargs = map_arg(node.kwargs, value)
-        except KeyError:  # an argument without a value: this one stays unknown
-            continue
-        if rules is None:
-            rules = _shape_rules(mode)
-        val = _computed_value(rules, mode, node, args, kwargs)
-        if val is not _MISSING:
-            node.meta["val"] = val
-
-
-def _shape_rules(mode: Any) -> Any:
-    from ..tracing.shape_rules import ShapeRules
-
-    return ShapeRules(mode)
-
-
-def _computed_value(rules: Any, mode: Any, node: Node, args: tuple, kwargs: dict) -> Any:
-    """The fake value of a new node: the tracer's exact shape rules when one applies
-    (what torch's fake kernel gives, without its dispatch: a symbolic elementwise
-    operation costs about a millisecond there), else torch's fake kernel. An operation
-    failing on fake values gives ``_MISSING``: a value is never guessed. With
-    ``YOBX_CHECK_SHAPE_RULES`` set, both run and must agree, as in the tracer."""
-    from ..tracing.shape_rules import check_enabled, compare
-
-    val = rules.run(node, args, kwargs)
-    if val is not NotImplemented and not check_enabled():
-        return val
-    try:
-        with mode:
-            if node.op == "call_method":
-                expected = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                expected = node.target(*args, **kwargs)
-    except Exception:  # a value we cannot compute stays unknown, never guessed
-        if val is not NotImplemented:  # the check mode: the rule should have refused
-            raise
-        return _MISSING
-    if val is NotImplemented:
-        return expected
-    compare(val, expected, pytree.tree_leaves((args, kwargs)), node.format_node())
-    return val
-
-
-_MISSING = object()
+    with mode:
+        for node in graph.nodes:
+            if node in original or "val" in node.meta:
+                continue
+            try:
+                args = map_arg(node.args, value)
+                kwargs = map_arg(node.kwargs, value)
+                if node.op == "call_method":
+                    node.meta["val"] = getattr(args[0], node.target)(*args[1:], **kwargs)
+                elif node.op == "call_function":
+                    node.meta["val"] = node.target(*args, **kwargs)
+            except Exception:  # a value we cannot compute stays unknown, never guessed
+                continue
