@@ -31,18 +31,11 @@ def counted_mul(monkeypatch):
     return calls
 
 
-def test_same_operation_is_computed_once(monkeypatch):
-    monkeypatch.setattr(symbolic_memo, "_RESULTS", {})
+def test_same_operation_is_computed_once(counted_mul):
+    calls = counted_mul
+    counting = SymNode.__dict__["_mul"]
     dims = SymbolicDimensions()
     seq = dims.dimension("seq", 5)
-    calls = []
-    original = SymNode.__dict__["_mul"]
-
-    def counting(self, other):
-        calls.append(1)
-        return original(self, other)
-
-    monkeypatch.setattr(SymNode, "_mul", counting)
     with memoized_symbolic_arithmetic():
         first, second = seq * 8, seq * 8
         third = seq * 4
