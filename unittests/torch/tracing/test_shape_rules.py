@@ -601,3 +601,51 @@ def test_storage_layouts_kept_across_traces_belong_to_each_trace(strides):
                 assert got.node.hint == want.node.hint
             else:
                 assert got == want
+
+
+@pytest.mark.parametrize("target", ["minus_one", "explicit"])
+def test_view_sizes_kept_across_traces_belong_to_each_trace(target):
+    # view sizes and contiguous strides are kept process-wide: a later trace (another
+    # ShapeEnv) gets SymInts of its own ShapeEnv, another example size its own hints,
+    # and each view has torch's sizes and strides
+    from yobx.torch.tracing.shape_rules import views
+
+    for batch in (3, 3, 6):
+        dims = SymbolicDimensions()
+        b = dims.dimension("batch", batch)
+        x = dims.fake_tensor(torch.empty(batch, 4, 6), [b, 4, 6])
+        sizes = (-1, 24) if target == "minus_one" else (b * 4, 6)
+        ours = views.view(_factory(dims), (x, *sizes), {})
+        with dims.fake_mode:
+            expected = x.view(*sizes)
+        for got, want in ((ours.shape, expected.shape), (ours.stride(), expected.stride())):
+            for g, w in zip(got, want):
+                if isinstance(g, torch.SymInt):
+                    assert g.node.shape_env is dims.shape_env
+                    assert g.node.expr == w.node.expr
+                    assert g.node.hint == w.node.hint
+                else:
+                    assert g == w
+
+
+def _factory(dims):
+    from yobx.torch.tracing.shape_rules._base import TensorFactory
+
+    return TensorFactory(dims.fake_mode)
+
+
+def test_view_of_a_dimension_product_at_other_sizes():
+    # the memoized sizes of a reshape serve traces at other example sizes: each graph
+    # matches eager at several sizes
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return x.flatten(1).view(x.shape[0], -1, 2).reshape(-1, 6) + 1
+
+    for batch in (2, 5, 2):
+        x = torch.rand(batch, 3, 4)
+        tracer = CustomTracer()
+        graph = tracer.trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {0: "b"}})
+        gm = torch.fx.GraphModule(tracer.traced_model, graph)
+        for other in (2, 3, 7):
+            y = torch.rand(other, 3, 4)
+            torch.testing.assert_close(gm(y), Model()(y))

@@ -8,6 +8,7 @@ about aliasing and side effects comes from :mod:`yobx.torch.passes.aliasing`. No
 them depends on the tracer.
 """
 
+from ._untouched import register_untouched_functions, untouched_by_default_passes
 from .aliasing import STORAGE_KEY, has_side_effect, mark_storages, shared_storage_groups
 from .erase import graph_erase_node
 from .pipeline import DEFAULT_PASSES, run_default_passes
@@ -34,10 +35,12 @@ __all__ = [
     "graph_erase_node",
     "has_side_effect",
     "mark_storages",
+    "register_untouched_functions",
     "remove_batch_dim_nodes",
     "remove_inplace",
     "remove_unnecessary_slices",
     "run_default_passes",
     "shared_storage_groups",
+    "untouched_by_default_passes",
     "writes_anything",
 ]

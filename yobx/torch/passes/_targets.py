@@ -512,3 +512,17 @@ def module_lookup(graph: Graph) -> Callable[[Node], torch.nn.Module | None]:
         return lookup(target) if type(target) is str else module_of(node)
 
     return of
+
+
+@contextlib.contextmanager
+def owned_by(graph: Graph, module: torch.nn.Module | None) -> Iterator[None]:
+    """Inside the block, ``module`` owns ``graph`` when the graph has no owner yet (right
+    after a trace): its attributes and submodules are then found by the passes."""
+    if module is None or graph.owning_module is not None:
+        yield
+        return
+    graph.owning_module = module
+    try:
+        yield
+    finally:
+        graph.owning_module = None

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.fx import Graph
 
-from ._targets import one_recompile
+from ._targets import one_recompile, owned_by, recompile_owner
+from ._untouched import untouched_by_default_passes
 from .remove_batch_dim import BatchDimRemovalError, remove_batch_dim_nodes
 from .remove_inplace import remove_inplace
 from .remove_slices import remove_unnecessary_slices
@@ -60,20 +59,12 @@ def run_default_passes(
         >>> [n.target for n in gm.graph.nodes if n.op == "call_method"]
         ['mul', 'copy_']
     """
-    with _owned_by(graph, module), one_recompile():
+    with owned_by(graph, module), one_recompile():
+        if untouched_by_default_passes(graph):
+            # nothing any pass matches: each would only classify every node to find out
+            recompile_owner(graph)
+            return {name: PassResult(name, 0) for name in DEFAULT_PASSES}
         return _run(graph, mutations, exc, recursive, verbose, exported_program)
-
-
-@contextlib.contextmanager
-def _owned_by(graph: Graph, module: torch.nn.Module | None) -> Iterator[None]:
-    if module is None or graph.owning_module is not None:
-        yield
-        return
-    graph.owning_module = module
-    try:
-        yield
-    finally:
-        graph.owning_module = None
 
 
 def _run(

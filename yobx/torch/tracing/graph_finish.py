@@ -246,8 +246,11 @@ class GraphFinishMixin:
         # fail because of it. mutations="write_back": the body becomes functional and
         # ends with copy_ into the mutated inputs and buffers, so the graph returns what
         # the model returns and has the same side effects (to_onnx asks for "outputs").
-        from ..passes import run_default_passes
+        from ..passes import run_default_passes, untouched_by_default_passes
 
+        if untouched_by_default_passes(graph, self.traced_model):
+            # (nor the kernels' patches below)
+            return
         # the passes compute the fake values of the nodes they create (x[:, n - 1] = v
         # becomes select_scatter...) with the tracer's symbolic kernels: torch's would
         # specialize the dimensions

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,7 +49,7 @@ def preserved_modules(root: torch.nn.Module) -> Iterator[None]:
     """
     from torch.nn.modules import module as module_globals
 
-    snapshot = [(m, _contents(m.__dict__)) for m in root.modules()]
+    snapshot = [(m.__dict__, *_contents(m.__dict__)) for m in root.modules()]
     hooks = {
         name: dict(getattr(module_globals, name))
         for name in _GLOBAL_HOOKS
@@ -56,14 +57,15 @@ def preserved_modules(root: torch.nn.Module) -> Iterator[None]:
     }
 
     def restore() -> None:
-        for module, attributes in snapshot:
-            current = module.__dict__
-            for name in [name for name in current if name not in attributes]:
-                del current[name]
-            for name, (value, contents) in attributes.items():
-                if current.get(name, _MISSING) is not value:
-                    current[name] = value
-                _refill(value, contents)
+        for current, attributes, containers in snapshot:
+            if not _identical_dicts(current, attributes):
+                for name in [name for name in current if name not in attributes]:
+                    del current[name]
+                for name, value in attributes.items():
+                    if current.get(name, _MISSING) is not value:
+                        current[name] = value
+            for name, contents in containers.items():
+                _refill(attributes[name], contents)
         for name, saved in hooks.items():
             _refill(getattr(module_globals, name), saved)
 
@@ -86,35 +88,37 @@ _GLOBAL_HOOKS = (
 )
 
 
-def _contents(attributes: dict) -> dict[str, tuple[Any, Any]]:
-    """Each attribute with a copy of its items when it is a container."""
+def _contents(attributes: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A copy of the attributes, and a copy of the items of each container among them."""
     # the builtin isinstance: the snapshot is taken inside the trace's patch window,
     # where the proxy-aware one costs more than the copies (hundreds of attributes)
     isinstance = _ISINSTANCE
-    saved = {}
-    for name, value in attributes.items():
-        if isinstance(value, dict):
-            contents: Any = dict(value)
-        elif isinstance(value, (list, set)):
-            contents = type(value)(value)
-        else:
-            contents = None
-        saved[name] = (value, contents)
-    return saved
+    containers = {
+        name: dict(value) if isinstance(value, dict) else type(value)(value)
+        for name, value in attributes.items()
+        if isinstance(value, (dict, list, set))
+    }
+    return dict(attributes), containers
+
+
+def _identical_dicts(current: dict, saved: dict) -> bool:
+    """The same keys in the same order, each holding the same object (compared by
+    identity, in C: most modules are left as they were, and a trace restores them all)."""
+    return (
+        len(current) == len(saved)
+        and all(map(operator.is_, current, saved))
+        and all(map(operator.is_, current.values(), saved.values()))
+    )
 
 
 def _refill(container: Any, contents: Any) -> None:
     """Puts ``contents`` back into ``container`` in place, when they differ."""
-    if contents is None:
-        return
     if isinstance(container, dict):
-        if container.keys() != contents.keys() or any(
-            container[k] is not v for k, v in contents.items()
-        ):
+        if not _identical_dicts(container, contents):
             container.clear()
             container.update(contents)
     elif isinstance(container, list):
-        if len(container) != len(contents) or any(a is not b for a, b in zip(container, contents)):
+        if len(container) != len(contents) or not all(map(operator.is_, container, contents)):
             container[:] = contents
     elif isinstance(container, set) and container != contents:
         container.clear()

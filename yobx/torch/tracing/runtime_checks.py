@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.proxy import GraphAppendingTracer, Proxy
 from torch.utils._sympy import functions as torch_sympy
 
+from ..passes import register_untouched_functions
 from .constraints import ConstraintViolationError
 from .errors import TracingError
 from .symbolic import SymbolicDimensions
@@ -61,6 +62,10 @@ def check_constraint(
         return
     if not condition:
         raise ConstraintViolationError(expression, {k: int(v) for k, v in values.items()}, location)
+
+
+# a check reads sizes and raises: nothing for the graph passes to rewrite
+register_untouched_functions(check_constraint)
 
 
 @dataclasses.dataclass(frozen=True)

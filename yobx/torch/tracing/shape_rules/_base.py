@@ -239,21 +239,21 @@ class TensorFactory:
         """
         itemsize = dtype.itemsize
         shape_env = self.fake_mode.shape_env
-        sizes_key = tuple(map(_pure_key, sizes))
+        sizes_key = tuple(map(pure_key, sizes))
         if strides is None:
             key: tuple = (itemsize, sizes_key)
             recipe = _CONTIGUOUS_STORAGES.get(key)
             if recipe is None:
                 layout, nbytes = _contiguous_storage(sizes, itemsize)
-                recipe = _remember(_CONTIGUOUS_STORAGES, key, (*layout, nbytes))
-            *strides, nbytes = (_symint(r, shape_env) for r in recipe)
+                recipe = remember_recipes(_CONTIGUOUS_STORAGES, key, (*layout, nbytes))
+            *strides, nbytes = (rebuild_symint(r, shape_env) for r in recipe)
         else:
-            key = (itemsize, sizes_key, tuple(map(_pure_key, strides)))
+            key = (itemsize, sizes_key, tuple(map(pure_key, strides)))
             recipe = _STRIDED_STORAGES.get(key)
             if recipe is None:
                 nbytes = _strided_storage(sizes, strides, itemsize)
-                recipe = _remember(_STRIDED_STORAGES, key, (nbytes,))
-            nbytes = _symint(recipe[0], shape_env)
+                recipe = remember_recipes(_STRIDED_STORAGES, key, (nbytes,))
+            nbytes = rebuild_symint(recipe[0], shape_env)
         base = _EMPTY((0,), dtype=dtype, device=_META)
         _RESIZE_STORAGE_BYTES(base, nbytes)
         return _AS_STRIDED(base, tuple(sizes), tuple(strides), 0).detach()
@@ -297,14 +297,14 @@ def _strided_storage(sizes: Sequence[Any], strides: Sequence[Any], itemsize: int
 #: (item size, sizes, strides) -> the byte count of ``torch.empty_strided``, as
 #: :func:`_recipe`s. Process-wide: the layouts are SymInt arithmetic on the sizes, a
 #: function of their expressions (after the ShapeEnv's replacements) and hints only,
-#: which the keys hold (:func:`_pure_key`); they serve every trace of a model.
+#: which the keys hold (:func:`pure_key`); they serve every trace of a model.
 _CONTIGUOUS_STORAGES: dict[tuple, tuple] = {}
 _STRIDED_STORAGES: dict[tuple, tuple] = {}
 #: entries kept before a cache starts over (a few large models' geometries)
 _MAX_STORAGES = 50_000
 
 
-def _pure_key(value: Any) -> Any:
+def pure_key(value: Any) -> Any:
     """A size in a process-wide key: the int, or the normalized expression and hint."""
     if type(value) is int:
         return value
@@ -315,21 +315,23 @@ def _pure_key(value: Any) -> Any:
 
 
 def _recipe(value: Any) -> Any:
-    """What :func:`_symint` needs to rebuild ``value`` in another ShapeEnv."""
+    """What :func:`rebuild_symint` needs to rebuild ``value`` in another ShapeEnv."""
     if type(value) is int:
         return value
     node = value.node
     return node._expr, node.pytype, node._hint, node._optimized_summation
 
 
-def _remember(cache: dict, key: tuple, values: tuple) -> tuple:
+def remember_recipes(cache: dict, key: tuple, values: tuple) -> tuple:
+    """Stores the recipes of ``values`` (ints and SymInts) under ``key`` in a
+    process-wide ``cache``, which starts over when it is full; returns them."""
     if len(cache) >= _MAX_STORAGES:
         cache.clear()
     recipe = cache[key] = tuple(map(_recipe, values))
     return recipe
 
 
-def _symint(recipe: Any, shape_env: Any) -> Any:
+def rebuild_symint(recipe: Any, shape_env: Any) -> Any:
     """A new ``SymInt`` of ``shape_env`` from a :func:`_recipe` (an int stays an int)."""
     if type(recipe) is int:
         return recipe
@@ -348,7 +350,25 @@ _META = torch.device("meta")
 
 
 def contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
-    """Strides of a fresh contiguous tensor of ``sizes`` (SymInt arithmetic)."""
+    """Strides of a fresh contiguous tensor of ``sizes`` (SymInt arithmetic).
+
+    Symbolic strides are remembered across traces (:data:`_CONTIGUOUS_STRIDES`) and
+    rebuilt as new ``SymInt`` objects of the sizes' ShapeEnv.
+    """
+    symbolic = next((size for size in sizes if type(size) is not int), None)
+    if symbolic is None:
+        return _contiguous_strides(sizes)
+    key = tuple(map(pure_key, sizes))
+    recipe = _CONTIGUOUS_STRIDES.get(key)
+    if recipe is None:
+        strides = _contiguous_strides(sizes)
+        remember_recipes(_CONTIGUOUS_STRIDES, key, tuple(strides))
+        return strides
+    shape_env = symbolic.node.shape_env
+    return [rebuild_symint(r, shape_env) for r in recipe]
+
+
+def _contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
     strides: list[Any] = [1] * len(sizes)
     acc: Any = 1
     for i in range(len(sizes) - 1, -1, -1):
@@ -365,6 +385,10 @@ def contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
             size = torch.sym_max(size, 1)
             acc = size if type(acc) is int and acc == 1 else acc * size
     return strides
+
+
+#: sizes (:func:`pure_key`) -> the recipes of their contiguous strides
+_CONTIGUOUS_STRIDES: dict[tuple, tuple] = {}
 
 
 def normalize_dim(dim: Any, rank: int) -> int:

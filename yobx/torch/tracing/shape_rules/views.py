@@ -8,6 +8,7 @@ full or static slices, ``None``, ``...``), ``contiguous`` and ``to(dtype)``.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -26,6 +27,9 @@ from ._base import (
     fake,
     is_one,
     normalize_dim,
+    pure_key,
+    rebuild_symint,
+    remember_recipes,
     require_contiguous,
     same_size,
     size_key,
@@ -119,6 +123,31 @@ def expand(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     return factory.view(x, out_sizes, out_strides)
 
 
+def _view_sizes(x: torch.Tensor, target: tuple) -> list[Any]:
+    """:func:`infer_sizes`, remembered across traces (:data:`_VIEW_SIZES`).
+
+    The sizes are a function of the expressions and hints of ``x.shape`` and
+    ``target`` alone (SymInt arithmetic and sympy, no decision on ranges); a hit
+    rebuilds the inferred size as a new ``SymInt`` of ``x``'s ShapeEnv.
+    """
+    key = (tuple(map(pure_key, x.shape)), tuple(map(pure_key, target)))
+    recipe = _VIEW_SIZES.get(key)
+    if recipe is None:
+        sizes = infer_sizes(x, target)
+        # the target's own sizes are kept as they are, only an inferred one is rebuilt
+        remember_recipes(
+            _VIEW_SIZES, key, tuple(-1 if s is t else s for s, t in zip(sizes, target))
+        )
+        return sizes
+    shape_env = x.fake_mode.shape_env
+    return [t if r == -1 else rebuild_symint(r, shape_env) for r, t in zip(recipe, target)]
+
+
+#: (sizes of a tensor, target of its view) -> recipes of the view's sizes, -1 for a
+#: size of the target itself
+_VIEW_SIZES: dict[tuple, tuple] = {}
+
+
 def infer_sizes(x: torch.Tensor, target: tuple) -> list[Any]:
     """Replaces a ``-1`` by the size it stands for, proving the element count matches."""
     numel = x.numel()
@@ -142,14 +171,28 @@ def infer_sizes(x: torch.Tensor, target: tuple) -> list[Any]:
     total: Any = 1
     for size in sizes:
         total = total * size
-    if sympy.expand(sympy.sympify(size_key(total)) - sympy.sympify(size_key(numel))) != 0:
+    if not _provably_equal(size_key(total), size_key(numel)):
         raise Unsupported("element count not provably equal")
-    if missing is not None and not isinstance(size_key(sizes[missing]), (int, sympy.Integer)):
+    inferred = None if missing is None else size_key(sizes[missing])
+    if isinstance(inferred, sympy.Expr) and not inferred.is_Integer and not _is_product(inferred):
         # a symbolic inferred size must be a plain product, not a FloorDiv left over
-        expr = size_key(sizes[missing])
-        if not expr.is_polynomial(*expr.free_symbols) or expr.has(sympy.Function):
-            raise Unsupported("inferred size is not a product of dimensions")
+        raise Unsupported("inferred size is not a product of dimensions")
     return sizes
+
+
+# Both are pure functions of sympy expressions (the symbols carry their assumptions,
+# not the ShapeEnv's ranges), cached across traces: a model reshapes the same sizes
+# trace after trace, and sympy's expansion is most of a view's rule.
+@functools.lru_cache(maxsize=4096)
+def _provably_equal(a: Any, b: Any) -> bool:
+    """``a == b`` for every value of the symbols (the expansion of ``a - b`` is 0)."""
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_product(expr: sympy.Expr) -> bool:
+    """``expr`` is a polynomial of its symbols, without a function (no FloorDiv)."""
+    return bool(expr.is_polynomial(*expr.free_symbols)) and not expr.has(sympy.Function)
 
 
 def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bool):
@@ -159,7 +202,7 @@ def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bo
     target = _sizes_argument(args[1:])
     if not target or any(isinstance(t, torch.dtype) for t in target):
         raise Unsupported("view(dtype) or empty shape")
-    sizes = factory.memoized("view_sizes", [x], lambda: infer_sizes(x, target), target)
+    sizes = _view_sizes(x, target)
     if exactly_contiguous(x):
         # ATen's computeStride gives a view of exactly contiguous strides the strides
         # of a fresh tensor, size-1 dimensions included
