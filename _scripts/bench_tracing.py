@@ -2,7 +2,8 @@
 
 Prints, per model, the median capture time of each tool (after one warm-up; the tools
 alternate call after call so that the machine's slow phases weigh on all of them) and
-the ratios yobx/export and yobx/fx measured in the same run::
+the ratios yobx/export and yobx/fx measured in the same run; then the warm capture
+time of two small models (under 20 nodes) against the 5 ms target::
 
     python _scripts/bench_tracing.py [--repeat 5]
 """
@@ -33,6 +34,38 @@ MODELS = (
     "arch:vit",
     "arch:t5",
 )
+
+
+class SmallAttention(torch.nn.Module):
+    """A small attention pattern: one projection to q, k, v, scores, softmax, output."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-1, -2) / 4.0
+        return self.out(scores.softmax(-1) @ v)
+
+
+#: small models (under 20 nodes once traced): name -> (model, kwargs, dynamic shapes)
+SMALL_MODELS = {
+    "small-attention": lambda: (
+        SmallAttention(),
+        {"x": torch.randn(2, 5, 16)},
+        {"x": {0: "batch", 1: "seq"}},
+    ),
+    "small-mlp": lambda: (
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)),
+        {"input": torch.randn(2, 16)},
+        {"input": {0: "batch"}},
+    ),
+}
+
+#: a small model's warm capture (seconds) the tracer aims at
+SMALL_TARGET = 0.005
 
 
 def models(names=MODELS):
@@ -131,6 +164,32 @@ def main() -> None:
         )
         print(
             f"{name:22s} {cell(yobx)} {cell(fx)} {cell(export):>11s} {ratio_export} {ratio_fx}",
+            flush=True,
+        )
+    if args.models == ",".join(MODELS):
+        _small_models(args.repeat)
+
+
+def _small_models(repeat: int) -> None:
+    """Warm capture of the small models, against :data:`SMALL_TARGET`."""
+    print(f"\nsmall models (target: under 20 nodes in at most {SMALL_TARGET * 1e3:.0f} ms warm)")
+    print(f"{'model':22s} {'nodes':>6s} {'yobx (ms)':>10s} {'fx (ms)':>8s} {'target':>7s}")
+    for name, make in SMALL_MODELS.items():
+        model, kwargs, dyn = make()
+        nodes = len(CustomTracer().trace(model, concrete_args=kwargs, dynamic_shapes=dyn).nodes)
+        measured = _median_times(
+            {
+                "yobx": lambda model=model, kwargs=kwargs, dyn=dyn: CustomTracer().trace(
+                    model, concrete_args=kwargs, dynamic_shapes=dyn
+                ),
+                "fx": lambda model=model: torch.fx.symbolic_trace(model),
+            },
+            max(repeat, 20),
+        )
+        yobx = measured["yobx"]
+        verdict = "met" if nodes < 20 and yobx <= SMALL_TARGET else "NOT met"
+        print(
+            f"{name:22s} {nodes:6d} {yobx * 1e3:10.2f} {measured['fx'] * 1e3:8.2f} {verdict:>7s}",
             flush=True,
         )
 

@@ -217,7 +217,7 @@ class GraphFinishMixin:
             setattr(wrapper, name, subgraph)
         return wrapper
 
-    def _mark_storages(self, graph: torch.fx.Graph, module: torch.nn.Module) -> None:
+    def _mark_storages(self, graph: torch.fx.Graph) -> None:
         """Tells the passes which inputs, parameters and buffers share storage.
 
         Each input gets its own fake tensor, so ``f(a, a[1])`` or a buffer registered
@@ -226,18 +226,16 @@ class GraphFinishMixin:
         """
         from ..passes import mark_storages
 
+        # only the tensors the graph reads: the inputs, and the parameters, buffers and
+        # plain attributes (``self.alias = self.buf[:2]`` aliases too) of its get_attr
         tensors: dict[str, Any] = dict(zip(self.state.inputs.names, self.state.inputs.leaves))
-        tensors.update(module.named_parameters(remove_duplicate=False))
-        tensors.update(module.named_buffers(remove_duplicate=False))
-        # tensors held as plain attributes (``self.alias = self.buf[:2]``) alias too
         for node in graph.find_nodes(op="get_attr"):
-            if node.target not in tensors:
-                try:
-                    value = self._attribute(node.target)
-                except AttributeError:
-                    continue
-                if isinstance(value, torch.Tensor):
-                    tensors[node.target] = value
+            try:
+                value = self._attribute(node.target)
+            except AttributeError:
+                continue
+            if isinstance(value, torch.Tensor):
+                tensors[node.target] = value
         mark_storages(graph, tensors)
 
     def _apply_default_passes(self, graph) -> None:

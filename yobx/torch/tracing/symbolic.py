@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.fx.proxy import TraceError
 from torch.utils._sympy.functions import Max, Min, Mod, PythonMod
 from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from .expression_text import pretty
 from .range_proofs import prove_from_ranges
@@ -74,6 +75,9 @@ def static_fake(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor
 
 #: Default lower bound of a dynamic dimension, the same as torch.export's.
 DEFAULT_MIN = 2
+
+#: the range ShapeEnv.create_symbol gives a size (``specialize_zero_one=False``)
+_NEW_SIZE_RANGE = ValueRanges(0, int_oo)
 #: torch's own undecided questions longer than this are not given to the prover
 _MAX_PROVED_OPERATIONS = 24
 
@@ -251,6 +255,11 @@ class SymbolicDimensions:
         """Creates a ShapeEnv symbol named ``name`` for the user, in ``[low, high]``."""
         source = DimensionSource(f"dim_{len(self.names)}_{_identifier(name)}")
         symbol = self.shape_env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+        if low >= 0 and self.shape_env.var_to_range.get(symbol) == _NEW_SIZE_RANGE:
+            # The range is [0, oo] and becomes [low, high], which torch computes as an
+            # intersection with sympy's Max and Min (half the cost of a dimension). From
+            # the unknown range, torch takes [low, high] as it is: the same range.
+            self.shape_env.var_to_range[symbol] = ValueRanges.unknown_int()
         self.shape_env.constrain_symbol_range(
             symbol, compiler_min=low, compiler_max=int_oo if high is None else int(high)
         )

@@ -335,7 +335,7 @@ class CustomTracer(
         if strict is not None:
             raise strict
         self._finish(graph, module, root, update_model_with_callable)
-        self._mark_storages(graph, module)
+        self._mark_storages(graph)
         if remove_inplace:
             self._apply_default_passes(graph)
         graph.lint()
