@@ -17,6 +17,7 @@ import torch.fx
 from torch.fx.proxy import Attribute, Proxy
 
 from .errors import TracingError
+from .proxy_dispatch import proxy_torch_function
 from .symbolic_text import shape_text, symbolic_text
 
 # torch.cat as imported, not the recording replacement installed while tracing
@@ -41,6 +42,11 @@ def find_proxy(*values: Any) -> Proxy | None:
 
 class CustomProxy(Proxy):
     """Proxy of a tensor (or of any non-scalar value) whose node carries ``meta["val"]``."""
+
+    @classmethod
+    def __torch_function__(cls, orig_method, types, args=None, kwargs=None):
+        """torch.fx's, with a direct path for plain arguments (see :mod:`.proxy_dispatch`)."""
+        return proxy_torch_function(cls, orig_method, types, args, kwargs)
 
     @property
     def val(self) -> Any:

@@ -1,0 +1,79 @@
+"""The proxies' direct ``__torch_function__`` records what torch.fx's method records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from yobx.torch.tracing import CustomTracer, proxy_dispatch
+from yobx.torch.tracing.proxies import CustomProxy
+
+
+class Calls(torch.nn.Module):
+    """Functions and methods with atoms, tensors, flat and nested containers, kwargs."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.full((4,), 0.5))
+
+    def forward(self, x, y):
+        a = torch.add(x, y, alpha=2)
+        b = torch.cat([a, x], dim=0)
+        c = torch.stack((x, y, a))  # a flat tuple
+        d = torch.cat([torch.stack([x, y])[0], a])  # nested calls
+        e = F.relu(x) * self.scale + torch.where(x > 0, x, 0.0)
+        f = x.transpose(0, 1).matmul(y)  # tensor methods
+        g = torch.einsum("ij,ij->i", x, y)
+        h = torch.nn.functional.pad(x, (1, 1))
+        i = x.new_zeros(x.shape)  # a torch.Size-like argument: torch.fx's path
+        j = torch.meshgrid([x[:, 0], y[0]], indexing="ij")[0]  # nested list: torch.fx's path
+        return b.sum() + c.sum() + d.sum() + e.sum() + f.sum() + g.sum() + h.sum() + i + j.sum()
+
+
+def _trace(direct: bool, monkeypatch) -> tuple[str, torch.nn.Module, torch.fx.Graph]:
+    if not direct:
+        monkeypatch.setattr(
+            proxy_dispatch, "_tracer_of", lambda cls, values: proxy_dispatch._UNHANDLED
+        )
+    tracer = CustomTracer()
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    graph = tracer.trace(
+        Calls(), concrete_args={"x": x, "y": y}, dynamic_shapes={"x": {0: "n"}, "y": {0: "n"}}
+    )
+    monkeypatch.undo()
+    return str(graph), tracer.traced_model, graph
+
+
+def test_direct_path_records_torch_fx_nodes(monkeypatch):
+    direct, model, graph = _trace(True, monkeypatch)
+    fallback, _, _ = _trace(False, monkeypatch)
+    assert direct == fallback
+    gm = torch.fx.GraphModule(model, graph)
+    for n in (2, 3, 6):
+        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        torch.testing.assert_close(gm(x, y), Calls()(x, y))
+
+
+def test_the_direct_path_handles_plain_arguments_only():
+    graph = torch.fx.Graph()
+    tracer = torch.fx.proxy.GraphAppendingTracer(graph)
+    proxy = torch.fx.Proxy(graph.placeholder("x"), tracer)
+    values = (1, 2.0, None, torch.float32, torch.ones(1), [proxy, 3], (proxy,), proxy)
+    assert proxy_dispatch._tracer_of(torch.fx.Proxy, values) is tracer
+    for other in ([[proxy]], torch.Size([2]), {"a": proxy}, object()):
+        assert proxy_dispatch._tracer_of(torch.fx.Proxy, (other,)) is proxy_dispatch._UNHANDLED
+    second = torch.fx.Proxy(
+        graph.placeholder("y"), torch.fx.proxy.GraphAppendingTracer(torch.fx.Graph())
+    )
+    assert proxy_dispatch._tracer_of(torch.fx.Proxy, (proxy, second)) is proxy_dispatch._UNHANDLED
+
+
+def test_proxies_of_two_tracers_raise_as_in_torch_fx():
+    proxies = []
+    for name in "ab":
+        graph = torch.fx.Graph()
+        tracer = torch.fx.proxy.GraphAppendingTracer(graph)
+        proxies.append(CustomProxy(graph.placeholder(name), tracer))
+    with pytest.raises(RuntimeError, match="multiple different tracers"):
+        torch.add(*proxies)
