@@ -108,3 +108,33 @@ def test_hooks_installed_by_the_traced_call_are_removed():
     assert not hasattr(model, "_installed") and model.seen == []
     model(torch.randn(2, 3))
     assert len(model.seen) == 1
+
+
+def test_containers_filled_or_emptied_by_the_traced_call_are_restored():
+    class Bookkeeping(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.calls, self.names, self.tags = [1], {"a": 1}, {"x"}
+            self.empty_list, self.empty_dict, self.empty_set = [], {}, set()
+
+        def forward(self, x):
+            self.calls.append(2)
+            self.names["b"] = 2
+            self.tags.clear()
+            self.empty_list.append(x)
+            self.empty_dict["x"] = x
+            self.empty_set.add(3)
+            self.lin._forward_pre_hooks[0] = lambda m, i: None
+            return self.lin(x)
+
+    model = Bookkeeping()
+    containers = [model.calls, model.names, model.tags, model.empty_list]
+    CustomTracer().trace(model, concrete_args={"x": torch.randn(2, 3)})
+    assert [model.calls, model.names, model.tags] == [[1], {"a": 1}, {"x"}]
+    assert (model.empty_list, model.empty_dict, model.empty_set) == ([], {}, set())
+    assert len(model.lin._forward_pre_hooks) == 0
+    assert [model.calls, model.names, model.tags, model.empty_list] == containers
+    assert all(
+        a is b for a, b in zip([model.calls, model.names, model.tags, model.empty_list], containers)
+    )

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 
+import pytest
 import torch
 import torch.fx._symbolic_trace as fx_symbolic_trace
 
@@ -242,3 +243,46 @@ def test_autowrap_gates_reused_across_traces_and_gated_per_thread():
     assert seen_in_other_thread == [4.0, 4.0]
     for name, original in originals.items():
         assert getattr(math_module, name) is original
+
+
+def test_math_is_restored_after_a_failed_trace_and_wrapped_once_in_a_branch():
+    import math as math_module
+
+    from torch.fx.proxy import TraceError
+
+    originals = dict(vars(math_module))
+
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            y = x / math.sqrt(x.shape[1])
+            if x.shape[0] > 3:  # undecidable on a named dimension: the trace raises
+                return y
+            return -y
+
+    with pytest.raises(TraceError):
+        CustomTracer().trace(
+            Fails(),
+            concrete_args={"x": torch.randn(2, 4)},
+            dynamic_shapes={"x": {0: torch.export.Dim("b"), 1: "w"}},
+        )
+    assert all(vars(math_module)[k] is v for k, v in originals.items())
+
+    class Branches(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(
+                x.sum() > 0,
+                lambda t: t * math.sqrt(t.shape[1]),
+                lambda t: t / math.sqrt(t.shape[1]),
+                (x,),
+            )
+
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        Branches(), concrete_args={"x": torch.randn(2, 4)}, dynamic_shapes={"x": {1: "w"}}
+    )
+    assert all(vars(math_module)[k] is v for k, v in originals.items())
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for width in (4, 9):
+        for sign in (1, -1):
+            x = sign * torch.rand(2, width)
+            torch.testing.assert_close(gm(x), Branches()(x))

@@ -32,6 +32,7 @@ import builtins
 import contextlib
 import functools
 import inspect
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -45,7 +46,13 @@ from torch.fx.experimental import proxy_tensor
 from .module_classes import class_level_targets
 from .patch_window import _WINDOW_LOCK, any_thread, patch_window, thread_gate
 from .patches import memoized_replacements, patched_attributes
-from .world_state import THREAD_STATE, PatchedClasses, current_fx_patcher, revert_fx_patches
+from .world_state import (
+    THREAD_STATE,
+    PatchedClasses,
+    PatchedDictItems,
+    current_fx_patcher,
+    revert_fx_patches,
+)
 
 #: seconds to wait for another thread's torch.fx trace before tracing anyway
 FOREIGN_TRACE_TIMEOUT = 60.0
@@ -90,6 +97,23 @@ class _ThreadPatcher(_symbolic_trace._Patcher):
             return
         super().patch(frame_dict, name, _function_gate(original, new_fn, deduplicate), deduplicate)
 
+    def patch_functions(self, frame_dict: dict[str, Any], function_ids: set[int]) -> None:
+        """torch.fx's ``_autowrap_check`` of a dict holding many of the functions to
+        wrap (``math.__dict__``): the same patches, made as one ``dict.update``."""
+        originals, gates = {}, {}
+        for name, value in frame_dict.items():
+            if name.startswith("_") or id(value) not in function_ids or not callable(value):
+                continue
+            if getattr(value, "__fx_already_patched", False):
+                # wrapped by an enclosing trace already (torch.fx skips it too)
+                continue
+            originals[name] = value
+            gates[name] = _function_gate(value, _cached_wrapped_func(value), True)
+        if gates:
+            patch = PatchedDictItems(frame_dict, None, originals, gates)
+            self.patches_made.append(patch)
+            patch.patch()
+
     def patch_method(self, cls, name, new_fn, deduplicate=True) -> None:
         if cls is torch.nn.Module:
             # on the traced modules' classes (see module_classes): no slot updates of
@@ -124,6 +148,21 @@ _AUTOWRAP_CODE = _symbolic_trace._create_wrapped_func(len).__code__
 #: id(original) -> (original, gate) of torch.fx's autowrap replacement of ``original``
 _AUTOWRAP_GATES: dict[int, tuple[Any, Any]] = {}
 
+
+_FX_AUTOWRAP_CHECK = _symbolic_trace._autowrap_check
+
+
+def _autowrap_check(patcher: Any, frame_dict: dict[str, Any], function_ids: set[int]) -> None:
+    """torch.fx's, with the 55 functions of ``math`` patched as one (see
+    :meth:`_ThreadPatcher.patch_functions`): every trace autowraps them."""
+    if frame_dict is _MATH_DICT and isinstance(patcher, _ThreadPatcher):
+        if patcher.visit_once(frame_dict):
+            patcher.patch_functions(frame_dict, function_ids)
+        return
+    _FX_AUTOWRAP_CHECK(patcher, frame_dict, function_ids)
+
+
+_MATH_DICT = math.__dict__
 
 _CREATE_WRAPPED_FUNC = _symbolic_trace._create_wrapped_func
 #: id(original) -> (original, torch.fx's autowrap wrapper of it)
@@ -325,6 +364,7 @@ def _per_thread_state() -> list[tuple[Any, str, Any]]:
         # torch.fx wraps every function of `math` again in each trace (55 copies of the
         # function's attributes); its wrapper is the same for every trace
         (_symbolic_trace, "_create_wrapped_func", _cached_wrapped_func),
+        (_symbolic_trace, "_autowrap_check", _autowrap_check),
     ]
 
 

@@ -57,7 +57,7 @@ def preserved_modules(root: torch.nn.Module) -> Iterator[None]:
     }
 
     def restore() -> None:
-        for current, attributes, containers in snapshot:
+        for current, attributes, containers, empty in snapshot:
             if not _identical_dicts(current, attributes):
                 for name in [name for name in current if name not in attributes]:
                     del current[name]
@@ -66,6 +66,9 @@ def preserved_modules(root: torch.nn.Module) -> Iterator[None]:
                         current[name] = value
             for name, contents in containers.items():
                 _refill(attributes[name], contents)
+            for container in empty:
+                if container:
+                    container.clear()
         for name, saved in hooks.items():
             _refill(getattr(module_globals, name), saved)
 
@@ -88,17 +91,22 @@ _GLOBAL_HOOKS = (
 )
 
 
-def _contents(attributes: dict) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A copy of the attributes, and a copy of the items of each container among them."""
+def _contents(attributes: dict) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """A copy of the attributes, a copy of the items of each container among them that
+    has items, and the empty containers (most of them: the hook registries, which are
+    restored by emptying them again)."""
     # the builtin isinstance: the snapshot is taken inside the trace's patch window,
     # where the proxy-aware one costs more than the copies (hundreds of attributes)
     isinstance = _ISINSTANCE
-    containers = {
-        name: dict(value) if isinstance(value, dict) else type(value)(value)
-        for name, value in attributes.items()
-        if isinstance(value, (dict, list, set))
-    }
-    return dict(attributes), containers
+    containers: dict[str, Any] = {}
+    empty = []
+    for name, value in attributes.items():
+        if isinstance(value, (dict, list, set)):
+            if value:
+                containers[name] = dict(value) if isinstance(value, dict) else type(value)(value)
+            else:
+                empty.append(value)
+    return dict(attributes), containers, empty
 
 
 def _identical_dicts(current: dict, saved: dict) -> bool:

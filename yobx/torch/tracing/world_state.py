@@ -236,6 +236,21 @@ class PatchedClasses(fx_symbolic_trace._PatchedFn):
         return cls(entries, name, None, values[0][1] if values else None)
 
 
+class PatchedDictItems(fx_symbolic_trace._PatchedFn):
+    """torch.fx patches of several names of one dict (``math.__dict__``), made and
+    reverted as one ``dict.update``.
+
+    ``frame_dict`` is the dict, ``orig_fn`` the original values by name and ``new_fn``
+    the replacements by name. Both methods are idempotent.
+    """
+
+    def revert(self) -> None:
+        self.frame_dict.update(self.orig_fn)
+
+    def patch(self) -> None:
+        self.frame_dict.update(self.new_fn)
+
+
 def revert_fx_patches(patcher: Any) -> None:
     """Undoes the patches of a torch.fx ``_Patcher``, latest first.
 
@@ -244,7 +259,7 @@ def revert_fx_patches(patcher: Any) -> None:
     if patcher is None:
         return
     for patch in reversed(patcher.patches_made):
-        if isinstance(patch, PatchedClasses):
+        if isinstance(patch, (PatchedClasses, PatchedDictItems)):
             patch.revert()
         elif isinstance(patch, fx_symbolic_trace._PatchedFnSetAttr):
             setattr(patch.frame_dict, patch.fn_name, patch.orig_fn)
