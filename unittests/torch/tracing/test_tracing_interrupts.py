@@ -107,3 +107,51 @@ def test_an_interrupt_leaving_guards_suppressed_is_undone(monkeypatch):
     tracer = CustomTracer()
     tracer.trace(NeedsAFact(), concrete_args={"x": torch.randn(6)}, dynamic_shapes={"x": {0: "n"}})
     assert [c.expression for c in tracer.constraints] != []
+
+
+def test_an_interrupt_in_a_dispatch_guard_exit_is_undone(monkeypatch):
+    # torch.inference_mode holds a C++ guard that, freed without its exit, puts back the
+    # dispatch keys it found on entry: the middle of the trace. The restoration sets
+    # them back, including keys Python has no name for (Tracer).
+    from torch.autograd import grad_mode
+
+    from yobx.torch.tracing import CustomTracer
+    from yobx.torch.tracing.world_state import WorldState
+
+    class InferenceBlock(torch.nn.Module):
+        def forward(self, x):
+            with torch.inference_mode(False):
+                y = x * 2
+            return y + 1
+
+    original = grad_mode.inference_mode.__exit__
+
+    def interrupted_exit(self, *args):
+        raise KeyboardInterrupt
+
+    before = WorldState.capture()
+    monkeypatch.setattr(grad_mode.inference_mode, "__exit__", interrupted_exit)
+    with pytest.raises(BaseException) as info:
+        CustomTracer().trace(InferenceBlock(), concrete_args={"x": torch.randn(2, 3)})
+    assert interrupt_sweep.is_interrupt(info.value)
+    monkeypatch.setattr(grad_mode.inference_mode, "__exit__", original)
+    del info
+    assert WorldState.capture().with_process_state() == before.with_process_state()
+    tracer = CustomTracer()
+    graph = tracer.trace(InferenceBlock(), concrete_args={"x": torch.randn(2, 3)})
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(torch.fx.GraphModule(tracer.traced_model, graph)(x), x * 2 + 1)
+
+
+def test_dispatch_keys_without_a_python_name_are_restored():
+    from yobx.torch.tracing.world_state import WorldState
+
+    before = WorldState.capture()
+    included = torch._C._dispatch_tls_local_include_set()
+    # Tracer and the testing keys are not members of torch._C.DispatchKey
+    unnamed = torch._C.DispatchKeySet.from_raw_repr(915919299338567680)
+    leaked = torch._C._ForceDispatchKeyGuard(included, unnamed)
+    leaked.__enter__()  # never exited: as after an interrupt
+    assert torch._C._dispatch_tls_local_exclude_set().raw_repr() != before.excluded
+    before.restore()
+    assert WorldState.capture() == before

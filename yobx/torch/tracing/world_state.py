@@ -40,7 +40,6 @@ class _ThreadState(threading.local):
 THREAD_STATE = _ThreadState()
 
 _MODE_KEYS = tuple(torch._C._TorchDispatchModeKey.__members__.values())
-_DISPATCH_KEYS = tuple(torch._C.DispatchKey.__members__.values())
 #: process-wide flags torch's TorchDispatchMode.__enter__/__exit__ maintain
 _DISPATCH_FLAGS = (
     "_is_in_torch_dispatch_mode",
@@ -191,19 +190,26 @@ class WorldState:
         excluded = torch._C._dispatch_tls_local_exclude_set()
         if included.raw_repr() == self.included and excluded.raw_repr() == self.excluded:
             return
-        wanted_in = torch._C.DispatchKeySet.from_raw_repr(self.included)
-        wanted_out = torch._C.DispatchKeySet.from_raw_repr(self.excluded)
-        for key in _DISPATCH_KEYS:
-            for current, wanted, set_key in (
-                (included, wanted_in, torch._C._dispatch_tls_set_dispatch_key_included),
-                (excluded, wanted_out, torch._C._dispatch_tls_set_dispatch_key_excluded),
-            ):
-                try:
-                    if current.has(key) != wanted.has(key):
-                        set_key(key, wanted.has(key))
-                except (RuntimeError, TypeError, ValueError):
-                    # alias and runtime keys have no TLS bit of their own
-                    continue
+        _force_dispatch_keys(
+            torch._C.DispatchKeySet.from_raw_repr(self.included),
+            torch._C.DispatchKeySet.from_raw_repr(self.excluded),
+        )
+
+
+def _force_dispatch_keys(included: Any, excluded: Any) -> None:
+    """Sets the thread's local dispatch key sets to ``included`` and ``excluded``.
+
+    Some keys have no name in Python (``Tracer``, the testing keys) and cannot be set
+    one by one. torch's ``_ForceDispatchKeyGuard`` sets whole sets and puts back, on
+    exit, the sets it found on entry: a second guard entered inside the first finds
+    the wanted sets, and exiting the first, then the second, leaves them.
+    """
+    first = torch._C._ForceDispatchKeyGuard(included, excluded)
+    first.__enter__()
+    second = torch._C._ForceDispatchKeyGuard(included, excluded)
+    second.__enter__()
+    first.__exit__(None, None, None)
+    second.__exit__(None, None, None)
 
 
 _MISSING = object()
