@@ -8,6 +8,7 @@ custom operator (``yobx::lstm``, ``yobx::gru``) whose ONNX translation is the ON
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -138,21 +139,28 @@ def _attention_to_onnx(
     enable_gqa: bool = False,
 ):
     """torch_lib's attention, with torch's answer for a query whose keys a boolean mask
-    hides all: zeros. torch_lib gives the hidden scores the dtype's lowest value, not
-    ``-inf``, so that row's softmax is uniform and the row the mean of the values (its
-    NaN guard never fires): silently another output, on padded batches."""
+    hides all: zeros.
+
+    torch_lib gives the hidden scores the dtype's lowest value, not ``-inf``, so that
+    row's softmax is uniform and the row the mean of the values (its NaN guard never
+    fires): silently another output, on padded batches. Here the boolean mask becomes
+    an additive one of ``0`` and ``-inf``: such a row's softmax is NaN, and the NaN
+    rows of the output become zeros. That is as many operators as torch_lib's boolean
+    path, the guard applying to the output rather than to the weights.
+    """
     from onnxscript.function_libs.torch_lib.ops.nn import aten_scaled_dot_product_attention
 
-    out = aten_scaled_dot_product_attention(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-    )
     if attn_mask is None or attn_mask.dtype != onnxscript.BOOL.dtype:
-        return out
-    any_key = _op.ReduceMax(
-        _op.Cast(attn_mask, to=onnxscript.INT32.dtype), _op.Constant(value_ints=[-1]), keepdims=1
+        return aten_scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+        )
+    zero = _op.CastLike(_op.Constant(value_float=0.0), query)
+    minus_inf = _op.CastLike(_op.Constant(value_float=-math.inf), query)
+    additive = _op.Where(attn_mask, zero, minus_inf)
+    out = aten_scaled_dot_product_attention(
+        query, key, value, additive, dropout_p, is_causal, scale, enable_gqa
     )
-    attends = _op.Cast(any_key, to=onnxscript.BOOL.dtype)
-    return _op.Where(attends, out, _op.CastLike(_op.Constant(value_float=0.0), out))
+    return _op.Where(_op.IsNaN(out), zero, out)
 
 
 def _symbolic_math(onnx_op: str):
