@@ -17,6 +17,7 @@ import builtins
 import dataclasses
 import math
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -167,6 +168,7 @@ class Snapshot:
     attributes: dict
     world: WorldState
     module_state: dict
+    sigint_handler: object = None
 
 
 def snapshot(model: torch.nn.Module) -> Snapshot:
@@ -178,6 +180,7 @@ def snapshot(model: torch.nn.Module) -> Snapshot:
             "buffers": {k: v.clone() for k, v in model.named_buffers()},
             "hooks": [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()],
         },
+        sigint_handler=signal.getsignal(signal.SIGINT),
     )
 
 
@@ -221,6 +224,8 @@ def leftovers(before: Snapshot, model: torch.nn.Module) -> list[str]:
             problems.append(f"{field.name}: {old!r} -> {new!r}")
     if type(torch.ones(2) + 1) is not torch.Tensor:
         problems.append(f"eager ops return {type(torch.ones(2) + 1).__name__}")
+    if signal.getsignal(signal.SIGINT) is not before.sigint_handler:
+        problems.append(f"SIGINT handler {signal.getsignal(signal.SIGINT)!r} left installed")
     if THREAD_STATE.window is not None:
         problems.append("the thread still has a patch window")
     if not _lock_is_free(_WINDOW_LOCK):

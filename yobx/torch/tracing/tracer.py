@@ -27,6 +27,8 @@ from . import shape_rules
 from .constraints import Constraint
 from .decided_layouts import decided_layouts
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
+from .deferred_interrupts import PENDING as PENDING_INTERRUPT
+from .deferred_interrupts import deferred_interrupts, raise_pending_interrupt
 from .fake_execution import FakeExecutionMixin
 from .fx_isolation import fx_tracing_per_thread
 from .graph_finish import GraphFinishMixin, _CallableModule, graph_fingerprint
@@ -264,6 +266,20 @@ class CustomTracer(
             torch.Size([2, 3])
         """
         _check_traceable(root)
+        # A Ctrl-C is raised at the next recorded operation or once everything is
+        # restored, never inside torch's own code (see deferred_interrupts).
+        with deferred_interrupts():
+            return self._trace_in_window(
+                root,
+                concrete_args,
+                dynamic_shapes,
+                remove_inplace=remove_inplace,
+                update_model_with_callable=update_model_with_callable,
+                verbose=verbose,
+            )
+
+    def _trace_in_window(self, root, concrete_args, dynamic_shapes, **options) -> torch.fx.Graph:
+        """:meth:`_trace` in the trace's patch window."""
         # One trace at a time in the process; its patches hold for this thread only, and
         # everything is restored in this frame's `finally`, which no interrupt can skip
         # (an interrupt landing in the restoration makes it run again, see patch_window).
@@ -272,14 +288,7 @@ class CustomTracer(
         try:
             window.open()
             with cheap_uninteresting_files(), older_objects_frozen():  # see their modules
-                return self._trace(
-                    root,
-                    concrete_args,
-                    dynamic_shapes,
-                    remove_inplace=remove_inplace,
-                    update_model_with_callable=update_model_with_callable,
-                    verbose=verbose,
-                )
+                return self._trace(root, concrete_args, dynamic_shapes, **options)
         except BaseException as e:
             error = e
             raise
@@ -485,6 +494,9 @@ class CustomTracer(
         proxy_factory_fn=None,
     ):
         """Creates the node, computes its fake value, returns a proxy or a constant."""
+        if PENDING_INTERRUPT[0]:
+            # a Ctrl-C during the trace: raised here, between two operations
+            raise_pending_interrupt()
         # torch.fx's and torch's code run in here (and a leaf module's forward, on fake
         # values): no proxy reaches a model's isinstance, so all of them get the builtin
         # rather than the trace's Python function (thousands of calls per trace)
