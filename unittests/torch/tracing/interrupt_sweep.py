@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 import torch.fx._symbolic_trace as fx_symbolic_trace
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.sym_node import SymNode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from yobx.torch.tracing import CustomTracer
 from yobx.torch.tracing.patch_window import _WINDOW_LOCK, _dynamo_compile_lock
@@ -107,6 +109,29 @@ def _in_torch_decomposition(frame: Any) -> bool:
     return False
 
 
+#: torch's dispatch-mode exits: an interrupt at their start, while the fake mode
+#: dispatches an operation, makes a C++ guard throw from its destructor and the process
+#: aborts (torch 2.13). A real Ctrl-C never lands there during a trace: the tracer
+#: raises it at its next operation (yobx.torch.tracing.deferred_interrupts).
+_DISPATCH_MODE_EXITS = frozenset(
+    {TorchDispatchMode.__exit__.__code__, FakeTensorMode.__exit__.__code__}
+)
+
+
+def _in_dispatch_mode_exit(frame: Any) -> bool:
+    """A dispatch mode's ``__exit__`` runs (``frame`` or a caller) inside a mode's
+    ``__torch_dispatch__``, which torch's C++ dispatcher called."""
+    exiting = False
+    while frame is not None:
+        code = frame.f_code
+        if code in _DISPATCH_MODE_EXITS:
+            exiting = True
+        elif exiting and code.co_name == "__torch_dispatch__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Interrupter:
     """A trace function raising KeyboardInterrupt at the ``at``-th Python call (never
     with 0); with ``record``, it also records the code object of every call."""
@@ -124,6 +149,9 @@ class Interrupter:
                 self.codes.append(frame.f_code)
             if self.at and self.count >= self.at and not self.where:
                 code = frame.f_code
+                if _in_dispatch_mode_exit(frame):
+                    # see _DISPATCH_MODE_EXITS: interrupted at the next call instead
+                    return None
                 if _in_torch_decomposition(frame):
                     # an interrupt raised while the fake mode runs a decomposition (a
                     # Python callback of its C++ code, under torch._disable_dynamo)
