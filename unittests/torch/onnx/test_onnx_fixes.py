@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import onnxruntime
 import pytest
 import torch
 
@@ -142,3 +143,25 @@ def test_attention_with_an_additive_mask_is_torch_libs():
         Additive(), (x, mask), dynamic_shapes=({0: "b", 1: "s"}, {0: "b", 2: "s", 3: "s"})
     )
     assert "Where" not in {n.op_type for n in result.model_proto.graph.node}
+
+
+def test_attention_keeps_a_nan_of_the_inputs_as_torch():
+    """Only the rows whose keys are all hidden become zeros: a NaN in the values stays a
+    NaN in the rows attending to it, as in torch."""
+    x = torch.randn(2, 5, 4)
+    keep = torch.tensor([[True, True, True, False, False], [True] * 5])
+    x[1, 2, 1] = float("nan")
+    model = _PaddedAttention()
+    expected = model(x, keep)
+    assert expected.isnan().any() and not expected[0].isnan().any()
+    result = to_onnx(
+        model, (x, keep), dynamic_shapes=({0: "batch", 1: "seq"}, {0: "batch", 1: "seq"})
+    )
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [i.name for i in session.get_inputs()]
+    (got,) = session.run(None, dict(zip(names, (x.numpy(), keep.numpy()))))
+    got = torch.from_numpy(got)
+    torch.testing.assert_close(got.isnan(), expected.isnan())
+    torch.testing.assert_close(got.nan_to_num(), expected.nan_to_num(), atol=1e-5, rtol=1e-5)

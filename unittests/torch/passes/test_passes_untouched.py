@@ -73,7 +73,7 @@ class _Relu(nn.Module):
         ("call_function", operator.getitem, None),
         ("call_function", operator.iadd, None),
         ("call_function", torch.add, {"out": "b"}),
-        ("call_function", F.relu, None),  # has an inplace= parameter
+        ("call_function", F.relu, None),  # not listed: it has an inplace= parameter
         ("call_function", F.dropout, None),
     ],
     ids=lambda case: f"{case[1] if isinstance(case[1], str) else case[1].__name__}-{case[2]}",

@@ -120,3 +120,42 @@ def test_a_trace_in_another_thread_leaves_the_handler_alone(default_handler):
     thread.start()
     thread.join()
     assert seen == [signal.default_int_handler]
+
+
+def test_a_ctrl_c_noted_in_the_main_thread_stops_its_block_not_another_threads_trace(
+    default_handler,
+):
+    from yobx.torch.tracing.deferred_interrupts import deferred_interrupts
+
+    outcome = {}
+
+    def worker():
+        try:
+            _trace(CtrlC(presses=0))
+            outcome["worker"] = "traced"
+        except BaseException as e:
+            outcome["worker"] = repr(e)
+
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+        signal.raise_signal(signal.SIGINT)  # noted for this (the main) thread
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        outcome["main"] = "went on"
+    assert outcome == {"worker": "traced", "main": "went on"}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_handler_left_by_a_block_cut_short_is_replaced(default_handler):
+    from yobx.torch.tracing import deferred_interrupts as module
+
+    # as after an interrupt between installing the handler and entering the block
+    signal.signal(signal.SIGINT, module._note_interrupt)
+    module.PENDING[0] = True
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        CtrlC(presses=0), concrete_args={"x": torch.randn(2, 3)}, dynamic_shapes={"x": {0: "b"}}
+    )
+    assert len(graph.nodes) > 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not module.PENDING[0]

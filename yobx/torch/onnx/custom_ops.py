@@ -144,9 +144,10 @@ def _attention_to_onnx(
     torch_lib gives the hidden scores the dtype's lowest value, not ``-inf``, so that
     row's softmax is uniform and the row the mean of the values (its NaN guard never
     fires): silently another output, on padded batches. Here the boolean mask becomes
-    an additive one of ``0`` and ``-inf``: such a row's softmax is NaN, and the NaN
-    rows of the output become zeros. That is as many operators as torch_lib's boolean
-    path, the guard applying to the output rather than to the weights.
+    an additive one of ``0`` and ``-inf`` (torch_lib's float path, without a NaN guard):
+    a row whose keys are all hidden comes out NaN, and only those rows, found from the
+    mask (its row maximum is ``-inf``), become zeros. A NaN of the inputs stays a NaN,
+    as in torch.
     """
     from onnxscript.function_libs.torch_lib.ops.nn import aten_scaled_dot_product_attention
 
@@ -160,7 +161,10 @@ def _attention_to_onnx(
     out = aten_scaled_dot_product_attention(
         query, key, value, additive, dropout_p, is_causal, scale, enable_gqa
     )
-    return _op.Where(_op.IsNaN(out), zero, out)
+    hidden_row = _op.IsInf(
+        _op.ReduceMax(additive, _op.Constant(value_ints=[-1]), keepdims=1), detect_positive=0
+    )
+    return _op.Where(hidden_row, zero, out)
 
 
 def _symbolic_math(onnx_op: str):

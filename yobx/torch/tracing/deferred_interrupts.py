@@ -1,29 +1,32 @@
 """Ctrl-C during a trace: raised at the next recorded operation, not inside torch.
 
 A ``KeyboardInterrupt`` lands between any two bytecodes. Inside some of torch's own
-code it cannot be undone: raised at the start of ``TorchDispatchMode.__exit__`` while
+code it cannot be undone: raised at the start of a dispatch mode's ``__exit__`` while
 the fake mode dispatches an operation, it makes a C++ guard of torch throw from its
 destructor, and the process aborts (``terminate called after throwing an instance of
 'c10::Error'``, torch 2.13). While a trace runs in the main thread with Python's
-default SIGINT handler, :func:`deferred_interrupts` installs one that only notes the
-first Ctrl-C; the tracer raises it at the next operation it records
-(:func:`raise_pending_interrupt`), from its own code, or once the trace is over and
-everything is restored. A second Ctrl-C raises at once, as before (a forward that
-runs for long without recording anything stays interruptible). A handler of the
-user's own, and traces in other threads, are left as they are.
+default SIGINT handler, :class:`deferred_interrupts` installs one that only notes the
+first Ctrl-C; the tracer raises it at the next operation it records in that thread
+(:func:`raise_pending_interrupt`), from its own code, or when the block ends. A second
+Ctrl-C raises at once, as before (a forward that runs for long without recording
+anything stays interruptible). A handler of the user's own, and traces in other
+threads, are left as they are.
 """
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 #: ``[True]`` once a Ctrl-C arrived during the trace and was not raised yet (read by the
 #: tracer at each operation: a list, so that the check is one index)
 PENDING = [False]
+#: the thread whose trace the noted Ctrl-C stops (the main thread's ident)
+_OWNER = [None]
+#: ``[True]`` while a block has its handler installed (a handler found installed
+#: otherwise was left by a block an interrupt cut short: it is replaced)
+_ACTIVE = [False]
 
 
 def _note_interrupt(signum: int, frame: Any) -> None:
@@ -35,44 +38,57 @@ def _note_interrupt(signum: int, frame: Any) -> None:
 
 
 def raise_pending_interrupt() -> None:
-    """Raises the Ctrl-C noted during the trace, if there is one (a safe point)."""
-    if PENDING[0]:
+    """Raises the Ctrl-C noted during the trace, if there is one and this thread is the
+    one tracing (a safe point)."""
+    if PENDING[0] and threading.get_ident() == _OWNER[0]:
         PENDING[0] = False
         raise KeyboardInterrupt
 
 
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
+class deferred_interrupts:
     """Inside the block, a Ctrl-C is noted and raised at :func:`raise_pending_interrupt`
-    or on exit, after the block's own cleanup.
+    or on exit, after the block's own cleanup; nested blocks belong to the outermost.
 
-    Only in the main thread, and only over Python's default handler; nested blocks
-    belong to the outermost.
+    A class rather than a generator: an interrupt landing in a generator context
+    manager's exit, before it resumes the generator, would skip the restoration.
     """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    PENDING[0] = False
-    signal.signal(signal.SIGINT, _note_interrupt)
-    try:
-        yield
-    finally:
-        _restore_default_handler()
-        # a Ctrl-C noted meanwhile stops the caller now, also when the block raised
-        # (the error is then the interrupt's context)
-        raise_pending_interrupt()
+
+    def __enter__(self) -> deferred_interrupts:
+        self._installed = False
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        current = signal.getsignal(signal.SIGINT)
+        if current is _note_interrupt and _ACTIVE[0]:
+            # an enclosing block (a nested trace)
+            return self
+        if current is not signal.default_int_handler and current is not _note_interrupt:
+            # the user's own handler
+            return self
+        PENDING[0] = False
+        _OWNER[0] = threading.get_ident()
+        _ACTIVE[0] = True
+        self._installed = True
+        signal.signal(signal.SIGINT, _note_interrupt)
+        return self
+
+    def __exit__(self, *error: Any) -> bool:
+        if self._installed:
+            self._installed = False
+            _restore_default_handler()
+            # a Ctrl-C noted meanwhile stops the caller now, also when the block raised
+            # (the error is then the interrupt's context)
+            raise_pending_interrupt()
+        return False
 
 
 def _restore_default_handler() -> None:
     """Puts Python's handler back, again if a second Ctrl-C interrupts the restoration
     (that interrupt is raised once the handler is back)."""
     interrupt = None
-    while signal.getsignal(signal.SIGINT) is _note_interrupt:
+    while _ACTIVE[0] or signal.getsignal(signal.SIGINT) is _note_interrupt:
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            _ACTIVE[0] = False
         except KeyboardInterrupt as e:
             interrupt = e
     if interrupt is not None:

@@ -266,20 +266,6 @@ class CustomTracer(
             torch.Size([2, 3])
         """
         _check_traceable(root)
-        # A Ctrl-C is raised at the next recorded operation or once everything is
-        # restored, never inside torch's own code (see deferred_interrupts).
-        with deferred_interrupts():
-            return self._trace_in_window(
-                root,
-                concrete_args,
-                dynamic_shapes,
-                remove_inplace=remove_inplace,
-                update_model_with_callable=update_model_with_callable,
-                verbose=verbose,
-            )
-
-    def _trace_in_window(self, root, concrete_args, dynamic_shapes, **options) -> torch.fx.Graph:
-        """:meth:`_trace` in the trace's patch window."""
         # One trace at a time in the process; its patches hold for this thread only, and
         # everything is restored in this frame's `finally`, which no interrupt can skip
         # (an interrupt landing in the restoration makes it run again, see patch_window).
@@ -287,8 +273,17 @@ class CustomTracer(
         error = None
         try:
             window.open()
-            with cheap_uninteresting_files(), older_objects_frozen():  # see their modules
-                return self._trace(root, concrete_args, dynamic_shapes, **options)
+            # see their modules; a Ctrl-C is raised at the next recorded operation or
+            # when the trace ends, never inside torch's own code (deferred_interrupts)
+            with cheap_uninteresting_files(), older_objects_frozen(), deferred_interrupts():
+                return self._trace(
+                    root,
+                    concrete_args,
+                    dynamic_shapes,
+                    remove_inplace=remove_inplace,
+                    update_model_with_callable=update_model_with_callable,
+                    verbose=verbose,
+                )
         except BaseException as e:
             error = e
             raise
