@@ -273,8 +273,7 @@ class CustomTracer(
         error = None
         try:
             window.open()
-            # see their modules; a Ctrl-C is raised at the next recorded operation or
-            # when the trace ends, never inside torch's own code (deferred_interrupts)
+            # see their modules (a Ctrl-C waits for the next operation: never inside torch)
             with cheap_uninteresting_files(), older_objects_frozen(), deferred_interrupts():
                 return self._trace(
                     root,
