@@ -273,7 +273,6 @@ class CustomTracer(
         error = None
         try:
             window.open()
-            # see their modules (a Ctrl-C waits for the next operation: never inside torch)
             with cheap_uninteresting_files(), older_objects_frozen(), deferred_interrupts():
                 return self._trace(
                     root,
