@@ -19,6 +19,8 @@ import signal
 import threading
 from typing import Any
 
+from .patch_window import register_undo
+
 #: ``[True]`` once a Ctrl-C arrived during the trace and was not raised yet (read by the
 #: tracer at each operation: a list, so that the check is one index)
 PENDING = [False]
@@ -49,12 +51,13 @@ class deferred_interrupts:
     """Inside the block, a Ctrl-C is noted and raised at :func:`raise_pending_interrupt`
     or on exit, after the block's own cleanup; nested blocks belong to the outermost.
 
-    A class rather than a generator: an interrupt landing in a generator context
-    manager's exit, before it resumes the generator, would skip the restoration.
+    Python's handler is put back by an undo registered on the trace's patch window: an
+    interrupt skipping this block's exit (or landing in it) leaves it to the window,
+    which completes its undo journal whatever happens.
     """
 
     def __enter__(self) -> deferred_interrupts:
-        self._installed = False
+        self._undo = None
         if threading.current_thread() is not threading.main_thread():
             return self
         current = signal.getsignal(signal.SIGINT)
@@ -66,15 +69,16 @@ class deferred_interrupts:
             return self
         PENDING[0] = False
         _OWNER[0] = threading.get_ident()
+        # registered before the change: an interrupt in between is undone too
+        self._undo = register_undo(_restore_default_handler)
         _ACTIVE[0] = True
-        self._installed = True
         signal.signal(signal.SIGINT, _note_interrupt)
         return self
 
     def __exit__(self, *error: Any) -> bool:
-        if self._installed:
-            self._installed = False
-            _restore_default_handler()
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
             # a Ctrl-C noted meanwhile stops the caller now, also when the block raised
             # (the error is then the interrupt's context)
             raise_pending_interrupt()
@@ -82,15 +86,7 @@ class deferred_interrupts:
 
 
 def _restore_default_handler() -> None:
-    """Puts Python's handler back, again if a second Ctrl-C interrupts the restoration
-    (that interrupt is raised once the handler is back)."""
-    interrupt = None
-    while _ACTIVE[0] or signal.getsignal(signal.SIGINT) is _note_interrupt:
-        try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            _ACTIVE[0] = False
-        except KeyboardInterrupt as e:
-            interrupt = e
-    if interrupt is not None:
-        PENDING[0] = False
-        raise interrupt
+    """Puts Python's handler back (idempotent: the window may run it again)."""
+    if _ACTIVE[0] or signal.getsignal(signal.SIGINT) is _note_interrupt:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _ACTIVE[0] = False
