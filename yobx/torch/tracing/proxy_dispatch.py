@@ -10,7 +10,6 @@ and hands anything else to torch.fx's own method.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +36,9 @@ _ATOMS = frozenset(
     }
 )
 
-#: a function -> the node name torch.fx gives its calls
-_FUNCTION_NAMES: dict[Any, str] = {}
+#: a function's ``__name__`` -> the node name torch.fx gives its calls (keyed by the
+#: name, not the function: no reference kept to the callables)
+_NODE_NAMES: dict[str, str] = {}
 
 _UNHANDLED = object()
 
@@ -64,15 +64,12 @@ def proxy_torch_function(
         return _FX_TORCH_FUNCTION(cls, orig_method, types, args, kwargs)
     if _is_tensor_method(orig_method):
         return tracer.create_proxy("call_method", orig_method.__name__, args, kwargs)
-    try:
-        name = _FUNCTION_NAMES.get(orig_method)
-    except TypeError:  # an unhashable callable
-        name = None
+    function_name = orig_method.__name__
+    name = _NODE_NAMES.get(function_name)
     if name is None:
-        name = tracer.graph._target_to_str(orig_method.__name__)
-        if len(_FUNCTION_NAMES) < 4096:
-            with contextlib.suppress(TypeError):
-                _FUNCTION_NAMES[orig_method] = name
+        name = tracer.graph._target_to_str(function_name)
+        if len(_NODE_NAMES) < 4096:
+            _NODE_NAMES[function_name] = name
     return tracer.create_proxy("call_function", orig_method, args, kwargs, name=name)
 
 
