@@ -23,34 +23,15 @@ import torch.nn.functional as F
 from torch.fx import Graph
 
 from ._inplace_walk import WRITE_BACK_KEY
-from ._targets import module_lookup, owned_by
+from ._targets import FUNCTIONAL_OPERATORS, module_lookup, owned_by
 
 #: call_function targets none of the default passes rewrites: no in-place form (no
 #: ``inplace=`` parameter either: ``F.relu(x, True)`` writes), no slice or copy, no
 #: container mutation, no vmap bookkeeping
 _FUNCTIONS: set[Callable[..., Any]] = {
-    operator.add,
-    operator.sub,
-    operator.mul,
-    operator.truediv,
-    operator.floordiv,
-    operator.mod,
-    operator.pow,
-    operator.neg,
-    operator.pos,
-    operator.abs,
-    operator.eq,
-    operator.ne,
-    operator.lt,
-    operator.le,
-    operator.gt,
-    operator.ge,
-    operator.and_,
-    operator.or_,
-    operator.xor,
-    operator.invert,
+    # operator.add... (their in-place twins are not there)
+    *FUNCTIONAL_OPERATORS,
     operator.not_,
-    operator.matmul,
     torch.add,
     torch.sub,
     torch.mul,

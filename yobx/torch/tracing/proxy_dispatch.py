@@ -19,8 +19,9 @@ from torch.fx.proxy import Proxy
 #: torch.fx's method, for the arguments the direct path does not handle
 _FX_TORCH_FUNCTION = Proxy.__torch_function__.__func__
 
-#: argument types that are pytree leaves and never proxies
-_ATOMS = frozenset(
+#: argument types a node stores as they are, never proxies (torch.fx's answer for
+#: them, reached without its chain of isinstance tests: most arguments are these)
+ATOMIC_ARGUMENTS = frozenset(
     {
         int,
         float,
@@ -28,13 +29,15 @@ _ATOMS = frozenset(
         str,
         type(None),
         type(...),
-        slice,
         torch.dtype,
         torch.device,
         torch.memory_format,
         torch.layout,
     }
 )
+#: argument types that are pytree leaves and never proxies (a slice holds no proxy
+#: for pytree, which does not look inside it)
+_ATOMS = ATOMIC_ARGUMENTS | {slice}
 
 #: a function's ``__name__`` -> the node name torch.fx gives its calls (keyed by the
 #: name, not the function: no reference kept to the callables)

@@ -22,29 +22,13 @@ from .graph_finish import _CallableModule
 from .module_state import assign_traced_buffer
 from .patches import patch_len_in
 from .proxies import CustomParameterProxy, CustomProxyShape
+from .proxy_dispatch import ATOMIC_ARGUMENTS
 
 #: prefix of the constants the tracer stores on ``traced_model``
 CONSTANT_PREFIX = "_yobx_constant"
 
 
 _PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
-
-#: argument types a node stores as they are (torch.fx's answer for them, reached
-#: without its chain of isinstance tests: most arguments of most nodes are these)
-_ATOMIC_ARGUMENTS = frozenset(
-    {
-        int,
-        float,
-        bool,
-        str,
-        type(None),
-        type(...),
-        torch.dtype,
-        torch.device,
-        torch.memory_format,
-        torch.layout,
-    }
-)
 
 
 def _identifier_of(name: str) -> str:
@@ -107,7 +91,7 @@ class AttributesMixin:
     def create_arg(self, a: Any) -> Any:
         """Like torch.fx's, but keeps the user's module untouched for tensor constants."""
         cls = type(a)
-        if cls in _ATOMIC_ARGUMENTS:
+        if cls in ATOMIC_ARGUMENTS:
             return a
         if cls is tuple:  # not a named tuple nor a torch.Size (subclasses)
             return tuple([self.create_arg(x) for x in a])
