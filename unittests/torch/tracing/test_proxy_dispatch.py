@@ -77,3 +77,28 @@ def test_proxies_of_two_tracers_raise_as_in_torch_fx():
         proxies.append(CustomProxy(graph.placeholder(name), tracer))
     with pytest.raises(RuntimeError, match="multiple different tracers"):
         torch.add(*proxies)
+
+
+def test_nodes_have_the_users_torch_fx_gives_them(monkeypatch):
+    # CustomTracer.create_node sets the positional arguments after making the node
+    # (skipping torch.fx's walk of them): the copy made by torch.fx's own
+    # create_node has the same inputs and users, node for node
+    _, _, graph = _trace(True, monkeypatch)
+    copy = torch.fx.Graph()
+    copy.output(copy.graph_copy(graph, {}))
+    graph.lint()
+    names = [[node.name for node in nodes] for nodes in (graph.nodes, copy.nodes)]
+    assert names[0] == names[1]
+    for ours, theirs in zip(graph.nodes, copy.nodes):
+        assert [n.name for n in ours.all_input_nodes] == [n.name for n in theirs.all_input_nodes]
+        # users in another order: the tracer inserts nodes before others (shapes)
+        assert sorted(n.name for n in ours.users) == sorted(n.name for n in theirs.users)
+        assert ours.args is not None and str(ours.args) == str(theirs.args)
+
+
+def test_a_raw_symint_argument_warns_as_in_torch_fx():
+    from yobx.torch.tracing.symbolic import SymbolicDimensions
+
+    size = SymbolicDimensions().dimension("n", 3)
+    with pytest.warns(UserWarning, match="Raw SymInt"):
+        CustomTracer().create_arg((1, size))

@@ -649,3 +649,74 @@ def test_view_of_a_dimension_product_at_other_sizes():
         for other in (2, 3, 7):
             y = torch.rand(other, 3, 4)
             torch.testing.assert_close(gm(y), Model()(y))
+
+
+class _RecordedFunctions(torch.overrides.TorchFunctionMode):
+    """A caller's torch function mode: records what reaches it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+class _RecordedOperators(torch.utils._python_dispatch.TorchDispatchMode):
+    """A caller's dispatch mode: records the operators that reach it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", [_RecordedFunctions, _RecordedOperators])
+def test_factory_tensors_are_made_out_of_a_callers_modes(mode):
+    # TensorFactory makes its meta tensors with torch's Python bindings, which torch
+    # function modes see, unless a mode is active: then with the operator overloads in
+    # the kernel's context. No mode sees them, and the tensors are the same.
+    from yobx.torch.tracing.shape_rules._base import TensorFactory
+
+    dims = SymbolicDimensions()
+    b, s = dims.dimension("batch", 3), dims.dimension("seq", 5)
+    factory = TensorFactory(dims.fake_mode)
+    cpu = torch.device("cpu")
+    plain = factory.new([b, s, 8], torch.float32, cpu)
+    transposed = (*plain.stride()[1::-1], 1)
+    plain_view = factory.view(plain, [s, b, 8], transposed)
+    with mode() as recorded:
+        made = factory.new([b, s, 8], torch.float32, cpu)
+        static = factory.new([3, 8], torch.float32, cpu, strides=[1, 3])
+        viewed = factory.view(made, [s, b, 8], transposed)
+    assert recorded.calls == []
+    for ours, expected in ((made, plain), (viewed, plain_view)):
+        assert type(ours) is type(expected) and ours.device == expected.device
+        assert ours.shape == expected.shape and ours.stride() == expected.stride()
+    assert static.shape == (3, 8) and static.stride() == (1, 3)
+    assert viewed.untyped_storage()._cdata == made.untyped_storage()._cdata
+    assert made.untyped_storage()._cdata != plain.untyped_storage()._cdata
+
+
+class _ScaledSoftmax(nn.Module):
+    def forward(self, x, y):
+        return (x * y + 1).transpose(0, 1).reshape(-1, 8).softmax(-1)
+
+
+@pytest.mark.parametrize(
+    "mode", [lambda: torch.device("cpu"), _RecordedFunctions, _RecordedOperators]
+)
+def test_trace_under_a_callers_mode_matches_eager(mode):
+    # the rules run under the caller's mode (the test suite compares each with torch)
+    inputs = {"x": torch.randn(3, 5, 8), "y": torch.randn(3, 5, 8)}
+    other = {"x": torch.randn(4, 6, 8), "y": torch.randn(4, 6, 8)}
+    dims = {0: "batch", 1: "seq"}
+    with mode():
+        tracer, _, _ = check_trace(
+            _ScaledSoftmax(), inputs, {"x": dims, "y": dims}, other_inputs=[other]
+        )
+    assert tracer.shape_rules.handled >= 4

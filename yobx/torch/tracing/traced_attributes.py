@@ -9,6 +9,7 @@ the traced model, and lifts values of an enclosing graph into the subgraph being
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from .proxy_dispatch import ATOMIC_ARGUMENTS
 CONSTANT_PREFIX = "_yobx_constant"
 
 
+_SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 
 
@@ -112,6 +114,14 @@ class AttributesMixin:
             return _PYTHON_TYPES_AS_DTYPES[a]
         if isinstance(a, torch.Tensor) and not isinstance(a, torch._subclasses.FakeTensor):
             return self._tensor_constant(a)
+        if isinstance(a, _SYMBOLIC_SCALARS):
+            # torch.fx's Graph.create_node warns about these; the tracer's skips that
+            # walk of the arguments (see CustomTracer.create_node), so it is done here
+            warnings.warn(
+                f"Raw {type(a).__name__} value ({a}) passed as argument to a node: a value "
+                f"the graph cannot recompute (a bug in yobx, please report it)",
+                stacklevel=2,
+            )
         return super().create_arg(a)
 
     def _tensor_constant(self, tensor: torch.Tensor) -> Node:

@@ -466,7 +466,8 @@ class CustomTracer(
         return cls(node, self, **kwargs)
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):
-        """torch.fx's, with the name a target gives its nodes computed once per target."""
+        """torch.fx's, with the name a target gives its nodes computed once per target,
+        and without its walk of the arguments in search of raw SymInts."""
         if name is None and (kind == "call_function" or kind == "call_method"):
             try:
                 name = _NODE_NAMES.get(target)
@@ -474,6 +475,15 @@ class CustomTracer(
                     name = _NODE_NAMES[target] = self.graph._target_to_str(target)
             except TypeError:  # an unhashable callable
                 pass
+        if type(args) is tuple and args and self.graph.owning_module is None:
+            # torch.fx walks the arguments of every call with pytree to warn about a raw
+            # SymInt (a tenth of a node's cost); create_arg, which every argument went
+            # through, warns instead. The node is made without its positional
+            # arguments, which are then set as torch.fx sets them (users included).
+            # With an owning module, its node hooks see the node as torch.fx makes it.
+            node = super().create_node(kind, target, (), kwargs, name, type_expr)
+            node.args = args
+            return node
         return super().create_node(kind, target, args, kwargs, name, type_expr)
 
     def create_proxy(
