@@ -136,6 +136,10 @@ CASES = [
     _m("split", "x", 8, -1),
     _m("chunk", "x", 2, -1),
     _m("contiguous", "q"),
+    _m("size", "q", 2),
+    _m("size", "q", -1),
+    _m("size", "flat", 0),
+    _m("size", "x", handled=False),  # every size: a torch.Size, torch's
     _m("contiguous", "x"),
     _m("to", "x", torch.float16),
     _m("float", "x"),
@@ -326,6 +330,15 @@ def test_compare_detects_a_wrong_rule(monkeypatch):
     x = torch.rand(2, 3, 4) + 0.5
     with pytest.raises(shape_rules.ShapeRuleMismatch, match="shape rule of .*rsqrt.*shape"):
         CustomTracer().trace(Model(), concrete_args={"x": x}, dynamic_shapes={"x": {0: "b"}})
+
+
+def test_compare_detects_a_wrong_size(env):
+    dims, values = env
+    b, s = values["b"], values["s"]
+    shape_rules.compare(s, values["x"].size(1), [], "size")
+    for wrong in (b, s + 1, 5, values["x"]):
+        with pytest.raises(shape_rules.ShapeRuleMismatch, match="shape rule of size"):
+            shape_rules.compare(wrong, s, [], "size")
 
 
 def test_undecidable_broadcast_falls_back_to_torch():

@@ -177,6 +177,11 @@ def compare(
             return equal
         return prove is not None and prove(equal.node.expr) is True
 
+    if isinstance(expected, (int, torch.SymInt)) and not isinstance(expected, bool):
+        # a size (x.size(dim)): the same expression
+        if not isinstance(value, (int, torch.SymInt)) or not _equal(value, expected):
+            raise ShapeRuleMismatch(f"shape rule of {what}: {value!r} instead of {expected!r}")
+        return
     if not isinstance(expected, torch.Tensor) or not isinstance(value, torch.Tensor):
         raise ShapeRuleMismatch(f"shape rule of {what}: {value!r} instead of {expected!r}")
     problems = []

@@ -443,6 +443,14 @@ def contiguous(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tenso
     return factory.new(x.shape, x.dtype, x.device, x.requires_grad and torch.is_grad_enabled())
 
 
+def size(factory: TensorFactory, args: tuple, kwargs: dict) -> Any:
+    """``x.size(dim)``: the tensor's own size (what torch returns, its ``SymInt``)."""
+    if kwargs or len(args) != 2:
+        raise Unsupported("size() of every dimension, or keyword arguments")
+    x = fake(args[0])
+    return x.shape[normalize_dim(args[1], x.dim())]
+
+
 def to_dtype(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     """``x.to(dtype)`` (and ``float()``...): ``x`` itself or a contiguous copy."""
     x = fake(args[0])
@@ -502,6 +510,7 @@ METHOD_RULES: dict[str, Any] = {
     "split": split,
     "chunk": chunk,
     "contiguous": contiguous,
+    "size": size,
     "to": to_dtype,
     "float": _cast_to(torch.float32),
     "half": _cast_to(torch.float16),
