@@ -447,6 +447,23 @@ def test_memoized_layouts_are_recomputed_when_the_ranges_change():
     assert factory.memoized("other", [x], compute) == 4
     torch._check(s <= 100)
     assert factory.memoized("k", [x], compute) == 5
+    assert factory.memoized("k", [x], compute) == 5
+    # a range replaced without any counter of the ShapeEnv moving
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    shape_env = dims.shape_env
+    counters = (shape_env._version_counter, shape_env._replacements_version_counter)
+    symbol = s.node.expr
+    shape_env.var_to_range[symbol] = ValueRanges(2, 50)
+    assert (shape_env._version_counter, shape_env._replacements_version_counter) == counters
+    assert factory.memoized("k", [x], compute) == 6
+    # an equal range, another object: recomputed too (identities are compared)
+    shape_env.var_to_range[symbol] = ValueRanges(2, 50)
+    assert factory.memoized("k", [x], compute) == 7
+    # a new symbol
+    dims.dimension("other", 4)
+    assert factory.memoized("k", [x], compute) == 8
+    assert factory.memoized("k", [x], compute) == 8
 
 
 @pytest.mark.parametrize(
@@ -733,3 +750,16 @@ def test_trace_under_a_callers_mode_matches_eager(mode):
             _ScaledSoftmax(), inputs, {"x": dims, "y": dims}, other_inputs=[other]
         )
     assert tracer.shape_rules.handled >= 4
+
+
+def test_size_comparisons_never_mix_an_int_and_an_expression(env):
+    from yobx.torch.tracing.shape_rules._base import is_one, is_static, same_key, same_size
+
+    dims, values = env
+    b, s = values["b"], values["s"]
+    assert same_size(b, b) and same_size(b * s, values["b"] * values["s"]) and same_size(4, 4)
+    assert not same_size(b, s) and not same_size(b, 3) and not same_size(4, 5)
+    assert same_key(1, 1) and not same_key(1, s.node.expr) and not same_key(s.node.expr, 5)
+    assert is_one(1) and not is_one(b) and not is_one(2)
+    assert is_static(0, 0) and is_static(-1, -1) and not is_static(s, 0) and not is_static(s - s, 1)
+    assert is_static(s - s + 3, 3)  # an expression that is a number: its int

@@ -26,7 +26,13 @@ import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .shape_rules._base import Unsupported, exactly_contiguous, same_size, size_key
+from .shape_rules._base import (
+    Unsupported,
+    exactly_contiguous,
+    is_one,
+    is_static,
+    same_size,
+)
 from .shape_rules.views import view_strides
 
 
@@ -106,7 +112,7 @@ def _symbolic_setitem(original: Callable, getitem: Callable) -> Callable:
             target.fill_(value)
             return None
         leading = 0
-        while leading < value.dim() and size_key(value.shape[leading]) == 1:
+        while leading < value.dim() and is_one(value.shape[leading]):
             leading += 1
         if leading and not same:
             value = value.view(value.shape[leading:])
@@ -178,7 +184,7 @@ def _reshape_copy(tensor: torch.Tensor, shape: tuple) -> torch.Tensor | None:
         for i, size in enumerate(sizes):
             if i != inferred[0]:
                 known = known * size
-        if size_key(known) == 0:
+        if is_static(known, 0):
             return None
         sizes[inferred[0]] = tensor.numel() // known
     try:

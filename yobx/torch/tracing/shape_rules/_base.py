@@ -12,6 +12,7 @@ which decide (and guard) as usual.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,14 +60,29 @@ def _raw_key(value: Any) -> Any:
     return size_key(value)
 
 
+def same_key(a: Any, b: Any) -> bool:
+    """Whether two :func:`size_key` are the same size.
+
+    An int is never compared with an expression: sympy would convert the int first
+    (``sympify``), the most expensive part of a rule's comparisons.
+    """
+    return a is b or ((type(a) is int) is (type(b) is int) and a == b)
+
+
 def same_size(a: Any, b: Any) -> bool:
     """``True`` when both sizes are the same expression (or the same integer)."""
-    return size_key(a) == size_key(b)
+    return same_key(size_key(a), size_key(b))
+
+
+def is_static(size: Any, value: int) -> bool:
+    """A static size equal to ``value`` (a symbolic size is never taken for it)."""
+    key = size_key(size)
+    return type(key) is int and key == value
 
 
 def is_one(size: Any) -> bool:
     """A static size 1 (a symbolic size is never taken for 1)."""
-    return size_key(size) == 1
+    return is_static(size, 1)
 
 
 def fake(value: Any) -> FakeTensor:
@@ -159,6 +175,9 @@ class TensorFactory:
         #: results of layout computations, keyed by the geometry of their inputs and
         #: the version of the ShapeEnv's knowledge (see :meth:`memoized`)
         self._memo: dict[Any, Any] = {}
+        #: the symbols and ranges seen last, and their generation (see _knowledge)
+        self._ranges: tuple[tuple, tuple] = ((), ())
+        self._generation = 0
 
     def memoized(
         self, kind: str, tensors: Sequence[torch.Tensor], compute, sizes: Sequence[Any] = ()
@@ -171,20 +190,9 @@ class TensorFactory:
         torch keys its own static evaluations) and the ranges of its symbols, which
         change without the counter. A repeated layer then computes its layouts once.
         """
-        shape_env = self.fake_mode.shape_env
-        version = (
-            None
-            if shape_env is None
-            else (
-                shape_env._version_counter,
-                # the keys are expressions before replacements (see _raw_key)
-                shape_env._replacements_version_counter,
-                tuple(shape_env.var_to_range.items()),
-            )
-        )
         key = (
             kind,
-            version,
+            self._knowledge(),
             tuple(
                 (tuple(map(_raw_key, t.shape)), tuple(map(_raw_key, t.stride()))) for t in tensors
             ),
@@ -194,6 +202,35 @@ class TensorFactory:
         if result is _MISSING:
             result = self._memo[key] = compute()
         return result
+
+    def _knowledge(self) -> Any:
+        """The version of what the ShapeEnv knows of the sizes, for memo keys.
+
+        Its version counter (replacements, divisibility, runtime asserts, as torch
+        keys its own static evaluations), the counter of its replacements (the keys
+        are expressions before them, see :func:`_raw_key`), and a generation of the
+        ranges of its symbols, which change without the counters: it moves on when
+        a symbol or a range object is not the one seen last (ranges are immutable,
+        an update replaces the object), a sweep of identities where hashing the
+        ranges took a tenth of a rule.
+        """
+        shape_env = self.fake_mode.shape_env
+        if shape_env is None:
+            return None
+        ranges = shape_env.var_to_range
+        symbols, values = self._ranges
+        if (
+            len(symbols) != len(ranges)
+            or not all(map(operator.is_, symbols, ranges))
+            or not all(map(operator.is_, values, ranges.values()))
+        ):
+            self._ranges = (tuple(ranges), tuple(ranges.values()))
+            self._generation += 1
+        return (
+            shape_env._version_counter,
+            shape_env._replacements_version_counter,
+            self._generation,
+        )
 
     def new(
         self,
@@ -206,7 +243,7 @@ class TensorFactory:
         """A fresh tensor: contiguous as ``torch.empty(sizes)`` makes it, or with
         explicit ``strides``."""
         for size in sizes:
-            if size_key(size) == 0:
+            if is_static(size, 0):
                 raise Unsupported("empty output")
         if _DISPATCH_MODES() or _FUNCTION_MODES():
             # a caller's mode (a trace under a TorchFunctionMode, a rule run under a
@@ -443,9 +480,9 @@ def broadcast_shapes(*shapes: Sequence[Any]) -> list[Any]:
         for i, size in enumerate(shape):
             key = size_key(size)
             current = keys[offset + i]
-            if key == current or key == 1:
+            if same_key(key, current) or (type(key) is int and key == 1):
                 continue
-            if current == 1:
+            if type(current) is int and current == 1:
                 result[offset + i] = size
                 keys[offset + i] = key
                 continue

@@ -35,7 +35,7 @@ def _spatial(x: torch.Tensor, spatial_rank: int, channels: int | None) -> list[i
     if x.dim() != spatial_rank + 2 or x.dtype not in FLOATING:
         raise Unsupported("unbatched or non-floating input")
     keys = [size_key(s) for s in x.shape]
-    if any(k == 1 or k == 0 for k in keys):
+    if any(type(k) is int and k in (0, 1) for k in keys):
         raise Unsupported("size-1 or empty dimensions")
     if channels is not None and keys[1] != channels:
         raise Unsupported("channels")

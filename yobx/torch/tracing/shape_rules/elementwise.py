@@ -24,6 +24,7 @@ from ._base import (
     broadcast_shapes,
     common_device,
     exactly_contiguous,
+    is_one,
     needs_grad,
     size_key,
 )
@@ -137,7 +138,7 @@ def _expanded(tensor: torch.Tensor, shape: list[Any]) -> list[Any]:
     offset = len(shape) - tensor.dim()
     strides: list[Any] = [0] * offset
     for size, out, stride in zip(tensor.shape, shape[offset:], tensor.stride()):
-        strides.append(0 if size_key(size) == 1 and size_key(out) != 1 else stride)
+        strides.append(0 if is_one(size) and not is_one(out) else stride)
     return strides
 
 

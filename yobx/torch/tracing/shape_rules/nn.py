@@ -22,11 +22,11 @@ from ._base import (
     common_device,
     exactly_contiguous,
     fake,
+    is_static,
     needs_grad,
     normalize_dim,
     require_contiguous,
     same_size,
-    size_key,
 )
 
 
@@ -136,7 +136,7 @@ def _reduction(factory, args, kwargs) -> torch.Tensor:
     shape = []
     for i, size in enumerate(x.shape):
         if i in reduced:
-            if size_key(size) == 0:
+            if is_static(size, 0):
                 raise Unsupported("empty reduction")
             if keepdim:
                 shape.append(1)

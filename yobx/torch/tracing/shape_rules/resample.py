@@ -30,8 +30,9 @@ from ._base import (
     Unsupported,
     exactly_contiguous,
     fake,
+    is_one,
+    is_static,
     needs_grad,
-    size_key,
 )
 
 #: the parameters of ``F.interpolate``, in order, and their defaults
@@ -94,7 +95,7 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
         return suggest_memory_format(x)
     # an exactly contiguous input without size-1 dimensions cannot also be channels-last
     # contiguous (its channel stride is the product of the spatial sizes, not 1)
-    if exactly_contiguous(x) and all(size_key(s) != 1 for s in x.shape[1:]):
+    if exactly_contiguous(x) and not any(is_one(s) for s in x.shape[1:]):
         return torch.contiguous_format
     raise Unsupported("layout of a symbolic input")
 
@@ -117,7 +118,7 @@ def interpolate(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tens
             raise Unsupported("align_corners with a nearest mode: torch raises")
     elif mode not in _LINEAR or align_corners not in (None, True, False):
         raise Unsupported("mode")
-    if any(size_key(s) == 0 for s in x.shape):
+    if any(is_static(s, 0) for s in x.shape):
         raise Unsupported("empty input")
     sizes = [*x.shape[:2], *_output_size(bound["size"])]
     if _memory_format(x) == torch.channels_last:

@@ -26,6 +26,7 @@ from ._base import (
     exactly_contiguous,
     fake,
     is_one,
+    is_static,
     normalize_dim,
     pure_key,
     rebuild_symint,
@@ -87,7 +88,7 @@ def squeeze(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     x = fake(args[0])
     dim = normalize_dim(args[1], x.dim())
     sizes, strides = list(x.shape), list(x.stride())
-    if size_key(sizes[dim]) != 1:
+    if not is_one(sizes[dim]):
         raise Unsupported("the dimension is not a static 1")
     del sizes[dim], strides[dim]
     return factory.view(x, sizes, strides)
@@ -106,16 +107,15 @@ def expand(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     for i, size in enumerate(target):
         j = i - (new_rank - rank)
         if j < 0:
-            if size_key(size) == -1:
+            if is_static(size, -1):
                 raise Unsupported("-1 for a new dimension")
             out_sizes.append(size)
             out_strides.append(0)
             continue
-        key = size_key(size)
-        if key == -1 or same_size(size, sizes[j]):
+        if is_static(size, -1) or same_size(size, sizes[j]):
             out_sizes.append(sizes[j])
             out_strides.append(strides[j])
-        elif size_key(sizes[j]) == 1:
+        elif is_one(sizes[j]):
             out_sizes.append(size)
             out_strides.append(0)
         else:
@@ -165,7 +165,7 @@ def infer_sizes(x: torch.Tensor, target: tuple) -> list[Any]:
             known = known * size
     sizes = list(target)
     if missing is not None:
-        if size_key(known) == 0:
+        if is_static(known, 0):
             raise Unsupported("empty")
         sizes[missing] = numel // known
     total: Any = 1
