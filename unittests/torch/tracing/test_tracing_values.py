@@ -23,6 +23,33 @@ class Mlp(torch.nn.Module):
         return y.transpose(1, 2).sum(-1)
 
 
+class _TwoLines(torch.nn.Module):
+    def forward(self, x):
+        shifted = x + 1
+        return self.double(shifted) + self.double(x)
+
+    def double(self, x):
+        return x * 2
+
+
+def test_stack_traces_name_each_nodes_own_line():
+    # the texts are remembered per (code, line): each node still gets its own line,
+    # in every trace
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        _, graph, _ = check_trace(_TwoLines(), {"x": x}, {"x": {0: "n"}})
+        traces = [
+            n.meta["stack_trace"]
+            for n in graph.nodes
+            if n.op == "call_function" and not n.meta.get(RUNTIME_CHECK)
+        ]
+        assert len(traces) == 4, traces
+        assert "shifted = x + 1" in traces[0] and "in forward" in traces[0]
+        assert all("return x * 2" in t and "in double" in t for t in traces[1:3])
+        assert "return self.double(shifted) + self.double(x)" in traces[3]
+        assert all(__file__ in t for t in traces)
+
+
 def test_every_node_has_val_and_stack_trace():
     x = torch.randn(3, 5, 4)
     tracer, graph, _ = check_trace(Mlp(), {"x": x}, DYN, other_inputs=[{"x": torch.randn(6, 2, 4)}])

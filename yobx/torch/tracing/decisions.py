@@ -28,6 +28,22 @@ _INTERNAL_DIRS = (_TORCH_DIR, _YOBX_DIR + "torch" + os.sep)
 #: marks a value that is not a plain Python constant
 NOT_CONSTANT = object()
 
+#: file name -> whether it is torch's, yobx's or the standard library's (a node's
+#: location walks a few such frames up to the user's), and (code, line) -> the text of
+#: a node's stack trace: every layer of a model records the same lines. A user's file
+#: edited between two traces is a new code object when reloaded. Bounded: code made by
+#: exec in a loop would otherwise keep them growing.
+_INTERNAL_FILES: dict = {}
+_STACK_TRACES: dict = {}
+_MAX_REMEMBERED = 20_000
+
+
+def _remember(cache: dict, key: Any, value: Any) -> Any:
+    if len(cache) >= _MAX_REMEMBERED:
+        cache.clear()
+    cache[key] = value
+    return value
+
 
 def is_internal(filename: str) -> bool:
     """Frames of torch, yobx's tracer and the standard library are not user code."""
@@ -190,7 +206,10 @@ class DecisionsMixin:
         frame = sys._getframe(2)
         while frame is not None:
             filename = frame.f_code.co_filename
-            if not is_internal(filename):
+            internal = _INTERNAL_FILES.get(filename)
+            if internal is None:
+                internal = _remember(_INTERNAL_FILES, filename, is_internal(filename))
+            if not internal:
                 return frame
             frame = frame.f_back
         return None
@@ -207,13 +226,18 @@ class DecisionsMixin:
         frame = self._user_frame()
         if frame is None:
             return ""
-        import linecache
-
         code = frame.f_code
-        line = linecache.getline(code.co_filename, frame.f_lineno).strip()
-        return (
-            f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n'
-        )
+        # keyed by the code's id (hashing a code object hashes its bytecode), checked
+        # against the code itself, which the entry keeps alive (so is its id)
+        key = (id(code), frame.f_lineno)
+        entry = _STACK_TRACES.get(key)
+        if entry is None or entry[0] is not code:
+            import linecache
+
+            line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+            where = f'File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}'
+            entry = _remember(_STACK_TRACES, key, (code, f"  {where}\n    {line}\n"))
+        return entry[1]
 
     # torch._check
 
