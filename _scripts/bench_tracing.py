@@ -1,9 +1,13 @@
 """Capture time: CustomTracer vs torch.fx.symbolic_trace vs torch.export.export(strict=False).
 
-Prints, per model, the median capture time of each tool (after one warm-up; the tools
-alternate call after call so that the machine's slow phases weigh on all of them) and
-the ratios yobx/export and yobx/fx measured in the same run; then the warm capture
-time of two small models (under 20 nodes) against the 5 ms target::
+Prints the warm capture time of two small models (under 20 nodes) against the 5 ms
+target, then, per model, the median capture time of each tool (after one warm-up; the
+tools alternate call after call so that the machine's slow phases weigh on all of them)
+and the ratios yobx/export and yobx/fx measured in the same run.
+
+The small models go first, in a process that holds no large model yet: after the
+large ones (about a million live objects), the small captures of every tool, fx's
+included, vary up to twofold from run to run with the state of the process's heap::
 
     python _scripts/bench_tracing.py [--repeat 5]
 """
@@ -130,6 +134,9 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.models == ",".join(MODELS):
+        _small_models(args.repeat)
+        print()
     print(
         f"{'model':22s} {'yobx (s)':>10s} {'fx (s)':>10s} {'export (s)':>11s} "
         f"{'yobx/export':>12s} {'yobx/fx':>8s}"
@@ -166,13 +173,11 @@ def main() -> None:
             f"{name:22s} {cell(yobx)} {cell(fx)} {cell(export):>11s} {ratio_export} {ratio_fx}",
             flush=True,
         )
-    if args.models == ",".join(MODELS):
-        _small_models(args.repeat)
 
 
 def _small_models(repeat: int) -> None:
     """Warm capture of the small models, against :data:`SMALL_TARGET`."""
-    print(f"\nsmall models (target: under 20 nodes in at most {SMALL_TARGET * 1e3:.0f} ms warm)")
+    print(f"small models (target: under 20 nodes in at most {SMALL_TARGET * 1e3:.0f} ms warm)")
     print(f"{'model':22s} {'nodes':>6s} {'yobx (ms)':>10s} {'fx (ms)':>8s} {'target':>7s}")
     for name, make in SMALL_MODELS.items():
         model, kwargs, dyn = make()
