@@ -763,3 +763,38 @@ def test_size_comparisons_never_mix_an_int_and_an_expression(env):
     assert is_one(1) and not is_one(b) and not is_one(2)
     assert is_static(0, 0) and is_static(-1, -1) and not is_static(s, 0) and not is_static(s - s, 1)
     assert is_static(s - s + 3, 3)  # an expression that is a number: its int
+
+
+class _EmbedNormProject(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.norm = nn.LayerNorm(16)
+        self.proj = nn.Linear(16, 8)
+
+    def forward(self, ids):
+        return torch.relu(self.proj(self.norm(self.embed(ids))))
+
+
+def test_module_rules_take_meta_parameters_as_their_fake_copies():
+    # a model built on the meta device (a 7B model's capture without weights): its
+    # parameters compute as CPU tensors, the fake copies torch's own run of the module
+    # gets; the rules apply to its modules (the suite compares them with that run)
+    torch.manual_seed(0)
+    real = _EmbedNormProject()
+    with torch.device("meta"):
+        meta = _EmbedNormProject()
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        meta,
+        concrete_args={"ids": torch.randint(0, 50, (2, 5))},
+        dynamic_shapes={"ids": {0: "batch", 1: "seq"}},
+    )
+    assert tracer.shape_rules.fallbacks == 0
+    modules = [n for n in graph.nodes if n.op == "call_module"]
+    assert len(modules) == 3
+    assert all(n.meta["val"].device == torch.device("cpu") for n in modules)
+    gm = torch.fx.GraphModule(real, graph)
+    for shape in ((2, 5), (3, 9), (1, 2)):
+        ids = torch.randint(0, 50, shape)
+        torch.testing.assert_close(gm(ids), real(ids))

@@ -350,7 +350,7 @@ class CustomTracer(
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()
         self.dims.consult_prover()
-        self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode)
+        self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode, self.dims.from_real)
         self._check_shape_rules = shape_rules.check_enabled()
         self.refinements = Refinements(
             self.dims,

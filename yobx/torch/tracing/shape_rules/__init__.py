@@ -69,8 +69,9 @@ def check_enabled() -> bool:
 class ShapeRules:
     """The rules bound to one trace's fake mode."""
 
-    def __init__(self, fake_mode) -> None:
-        self.factory = TensorFactory(fake_mode)
+    def __init__(self, fake_mode, static_fake: Any = None) -> None:
+        """:param static_fake: see :class:`~._base.TensorFactory`"""
+        self.factory = TensorFactory(fake_mode, static_fake)
         #: how many nodes the rules computed, and how many fell back (for profiling)
         self.handled = 0
         self.fallbacks = 0

@@ -168,16 +168,33 @@ def decide(condition: Any) -> bool:
 
 
 class TensorFactory:
-    """Creates the output fake tensors of the rules for one trace's fake mode."""
+    """Creates the output fake tensors of the rules for one trace's fake mode.
 
-    def __init__(self, fake_mode) -> None:
+    :param static_fake: the trace's fake copy of a module's own tensor
+        (:meth:`~yobx.torch.tracing.symbolic.SymbolicDimensions.from_real`), which
+        :meth:`parameter` gives the module rules for a parameter on the meta device
+    """
+
+    def __init__(self, fake_mode, static_fake: Any = None) -> None:
         self.fake_mode = fake_mode
+        self._static_fake = static_fake
         #: results of layout computations, keyed by the geometry of their inputs and
         #: the version of the ShapeEnv's knowledge (see :meth:`memoized`)
         self._memo: dict[Any, Any] = {}
         #: the symbols and ranges seen last, and their generation (see _knowledge)
         self._ranges: tuple[tuple, tuple] = ((), ())
         self._generation = 0
+
+    def parameter(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """A module's parameter as the trace computes with it.
+
+        A parameter on the meta device (a model built without its weights) computes
+        as its fake copy, a CPU tensor, as in torch's own run of the module (the
+        tracer swaps the copies in); any other is used as it is.
+        """
+        if tensor is None or self._static_fake is None or tensor.device.type != "meta":
+            return tensor
+        return self._static_fake(tensor)
 
     def memoized(
         self, kind: str, tensors: Sequence[torch.Tensor], compute, sizes: Sequence[Any] = ()

@@ -226,19 +226,21 @@ def embedding(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor
 def linear_module(factory, module: nn.Linear, args, kwargs) -> torch.Tensor:
     if kwargs or len(args) != 1:
         raise Unsupported("unexpected arguments")
-    return _linear(factory, fake(args[0]), module.weight, module.bias)
+    weight, bias = factory.parameter(module.weight), factory.parameter(module.bias)
+    return _linear(factory, fake(args[0]), weight, bias)
 
 
 def layer_norm_module(factory, module: nn.LayerNorm, args, kwargs) -> torch.Tensor:
     if kwargs or len(args) != 1:
         raise Unsupported("unexpected arguments")
-    return _layer_norm(factory, args[0], module.normalized_shape, module.weight, module.bias)
+    weight, bias = factory.parameter(module.weight), factory.parameter(module.bias)
+    return _layer_norm(factory, args[0], module.normalized_shape, weight, bias)
 
 
 def embedding_module(factory, module: nn.Embedding, args, kwargs) -> torch.Tensor:
     if kwargs or len(args) != 1 or module.max_norm is not None:
         raise Unsupported("max_norm or unexpected arguments")
-    return _embedding(factory, args[0], module.weight)
+    return _embedding(factory, args[0], factory.parameter(module.weight))
 
 
 def activation_module(factory, module: nn.Module, args, kwargs) -> torch.Tensor:
