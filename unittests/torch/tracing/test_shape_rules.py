@@ -798,3 +798,80 @@ def test_module_rules_take_meta_parameters_as_their_fake_copies():
     for shape in ((2, 5), (3, 9), (1, 2)):
         ids = torch.randint(0, 50, shape)
         torch.testing.assert_close(gm(ids), real(ids))
+
+
+class _Attention(nn.Module):
+    """Layers of torch's fused attention (no shape rule: torch computes the first)."""
+
+    def __init__(self, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 48) for _ in range(layers))
+
+    def forward(self, x, mask):
+        batch, seq, _ = x.shape
+        for layer in self.layers:
+            q, k, v = layer(x).view(batch, seq, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            x = out.transpose(1, 2).reshape(batch, seq, 16)
+        return x
+
+
+def test_outputs_torch_computed_are_remembered_for_the_next_layers():
+    # the check mode of the suite compares every remembered output with torch's
+    inputs = {"x": torch.randn(2, 5, 16), "mask": torch.randn(2, 1, 5, 5)}
+    other = {"x": torch.randn(3, 7, 16), "mask": torch.randn(3, 1, 7, 7)}
+    dims = {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 2: "seq", 3: "seq"}}
+    tracer, graph, _ = check_trace(_Attention(4), inputs, dims, other_inputs=[other])
+    assert tracer.shape_rules.remembered.hits == 3
+    attention = [n for n in graph.nodes if n.target is F.scaled_dot_product_attention]
+    values = [n.meta["val"] for n in attention]
+    assert len({v.untyped_storage()._cdata for v in values}) == 4
+    assert len({tuple(map(str, v.stride())) for v in values}) == 1
+
+
+def test_only_torch_operations_on_plain_fake_tensors_are_remembered(env):
+    from yobx.torch.tracing.shape_rules.remembered import RememberedOutputs
+
+    dims, values = env
+    remembered = shape_rules.ShapeRules(dims.fake_mode).remembered
+    x = values["x"]
+
+    def user_function(t):
+        return t * 2
+
+    def node(op, target):
+        return types.SimpleNamespace(op=op, target=target)
+
+    for op, target, args, kwargs in [
+        ("call_function", user_function, (x,), {}),
+        ("call_method", "add_", (x, 1), {}),
+        ("call_function", torch.add, (x, x), {"out": x}),
+        ("call_function", torch.add, (x, object()), {}),
+    ]:
+        assert remembered.lookup(node(op, target), args, kwargs) is NotImplemented
+        assert remembered._pending is None
+    # a fake tensor whose values torch may read
+    converter = dims.fake_mode.fake_tensor_converter
+    constant = converter.from_real_tensor(dims.fake_mode, torch.ones(32), make_constant=True)
+    assert constant.constant is not None
+    assert remembered.lookup(node("call_function", torch.add), (x, constant), {}) is (
+        NotImplemented
+    )
+    assert remembered._pending is None
+    # a call that changed what the ShapeEnv knows is not remembered
+    add = node("call_function", torch.add)
+    assert remembered.lookup(add, (x, x), {}) is NotImplemented
+    with dims.fake_mode:
+        remembered.remember(add, torch.add(x, x), unchanged=False)
+    assert remembered.lookup(add, (x, x), {}) is NotImplemented
+    with dims.fake_mode:
+        remembered.remember(add, torch.add(x, x), unchanged=True)
+    again = remembered.lookup(add, (x, x), {})
+    assert again is not NotImplemented and remembered.hits == 1
+    assert again.shape == x.shape and again.stride() == x.stride()
+    # a view of an input, or the input itself, is not fresh: not remembered
+    view = node("call_method", "view")
+    assert remembered.lookup(view, (x, -1), {}) is NotImplemented
+    remembered.remember(view, x, unchanged=True)
+    assert remembered.lookup(view, (x, -1), {}) is NotImplemented
+    assert isinstance(remembered, RememberedOutputs)

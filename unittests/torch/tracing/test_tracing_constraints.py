@@ -467,3 +467,39 @@ def test_graph_checks_the_static_sizes_it_was_traced_with():
     # another rank: x.shape[-1] is another dimension (eager would slice the last one)
     with pytest.raises(ConstraintViolationError, match=r"x.dim\(\) == 2 \(static\)"):
         gm(torch.randn(2, 5, 3))
+
+
+# the same decision in every layer: proved once, relied on in each
+
+
+class RepeatedDecision(torch.nn.Module):
+    """Each block asks ``seq > 1`` (an attention choosing its causal path), then a
+    ``torch._check`` narrows the range between two blocks."""
+
+    def forward(self, x):
+        for block in range(4):
+            if x.shape[1] > 1:
+                x = x * 2
+            else:
+                x = x + 1
+            if block == 1:
+                torch._check(x.shape[1] <= 64)
+        return x
+
+
+def test_a_decision_repeated_in_every_layer_is_relied_on_once_and_checked():
+    tracer, _, gm = check_trace(
+        RepeatedDecision(),
+        {"x": torch.randn(2, 7, 4)},
+        {"x": {0: "batch", 1: "seq"}},
+        [{"x": torch.randn(3, 2, 4)}, {"x": torch.randn(1, 64, 4)}],
+    )
+    # each decision is recorded where it is made; the constraint it needs, once
+    decisions = [g for g in tracer.guards if g.expression == "seq > 1"]
+    assert len(decisions) == 4 and all(g.value is True for g in decisions)
+    assert ("seq >= 2", "range") in _kinds(tracer)
+    assert len([c for c in tracer.constraints if c.expression == "seq >= 2"]) == 1
+    with pytest.raises(ConstraintViolationError, match="seq >= 2"):
+        gm(torch.randn(2, 1, 4))
+    with pytest.raises(ConstraintViolationError, match="seq <= 64"):
+        gm(torch.randn(2, 65, 4))

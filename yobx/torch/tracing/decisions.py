@@ -45,6 +45,11 @@ def _remember(cache: dict, key: Any, value: Any) -> Any:
     return value
 
 
+def _itself(expression: Any) -> Any:
+    """The decided expression, built from itself (see ``rely_on_default_bounds``)."""
+    return expression
+
+
 def is_internal(filename: str) -> bool:
     """Frames of torch, yobx's tracer and the standard library are not user code."""
     if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<"):
@@ -143,7 +148,7 @@ class DecisionsMixin:
             self.refinements.adopt(fact.node.expr, location, what)
             reason = "adopted"
         else:
-            self.refinements.rely_on_default_bounds(lambda e: e, [val.node.expr], decided, location)
+            self.refinements.rely_on_default_bounds(_itself, [val.node.expr], decided, location)
             reason = "bounds"
         self.guards.append(Guard(expression, decided, reason, location))
         return decided

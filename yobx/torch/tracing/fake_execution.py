@@ -163,6 +163,7 @@ class FakeExecutionMixin:
                     return args[0]
                 args, kwargs = (args[0], dims), {}
         guards_before = len(self.shape_env.guards)
+        symbols_before = len(self.shape_env.var_to_range)
         known = self.dims.snapshot()
         self.state.in_fake += 1
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
@@ -189,6 +190,12 @@ class FakeExecutionMixin:
                     expected = self._dispatch_fake(node, args, kwargs)
                 if val is NotImplemented:
                     val = expected
+                    self.shape_rules.remember(
+                        node,
+                        val,
+                        len(self.shape_env.guards) == guards_before
+                        and len(self.shape_env.var_to_range) == symbols_before,
+                    )
                 else:
                     shape_rules.compare(
                         val,

@@ -33,7 +33,7 @@ from torch.utils._sympy.functions import FloorDiv
 from .constraints import Constraint, as_range, classify, normalize, simplest_form
 from .dynamic_shapes import AUTO, DYNAMIC, STRICT
 from .errors import DataDependentError, SpecializationError, StrictDimensionError
-from .symbolic import SymbolicDimensions
+from .symbolic import SymbolicDimensions, expression_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,8 @@ class Refinements:
         self.needed: list[tuple[Constraint, str]] = []
         #: conditions of ``torch._check`` calls: (condition, text, location)
         self.user_checks: list[tuple[sympy.Basic, str, str]] = []
+        #: the calls of :meth:`rely_on_default_bounds` already made
+        self._relied: set[tuple] = set()
 
     @property
     def constraints(self) -> list[Constraint]:
@@ -197,6 +199,14 @@ class Refinements:
         the graph refuses the sizes it would be wrong for and accepts the others.
         """
         dims = self.dims
+        # a model makes the same decision in every layer (`seq > 1` in each attention):
+        # the same call with what the ShapeEnv knew then adopts nothing new (the
+        # constraints are kept once per expression), and proving it costs milliseconds
+        key = self._relied_key(build, operands, value)
+        if key is not None:
+            if key in self._relied:
+                return
+            self._relied.add(key)
         claim, symbols, low = dims.lowest_bound(build, operands, value)
         if low == 0:
             return
@@ -227,6 +237,25 @@ class Refinements:
             names = tuple(dims.symbols_of(form))
             constraint = Constraint(expression, kind, location, names)
             self.adopted.append(AdoptedFact(constraint, form))
+
+    def _relied_key(self, build: Callable | None, operands: list, value) -> tuple | None:
+        """A call of :meth:`rely_on_default_bounds` and what its result depends on
+        (the ranges, the replacements and the dimensions with a default lower bound),
+        or None when an operand is not hashable."""
+        shape_env = self.dims.shape_env
+        try:
+            key = (
+                build,
+                tuple(expression_of(o) if expression_of(o) is not None else o for o in operands),
+                value,
+                frozenset(shape_env.var_to_range.items()),
+                frozenset(shape_env.replacements.items()),
+                frozenset(self.dims.default_min),
+            )
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
     # strict dimensions
 

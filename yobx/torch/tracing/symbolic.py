@@ -78,6 +78,8 @@ DEFAULT_MIN = 2
 
 #: the range ShapeEnv.create_symbol gives a size (``specialize_zero_one=False``)
 _NEW_SIZE_RANGE = ValueRanges(0, int_oo)
+#: marks a question :meth:`SymbolicDimensions.prove` was not asked yet
+_UNPROVED = object()
 #: torch's own undecided questions longer than this are not given to the prover
 _MAX_PROVED_OPERATIONS = 24
 
@@ -146,6 +148,8 @@ class SymbolicDimensions:
         #: as an expression of the other symbols (``(dim - r) // m``)
         self.definitions: dict[sympy.Symbol, sympy.Expr] = {}
         self._hints: dict[str, int] = {}
+        #: results of :meth:`prove` by expression and what was known
+        self._proofs: dict[tuple, bool | None] = {}
         self._rename: dict[sympy.Symbol, sympy.Expr] = {}
         self._twins: dict[sympy.Symbol, sympy.Symbol] = {}
         self._originals: dict[sympy.Symbol, sympy.Symbol] = {}
@@ -342,7 +346,7 @@ class SymbolicDimensions:
 
     def user_expression(self, value: Any) -> sympy.Expr | None:
         """An expression in the user's dimension names (symbols named after them)."""
-        expr = _expression(value)
+        expr = expression_of(value)
         if expr is None:
             return None
         return expr.xreplace({s: self._rename.get(self.original(s), s) for s in expr.free_symbols})
@@ -373,7 +377,7 @@ class SymbolicDimensions:
 
     def render(self, value: Any) -> str:
         """Writes a symbolic expression (SymInt, SymBool, sympy) with the user's names."""
-        expr = _expression(value)
+        expr = expression_of(value)
         if expr is None:
             return str(value)
         expr = expr.xreplace({s: self._rename.get(self.original(s), s) for s in expr.free_symbols})
@@ -381,14 +385,14 @@ class SymbolicDimensions:
 
     def symbols_of(self, value: Any) -> list[str]:
         """Returns the user names of the dimensions an expression depends on."""
-        expr = _expression(value)
+        expr = expression_of(value)
         if expr is None:
             return []
         return sorted(self.names.get(str(s), str(s)) for s in expr.free_symbols)
 
     def describe_ranges(self, value: Any) -> str:
         """Describes the known range of every dimension in an expression."""
-        expr = _expression(value)
+        expr = expression_of(value)
         if expr is None:
             return ""
         parts = []
@@ -414,7 +418,7 @@ class SymbolicDimensions:
         """True when an expression depends on tensor values (``.item()``, ``nonzero``)."""
         from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-        expr = _expression(value)
+        expr = expression_of(value)
         if expr is None:
             return False
         return bool(free_unbacked_symbols(expr)) or any(
@@ -454,7 +458,7 @@ class SymbolicDimensions:
         from torch.utils._sympy.value_ranges import ValueRanges
 
         operands = [
-            sympy.sympify(_expression(o) if _expression(o) is not None else o) for o in operands
+            sympy.sympify(expression_of(o) if expression_of(o) is not None else o) for o in operands
         ]
         symbols = set().union(*(o.free_symbols for o in operands)) if operands else set()
         relaxable = [
@@ -495,7 +499,13 @@ class SymbolicDimensions:
             the ranges, so it must be judged against what was known before
         """
         ranges, replacements = known if known is not None else self.snapshot()
-        return prove_from_ranges(expr, ranges, replacements)
+        # a function of its three arguments only, and a model asks the same questions
+        # in every layer (`seq > 1` in each attention: milliseconds of bounds each)
+        key = (expr, frozenset(ranges.items()), frozenset(replacements.items()))
+        proved = self._proofs.get(key, _UNPROVED)
+        if proved is _UNPROVED:
+            proved = self._proofs[key] = prove_from_ranges(expr, ranges, replacements)
+        return proved
 
     def assume(self, value: torch.SymBool) -> None:
         """Adds a fact (``torch._check``) and the relations it implies.
@@ -543,7 +553,9 @@ class SymbolicDimensions:
         return TraceError(msg)
 
 
-def _expression(value: Any) -> sympy.Expr | None:
+def expression_of(value: Any) -> sympy.Expr | None:
+    """The sympy expression of a SymInt, SymBool or SymFloat (a sympy value is its own),
+    None for anything else."""
     if isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)):
         return value.node.expr
     if isinstance(value, sympy.Basic):

@@ -29,10 +29,12 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.immutable_collections import immutable_list
 from torch.fx.node import Node
 
 from . import conv, elementwise, factories, nn, resample, views
 from ._base import TensorFactory, Unsupported
+from .remembered import RememberedOutputs
 
 __all__ = ["ShapeRuleMismatch", "ShapeRules", "Unsupported", "check_enabled", "compare"]
 
@@ -72,6 +74,8 @@ class ShapeRules:
     def __init__(self, fake_mode, static_fake: Any = None) -> None:
         """:param static_fake: see :class:`~._base.TensorFactory`"""
         self.factory = TensorFactory(fake_mode, static_fake)
+        #: what torch computed for the operations without a rule (see :mod:`.remembered`)
+        self.remembered = RememberedOutputs(self.factory)
         #: how many nodes the rules computed, and how many fell back (for profiling)
         self.handled = 0
         self.fallbacks = 0
@@ -85,7 +89,7 @@ class ShapeRules:
         else:
             rule = _MODULE_RULES.get(type(module))
         if rule is None:
-            return NotImplemented
+            return self._remembered(node, args, kwargs)
         if rule in _FACTORY_RULES:
             if not _any_symbolic_size(args, {}):
                 return NotImplemented
@@ -100,7 +104,7 @@ class ShapeRules:
                 value = rule(self.factory, args, kwargs)
         except Unsupported:
             self.fallbacks += 1
-            return NotImplemented
+            return self._remembered(node, args, kwargs)
         except Exception:
             # A rule failing on an input it did not foresee is a bug in the rule, not
             # in the model: torch computes the value instead. The check mode (the test
@@ -111,6 +115,19 @@ class ShapeRules:
             return NotImplemented
         self.handled += 1
         return value
+
+    def _remembered(self, node: Node, args: tuple, kwargs: dict) -> Any:
+        if node.op == "call_module" or not _has_symbolic_tensor(args, kwargs):
+            # static shapes take ATen's C++ meta kernels, which are cheap
+            return NotImplemented
+        return self.remembered.lookup(node, args, kwargs)
+
+    def remember(self, node: Node, value: Any, unchanged: bool) -> None:
+        """What torch computed for a node no rule handled (see :mod:`.remembered`).
+
+        :param unchanged: torch added no guard and no symbol to the ShapeEnv
+        """
+        self.remembered.remember(node, value, unchanged)
 
 
 def _has_symbolic_tensor(args: tuple, kwargs: dict) -> bool:
@@ -127,9 +144,13 @@ def _any_symbolic_size(args: tuple, kwargs: dict) -> bool:
     """Whether a ``SymInt`` is among the arguments, or in a tuple or list of them."""
     return any(
         isinstance(v, torch.SymInt)
-        or (type(v) in (tuple, list) and any(isinstance(i, torch.SymInt) for i in v))
+        or (type(v) in _SEQUENCES and any(isinstance(i, torch.SymInt) for i in v))
         for v in (*args, *kwargs.values())
     )
+
+
+#: the sequences of operator arguments: a node's lists are torch.fx's immutable_list
+_SEQUENCES = frozenset({tuple, list, immutable_list})
 
 
 def _any_symbolic(values: Any) -> bool:
@@ -140,7 +161,7 @@ def _any_symbolic(values: Any) -> bool:
         if kind is FakeTensor:
             if value._has_symbolic_sizes_strides:
                 return True
-        elif kind is tuple or kind is list:
+        elif kind in _SEQUENCES:
             if _any_symbolic(value):
                 return True
         elif kind is dict:

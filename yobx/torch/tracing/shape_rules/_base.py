@@ -181,7 +181,7 @@ class TensorFactory:
         #: results of layout computations, keyed by the geometry of their inputs and
         #: the version of the ShapeEnv's knowledge (see :meth:`memoized`)
         self._memo: dict[Any, Any] = {}
-        #: the symbols and ranges seen last, and their generation (see _knowledge)
+        #: the symbols and ranges seen last, and their generation (see knowledge)
         self._ranges: tuple[tuple, tuple] = ((), ())
         self._generation = 0
 
@@ -209,7 +209,7 @@ class TensorFactory:
         """
         key = (
             kind,
-            self._knowledge(),
+            self.knowledge(),
             tuple(
                 (tuple(map(_raw_key, t.shape)), tuple(map(_raw_key, t.stride()))) for t in tensors
             ),
@@ -220,7 +220,7 @@ class TensorFactory:
             result = self._memo[key] = compute()
         return result
 
-    def _knowledge(self) -> Any:
+    def knowledge(self) -> Any:
         """The version of what the ShapeEnv knows of the sizes, for memo keys.
 
         Its version counter (replacements, divisibility, runtime asserts, as torch
@@ -369,7 +369,7 @@ def _strided_storage(sizes: Sequence[Any], strides: Sequence[Any], itemsize: int
 
 #: (item size, sizes) -> the strides and the byte count of ``torch.empty(sizes)``, and
 #: (item size, sizes, strides) -> the byte count of ``torch.empty_strided``, as
-#: :func:`_recipe`s. Process-wide: the layouts are SymInt arithmetic on the sizes, a
+#: :func:`symint_recipe`s. Process-wide: the layouts are SymInt arithmetic on the sizes, a
 #: function of their expressions (after the ShapeEnv's replacements) and hints only,
 #: which the keys hold (:func:`pure_key`); they serve every trace of a model.
 _CONTIGUOUS_STORAGES: dict[tuple, tuple] = {}
@@ -388,7 +388,7 @@ def pure_key(value: Any) -> Any:
     raise Unsupported(f"not a size: {value!r}")
 
 
-def _recipe(value: Any) -> Any:
+def symint_recipe(value: Any) -> Any:
     """What :func:`rebuild_symint` needs to rebuild ``value`` in another ShapeEnv."""
     if type(value) is int:
         return value
@@ -401,12 +401,12 @@ def remember_recipes(cache: dict, key: tuple, values: tuple) -> tuple:
     process-wide ``cache``, which starts over when it is full; returns them."""
     if len(cache) >= _MAX_STORAGES:
         cache.clear()
-    recipe = cache[key] = tuple(map(_recipe, values))
+    recipe = cache[key] = tuple(map(symint_recipe, values))
     return recipe
 
 
 def rebuild_symint(recipe: Any, shape_env: Any) -> Any:
-    """A new ``SymInt`` of ``shape_env`` from a :func:`_recipe` (an int stays an int)."""
+    """A new ``SymInt`` of ``shape_env`` from a :func:`symint_recipe` (an int stays an int)."""
     if type(recipe) is int:
         return recipe
     expr, pytype, hint, optimized_summation = recipe
