@@ -28,9 +28,11 @@ from yobx.torch.tracing import CustomTracer
 
 #: the demo models of ``yobx.models`` (the same ones as ``bench_export.py``), and two
 #: architecture cases of ``yobx.models.architectures`` (``arch:<name>``): a vision
-#: transformer and an encoder-decoder
+#: transformer and an encoder-decoder. ``+sdpa``: the model with transformers' default
+#: attention (torch's scaled_dot_product_attention) instead of the eager one
 MODELS = (
     "hf:LlamaForCausalLM",
+    "hf:LlamaForCausalLM+sdpa",
     "hf:GPT2LMHeadModel",
     "hf:BertModel",
     "transformer-encoder",
@@ -75,8 +77,9 @@ SMALL_TARGET = 0.005
 def models(names=MODELS):
     """Yields (name, model, example kwargs, dynamic shapes) for every benchmarked model."""
     for name in names:
-        if name.startswith("arch:"):
-            case = build(name[len("arch:") :])
+        source, _, attention = name.partition("+")
+        if source.startswith("arch:"):
+            case = build(source[len("arch:") :])
             model, args, kwargs, dynamic_shapes = (
                 case.model,
                 case.args,
@@ -84,9 +87,13 @@ def models(names=MODELS):
                 case.dynamic_shapes,
             )
         else:
-            model, args, kwargs, dynamic_shapes = load_model(name)
-        names = list(inspect.signature(model.forward).parameters)
-        kwargs = {**dict(zip(names, args)), **kwargs}
+            model, args, kwargs, dynamic_shapes = load_model(source)
+        if attention:
+            for module in model.modules():
+                if getattr(module, "config", None) is not None:
+                    module.config._attn_implementation = attention
+        parameters = list(inspect.signature(model.forward).parameters)
+        kwargs = {**dict(zip(parameters, args)), **kwargs}
         yield name, model, kwargs, dynamic_shapes
 
 
