@@ -86,10 +86,13 @@ class RememberedOutputs:
                 _key(args, tensors),
                 _key(kwargs, tensors),
                 self.factory.knowledge(),
+                torch.is_grad_enabled(),
                 torch._C._is_any_autocast_enabled(),
             )
             recipe = self._outputs.get(key)
-        except (_NotRemembered, TypeError):  # TypeError: an unhashable target
+        except Exception:
+            # an argument that cannot be part of a key (an unhashable target, a tensor
+            # of another layout...): torch computes the value, as without a memo
             return NotImplemented
         if recipe is None:
             self._pending = (node, key, tuple(t._version for t in tensors), tensors)
@@ -116,7 +119,7 @@ class RememberedOutputs:
         _, key, versions, tensors = pending
         if (
             type(value) is not FakeTensor
-            or value.constant is not None
+            or not _plain(value)
             or tuple(t._version for t in tensors) != versions
             or not _fresh(value, tensors)
         ):
@@ -135,7 +138,7 @@ def _key(value: Any, tensors: list[FakeTensor]) -> Any:
     if kind in _PLAIN:
         return kind, value
     if kind is FakeTensor:
-        if value.constant is not None:
+        if not _plain(value):
             raise _NotRemembered
         tensors.append(value)
         return (
@@ -156,6 +159,17 @@ def _key(value: Any, tensors: list[FakeTensor]) -> Any:
     if kind is slice:
         return kind, _key((value.start, value.stop, value.step), tensors)
     raise _NotRemembered
+
+
+def _plain(value: FakeTensor) -> bool:
+    """A dense tensor holding no constant (values torch may read) and no lazy conjugate
+    or negation."""
+    return (
+        value.constant is None
+        and value.layout is torch.strided
+        and not value.is_conj()
+        and not value.is_neg()
+    )
 
 
 def _fresh(value: FakeTensor, inputs: list[FakeTensor]) -> bool:
