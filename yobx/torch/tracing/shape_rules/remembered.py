@@ -14,7 +14,10 @@ compares it with torch as it compares the rules.
 Only torch's own operations are remembered: the functions of ``torch``'s modules and
 of ``operator``, and the tensor methods that do not write into their input. A user's
 function run on fake values may do anything else. A fake tensor holding a constant
-(whose values torch may read: ``x[mask]`` of a constant mask) is never part of a key.
+(whose values torch may read: ``x[mask]`` of a constant mask) is never part of a key,
+and nothing is remembered under a torch function mode (``with torch.device(...)``
+changes what factories make). The grad mode, autocast and the default dtype are part
+of every key.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ _PLAIN = frozenset(
     }
 )
 _SEQUENCES = frozenset({tuple, list, immutable_list})
+_FUNCTION_MODES = torch._C._len_torch_function_stack
 _MAPPINGS = frozenset({dict, immutable_dict})
 
 
@@ -76,7 +80,9 @@ class RememberedOutputs:
         tensor of its layout, or ``NotImplemented`` (then torch computes it: see
         :meth:`remember`)."""
         self._pending = None
-        if not _is_torch_operation(node) or "out" in kwargs:
+        if not _is_torch_operation(node) or "out" in kwargs or _FUNCTION_MODES():
+            # a torch function mode (`with torch.device(...)`) may change what a call
+            # makes: not remembered while one is active
             return NotImplemented
         tensors: list[FakeTensor] = []
         try:
@@ -88,6 +94,7 @@ class RememberedOutputs:
                 self.factory.knowledge(),
                 torch.is_grad_enabled(),
                 torch._C._is_any_autocast_enabled(),
+                torch.get_default_dtype(),
             )
             recipe = self._outputs.get(key)
         except Exception:
