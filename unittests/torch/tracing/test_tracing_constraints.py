@@ -503,3 +503,29 @@ def test_a_decision_repeated_in_every_layer_is_relied_on_once_and_checked():
         gm(torch.randn(2, 1, 4))
     with pytest.raises(ConstraintViolationError, match="seq <= 64"):
         gm(torch.randn(2, 65, 4))
+
+
+# a constraint whose expression has exact fractions under a min (found by fuzz_tracing)
+
+
+class HalfOfAHalf(torch.nn.Module):
+    def forward(self, y):
+        half = y[..., : y.shape[1] // 2]
+        if half.shape[-1] % 2 != 0:
+            half = torch.nn.functional.pad(half, (0, 1))
+        return half[..., : half.shape[1] // 2] * 2
+
+
+def test_a_check_with_fractions_under_a_min_runs():
+    # `min(length, length/2 - (length % 2)/2) % 2 == 0`: the runtime check computed
+    # the fractions exactly, then torch.sym_min refused them (an AssertionError for
+    # every input, the example included)
+    tracer, _, gm = check_trace(
+        HalfOfAHalf(),
+        {"y": torch.randn(2, 8)},
+        {"y": {1: "length"}},
+        [{"y": torch.randn(2, 12)}, {"y": torch.randn(2, 16)}],
+    )
+    assert any("min(" in c.expression and "/2" in c.expression for c in tracer.constraints)
+    with pytest.raises(ConstraintViolationError, match="% 2 == 0"):
+        gm(torch.randn(2, 10))

@@ -64,10 +64,6 @@ def check_constraint(
         raise ConstraintViolationError(expression, {k: int(v) for k, v in values.items()}, location)
 
 
-# a check reads sizes and raises: nothing for the graph passes to rewrite
-register_untouched_functions(check_constraint)
-
-
 @dataclasses.dataclass(frozen=True)
 class RuntimeCheck:
     """One condition the graph verifies on its inputs.
@@ -340,13 +336,34 @@ _RELATIONS = {
     sympy.Gt: operator.gt,
     sympy.Ge: operator.ge,
 }
+
+
+def size_min(a: Any, b: Any) -> Any:
+    """``min`` of two values of a check: ``torch.sym_min`` on symbolic values, Python's
+    ``min`` on numbers, which takes the exact fractions of an expression such as
+    ``min(n, n/2 - (n % 2)/2)`` (``torch.sym_min`` refuses a ``Fraction``)."""
+    if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
+        return torch.sym_min(a, b)
+    return min(a, b)
+
+
+def size_max(a: Any, b: Any) -> Any:
+    """``max`` of two values of a check (see :func:`size_min`)."""
+    if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
+        return torch.sym_max(a, b)
+    return max(a, b)
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat)
+# a check reads sizes and raises: nothing for the graph passes to rewrite
+register_untouched_functions(check_constraint, size_min, size_max)
 _FOLDED = {
     sympy.Add: operator.add,
     sympy.Mul: operator.mul,
-    sympy.Min: torch.sym_min,
-    sympy.Max: torch.sym_max,
-    torch_sympy.Min: torch.sym_min,
-    torch_sympy.Max: torch.sym_max,
+    sympy.Min: size_min,
+    sympy.Max: size_max,
+    torch_sympy.Min: size_min,
+    torch_sympy.Max: size_max,
     sympy.And: operator.and_,
     sympy.Or: operator.or_,
 }
