@@ -78,7 +78,10 @@ DEFAULT_MIN = 2
 
 #: the range ShapeEnv.create_symbol gives a size (``specialize_zero_one=False``)
 _NEW_SIZE_RANGE = ValueRanges(0, int_oo)
-#: marks a question :meth:`SymbolicDimensions.prove` was not asked yet
+#: results of :meth:`SymbolicDimensions.prove` by expression and what was known, and a
+#: mark for a question not asked yet
+_PROOFS: dict[tuple, bool | None] = {}
+_MAX_PROOFS = 20_000
 _UNPROVED = object()
 #: torch's own undecided questions longer than this are not given to the prover
 _MAX_PROVED_OPERATIONS = 24
@@ -148,8 +151,6 @@ class SymbolicDimensions:
         #: as an expression of the other symbols (``(dim - r) // m``)
         self.definitions: dict[sympy.Symbol, sympy.Expr] = {}
         self._hints: dict[str, int] = {}
-        #: results of :meth:`prove` by expression and what was known
-        self._proofs: dict[tuple, bool | None] = {}
         self._rename: dict[sympy.Symbol, sympy.Expr] = {}
         self._twins: dict[sympy.Symbol, sympy.Symbol] = {}
         self._originals: dict[sympy.Symbol, sympy.Symbol] = {}
@@ -499,12 +500,16 @@ class SymbolicDimensions:
             the ranges, so it must be judged against what was known before
         """
         ranges, replacements = known if known is not None else self.snapshot()
-        # a function of its three arguments only, and a model asks the same questions
-        # in every layer (`seq > 1` in each attention: milliseconds of bounds each)
+        # a function of its three arguments only (sympy's symbols are values: the same
+        # name and assumptions, the same symbol), and a model asks the same questions
+        # in every layer (`seq > 1` in each attention: milliseconds of bounds each) and
+        # every trace: kept for the process
         key = (expr, frozenset(ranges.items()), frozenset(replacements.items()))
-        proved = self._proofs.get(key, _UNPROVED)
+        proved = _PROOFS.get(key, _UNPROVED)
         if proved is _UNPROVED:
-            proved = self._proofs[key] = prove_from_ranges(expr, ranges, replacements)
+            if len(_PROOFS) >= _MAX_PROOFS:
+                _PROOFS.clear()
+            proved = _PROOFS[key] = prove_from_ranges(expr, ranges, replacements)
         return proved
 
     def assume(self, value: torch.SymBool) -> None:

@@ -16,8 +16,10 @@ of ``operator``, and the tensor methods that do not write into their input. A us
 function run on fake values may do anything else. A fake tensor holding a constant
 (whose values torch may read: ``x[mask]`` of a constant mask) is never part of a key,
 and nothing is remembered under a torch function mode (``with torch.device(...)``
-changes what factories make). The grad mode, autocast and the default dtype are part
-of every key.
+changes what factories make) or autocast. The grad mode, the default dtype and torch's
+backend flags (which SDPA kernel may run decides the layout of its output) are part of
+every key. An output whose sizes hold a symbol none of the inputs has (a data-dependent
+size torch took from its own memo of an earlier call) is not remembered.
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ from typing import Any
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import Node
 
-from ._base import TensorFactory, _raw_key, is_static, rebuild_symint, size_key, symint_recipe
+from ._base import (
+    TensorFactory,
+    _raw_key,
+    is_static,
+    pure_key,
+    rebuild_symint,
+    size_key,
+    symint_recipe,
+)
 
 #: leaves of a key that stand for themselves (with their type: 1, 1.0 and True differ)
 _PLAIN = frozenset(
@@ -49,6 +60,33 @@ _PLAIN = frozenset(
 )
 _SEQUENCES = frozenset({tuple, list, immutable_list})
 _FUNCTION_MODES = torch._C._len_torch_function_stack
+
+
+#: torch's global backend flags (``torch.backends.*``) a kernel may read to choose what
+#: runs, and so its output's layout (scaled_dot_product_attention's flash or math
+#: kernel): plain reads of torch's global context, none initializes a device
+_BACKEND_FLAGS = tuple(
+    getattr(torch._C, name)
+    for name in (
+        "_get_flash_sdp_enabled",
+        "_get_mem_efficient_sdp_enabled",
+        "_get_math_sdp_enabled",
+        "_get_cudnn_sdp_enabled",
+        "_get_overrideable_sdp_enabled",
+        "_get_fa3_sdp_enabled",
+        "_get_math_sdp_allow_fp16_bf16_reduction",
+        "_get_mkldnn_enabled",
+        "_get_mkldnn_deterministic",
+        "_get_nnpack_enabled",
+        "_get_cudnn_enabled",
+        "_get_cudnn_benchmark",
+        "_get_cudnn_deterministic",
+        "_get_cudnn_allow_tf32",
+        "_get_cublas_allow_tf32",
+        "_get_deterministic_algorithms",
+    )
+    if hasattr(torch._C, name)
+)
 _MAPPINGS = frozenset({dict, immutable_dict})
 
 
@@ -65,13 +103,17 @@ def _is_torch_operation(node: Node) -> bool:
 
 
 class RememberedOutputs:
-    """The outputs torch computed in one trace, by operation and inputs."""
+    """The outputs torch computed, by operation and inputs: for one trace, under keys
+    holding the sizes' expressions and the ShapeEnv's counters (cheap), and for the
+    process, under keys holding the expressions with their example values and
+    everything the ShapeEnv knows (see :func:`_environment`): the next traces of a
+    model make the same calls."""
 
     def __init__(self, factory: TensorFactory) -> None:
         self.factory = factory
         self._outputs: dict[tuple, tuple] = {}
-        #: the node being computed by torch, its key and its inputs' versions
-        self._pending: tuple[Node, tuple, tuple] | None = None
+        #: the node being computed by torch, its keys and its inputs and their versions
+        self._pending: tuple | None = None
         #: how many calls got a remembered output
         self.hits = 0
 
@@ -80,29 +122,54 @@ class RememberedOutputs:
         tensor of its layout, or ``NotImplemented`` (then torch computes it: see
         :meth:`remember`)."""
         self._pending = None
-        if not _is_torch_operation(node) or "out" in kwargs or _FUNCTION_MODES():
+        if (
+            not _is_torch_operation(node)
+            or "out" in kwargs
+            or _FUNCTION_MODES()
+            or torch._C._is_any_autocast_enabled()
+        ):
             # a torch function mode (`with torch.device(...)`) may change what a call
-            # makes: not remembered while one is active
+            # makes, autocast its dtype: not remembered while one is active
             return NotImplemented
         tensors: list[FakeTensor] = []
         try:
+            modes = (
+                torch.is_grad_enabled(),
+                torch.get_default_dtype(),
+                # the backends a kernel may choose from, and so its output's layout
+                # (scaled_dot_product_attention's flash or math kernel)
+                tuple(flag() for flag in _BACKEND_FLAGS),
+                torch.backends.opt_einsum.enabled,
+                torch.backends.opt_einsum.strategy,
+            )
             key = (
                 node.op,
                 node.target,
-                _key(args, tensors),
-                _key(kwargs, tensors),
+                _key(args, tensors, _raw_key),
+                _key(kwargs, tensors, _raw_key),
                 self.factory.knowledge(),
-                torch.is_grad_enabled(),
-                torch._C._is_any_autocast_enabled(),
-                torch.get_default_dtype(),
+                modes,
             )
             recipe = self._outputs.get(key)
+            if recipe is None:
+                process_key = (
+                    node.op,
+                    node.target,
+                    _key(args, [], pure_key),
+                    _key(kwargs, [], pure_key),
+                    _environment(self.factory.fake_mode.shape_env),
+                    modes,
+                )
+                recipe = _PROCESS_OUTPUTS.get(process_key)
+                if recipe is not None:
+                    self._outputs[key] = recipe
         except Exception:
             # an argument that cannot be part of a key (an unhashable target, a tensor
             # of another layout...): torch computes the value, as without a memo
             return NotImplemented
         if recipe is None:
-            self._pending = (node, key, tuple(t._version for t in tensors), tensors)
+            versions = tuple(t._version for t in tensors)
+            self._pending = (node, key, process_key, versions, tensors, (args, kwargs))
             return NotImplemented
         self.hits += 1
         shape_env = self.factory.fake_mode.shape_env
@@ -123,24 +190,68 @@ class RememberedOutputs:
         pending, self._pending = self._pending, None
         if pending is None or pending[0] is not node or not unchanged:
             return
-        _, key, versions, tensors = pending
+        _, key, process_key, versions, tensors, arguments = pending
         if (
             type(value) is not FakeTensor
             or not _plain(value)
             or tuple(t._version for t in tensors) != versions
             or not _fresh(value, tensors)
+            # a size from torch's own memo of a data-dependent size (a second
+            # x.nonzero() reuses the first one's symbol, adding none): it belongs to
+            # that tensor, not to every tensor of its geometry
+            or not _symbols([value]) <= _symbols(pytree.tree_leaves(arguments))
         ):
             return
-        self._outputs[key] = (
+        recipe = self._outputs[key] = (
             tuple(map(symint_recipe, value.shape)),
             tuple(map(symint_recipe, value.stride())),
             value.dtype,
             value.device,
             value.requires_grad,
         )
+        if len(_PROCESS_OUTPUTS) >= _MAX_PROCESS_OUTPUTS:
+            _PROCESS_OUTPUTS.clear()
+        _PROCESS_OUTPUTS[process_key] = recipe
 
 
-def _key(value: Any, tensors: list[FakeTensor]) -> Any:
+#: the outputs remembered for the process (see :class:`RememberedOutputs`)
+_PROCESS_OUTPUTS: dict[tuple, tuple] = {}
+_MAX_PROCESS_OUTPUTS = 20_000
+
+
+def _example_values(shape_env: Any) -> dict:
+    # torch 2.13 renamed var_to_val (deprecated) to backed_var_to_val
+    if hasattr(shape_env, "backed_var_to_val"):
+        return shape_env.backed_var_to_val
+    return shape_env.var_to_val
+
+
+def _environment(shape_env: Any) -> tuple:
+    """Everything a ShapeEnv knows that torch's computation of an output may read:
+    its settings, the ranges and example values of its symbols, its replacements,
+    divisibility facts and deferred assertions, and whether the tracer's prover
+    answers its questions (:meth:`~yobx.torch.tracing.symbolic.SymbolicDimensions.
+    consult_prover`)."""
+    if shape_env is None:
+        return ()
+    return (
+        shape_env.settings,
+        frozenset(shape_env.var_to_range.items()),
+        frozenset(_example_values(shape_env).items()),
+        frozenset(shape_env.replacements.items()),
+        frozenset(shape_env.divisible),
+        frozenset(
+            assertion.expr
+            for assertions in shape_env.deferred_runtime_asserts.values()
+            for assertion in assertions
+        ),
+        "_maybe_evaluate_static" in vars(shape_env),
+    )
+
+
+def _key(value: Any, tensors: list[FakeTensor], size: Any) -> Any:
+    """``value`` as part of a key, sizes written by ``size`` (:func:`_raw_key` or
+    :func:`pure_key`); the fake tensors found are appended to ``tensors``."""
     kind = type(value)
     if kind in _PLAIN:
         return kind, value
@@ -150,22 +261,39 @@ def _key(value: Any, tensors: list[FakeTensor]) -> Any:
         tensors.append(value)
         return (
             FakeTensor,
-            tuple(map(_raw_key, value.shape)),
-            tuple(map(_raw_key, value.stride())),
-            _raw_key(value.storage_offset()),
+            tuple(map(size, value.shape)),
+            tuple(map(size, value.stride())),
+            size(value.storage_offset()),
             value.dtype,
             value.device,
             value.requires_grad,
         )
     if kind in _SEQUENCES:
-        return kind, tuple(_key(v, tensors) for v in value)
+        return kind, tuple(_key(v, tensors, size) for v in value)
     if kind in _MAPPINGS:
-        return kind, tuple((k, _key(v, tensors)) for k, v in value.items())
+        return kind, tuple((k, _key(v, tensors, size)) for k, v in value.items())
     if kind is torch.SymInt:
-        return kind, _raw_key(value)
+        return kind, size(value)
     if kind is slice:
-        return kind, _key((value.start, value.stop, value.step), tensors)
+        return kind, _key((value.start, value.stop, value.step), tensors, size)
     raise _NotRemembered
+
+
+def _symbols(values: list[Any]) -> set:
+    """The symbols of the sizes, strides and offsets of the tensors among ``values``
+    and of its SymInts."""
+    symbols: set = set()
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            sizes = (*value.shape, *value.stride(), value.storage_offset())
+        elif isinstance(value, torch.SymInt):
+            sizes = (value,)
+        else:
+            continue
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                symbols |= size.node.expr.free_symbols
+    return symbols
 
 
 def _plain(value: FakeTensor) -> bool:
