@@ -14,7 +14,7 @@ from torch.export import Dim
 from torch.fx.proxy import TraceError
 
 from yobx.models import load_model
-from yobx.torch.tracing import CustomTracer, shape_rules
+from yobx.torch.tracing import CustomTracer, StrictDimensionError, shape_rules
 from yobx.torch.tracing.symbolic import SymbolicDimensions
 
 from ._helpers import check_trace
@@ -957,3 +957,63 @@ def test_remembered_outputs_follow_autocast_and_backend_flags(settings):
         assert at_example(value.shape) == eager.shape
         assert at_example(value.stride()) == eager.stride()
     assert (expected[0].dtype, expected[0].stride()) != (expected[1].dtype, expected[1].stride())
+
+
+class _PaddedTwice(nn.Module):
+    """Two layers padding away ``y.shape[0]`` rows: torch guards ``m <= n`` once."""
+
+    def forward(self, x, y):
+        first = F.pad(x, (0, 0, 0, -y.shape[0]))
+        return first + F.pad(x, (0, 0, 0, -y.shape[0]))
+
+
+class _MaskedMaximum(nn.Module):
+    """A kernel asserting a data-dependent size (deferred, no guard)."""
+
+    def forward(self, x):
+        z = x[x[:, 0] > 0]
+        m = torch.amax(z, 0)
+        if z.shape[0] > 0:
+            return m + 1
+        return m
+
+
+@pytest.mark.parametrize(
+    "model, dims",
+    [
+        (_PaddedTwice, {"x": {0: "n"}, "y": {0: "m"}}),
+        (_MaskedMaximum, {"x": {0: "n"}}),
+    ],
+    ids=["guard", "deferred-assertion"],
+)
+def test_a_warm_trace_knows_what_a_fresh_one_learns(model, dims, monkeypatch):
+    # remembered outputs must not skip what torch's kernel teaches the ShapeEnv (a
+    # guard, an assertion on a data-dependent size): the next trace of the model, or
+    # of another one, adopts the same constraints. Without the check mode, which
+    # would run torch's kernel anyway.
+    monkeypatch.setenv("YOBX_CHECK_SHAPE_RULES", "0")
+    x = torch.randn(10, 3)
+    x[:5, 0] = 1
+    inputs = {"x": x, "y": torch.randn(4)} if model is _PaddedTwice else {"x": x}
+
+    def trace():
+        tracer = CustomTracer()
+        tracer.trace(model(), concrete_args=inputs, dynamic_shapes=dims)
+        return [str(g).split("  [")[0] for g in tracer.guards], [
+            str(c).split("  [")[0] for c in tracer.constraints
+        ]
+
+    fresh = trace()
+    assert fresh[0]
+    assert trace() == fresh
+
+
+def test_a_warm_trace_refuses_what_a_strict_declaration_needs(monkeypatch):
+    monkeypatch.setenv("YOBX_CHECK_SHAPE_RULES", "0")
+    inputs = {"x": torch.randn(10, 3), "y": torch.randn(4)}
+    CustomTracer().trace(
+        _PaddedTwice(), concrete_args=inputs, dynamic_shapes={"x": {0: "n"}, "y": {0: "m"}}
+    )
+    strict = {"x": {0: Dim("n")}, "y": {0: Dim("m")}}
+    with pytest.raises(StrictDimensionError):
+        CustomTracer().trace(_PaddedTwice(), concrete_args=inputs, dynamic_shapes=strict)

@@ -163,7 +163,7 @@ class FakeExecutionMixin:
                     return args[0]
                 args, kwargs = (args[0], dims), {}
         guards_before = len(self.shape_env.guards)
-        symbols_before = len(self.shape_env.var_to_range)
+        knowledge_before = shape_rules.what_is_known(self.shape_env)
         known = self.dims.snapshot()
         self.state.in_fake += 1
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
@@ -191,10 +191,7 @@ class FakeExecutionMixin:
                 if val is NotImplemented:
                     val = expected
                     self.shape_rules.remember(
-                        node,
-                        val,
-                        len(self.shape_env.guards) == guards_before
-                        and len(self.shape_env.var_to_range) == symbols_before,
+                        node, val, shape_rules.what_is_known(self.shape_env) == knowledge_before
                     )
                 else:
                     shape_rules.compare(

@@ -34,9 +34,16 @@ from torch.fx.node import Node
 
 from . import conv, elementwise, factories, nn, resample, views
 from ._base import TensorFactory, Unsupported
-from .remembered import RememberedOutputs
+from .remembered import RememberedOutputs, what_is_known
 
-__all__ = ["ShapeRuleMismatch", "ShapeRules", "Unsupported", "check_enabled", "compare"]
+__all__ = [
+    "ShapeRuleMismatch",
+    "ShapeRules",
+    "Unsupported",
+    "check_enabled",
+    "compare",
+    "what_is_known",
+]
 
 _FUNCTION_RULES = {
     **elementwise.FUNCTION_RULES,
@@ -125,7 +132,8 @@ class ShapeRules:
     def remember(self, node: Node, value: Any, unchanged: bool) -> None:
         """What torch computed for a node no rule handled (see :mod:`.remembered`).
 
-        :param unchanged: torch added no guard and no symbol to the ShapeEnv
+        :param unchanged: the ShapeEnv knows what it knew before the call
+            (:func:`what_is_known` is the same)
         """
         self.remembered.remember(node, value, unchanged)
 

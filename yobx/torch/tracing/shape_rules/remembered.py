@@ -59,6 +59,7 @@ _PLAIN = frozenset(
     }
 )
 _SEQUENCES = frozenset({tuple, list, immutable_list})
+_MAPPINGS = frozenset({dict, immutable_dict})
 _FUNCTION_MODES = torch._C._len_torch_function_stack
 
 
@@ -87,7 +88,6 @@ _BACKEND_FLAGS = tuple(
     )
     if hasattr(torch._C, name)
 )
-_MAPPINGS = frozenset({dict, immutable_dict})
 
 
 class _NotRemembered(Exception):
@@ -185,7 +185,9 @@ class RememberedOutputs:
     def remember(self, node: Node, value: Any, unchanged: bool) -> None:
         """Remembers what torch computed for the node :meth:`lookup` last missed.
 
-        :param unchanged: the call added no guard and no symbol to the ShapeEnv
+        :param unchanged: the call taught the ShapeEnv nothing (no guard, symbol,
+            range, replacement or assertion: :func:`what_is_known` is the same before
+            and after it); a call that did must run again wherever that is not known
         """
         pending, self._pending = self._pending, None
         if pending is None or pending[0] is not node or not unchanged:
@@ -226,12 +228,34 @@ def _example_values(shape_env: Any) -> dict:
     return shape_env.var_to_val
 
 
+def what_is_known(shape_env: Any) -> tuple:
+    """A cheap fingerprint of what a ShapeEnv knows, to tell whether a call taught it
+    anything: its counters, the number of its guards, axioms and deferred assertions,
+    and the identity of every range (an update replaces the range object)."""
+    if shape_env is None:
+        return ()
+    return (
+        shape_env._version_counter,
+        shape_env._replacements_version_counter,
+        len(shape_env.guards),
+        len(shape_env.axioms),
+        shape_env.num_deferred_runtime_asserts,
+        tuple(map(id, shape_env.var_to_range)),
+        tuple(map(id, shape_env.var_to_range.values())),
+    )
+
+
 def _environment(shape_env: Any) -> tuple:
-    """Everything a ShapeEnv knows that torch's computation of an output may read:
-    its settings, the ranges and example values of its symbols, its replacements,
-    divisibility facts and deferred assertions, and whether the tracer's prover
-    answers its questions (:meth:`~yobx.torch.tracing.symbolic.SymbolicDimensions.
-    consult_prover`)."""
+    """Everything a ShapeEnv knows that torch's computation of an output may read, or
+    that decides whether the computation teaches it something (a guard it already
+    has): its settings, the ranges and example values of its symbols, its
+    replacements, divisibility facts, axioms, guards and deferred assertions, the
+    sizes taken for sizes, and whether the tracer's prover answers its questions
+    (:meth:`~yobx.torch.tracing.symbolic.SymbolicDimensions.consult_prover`).
+
+    A call remembered where a guard was already known would otherwise, in a trace
+    where it is not, skip the guard and the constraint the trace adopts from it.
+    """
     if shape_env is None:
         return ()
     return (
@@ -240,11 +264,14 @@ def _environment(shape_env: Any) -> tuple:
         frozenset(_example_values(shape_env).items()),
         frozenset(shape_env.replacements.items()),
         frozenset(shape_env.divisible),
+        frozenset(shape_env.axioms.items()),
+        frozenset(guard.expr for guard in shape_env.guards),
         frozenset(
             assertion.expr
             for assertions in shape_env.deferred_runtime_asserts.values()
             for assertion in assertions
         ),
+        frozenset(shape_env.size_like),
         "_maybe_evaluate_static" in vars(shape_env),
     )
 
