@@ -927,20 +927,15 @@ class _AttentionUnder(nn.Module):
 @pytest.mark.parametrize(
     "settings",
     [
-        # the autocast dtype decides the output's dtype
-        (
-            lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-            lambda: torch.autocast("cpu", dtype=torch.float16),
-        ),
         # the kernels allowed decide the output's strides (flash, then math)
         (
             contextlib.nullcontext,
             lambda: torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]),
         ),
     ],
-    ids=["autocast-dtypes", "sdpa-backends"],
+    ids=["sdpa-backends"],
 )
-def test_remembered_outputs_follow_autocast_and_backend_flags(settings):
+def test_remembered_outputs_follow_backend_flags(settings):
     # each node's value is torch's: dtype and strides at the example
     model = _AttentionUnder(*settings)
     q = torch.randn(2, 5, 4, 8)

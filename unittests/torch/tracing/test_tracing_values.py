@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -192,3 +193,43 @@ def test_two_tracers_one_after_the_other():
         gm = torch.fx.GraphModule(tracer.traced_model, graph)
         for example in (x, torch.randn(2, 6, 4)):
             torch.testing.assert_close(gm(example), model(example))
+
+
+class _AutocastRegion(torch.nn.Module):
+    def __init__(self, enabled: bool):
+        super().__init__()
+        self.enabled = enabled
+
+    def forward(self, x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.enabled):
+            y = x @ w  # the autocast line
+        return y + 1
+
+
+def test_an_autocast_region_is_refused_at_its_line():
+    # the graph records no autocast region: it would compute in float32 where this
+    # code computes in bfloat16 (silently other values): refused, naming the line
+    from yobx.torch.tracing import TracingError
+
+    inputs = {"x": torch.randn(3, 4), "w": torch.randn(4, 5)}
+    with pytest.raises(TracingError, match="autocast") as info:
+        CustomTracer().trace(
+            _AutocastRegion(True), concrete_args=inputs, dynamic_shapes={"x": {0: "n"}}
+        )
+    assert info.value.location.startswith(__file__)
+    assert not torch.is_autocast_enabled("cpu")
+    # under the caller's autocast too
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TracingError):
+        CustomTracer().trace(
+            _AutocastRegion(False), concrete_args=inputs, dynamic_shapes={"x": {0: "n"}}
+        )
+
+
+def test_a_disabled_autocast_region_traces():
+    # transformers' rotary embeddings force float32 with autocast(enabled=False)
+    check_trace(
+        _AutocastRegion(False),
+        {"x": torch.randn(3, 4), "w": torch.randn(4, 5)},
+        {"x": {0: "n"}},
+        other_inputs=[{"x": torch.randn(6, 4), "w": torch.randn(4, 5)}],
+    )

@@ -84,3 +84,19 @@ def exception_summary(e: BaseException) -> str:
     for the message of the :class:`TracingError` that wraps it."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else repr(e)}"
+
+
+def autocast_refused(location: str) -> TracingError:
+    """The error for a node recorded while ``torch.autocast`` is enabled.
+
+    The fake values would be computed under autocast (lower precision dtypes) while the
+    graph, which records no autocast region, computes without it: other dtypes and
+    values than the code gives, silently.
+    """
+    return TracingError.at(
+        location,
+        "torch.autocast is enabled here, and the traced graph does not record autocast "
+        "regions: it would compute in other dtypes than this code does under autocast. "
+        "Trace without autocast, and cast explicitly where a lower precision is wanted "
+        "(x.to(torch.bfloat16)).",
+    )

@@ -29,6 +29,7 @@ from .decided_layouts import decided_layouts
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .deferred_interrupts import PENDING as PENDING_INTERRUPT
 from .deferred_interrupts import deferred_interrupts, raise_pending_interrupt
+from .errors import autocast_refused
 from .fake_execution import FakeExecutionMixin
 from .fx_isolation import fx_tracing_per_thread
 from .graph_finish import GraphFinishMixin, _CallableModule, graph_fingerprint
@@ -61,6 +62,7 @@ from .trace_state import TraceState
 from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
 
 _BUILTIN_ISINSTANCE = builtins.isinstance
+_AUTOCAST_ENABLED = torch._C._is_any_autocast_enabled
 
 
 #: target -> the base name torch.fx gives its nodes (``Graph._target_to_str``, a regular
@@ -476,11 +478,9 @@ class CustomTracer(
             except TypeError:  # an unhashable callable
                 pass
         if type(args) is tuple and args and self.graph.owning_module is None:
-            # torch.fx walks the arguments of every call with pytree to warn about a raw
-            # SymInt (a tenth of a node's cost); create_arg, which every argument went
-            # through, warns instead. The node is made without its positional
-            # arguments, which are then set as torch.fx sets them (users included).
-            # With an owning module, its node hooks see the node as torch.fx makes it.
+            # torch.fx walks the arguments with pytree for raw SymInts (a tenth of a
+            # node's cost; create_arg warns instead): they are set after, as torch.fx
+            # sets them (users included). An owning module's hooks see torch.fx's node.
             node = super().create_node(kind, target, (), kwargs, name, type_expr)
             node.args = args
             return node
@@ -500,6 +500,8 @@ class CustomTracer(
         if PENDING_INTERRUPT[0]:
             # a Ctrl-C during the trace: raised here, between two operations
             raise_pending_interrupt()
+        if _AUTOCAST_ENABLED():
+            raise autocast_refused(self.location())
         # torch.fx's and torch's code run in here (and a leaf module's forward, on fake
         # values): no proxy reaches a model's isinstance, so all of them get the builtin
         # rather than the trace's Python function (thousands of calls per trace)
