@@ -163,7 +163,6 @@ class FakeExecutionMixin:
                     return args[0]
                 args, kwargs = (args[0], dims), {}
         guards_before = len(self.shape_env.guards)
-        knowledge_before = shape_rules.what_is_known(self.shape_env)
         known = self.dims.snapshot()
         self.state.in_fake += 1
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
@@ -186,13 +185,13 @@ class FakeExecutionMixin:
                     if _is_convolution(node, module)
                     else contextlib.nullcontext()
                 )
+                knowledge_before = self.shape_rules.what_is_known()
                 with self.fake_mode, quiet:
                     expected = self._dispatch_fake(node, args, kwargs)
                 if val is NotImplemented:
                     val = expected
-                    self.shape_rules.remember(
-                        node, val, shape_rules.what_is_known(self.shape_env) == knowledge_before
-                    )
+                    unchanged = self.shape_rules.what_is_known() == knowledge_before
+                    self.shape_rules.remember(node, val, unchanged)
                 else:
                     shape_rules.compare(
                         val,

@@ -29,21 +29,13 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.fx.immutable_collections import immutable_list
 from torch.fx.node import Node
 
 from . import conv, elementwise, factories, nn, resample, views
-from ._base import TensorFactory, Unsupported
-from .remembered import RememberedOutputs, what_is_known
+from ._base import ARGUMENT_SEQUENCES, TensorFactory, Unsupported
+from .remembered import RememberedOutputs
 
-__all__ = [
-    "ShapeRuleMismatch",
-    "ShapeRules",
-    "Unsupported",
-    "check_enabled",
-    "compare",
-    "what_is_known",
-]
+__all__ = ["ShapeRuleMismatch", "ShapeRules", "Unsupported", "check_enabled", "compare"]
 
 _FUNCTION_RULES = {
     **elementwise.FUNCTION_RULES,
@@ -133,9 +125,13 @@ class ShapeRules:
         """What torch computed for a node no rule handled (see :mod:`.remembered`).
 
         :param unchanged: the ShapeEnv knows what it knew before the call
-            (:func:`what_is_known` is the same)
+            (:meth:`what_is_known` is the same)
         """
         self.remembered.remember(node, value, unchanged)
+
+    def what_is_known(self) -> tuple:
+        """See :meth:`~.remembered.RememberedOutputs.what_is_known`."""
+        return self.remembered.what_is_known()
 
 
 def _has_symbolic_tensor(args: tuple, kwargs: dict) -> bool:
@@ -152,13 +148,9 @@ def _any_symbolic_size(args: tuple, kwargs: dict) -> bool:
     """Whether a ``SymInt`` is among the arguments, or in a tuple or list of them."""
     return any(
         isinstance(v, torch.SymInt)
-        or (type(v) in _SEQUENCES and any(isinstance(i, torch.SymInt) for i in v))
+        or (type(v) in ARGUMENT_SEQUENCES and any(isinstance(i, torch.SymInt) for i in v))
         for v in (*args, *kwargs.values())
     )
-
-
-#: the sequences of operator arguments: a node's lists are torch.fx's immutable_list
-_SEQUENCES = frozenset({tuple, list, immutable_list})
 
 
 def _any_symbolic(values: Any) -> bool:
@@ -169,7 +161,7 @@ def _any_symbolic(values: Any) -> bool:
         if kind is FakeTensor:
             if value._has_symbolic_sizes_strides:
                 return True
-        elif kind in _SEQUENCES:
+        elif kind in ARGUMENT_SEQUENCES:
             if _any_symbolic(value):
                 return True
         elif kind is dict:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 from torch.fx.experimental.sym_node import SymNode
+from torch.fx.immutable_collections import immutable_list
 from torch.utils._sympy.functions import Max
 
 _MISSING = object()
@@ -27,6 +28,9 @@ _MISSING = object()
 class Unsupported(Exception):
     """The rule does not apply exactly here: use torch's fake tensor dispatch instead."""
 
+
+#: the sequences of operator arguments: a node's lists are torch.fx's immutable_list
+ARGUMENT_SEQUENCES = frozenset({tuple, list, immutable_list})
 
 #: dtypes the elementwise rules handle (others fall back)
 FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})

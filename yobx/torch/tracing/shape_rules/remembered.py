@@ -30,10 +30,12 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx.immutable_collections import immutable_dict, immutable_list
+from torch.fx.immutable_collections import immutable_dict
 from torch.fx.node import Node
 
+from ..proxy_dispatch import ATOMIC_ARGUMENTS
 from ._base import (
+    ARGUMENT_SEQUENCES,
     TensorFactory,
     _raw_key,
     is_static,
@@ -43,22 +45,6 @@ from ._base import (
     symint_recipe,
 )
 
-#: leaves of a key that stand for themselves (with their type: 1, 1.0 and True differ)
-_PLAIN = frozenset(
-    {
-        int,
-        float,
-        bool,
-        str,
-        type(None),
-        type(Ellipsis),
-        torch.dtype,
-        torch.device,
-        torch.layout,
-        torch.memory_format,
-    }
-)
-_SEQUENCES = frozenset({tuple, list, immutable_list})
 _MAPPINGS = frozenset({dict, immutable_dict})
 _FUNCTION_MODES = torch._C._len_torch_function_stack
 
@@ -182,11 +168,26 @@ class RememberedOutputs:
             [rebuild_symint(r, shape_env) for r in strides],
         )
 
+    def what_is_known(self) -> tuple:
+        """A cheap fingerprint of what the ShapeEnv knows, to tell whether a call
+        taught it anything: the factory's :meth:`~._base.TensorFactory.knowledge`
+        (counters, and the ranges' generation) and the number of its guards, axioms
+        and deferred assertions."""
+        shape_env = self.factory.fake_mode.shape_env
+        if shape_env is None:
+            return ()
+        return (
+            self.factory.knowledge(),
+            len(shape_env.guards),
+            len(shape_env.axioms),
+            shape_env.num_deferred_runtime_asserts,
+        )
+
     def remember(self, node: Node, value: Any, unchanged: bool) -> None:
         """Remembers what torch computed for the node :meth:`lookup` last missed.
 
         :param unchanged: the call taught the ShapeEnv nothing (no guard, symbol,
-            range, replacement or assertion: :func:`what_is_known` is the same before
+            range, replacement or assertion: :meth:`what_is_known` is the same before
             and after it); a call that did must run again wherever that is not known
         """
         pending, self._pending = self._pending, None
@@ -228,23 +229,6 @@ def _example_values(shape_env: Any) -> dict:
     return shape_env.var_to_val
 
 
-def what_is_known(shape_env: Any) -> tuple:
-    """A cheap fingerprint of what a ShapeEnv knows, to tell whether a call taught it
-    anything: its counters, the number of its guards, axioms and deferred assertions,
-    and the identity of every range (an update replaces the range object)."""
-    if shape_env is None:
-        return ()
-    return (
-        shape_env._version_counter,
-        shape_env._replacements_version_counter,
-        len(shape_env.guards),
-        len(shape_env.axioms),
-        shape_env.num_deferred_runtime_asserts,
-        tuple(map(id, shape_env.var_to_range)),
-        tuple(map(id, shape_env.var_to_range.values())),
-    )
-
-
 def _environment(shape_env: Any) -> tuple:
     """Everything a ShapeEnv knows that torch's computation of an output may read, or
     that decides whether the computation teaches it something (a guard it already
@@ -280,7 +264,8 @@ def _key(value: Any, tensors: list[FakeTensor], size: Any) -> Any:
     """``value`` as part of a key, sizes written by ``size`` (:func:`_raw_key` or
     :func:`pure_key`); the fake tensors found are appended to ``tensors``."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in ATOMIC_ARGUMENTS:
+        # with its type: 1, 1.0 and True differ
         return kind, value
     if kind is FakeTensor:
         if not _plain(value):
@@ -295,7 +280,7 @@ def _key(value: Any, tensors: list[FakeTensor], size: Any) -> Any:
             value.device,
             value.requires_grad,
         )
-    if kind in _SEQUENCES:
+    if kind in ARGUMENT_SEQUENCES:
         return kind, tuple(_key(v, tensors, size) for v in value)
     if kind in _MAPPINGS:
         return kind, tuple((k, _key(v, tensors, size)) for k, v in value.items())
