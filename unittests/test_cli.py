@@ -147,6 +147,15 @@ def noisy():
     # eager and every other run draw other numbers: the results disagree
     return Noisy(), (torch.randn(2, 3),), {}, {"x": {0: "batch"}}
 
+class LongSequences(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] > 16:
+            return x.sum(dim=1) * 2
+        return x.mean(dim=1) + 1
+
+def narrowed():
+    return LongSequences(), (torch.randn(2, 8),), {}, {"x": {0: "batch", 1: "seq"}}
+
 class Broken(torch.nn.Module):
     def forward(self, x):
         raise RuntimeError("broken model\\nsecond line")
@@ -374,6 +383,35 @@ def test_exit_status_3_when_the_model_cannot_run(yobx_command, user_directory, c
     assert lines[-1].startswith("yobx: error: ") and "broken model" in lines[-1]
     assert "second line" not in result.stderr and "Traceback" not in result.stderr
     assert not (user_directory / "b.onnx").exists()
+
+
+def test_constraints_are_checked_by_the_model_and_warned_about(yobx_command, user_directory):
+    import numpy as np
+    import onnxruntime
+
+    result = yobx_command(
+        "export", "mymodels:narrowed", "-o", "c.onnx", "--validate", cwd=user_directory
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert "checked by the model: onnxruntime refuses" in warnings[0], result.stderr
+    assert "seq <= 16 (range)" in warnings[1] and "mymodels.py:37]" in warnings[1]
+    assert "runtime checks      1" in result.stdout
+    assert "breaks `seq <= 16`: seq=17" in result.stdout
+    assert "refused, naming the check" in result.stdout
+    assert "1 runtime checks enforced" in result.stdout
+    session = onnxruntime.InferenceSession(str(user_directory / "c.onnx"))
+    with pytest.raises(Exception, match=r"seq <= 16 \(range\), needed at .*mymodels.py:37"):
+        session.run(None, {"x": np.ones((2, 17), np.float32)})
+    # asked for: no check, and the warning says what that means
+    unchecked = yobx_command(
+        "export", "mymodels:narrowed", "-o", "u.onnx", "--no-runtime-checks", cwd=user_directory
+    )
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert "NOT checked by the model (--no-runtime-checks)" in unchecked.stderr
+    assert "runtime checks      none" in unchecked.stdout
+    session = onnxruntime.InferenceSession(str(user_directory / "u.onnx"))
+    assert session.run(None, {"x": np.ones((2, 17), np.float32)})[0].shape == (2,)
 
 
 def test_exit_status_1_when_the_validation_fails(yobx_command, user_directory):

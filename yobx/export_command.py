@@ -68,6 +68,14 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
         default="auto",
         help="weights in FILE.data: 'auto' past 2 GB (default), 'yes' always, 'no' never",
     )
+    export.add_argument(
+        "--no-runtime-checks",
+        dest="runtime_checks",
+        action="store_false",
+        help="leave out the nodes checking the constraints the model assumes of its "
+        "inputs' sizes: onnxruntime then returns wrong values outside them instead of "
+        "failing with an error naming the constraint",
+    )
     export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
     export.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
 
@@ -76,7 +84,7 @@ def _report(stage: Any) -> None:
     extra = ""
     if "rss_bytes" in stage.args:
         extra = f"  (rss {format_size(stage.args['rss_bytes'])})"
-    print(f"yobx: {stage.name:<10} {stage.duration_s:8.3f} s{extra}", file=sys.stderr, flush=True)
+    print(f"yobx: {stage.name:<14} {stage.duration_s:8.3f} s{extra}", file=sys.stderr, flush=True)
 
 
 def _weights_source(weights: list[str] | None) -> Any:
@@ -162,7 +170,7 @@ def run_export(options: argparse.Namespace) -> int:
 
     from yobx.torch.onnx import to_onnx
 
-    print(f"yobx: {'load':<10} {time.perf_counter() - start:8.3f} s", file=sys.stderr)
+    print(f"yobx: {'load':<14} {time.perf_counter() - start:8.3f} s", file=sys.stderr)
 
     result = _run_stage(
         "export",
@@ -173,7 +181,9 @@ def run_export(options: argparse.Namespace) -> int:
         dynamic_shapes=dynamic_shapes,
         opset=options.opset,
         progress=_report,
+        runtime_checks=getattr(options, "runtime_checks", True),
     )
+    warn_about_constraints(result)
     source = _weights_source(options.weights)
     if source is not None:
         _run_stage("weights", result.apply_weights, source)
@@ -198,6 +208,30 @@ def run_export(options: argparse.Namespace) -> int:
     if status:
         print("yobx: error: validation failed", file=sys.stderr)
     return status
+
+
+def warn_about_constraints(result: Any) -> None:
+    """Says on stderr what the model assumes of its inputs beyond their declarations
+    (the constraints adopted from the example), and whether the model checks it."""
+    constraints = result.constraints
+    if not constraints:
+        return
+    checked = {check.expression for check in result.runtime_checks}
+    unchecked = [c for c in constraints if c.expression not in checked]
+    if unchecked:
+        how = (
+            "NOT checked by the model (--no-runtime-checks): onnxruntime returns wrong "
+            "values for inputs outside them"
+        )
+    else:
+        how = "checked by the model: onnxruntime refuses inputs outside them, naming them"
+    print(
+        f"yobx: warning: the model is exact only for inputs satisfying "
+        f"{len(constraints)} constraint(s) taken from the example, {how}:",
+        file=sys.stderr,
+    )
+    for constraint in constraints:
+        print(f"yobx: warning:   {constraint}", file=sys.stderr)
 
 
 def _dims(value: Any) -> str:
@@ -227,6 +261,10 @@ def _print_values(title: str, values: Any, width: int) -> None:
 def _print_validation(report: Any) -> None:
     rows = [("case", "output", "shape", "max abs", "max rel", "status")]
     for case in report.cases:
+        if case.check is not None:
+            status = f"WRONG: {case.error}" if case.error else "refused, naming the check"
+            rows.append((case.description, "-", "-", "-", "-", status))
+            continue
         if case.skipped or case.error is not None:
             status = "skipped" if case.skipped else "FAILED"
             rows.append((case.description, "-", "-", "-", "-", f"{status}: {case.error}"))
@@ -248,10 +286,13 @@ def _print_validation(report: Any) -> None:
         cells = [cell.ljust(width) for cell, width in zip(row, widths)]
         print("  " + "  ".join([*cells, row[5]]).rstrip())
     verdict = "OK" if report.ok else "FAILED"
+    fired = f", {report.n_checks_fired} runtime checks enforced" if report.n_checks_fired else ""
     print(
-        f"  {verdict}: {report.n_checked} input sets, max abs error "
+        f"  {verdict}: {report.n_checked} input sets{fired}, max abs error "
         f"{report.max_abs_error:.3g}, max rel error {report.max_rel_error:.3g}"
     )
+    for problem in report.problems:
+        print(f"  - {problem}")
 
 
 def print_summary(result: Any, total_s: float) -> None:
@@ -266,6 +307,9 @@ def print_summary(result: Any, total_s: float) -> None:
     print(f"constraints         {len(result.constraints) or 'none'}")
     for constraint in result.constraints:
         print(f"  {constraint}")
+    print(f"runtime checks      {len(result.runtime_checks) or 'none'}")
+    for check in result.runtime_checks:
+        print(f"  {check.expression}")
     print(f"graph nodes         {result.n_graph_nodes}")
     print(f"onnx nodes          {result.n_onnx_nodes}")
     print(f"weights             {format_size(result.weight_bytes)}")

@@ -3,9 +3,11 @@ and compared with eager in onnxruntime, at the example's sizes and at other size
 
 An outcome is ``correct`` (onnxruntime equals eager at every size compared),
 ``refused`` (:func:`yobx.torch.onnx.to_onnx` raised), ``narrowed`` (some sizes are
-outside the constraints the export reported, so not compared), ``eager_failed`` or
-``wrong``: onnxruntime failed or differed from eager on inputs inside the reported
-constraints. ``wrong`` must never happen.
+outside the constraints the export reported, and onnxruntime refused them with an error
+naming the broken check), ``eager_failed`` or ``wrong``: onnxruntime failed or differed
+from eager on inputs inside the reported constraints, or returned values differing from
+eager's outside them (the model's runtime checks let them through). ``wrong`` must never
+happen.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 import warnings
 
 from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.runtime_checks import CHECK_NODE_PREFIX
 from yobx.torch.onnx.validation import validate
 from yobx.torch.passes import MUTATIONS_KEY
 
@@ -77,19 +80,20 @@ def run_onnx_program(program: Program, sizes: int = 3) -> OnnxOutcome:
         mutations = output.meta.get(MUTATIONS_KEY, ())
         checked, narrowed = 0, ""
         for dims in program.size_sets[:sizes]:
-            # ONNX has no runtime check: sizes outside a constraint (or where one cannot
-            # be evaluated) are not compared
+            # sizes outside a constraint (or where one cannot be evaluated): the model
+            # must refuse them naming a check, or compute what eager computes
             broken = [e for e in expressions if e and constraint_holds(e, dims) is not True]
-            if broken:
-                narrowed = f"at {dims}: outside the constraint `{broken[0]}`"
-                continue
             inputs = [((), program.make_inputs(dims))]
             report = validate(module, result, inputs, mutations=mutations)
             case = report.cases[0]
             if case.skipped:
                 continue
+            if broken and case.error is not None and CHECK_NODE_PREFIX in case.error:
+                narrowed = f"at {dims}: outside the constraint `{broken[0]}`, refused"
+                continue
             if not report.ok:
-                message = f"at {dims}: " + "; ".join(report.reasons())[:500]
+                where = f" (outside `{broken[0]}`)" if broken else ""
+                message = f"at {dims}{where}: " + "; ".join(report.reasons())[:500]
                 return OnnxOutcome("wrong", program, message, checked)
             checked += 1
     if narrowed:

@@ -60,7 +60,8 @@ def test_relation_is_reported_and_validation_keeps_it():
     result = export_and_validate(MaskedStep(), inputs, dynamic_shapes=shapes)
     assert [c.expression for c in result.constraints] == ["total == past + seq"]
     assert result.range_constraints["total"][0] >= 4
-    for case in result.validation.cases[1:]:
+    compared = [c for c in result.validation.cases[1:] if c.check is None]
+    for case in compared:
         sizes = dict(part.split("=") for part in case.description.split(","))
         if {"past", "seq", "total"} <= set(sizes):
             assert int(sizes["total"]) == int(sizes["past"]) + int(sizes["seq"])

@@ -21,7 +21,15 @@ def test_tiny_llm_with_past_key_values():
     assert result.input_names[0] == "input_ids"
     assert result.output_names[0] == "logits"
     names = [stage.name for stage in result.stages]
-    assert names[:6] == ["capture", "passes", "lower", "translate", "optimize", "check"]
+    assert names[:7] == [
+        "capture",
+        "passes",
+        "lower",
+        "translate",
+        "optimize",
+        "runtime_checks",
+        "check",
+    ]
     assert all(stage.end_ns >= stage.start_ns for stage in result.stages)
 
 

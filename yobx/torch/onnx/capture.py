@@ -61,8 +61,8 @@ def capture(
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
 
     concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
-    # ONNX has no assertions: the constraints go to the model's metadata instead of
-    # being checked by the graph
+    # the ONNX model checks the constraints with nodes of its own (runtime_checks.py),
+    # built after the optimizations: the graph's checks would be lowered like the model
     tracer = CustomTracer(module_leaves=module_leaves, runtime_checks=False)
     graph = tracer.trace(
         model,
@@ -112,8 +112,9 @@ def _run_default_passes(graph: torch.fx.Graph) -> dict[str, Any]:
 
 def remove_dead_code(graph_module: torch.fx.GraphModule) -> int:
     """Removes what the model computes without using it, in every graph, and the
-    runtime checks of the constraints (ONNX has no assertions: the constraints go to
-    the model's metadata) and of the inputs' layouts (ONNX inputs are always dense).
+    runtime checks of the constraints (the ONNX model gets checks of its own, see
+    :mod:`yobx.torch.onnx.runtime_checks`) and of the inputs' layouts (ONNX inputs are
+    always dense).
 
     Lowering dead code is not only a waste: its aten kernels may take decisions on the
     example's sizes the model never needed (a dead ``y[:, 1:] = y[:, :-1]``).

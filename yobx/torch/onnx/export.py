@@ -32,6 +32,12 @@ from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.opsets import DEFAULT_OPSET, check_opset, convert_opset, supported_opsets
 from yobx.torch.onnx.optimize import check_optimize_level, fuse_for_onnxruntime, optimize_model
 from yobx.torch.onnx.quiet_logs import quieted
+from yobx.torch.onnx.runtime_checks import (
+    RUNTIME_CHECKS_KEY,
+    ModelCheck,
+    add_runtime_checks,
+    checks_to_json,
+)
 from yobx.torch.onnx.save import (
     EXTERNAL_DATA_THRESHOLD,
     check_model,
@@ -79,6 +85,10 @@ class ExportResult:
     :param range_constraints: the range of every named dimension
     :param weight_names: the state-dict names of the initializers
     :param files: the files :meth:`save` wrote (the model, its external data)
+    :param runtime_checks: the conditions the ONNX model checks on its inputs' sizes
+        (declared ranges, ``torch._check`` calls, adopted constraints), each failing
+        onnxruntime with an error naming it when broken; empty with
+        ``to_onnx(runtime_checks=False)``
     """
 
     model: ir.Model
@@ -95,6 +105,7 @@ class ExportResult:
     range_constraints: dict[str, tuple] = dataclasses.field(default_factory=dict)
     weight_names: WeightNames = dataclasses.field(default_factory=WeightNames)
     files: list[str] = dataclasses.field(default_factory=list)
+    runtime_checks: list[ModelCheck] = dataclasses.field(default_factory=list)
     _captured: Any = dataclasses.field(default=None, repr=False)
     _proto: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)
 
@@ -348,10 +359,11 @@ def _lower(captured: Any, direct: bool, info: dict) -> Any:
 
 def _translate(
     captured: Any, lowered: Any, model: Any, args: tuple, kwargs: dict, info: dict
-) -> tuple[ir.Model, DimensionRenamer]:
+) -> tuple[ir.Model, DimensionRenamer, dict[str, ir.Value]]:
     """The ``translate`` stage: the ONNX model, its outputs named after the model's
     output structure, its cache inputs after the layers, its dimensions after the
-    user's names (the renamer is returned)."""
+    user's names; returns the renamer and the ONNX input of each placeholder (by its
+    target, which the runtime checks name)."""
     output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
     output_names = capture_module.output_names(
         captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
@@ -359,13 +371,19 @@ def _translate(
     n_guards = len(captured.shape_env.guards) if captured.shape_env is not None else 0
     ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
     refuse_translation_guards(captured.shape_env, n_guards)
+    by_name = dict(zip(lowered.input_names, ir_model.graph.inputs))
+    inputs = {
+        node.target: by_name[node.name]
+        for node in captured.graph_module.graph.nodes
+        if node.op == "placeholder" and node.name in by_name
+    }
     _rename_cache_inputs(ir_model, model, args, kwargs)
     renamer = DimensionRenamer(dict(captured.dimension_names), captured.shape_env)
     rename_dimensions(ir_model, renamer)
     # parameters on the meta device: the graph is exported, the data comes later
     info["pending_weights"] = mark_pending(ir_model)
     info["onnx_nodes"] = len(ir_model.graph)
-    return ir_model, renamer
+    return ir_model, renamer, inputs
 
 
 def _optimize(ir_model: ir.Model, opset: int) -> list[str]:
@@ -389,7 +407,8 @@ def _check(ir_model: ir.Model, declared: Any, renamer: Any, captured: Any, lower
         # (yobx.torch.inspect) check that they look at the same capture.
         ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
     if captured.constraints:
-        # ONNX cannot check them: the model says what it assumes of its inputs
+        # what the model assumes of its inputs, for tools reading it (the runtime
+        # checks, when there are, enforce it)
         ir_model.metadata_props[CONSTRAINTS_KEY] = constraints_to_json(captured.constraints)
     # on the graph without its weights: nothing is copied, whatever the size
     check_model(ir_model)
@@ -412,17 +431,43 @@ def _fuse(ir_model: ir.Model, weights: list[str], dimensions: tuple) -> dict[str
     return fusions
 
 
+def _add_checks(
+    stage: ExportStageRecorder, ir_model: ir.Model, captured: Any, inputs: dict[str, ir.Value]
+) -> list[ModelCheck]:
+    """The ``runtime_checks`` stage: the model checks its constraints on its inputs
+    (:mod:`yobx.torch.onnx.runtime_checks`)."""
+    with stage("runtime_checks") as info:
+        checks = add_runtime_checks(ir_model, captured.tracer, inputs)
+        if checks:
+            ir_model.metadata_props[RUNTIME_CHECKS_KEY] = checks_to_json(checks)
+        info["checks"] = len(checks)
+    return checks
+
+
 def _optimize_and_check(
-    stage: ExportStageRecorder, ir_model: ir.Model, opset: int, optimize: str, dimensions: tuple
-) -> None:
-    """The ``optimize`` and ``check`` stages, then ``fuse`` with ``optimize="ort"``.
+    stage: ExportStageRecorder,
+    ir_model: ir.Model,
+    opset: int,
+    optimize: str,
+    dimensions: tuple,
+    checked_inputs: dict[str, ir.Value] | None,
+) -> list[ModelCheck]:
+    """The ``optimize`` and ``check`` stages, then ``fuse`` with ``optimize="ort"``, and
+    the ``runtime_checks`` stage after the optimizations (which would fold or fuse
+    through the gates of the inputs) when ``checked_inputs`` is given; returns the
+    runtime checks added.
 
     :param dimensions: ``(declared, renamer, captured, lowered)``: what the checks of
         the declared dimensions need
+    :param checked_inputs: the ONNX input of each placeholder, None for no check
     """
+    captured = dimensions[2]
+    checks: list[ModelCheck] = []
     with stage("optimize") as info:
         weights = _optimize(ir_model, opset)
         info["onnx_nodes"] = len(ir_model.graph)
+    if checked_inputs is not None and optimize != "ort":
+        checks = _add_checks(stage, ir_model, captured, checked_inputs)
     with stage("check"):
         _check(ir_model, *dimensions)
     if optimize == "ort":
@@ -432,6 +477,9 @@ def _optimize_and_check(
         with stage("fuse") as info:
             info["fusions"] = _fuse(ir_model, weights, dimensions)
             info["onnx_nodes"] = len(ir_model.graph)
+        if checked_inputs is not None:
+            checks = _add_checks(stage, ir_model, captured, checked_inputs)
+    return checks
 
 
 def _save(result: ExportResult, filename: str | os.PathLike) -> int:
@@ -475,6 +523,7 @@ def to_onnx(
     progress: Callable[[Stage], None] | None = None,
     optimize: str = "default",
     direct_lowering: bool = True,
+    runtime_checks: bool = True,
 ) -> ExportResult:
     """Exports ``model`` to ONNX.
 
@@ -507,6 +556,11 @@ def to_onnx(
         the model; the fusions applied are counted in the ``fuse`` stage's ``fusions``
     :param direct_lowering: common operators go to aten with the capture's values
         (:mod:`yobx.torch.onnx.direct_lowering`); ``False``: all through make_fx
+    :param runtime_checks: the ONNX model checks the constraints it assumes of its
+        inputs' sizes (declared ranges, ``torch._check`` calls, constraints adopted from
+        the example): onnxruntime fails, naming the constraint, instead of returning
+        values outside them (:mod:`yobx.torch.onnx.runtime_checks`); ``False`` leaves
+        the checks out, and the model is then silently wrong outside its constraints
     :return: an :class:`ExportResult`
     :raises ValueError: an unsupported ``opset``, ``optimize`` or ``tracer``
     """
@@ -525,9 +579,13 @@ def to_onnx(
     with stage("lower") as info:
         lowered = _lower(captured, direct_lowering, info)
     with stage("translate") as info:
-        ir_model, renamer = _translate(captured, lowered, model, args, kwargs, info)
-    _optimize_and_check(stage, ir_model, opset, optimize, (declared, renamer, captured, lowered))
+        ir_model, renamer, inputs = _translate(captured, lowered, model, args, kwargs, info)
+    dimensions = (declared, renamer, captured, lowered)
+    checks = _optimize_and_check(
+        stage, ir_model, opset, optimize, dimensions, inputs if runtime_checks else None
+    )
     result = _export_result(model, ir_model, captured, stage.stages)
+    result.runtime_checks = checks
     if filename is not None:
         with stage("save") as info:
             info["bytes"] = _save(result, filename)

@@ -182,6 +182,46 @@ def inputs_for_sizes(
 ) -> tuple[tuple, dict]:
     """Builds inputs like the example ones with the dynamic dimensions set to
     ``assignment`` (symbol -> size); ints declared dynamic take their new value."""
+    sizes = sizes_for_assignment(placeholder_values, shape_env, assignment)
+    return inputs_with_sizes(model, args, kwargs, placeholder_values, sizes, seed)
+
+
+def sizes_for_assignment(
+    placeholder_values: Sequence[Any], shape_env: Any, assignment: Mapping[Any, int]
+) -> dict[tuple[int, int | None], int]:
+    """Every size of every input, ``(input index, axis) -> size`` (axis None: the value
+    of an int declared dynamic), for the dynamic dimensions set to ``assignment``."""
+
+    def size(dim: Any) -> int:
+        if isinstance(dim, torch.SymInt):
+            return int(shape_env.replace(dim.node.expr).xreplace(dict(assignment)))
+        return int(dim)
+
+    sizes: dict[tuple[int, int | None], int] = {}
+    for index, fake in enumerate(placeholder_values):
+        if isinstance(fake, torch.Tensor):
+            for axis, dim in enumerate(fake.shape):
+                sizes[index, axis] = size(dim)
+        elif isinstance(fake, torch.SymInt):
+            sizes[index, None] = size(fake)
+    return sizes
+
+
+def inputs_with_sizes(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    placeholder_values: Sequence[Any],
+    sizes: Mapping[tuple[int, int | None], int],
+    seed: int = 0,
+) -> tuple[tuple, dict]:
+    """Builds inputs like the example ones with the sizes ``sizes`` gives:
+    ``(input index, axis) -> size`` (axis None: the value of an int declared dynamic);
+    sizes it does not give are the example's.
+
+    The sizes need not be consistent with one another: inputs outside the constraints
+    of a model (which it must refuse) are built the same way.
+    """
     bound = bind_arguments(model.forward, tuple(args), dict(kwargs))
     leaves, spec = pytree.tree_flatten(list(bound.values()))
     if len(placeholder_values) != len(leaves):
@@ -189,17 +229,12 @@ def inputs_for_sizes(
             f"{len(leaves)} flat inputs but the graph has {len(placeholder_values)} placeholders"
         )
     generator = torch.Generator().manual_seed(seed)
-
-    def size(dim: Any) -> int:
-        if isinstance(dim, torch.SymInt):
-            return int(shape_env.replace(dim.node.expr).xreplace(dict(assignment)))
-        return int(dim)
-
     new_leaves = list(leaves)
     for index, (leaf, fake) in enumerate(zip(leaves, placeholder_values)):
         if isinstance(leaf, torch.Tensor) and isinstance(fake, torch.Tensor):
-            new_leaves[index] = _new_tensor(leaf, [size(d) for d in fake.shape], generator)
+            shape = [sizes.get((index, axis), int(d)) for axis, d in enumerate(leaf.shape)]
+            new_leaves[index] = _new_tensor(leaf, shape, generator)
         elif isinstance(fake, torch.SymInt):
-            new_leaves[index] = size(fake)
+            new_leaves[index] = sizes.get((index, None), leaf)
     values = pytree.tree_unflatten(new_leaves, spec)
     return call_arguments(model.forward, dict(zip(bound.keys(), values)))

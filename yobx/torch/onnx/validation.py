@@ -47,12 +47,15 @@ class ValidationCase:
     :param outputs: one discrepancy per output
     :param error: set when onnxruntime failed, or when the case could not run
     :param skipped: eager PyTorch refused these inputs (the model does not accept them)
+    :param check: for inputs breaking one of the model's runtime checks, the check's
+        expression: onnxruntime must fail naming it (:attr:`error` says why it did not)
     """
 
     description: str
     outputs: list[OutputDiscrepancy]
     error: str | None = None
     skipped: bool = False
+    check: str | None = None
 
     @property
     def max_abs_error(self) -> float:
@@ -95,7 +98,12 @@ class ValidationReport:
     @property
     def n_checked(self) -> int:
         """Number of input sets compared."""
-        return sum(not c.skipped for c in self.cases)
+        return sum(not c.skipped and c.check is None for c in self.cases)
+
+    @property
+    def n_checks_fired(self) -> int:
+        """Number of runtime checks onnxruntime was seen to enforce."""
+        return sum(c.check is not None and c.error is None for c in self.cases)
 
     @property
     def ok(self) -> bool:
@@ -140,6 +148,9 @@ class ValidationReport:
         for case in self.cases:
             if case.skipped:
                 rows.append((case.description, "", "", "", "", f"skipped: {case.error}"))
+            elif case.check is not None:
+                status = f"WRONG: {case.error}" if case.error else "refused, naming the check"
+                rows.append((case.description, "", "", "", "", status))
             elif case.error is not None:
                 rows.append((case.description, "", "", "", "", f"FAILED: {case.error}"))
             for out in case.outputs:
@@ -167,9 +178,11 @@ class ValidationReport:
             cells = [cell.ljust(width) for cell, width in zip(row, widths)]
             lines.append("  ".join([*cells, row[-1]]).rstrip())
         verdict = "ok" if self.ok else "NOT OK"
+        fired = self.n_checks_fired
+        checks = f", {fired} runtime checks enforced" if fired else ""
         lines.append(
-            f"validation {verdict}: {self.n_checked} input sets compared, max abs error "
-            f"{self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g} "
+            f"validation {verdict}: {self.n_checked} input sets compared{checks}, max abs "
+            f"error {self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g} "
             f"(atol {self.atol:g}, rtol {self.rtol:g})"
         )
         lines.extend(f"  - {reason}" for reason in self.reasons())
@@ -217,6 +230,8 @@ def _compare(
 def _session(onnx_model: Any):
     import onnxruntime
 
+    if isinstance(onnx_model, onnxruntime.InferenceSession):
+        return onnx_model
     if hasattr(onnx_model, "model_proto"):
         onnx_model = onnx_model.model_proto
     if isinstance(onnx_model, (str, os.PathLike)):
@@ -228,7 +243,8 @@ def _session(onnx_model: Any):
             onnx_model = ir.to_proto(onnx_model)
         source = onnx_model.SerializeToString()
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
+    # failures are reported in the validation report: onnxruntime's log would repeat them
+    options.log_severity_level = 4
     return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
@@ -316,7 +332,10 @@ def _run_case(
     try:
         got = session.run(None, feeds)
     except Exception as exc:
-        message = str(exc).strip().splitlines()[0][:300]
+        from yobx.torch.onnx.runtime_checks import failed_check
+
+        check = failed_check(str(exc))
+        message = check if check is not None else str(exc).strip().splitlines()[0][:300]
         return ValidationCase(description, [], error=f"onnxruntime: {message}")
     output_names = [o.name for o in session.get_outputs()]
     if len(got) != len(expected_flat):
@@ -438,13 +457,79 @@ def validate_export(
     mutations = output.meta.get(MUTATIONS_KEY, ())
     # the file when the weights are outside it (past 2 GB), else the proto
     source = result.session_source() if hasattr(result, "session_source") else result.model_proto
-    report = validate(model, source, inputs_list, descriptions=descriptions, mutations=mutations)
+    session = _session(source)
+    report = validate(model, session, inputs_list, descriptions=descriptions, mutations=mutations)
     report.problems.extend(
         _unvaried_dimensions(declared, captured.shape_env, assignments, report.cases)
     )
+    checks = getattr(result, "runtime_checks", None)
+    if checks and captured.shape_env is not None:
+        cases, problems = _check_cases(model, args, kwargs, session, captured, checks)
+        report.cases.extend(cases)
+        report.problems.extend(problems)
     if verbose:
         print(report.format())
     return report
+
+
+def _check_cases(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    session: Any,
+    captured: Any,
+    checks: Sequence[Any],
+) -> tuple[list[ValidationCase], list[str]]:
+    """One case per runtime check of the model: inputs breaking it (and no check before
+    it), on which onnxruntime must fail naming it; a check no sizes were found for is a
+    problem (it was never seen to work)."""
+    import onnxruntime
+
+    from yobx.torch.onnx.check_validation import ViolationSearch, check_fires, describe_moves
+    from yobx.torch.onnx.sizes import inputs_with_sizes, sizes_for_assignment
+
+    placeholders = [n for n in captured.graph_module.graph.nodes if n.op == "placeholder"]
+    values = [n.meta.get("val") for n in placeholders]
+    shape_env = captured.shape_env
+    example = sizes_for_assignment(values, shape_env, example_assignment(values, shape_env))
+    search = ViolationSearch(checks, values, [n.target for n in placeholders], shape_env, example)
+    onnx_names = [i.name for i in session.get_inputs()]
+    names_by_leaf = _onnx_names_by_leaf(model, args, kwargs, placeholders)
+    # onnxruntime logs every failure it is expected to have here
+    quiet = onnxruntime.RunOptions()
+    quiet.log_severity_level = 4
+    cases, problems = [], []
+    for position, check in enumerate(checks):
+        found = search.find(position)
+        if found is None:
+            problems.append(
+                f"the runtime check `{check.expression}` was never exercised: no input sizes "
+                f"were found that break it while keeping the checks before it"
+            )
+            continue
+        sizes, moved, first = found
+        moves = describe_moves(moved, captured.dimension_names, names_by_leaf)
+        broken_args, broken_kwargs = inputs_with_sizes(model, args, kwargs, values, sizes)
+        feeds, error = onnx_feeds(model, broken_args, broken_kwargs, onnx_names)
+        # a check the earlier ones imply is never the first to fail: the first is named
+        expected = checks[first]
+        if error is None:
+            _, error = check_fires(lambda feeds=feeds: session.run(None, feeds, quiet), expected)
+        description = f"breaks `{check.expression}`: {moves}"
+        if first != position:
+            description += f" (and `{expected.expression}`, checked before)"
+        cases.append(ValidationCase(description, [], error=error, check=check.expression))
+    return cases, problems
+
+
+def _onnx_names_by_leaf(
+    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], placeholders: list
+) -> list[str]:
+    """The ONNX name of each input leaf, in order (the placeholder's name otherwise)."""
+    from yobx.torch.onnx.cache_names import onnx_input_names
+
+    renamed = onnx_input_names(model, args, kwargs)
+    return [renamed.get(n.name, n.name) for n in placeholders]
 
 
 def _unvaried_dimensions(

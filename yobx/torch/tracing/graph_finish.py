@@ -22,8 +22,7 @@ from .inputs import NO_EXAMPLE
 from .patches import symbolic_kernels
 from .runtime_checks import (
     RUNTIME_CHECK,
-    RuntimeCheck,
-    declared_checks,
+    graph_checks,
     insert_runtime_checks,
     insert_shape_checks,
 )
@@ -142,15 +141,7 @@ class GraphFinishMixin:
                 if inputs is not None
                 else {}
             )
-            checks = declared_checks(self.dims)
-            checks += [
-                RuntimeCheck(condition, f"torch._check({text})", location)
-                for condition, text, location in self.refinements.user_checks
-            ]
-            checks += [
-                RuntimeCheck(fact.condition, fact.constraint.expression, fact.constraint.location)
-                for fact in self.refinements.adopted
-            ]
+            checks = graph_checks(self.dims, self.refinements)
             insert_runtime_checks(graph, self.dims, checks, sizes)
             # inserted before the others: a size read by index needs the rank first
             insert_shape_checks(graph, sizes)

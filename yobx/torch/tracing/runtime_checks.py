@@ -20,6 +20,7 @@ import dataclasses
 import fractions
 import math
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import sympy
@@ -71,11 +72,101 @@ class RuntimeCheck:
     :param condition: on ShapeEnv symbols of declared dimensions
     :param expression: in the user's names
     :param location: the line that needed it (empty for declarations)
+    :param kind: ``"declared"``, ``"torch._check"`` or the kind of an adopted
+        constraint (``"range"``, ``"relation"``...: see
+        :data:`~yobx.torch.tracing.constraints.CONSTRAINT_KINDS`)
     """
 
     condition: sympy.Basic
     expression: str
     location: str = ""
+    kind: str = ""
+
+
+def graph_checks(dims: SymbolicDimensions, refinements: Any) -> list[RuntimeCheck]:
+    """Every condition a traced graph (or an exported model) checks on its inputs'
+    sizes, in the order they are checked: the declarations, the ``torch._check`` calls
+    of the model, then the constraints adopted from the example.
+
+    :param dims: the trace's symbolic dimensions
+    :param refinements: the trace's :class:`~yobx.torch.tracing.refinement.Refinements`
+    """
+    checks = declared_checks(dims)
+    checks += [
+        RuntimeCheck(condition, f"torch._check({text})", location, "torch._check")
+        for condition, text, location in refinements.user_checks
+    ]
+    checks += [
+        RuntimeCheck(
+            fact.condition,
+            fact.constraint.expression,
+            fact.constraint.location,
+            fact.constraint.kind,
+        )
+        for fact in refinements.adopted
+    ]
+    return checks
+
+
+def condition_in_sizes(dims: SymbolicDimensions, condition: sympy.Basic) -> sympy.Basic | None:
+    """A check's condition on symbols the inputs' sizes give, None when one is missing.
+
+    ShapeEnv symbols are positive for sympy, which folds ``s >= 1`` to True: the
+    condition is written on integer symbols without that assumption (see
+    :meth:`SymbolicDimensions.twin`). Symbols defined from others (``dim == 2*q``:
+    ``q = dim // 2``) are replaced by their definitions.
+    """
+    condition = dims.twins(condition)
+    for _ in range(len(dims.definitions) + 1):
+        defined = [s for s in condition.free_symbols if dims.original(s) in dims.definitions]
+        if not defined:
+            return condition
+        condition = condition.xreplace(
+            {s: dims.twins(dims.definitions[dims.original(s)]) for s in defined}
+        )
+    return None
+
+
+def size_source(
+    dims: SymbolicDimensions, symbol: sympy.Symbol
+) -> tuple[str, int | None, int, int] | None:
+    """Where the value of a symbol of a check comes from when the model runs:
+    ``(input leaf, axis, a, b)``, the axis having size ``a * symbol + b`` (axis None: an
+    int input declared dynamic, its value); None when no input holds it.
+
+    A symbol named ``leaf.size(axis)`` (the agreement of inputs sharing a dimension) is
+    that size itself.
+    """
+    name = str(symbol)
+    if "." in name:
+        leaf, axis = _parse_size(name)
+        return leaf, axis, 1, 0
+    return dims.sources.get(dims.original(symbol))
+
+
+def describe_source(
+    dims: SymbolicDimensions, symbol: sympy.Symbol, inputs: Mapping[str, str] | None = None
+) -> str:
+    """``seq is axis 1 of input_ids`` (``axis 2 of x is 2*seq``), for messages; empty for
+    a size read directly (``x.size(1)``), which says it itself.
+
+    :param inputs: the name to show for each input leaf (the ONNX input names), by
+        default the leaf names
+    """
+    source = size_source(dims, symbol)
+    name = dims.render(symbol)
+    if source is None:
+        return f"{name} is not an input's size"
+    leaf, axis, a, b = source
+    if "." in str(symbol):
+        return ""
+    leaf = (inputs or {}).get(leaf, leaf)
+    if axis is None:
+        return f"{name} is the int input {leaf}"
+    size = f"axis {axis} of {leaf}"
+    if (a, b) == (1, 0):
+        return f"{name} is {size}"
+    return f"{size} is {dims.render(a * symbol + b)}"
 
 
 def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
@@ -85,9 +176,13 @@ def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
         name = dims.render(symbol)
         if symbol not in dims.default_min:
             # the default lower bound is checked only where a decision needs it
-            checks.append(RuntimeCheck(sympy.Ge(symbol, low), f"{name} >= {low} (declared)"))
+            checks.append(
+                RuntimeCheck(sympy.Ge(symbol, low), f"{name} >= {low} (declared)", "", "declared")
+            )
         if high is not None:
-            checks.append(RuntimeCheck(sympy.Le(symbol, high), f"{name} <= {high} (declared)"))
+            checks.append(
+                RuntimeCheck(sympy.Le(symbol, high), f"{name} <= {high} (declared)", "", "declared")
+            )
     for leaf, axis, expected in dims.occurrences:
         symbol = next(iter(expected.free_symbols))
         source = dims.sources.get(symbol)
@@ -102,6 +197,8 @@ def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
             RuntimeCheck(
                 sympy.Eq(size, expected),
                 f"{leaf}.size({axis}) == {dims.render(expected)} (declared)",
+                "",
+                "declared",
             )
         )
     return checks
@@ -195,9 +292,7 @@ class _CheckBuilder:
         self.proxies: dict[sympy.Expr, Any] = {}
 
     def add(self, check: RuntimeCheck) -> int:
-        # ShapeEnv symbols are positive for sympy, which folds `s >= 1` to True: the
-        # check is built on integer symbols without that assumption
-        condition = self._in_sizes(self.dims.twins(check.condition))
+        condition = condition_in_sizes(self.dims, check.condition)
         if condition is None:
             raise self._unchecked(check)
         if condition is sympy.true:
@@ -236,35 +331,18 @@ class _CheckBuilder:
         name = str(symbol)
         return name if "." in name else self.dims.render(symbol)
 
-    def _in_sizes(self, condition: sympy.Basic) -> sympy.Basic | None:
-        """Replaces symbols defined from others (``dim == 2*q``: ``q = dim // 2``)."""
-        dims = self.dims
-        for _ in range(len(dims.definitions) + 1):
-            defined = [s for s in condition.free_symbols if dims.original(s) in dims.definitions]
-            if not defined:
-                return condition
-            condition = condition.xreplace(
-                {s: dims.twins(dims.definitions[dims.original(s)]) for s in defined}
-            )
-        return None
-
     def _symbol(self, symbol: sympy.Symbol) -> Proxy | None:
         if symbol in self.proxies:
             return self.proxies[symbol]
-        name = str(symbol)
-        if "." in name:
-            # `leaf.size(axis)`: a size read directly (agreement of declared axes)
-            proxy = self._size(*_parse_size(name))
-        else:
-            source = self.dims.sources.get(self.dims.original(symbol))
-            if source is None:
-                return None
-            leaf, axis, a, b = source
-            proxy = self._size(leaf, axis)
-            if b:
-                proxy = self._call(operator.sub, (proxy, b))
-            if a != 1:
-                proxy = self._call(operator.floordiv, (proxy, a))
+        source = size_source(self.dims, symbol)
+        if source is None:
+            return None
+        leaf, axis, a, b = source
+        proxy = self._size(leaf, axis)
+        if b:
+            proxy = self._call(operator.sub, (proxy, b))
+        if a != 1:
+            proxy = self._call(operator.floordiv, (proxy, a))
         self.proxies[symbol] = proxy
         return proxy
 

@@ -1,0 +1,305 @@
+"""An exported model checks what it assumes: onnxruntime fails, naming the constraint,
+the dimension and the source line, instead of returning values outside the constraints
+(:mod:`yobx.torch.onnx.runtime_checks`); validation breaks every check once."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime
+import pytest
+import sympy
+import torch
+
+from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.runtime_checks import (
+    CHECK_NODE_PREFIX,
+    RUNTIME_CHECKS_KEY,
+    ModelCheck,
+    failed_check,
+    is_check_node,
+)
+from yobx.torch.onnx.validation import validate
+
+from ._helpers import export_and_validate
+
+
+def _session(result) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    return onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _run(session, **feeds):
+    return session.run(None, {k: v.numpy() for k, v in feeds.items()})
+
+
+def _refused(session, **feeds) -> str:
+    """The name of the check onnxruntime fails on."""
+    with pytest.raises(Exception) as info:
+        _run(session, **feeds)
+    name = failed_check(str(info.value))
+    assert name is not None, str(info.value)
+    return name
+
+
+class LongSequences(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[2] > 16:  # the decision
+            return x.sum(dim=2) * 2
+        return x.mean(dim=2) + 1
+
+
+def test_a_narrowed_branch_is_refused_outside_naming_constraint_dimension_and_line():
+    model = LongSequences()
+    result = export_and_validate(
+        model, (torch.randn(2, 3, 8),), dynamic_shapes={"x": {0: "batch", 2: "seq"}}
+    )
+    assert [c.expression for c in result.constraints] == ["seq <= 16"]
+    session = _session(result)
+    for seq in (2, 9, 16):
+        x = torch.randn(3, 3, seq)
+        np.testing.assert_allclose(_run(session, x=x)[0], model(x).numpy(), atol=1e-5)
+    for seq in (17, 40):
+        name = _refused(session, x=torch.randn(2, 3, seq))
+        assert "seq <= 16 (range)" in name
+        assert "seq is axis 2 of x" in name
+        assert f"{__file__}:" in name and name.startswith(CHECK_NODE_PREFIX)
+    # the validation broke the check once and saw onnxruntime refuse
+    cases = [c for c in result.validation.cases if c.check is not None]
+    assert [c.check for c in cases] == ["seq <= 16"]
+    assert cases[0].error is None and "seq=17" in cases[0].description
+    assert result.validation.n_checks_fired == 1
+
+
+def test_without_runtime_checks_the_model_is_silently_wrong_outside():
+    model = LongSequences()
+    result = to_onnx(
+        model,
+        (torch.randn(2, 3, 8),),
+        dynamic_shapes={"x": {0: "batch", 2: "seq"}},
+        runtime_checks=False,
+    )
+    assert result.runtime_checks == []
+    assert not any(is_check_node(n) for n in result.model.graph)
+    assert RUNTIME_CHECKS_KEY not in result.model.metadata_props
+    # the constraint is still reported, and the model does return (wrong) values
+    assert [c.expression for c in result.constraints] == ["seq <= 16"]
+    x = torch.randn(2, 3, 17)
+    got = _run(_session(result), x=x)[0]
+    assert not np.allclose(got, model(x).numpy(), atol=1e-3)
+
+
+def test_validation_fails_when_a_check_does_not_fire():
+    """A model whose checks were left out, validated as if it had them: onnxruntime
+    returns values where it must refuse, and the report is not ok."""
+    model = LongSequences()
+    x = torch.randn(2, 3, 8)
+    dynamic_shapes = {"x": {0: "batch", 2: "seq"}}
+    checked = to_onnx(model, (x,), dynamic_shapes=dynamic_shapes)
+    unchecked = to_onnx(model, (x,), dynamic_shapes=dynamic_shapes, runtime_checks=False)
+    unchecked.runtime_checks = checked.runtime_checks
+    report = unchecked.validate(model, (x,))
+    assert not report.ok
+    (case,) = [c for c in report.cases if c.check is not None]
+    assert "returned values" in case.error
+
+
+class Cached(torch.nn.Module):
+    """A decode step: the mask covers the cache and the new tokens."""
+
+    def forward(self, x, cache, mask):
+        keys = torch.cat([cache, x], dim=1)
+        return keys * mask[:, :, None]
+
+
+def test_a_relation_between_inputs_is_checked():
+    model = Cached()
+    inputs = (torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.ones(2, 8))
+    result = export_and_validate(
+        model,
+        inputs,
+        dynamic_shapes=(
+            {0: "batch", 1: "seq"},
+            {0: "batch", 1: "past"},
+            {0: "batch", 1: "total"},
+        ),
+    )
+    assert [c.expression for c in result.constraints] == ["total == past + seq"]
+    session = _session(result)
+    x, cache, mask = torch.randn(3, 2, 4), torch.randn(3, 4, 4), torch.ones(3, 6)
+    np.testing.assert_allclose(
+        _run(session, x=x, cache=cache, mask=mask)[0], model(x, cache, mask).numpy(), atol=1e-6
+    )
+    name = _refused(session, x=x, cache=cache, mask=torch.ones(3, 7))
+    assert "total == past + seq (relation)" in name
+    # inputs sharing the name `batch` must agree: declared, checked too
+    name = _refused(session, x=x, cache=torch.randn(2, 4, 4), mask=mask)
+    assert "cache.size(0) == batch (declared)" in name
+    assert result.validation.n_checks_fired == len(result.runtime_checks) >= 3
+
+
+class Quarters(torch.nn.Module):
+    def forward(self, x):
+        return x.view(x.shape[0], x.shape[1] // 4, 4).sum(dim=-1)
+
+
+def test_a_divisibility_is_checked():
+    model = Quarters()
+    result = export_and_validate(
+        model, (torch.randn(2, 8),), dynamic_shapes={"x": {0: "batch", 1: "n"}}
+    )
+    assert "n % 4 == 0" in [c.expression for c in result.constraints]
+    session = _session(result)
+    x = torch.randn(3, 12)
+    np.testing.assert_allclose(_run(session, x=x)[0], model(x).numpy(), atol=1e-6)
+    assert "n % 4 == 0" in _refused(session, x=torch.randn(2, 10))
+
+
+class Positions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(32, 4))
+
+    def forward(self, x):
+        torch._check(x.shape[1] >= 3)
+        return x + self.table[: x.shape[1]]
+
+
+def test_declared_range_and_torch_check_are_checked():
+    seq = torch.export.Dim("seq", max=24)
+    result = export_and_validate(
+        Positions(), (torch.randn(2, 5, 4),), dynamic_shapes={"x": {0: "batch", 1: seq}}
+    )
+    expressions = [c.expression for c in result.runtime_checks]
+    assert "seq <= 24 (declared)" in expressions
+    assert any(e.startswith("torch._check(") for e in expressions)
+    session = _session(result)
+    assert "seq <= 24 (declared)" in _refused(session, x=torch.randn(2, 25, 4))
+    assert "torch._check(" in _refused(session, x=torch.randn(2, 2, 4))
+    # every check was broken once by the validation, and onnxruntime refused
+    assert result.validation.n_checks_fired == len(result.runtime_checks)
+    metadata = json.loads(result.model.metadata_props[RUNTIME_CHECKS_KEY])
+    assert [m["expression"] for m in metadata] == expressions
+
+
+class Ratio(torch.nn.Module):
+    def forward(self, x, y):
+        if x.shape[0] // y.shape[0] >= 2:
+            return x[: y.shape[0]] + y
+        return x.sum() + y
+
+
+def test_a_division_by_a_size_zero_at_run_time_breaks_the_check():
+    """onnxruntime's integer division by zero would stop the process: the check fails
+    instead, as Python raises there."""
+    result = to_onnx(
+        Ratio(),
+        (torch.randn(6, 3), torch.randn(2, 3)),
+        dynamic_shapes={"x": {0: "n"}, "y": {0: "m"}},
+    )
+    assert any("//" in c.expression for c in result.constraints)
+    session = _session(result)
+    name = _refused(session, x=torch.randn(6, 3), y=torch.randn(0, 3))
+    assert "//" in name
+
+
+class HalfOfAHalf(torch.nn.Module):
+    def forward(self, y):
+        half = y[..., : y.shape[1] // 2]
+        if half.shape[-1] % 2 != 0:
+            half = torch.nn.functional.pad(half, (0, 1))
+        return half[..., : half.shape[1] // 2] * 2
+
+
+def test_a_check_with_exact_fractions():
+    """`min(length, length/2 - (length % 2)/2) % 2 == 0`: the fractions are kept exact
+    (a scale), not rounded."""
+    model = HalfOfAHalf()
+    result = export_and_validate(
+        model, (torch.randn(2, 8),), dynamic_shapes={"y": {1: "length"}}, min_cases=2
+    )
+    session = _session(result)
+    for length in (4, 12, 16, 20):
+        y = torch.randn(2, length)
+        np.testing.assert_allclose(_run(session, y=y)[0], model(y).numpy(), atol=1e-6)
+    for length in (6, 10, 14):
+        holds = min(length, length // 2) % 2 == 0
+        assert not holds
+        assert "% 2 == 0" in _refused(session, y=torch.randn(2, length))
+
+
+class ConstantAndInput(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[0] > 8:
+            return x * 2, torch.ones(3)
+        return x + 1, torch.zeros(3)
+
+
+def test_an_output_computed_from_no_input_is_gated_too():
+    result = to_onnx(ConstantAndInput(), (torch.randn(4),), dynamic_shapes={"x": {0: "n"}})
+    session = _session(result)
+    assert session.run(["output_1"], {"x": np.ones(4, np.float32)})[0].tolist() == [0, 0, 0]
+    with pytest.raises(Exception, match="n <= 8"):
+        session.run(["output_1"], {"x": np.ones(9, np.float32)})
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x, k: int):
+        if k > 3:
+            return x[:, :k] * 2
+        return x[:, :k]
+
+
+def test_a_dynamic_int_input_is_checked_on_its_value():
+    model = Scaled()
+    result = export_and_validate(
+        model, (torch.randn(2, 8), 2), dynamic_shapes={"x": {0: "batch"}, "k": "k"}
+    )
+    assert "k <= 3" in [c.expression for c in result.constraints]
+    session = _session(result)
+    assert "k is the int input k" in _refused(
+        session, x=torch.randn(2, 8), k=torch.tensor(5, dtype=torch.int64)
+    )
+
+
+def test_ort_optimized_models_check_too():
+    model = LongSequences()
+    result = export_and_validate(
+        model,
+        (torch.randn(2, 3, 8),),
+        dynamic_shapes={"x": {0: "batch", 2: "seq"}},
+        optimize="ort",
+    )
+    assert result.runtime_checks
+    assert "seq <= 16" in _refused(_session(result), x=torch.randn(2, 3, 20))
+
+
+def test_model_check_holds_evaluates_sizes_as_the_model():
+    n, m = sympy.Symbol("n", integer=True, nonnegative=True), sympy.Symbol("m", integer=True)
+    from torch.utils._sympy.functions import FloorDiv
+
+    check = ModelCheck(
+        "c",
+        "n // m >= 2",
+        "other",
+        "",
+        sympy.Ge(FloorDiv(n, m), 2),
+        {n: ("x", 0, 1, 0), m: ("y", 0, 1, 0)},
+    )
+    assert check.reads() == [("x", 0), ("y", 0)]
+    assert check.holds({("x", 0): 6, ("y", 0): 3})
+    assert not check.holds({("x", 0): 5, ("y", 0): 3})
+    # Python raises on a division by zero: the check does not hold
+    assert not check.holds({("x", 0): 5, ("y", 0): 0})
+
+
+def test_a_user_validation_outside_the_constraints_reports_the_check():
+    model = LongSequences()
+    result = to_onnx(model, (torch.randn(2, 3, 8),), dynamic_shapes={"x": {2: "seq"}})
+    report = validate(model, result, [(torch.randn(2, 3, 30),)])
+    assert not report.ok
+    assert "yobx check failed: seq <= 16" in report.cases[0].error
