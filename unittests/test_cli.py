@@ -389,8 +389,9 @@ def test_constraints_are_checked_by_the_model_and_warned_about(yobx_command, use
     import numpy as np
     import onnxruntime
 
+    narrowing = ("--narrowing", "constraints")
     result = yobx_command(
-        "export", "mymodels:narrowed", "-o", "c.onnx", "--validate", cwd=user_directory
+        "export", "mymodels:narrowed", "-o", "c.onnx", "--validate", *narrowing, cwd=user_directory
     )
     assert result.returncode == 0, (result.stdout, result.stderr)
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
@@ -405,13 +406,40 @@ def test_constraints_are_checked_by_the_model_and_warned_about(yobx_command, use
         session.run(None, {"x": np.ones((2, 17), np.float32)})
     # asked for: no check, and the warning says what that means
     unchecked = yobx_command(
-        "export", "mymodels:narrowed", "-o", "u.onnx", "--no-runtime-checks", cwd=user_directory
+        "export",
+        "mymodels:narrowed",
+        "-o",
+        "u.onnx",
+        "--no-runtime-checks",
+        *narrowing,
+        cwd=user_directory,
     )
     assert unchecked.returncode == 0, unchecked.stderr
     assert "NOT checked by the model (--no-runtime-checks)" in unchecked.stderr
     assert "runtime checks      none" in unchecked.stdout
     session = onnxruntime.InferenceSession(str(user_directory / "u.onnx"))
     assert session.run(None, {"x": np.ones((2, 17), np.float32)})[0].shape == (2,)
+
+
+def test_both_sides_of_a_branch_are_exported_and_printed(yobx_command, user_directory):
+    import numpy as np
+    import onnxruntime
+
+    result = yobx_command(
+        "export", "mymodels:narrowed", "-o", "v.onnx", "--validate", cwd=user_directory
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "warning" not in result.stderr, result.stderr
+    assert "versions            2 (an If on the inputs' sizes)" in result.stdout
+    assert "version 2: seq > 16  [" in result.stdout and "mymodels.py:37]" in result.stdout
+    assert "[version 2: (seq > 16)] example" in result.stdout
+    session = onnxruntime.InferenceSession(str(user_directory / "v.onnx"))
+    x = np.arange(2 * 40, dtype=np.float32).reshape(2, 40)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], x.sum(axis=1) * 2, rtol=1e-6)
+    traced = yobx_command("trace", "mymodels:narrowed", cwd=user_directory)
+    assert traced.returncode == 0, traced.stderr
+    assert "versions (2, chosen from the inputs' sizes):" in traced.stdout
+    assert "version 1: seq <= 16" in traced.stdout
 
 
 def test_exit_status_1_when_the_validation_fails(yobx_command, user_directory):

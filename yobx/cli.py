@@ -31,7 +31,7 @@ from yobx.cli_support import (
     check_writable,
     resolve_dynamic_shapes,
 )
-from yobx.export_command import add_export_arguments, run_export
+from yobx.export_command import add_export_arguments, add_narrowing_argument, run_export
 from yobx.inspect_command import add_inspect_arguments
 
 # kept for callers of the previous private names
@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     shapes.add_argument(
         "--dynamic", action="store_true", help="the default: the model's dynamic dimensions"
     )
+    add_narrowing_argument(trace)
     trace.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
 
     inspect = commands.add_parser(
@@ -96,7 +97,7 @@ def _trace(options: argparse.Namespace) -> int:
     from yobx.torch.onnx.capture import capture
 
     try:
-        captured = capture(model, args, kwargs, dynamic_shapes)
+        captured = capture(model, args, kwargs, dynamic_shapes, narrowing=options.narrowing)
     except Exception as exc:
         raise CommandError(
             f"trace failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
@@ -113,12 +114,24 @@ def _trace(options: argparse.Namespace) -> int:
     print(f"constraints ({len(captured.constraints)}):")
     for constraint in captured.constraints:
         print(f"  {constraint}")
+    _print_versions(captured.tracer)
     if captured.range_constraints:
         ranges = ", ".join(
             f"{name} in [{low}, {high}]" for name, (low, high) in captured.range_constraints.items()
         )
         print(f"ranges: {ranges}")
     return 0
+
+
+def _print_versions(tracer) -> None:
+    """The versions the graph chooses between, and the decisions left constraints."""
+    from yobx.torch.tracing.versions import describe_versions
+
+    versions, notes = list(tracer.versions), list(tracer.version_notes)
+    if versions or notes:
+        print(f"versions ({len(versions) or 1}, chosen from the inputs' sizes):")
+        for line in describe_versions(versions, notes):
+            print(line)
 
 
 def _inspect(options: argparse.Namespace) -> int:

@@ -76,8 +76,21 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
         "inputs' sizes: onnxruntime then returns wrong values outside them instead of "
         "failing with an error naming the constraint",
     )
+    add_narrowing_argument(export)
     export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
     export.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
+
+
+def add_narrowing_argument(parser: argparse.ArgumentParser) -> None:
+    """``--narrowing``, for the commands that capture a model."""
+    parser.add_argument(
+        "--narrowing",
+        choices=("versions", "constraints"),
+        default="versions",
+        help="what a decision on dynamic sizes the example cannot settle becomes: "
+        "'versions' (default) captures both sides and the model chooses from the "
+        "inputs' sizes; 'constraints' keeps the example's side and checks it",
+    )
 
 
 def _report(stage: Any) -> None:
@@ -182,6 +195,7 @@ def run_export(options: argparse.Namespace) -> int:
         opset=options.opset,
         progress=_report,
         runtime_checks=getattr(options, "runtime_checks", True),
+        narrowing=getattr(options, "narrowing", "versions"),
     )
     warn_about_constraints(result)
     source = _weights_source(options.weights)
@@ -217,7 +231,12 @@ def warn_about_constraints(result: Any) -> None:
     if not constraints:
         return
     checked = {check.expression for check in result.runtime_checks}
-    unchecked = [c for c in constraints if c.expression not in checked]
+    # a version's constraint is checked when the model selects the version
+    unchecked = [
+        c
+        for c in constraints
+        if (f"{c.expression} when {c.when}" if c.when else c.expression) not in checked
+    ]
     if unchecked:
         how = (
             "NOT checked by the model (--no-runtime-checks): onnxruntime returns wrong "
@@ -310,6 +329,13 @@ def print_summary(result: Any, total_s: float) -> None:
     print(f"runtime checks      {len(result.runtime_checks) or 'none'}")
     for check in result.runtime_checks:
         print(f"  {check.expression}")
+    versions, notes = result.versions, result.version_notes
+    if versions or notes:
+        from yobx.torch.tracing.versions import describe_versions
+
+        print(f"versions            {len(versions) or 1} (an If on the inputs' sizes)")
+        for line in describe_versions(versions, notes):
+            print(line)
     print(f"graph nodes         {result.n_graph_nodes}")
     print(f"onnx nodes          {result.n_onnx_nodes}")
     print(f"weights             {format_size(result.weight_bytes)}")
@@ -321,4 +347,4 @@ def print_summary(result: Any, total_s: float) -> None:
         print(f"wrote {os.path.abspath(path)} ({format_size(os.path.getsize(path))})")
 
 
-__all__ = ["add_export_arguments", "print_summary", "run_export"]
+__all__ = ["add_export_arguments", "add_narrowing_argument", "print_summary", "run_export"]

@@ -4,6 +4,7 @@ the dimension and the source line, instead of returning values outside the const
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import sympy
 import torch
 
-from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx import to_onnx as export_to_onnx
 from yobx.torch.onnx.runtime_checks import (
     CHECK_NODE_PREFIX,
     RUNTIME_CHECKS_KEY,
@@ -22,7 +23,11 @@ from yobx.torch.onnx.runtime_checks import (
 )
 from yobx.torch.onnx.validation import validate
 
-from ._helpers import export_and_validate
+from ._helpers import export_and_validate as export_validated
+
+# the checks of constraints, so one capture: test_onnx_versions.py exports both sides
+to_onnx = functools.partial(export_to_onnx, narrowing="constraints")
+export_and_validate = functools.partial(export_validated, narrowing="constraints")
 
 
 def _session(result) -> onnxruntime.InferenceSession:

@@ -10,6 +10,10 @@ from yobx.torch.tracing import ConstraintViolationError, CustomTracer, StrictDim
 
 from ._helpers import check_trace, trace_module
 
+#: these tests look at the constraints themselves: the other side of a decision is not
+#: captured (test_tracing_versions.py does)
+CONSTRAINTS = {"narrowing": "constraints"}
+
 
 class EmptyCheck(torch.nn.Module):
     def forward(self, x):
@@ -44,7 +48,11 @@ class Large(torch.nn.Module):
 
 def test_unprovable_is_adopted_with_location_and_checked():
     tracer, _, gm = check_trace(
-        Large(), {"x": torch.randn(3, 4)}, {"x": {0: "batch"}}, [{"x": torch.randn(50, 4)}]
+        Large(),
+        {"x": torch.randn(3, 4)},
+        {"x": {0: "batch"}},
+        [{"x": torch.randn(50, 4)}],
+        tracer_kwargs=CONSTRAINTS,
     )
     (constraint,) = tracer.constraints
     assert (constraint.expression, constraint.kind) == ("batch <= 99", "range")
@@ -117,6 +125,7 @@ def test_relation_without_check_is_adopted():
         {"x": torch.randn(5, 3), "y": torch.randn(2, 3)},
         {"x": {0: "n"}, "y": {0: "m"}},
         [{"x": torch.randn(9, 3), "y": torch.randn(4, 3)}],
+        tracer_kwargs=CONSTRAINTS,
     )
     assert [(c.expression, c.kind) for c in tracer.constraints] == [("n > m", "other")]
     with pytest.raises(ConstraintViolationError, match="n > m"):

@@ -23,6 +23,10 @@ from yobx.torch.tracing.runtime_checks import check_constraint
 
 from ._helpers import check_trace, trace_module
 
+#: for the tests looking at the constraints themselves: the other side of a decision is
+#: not captured (test_tracing_versions.py does)
+CONSTRAINTS = {"narrowing": "constraints"}
+
 
 def _kinds(tracer):
     return [(c.expression, c.kind) for c in tracer.constraints]
@@ -188,14 +192,22 @@ class OddPadding(torch.nn.Module):
 
 def test_branch_on_parity_is_a_divisibility():
     tracer, _, gm = check_trace(
-        OddPadding(), {"x": torch.randn(2, 3, 8)}, {"x": {2: "w"}}, [{"x": torch.randn(2, 3, 4)}]
+        OddPadding(),
+        {"x": torch.randn(2, 3, 8)},
+        {"x": {2: "w"}},
+        [{"x": torch.randn(2, 3, 4)}],
+        tracer_kwargs=CONSTRAINTS,
     )
     assert _kinds(tracer) == [("w % 2 == 0", "divisibility")]
     with pytest.raises(ConstraintViolationError):
         gm(torch.randn(2, 3, 9))
     # traced on an odd example, the graph takes the padding branch and checks oddness
     tracer, _, gm = check_trace(
-        OddPadding(), {"x": torch.randn(2, 3, 7)}, {"x": {2: "w"}}, [{"x": torch.randn(2, 3, 11)}]
+        OddPadding(),
+        {"x": torch.randn(2, 3, 7)},
+        {"x": {2: "w"}},
+        [{"x": torch.randn(2, 3, 11)}],
+        tracer_kwargs=CONSTRAINTS,
     )
     assert _kinds(tracer) == [("w % 2 == 1", "divisibility")]
 
@@ -525,6 +537,7 @@ def test_a_check_with_fractions_under_a_min_runs():
         {"y": torch.randn(2, 8)},
         {"y": {1: "length"}},
         [{"y": torch.randn(2, 12)}, {"y": torch.randn(2, 16)}],
+        tracer_kwargs=CONSTRAINTS,
     )
     assert any("min(" in c.expression and "/2" in c.expression for c in tracer.constraints)
     with pytest.raises(ConstraintViolationError, match="% 2 == 0"):

@@ -56,14 +56,16 @@ def capture(
     kwargs: Mapping[str, Any] | None,
     dynamic_shapes: Any,
     module_leaves: Any = None,
+    narrowing: str = "versions",
 ) -> CapturedGraph:
-    """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer`."""
+    """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer` (``narrowing``
+    is its argument)."""
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
 
     concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
     # the ONNX model checks the constraints with nodes of its own (runtime_checks.py),
     # built after the optimizations: the graph's checks would be lowered like the model
-    tracer = CustomTracer(module_leaves=module_leaves, runtime_checks=False)
+    tracer = CustomTracer(module_leaves=module_leaves, runtime_checks=False, narrowing=narrowing)
     graph = tracer.trace(
         model,
         concrete_args=concrete_args,

@@ -29,56 +29,20 @@ from typing import Any
 import sympy
 import torch
 
-from yobx.torch.onnx.runtime_checks import ModelCheck, compile_condition
+from yobx.torch.onnx.runtime_checks import ModelCheck
 from yobx.torch.onnx.sizes import free_symbols
+from yobx.torch.tracing.size_search import (
+    compile_condition,
+    constants_of,
+    moves,
+    scanned_sizes,
+)
 
-#: every size up to this bound (or four times the example's) is tried for one dimension
-_SCAN = 300
-#: the suggested values of the first dimension of a pair
-_PAIR_VALUES = 40
 #: candidates evaluated at most for one check
 _BUDGET = 60_000
 
 #: ``(input index, axis)``: one size of one input (axis None: an int input's value)
 IndexKey = tuple[int, "int | None"]
-
-
-def _suggested(base: int, constants: Sequence[int]) -> list[int]:
-    """Sizes a condition's constants suggest, then small sizes and sizes around the
-    example's ``base``, each once and never ``base``."""
-    candidates: list[int] = []
-    for constant in constants:
-        candidates += [constant + 1, constant - 1, constant]
-    for first, second in itertools.combinations_with_replacement(constants, 2):
-        product = first * second
-        candidates += [product, product + 1, product - 1]
-    candidates += list(range(18))
-    candidates += [base + 1, base - 1, base + 2, base - 2, 2 * base, 2 * base + 1]
-    candidates += [64, 129, 1025]
-    return _unique(candidates, base)
-
-
-def _scanned(base: int, constants: Sequence[int]) -> list[int]:
-    """:func:`_suggested`, then every other size up to a bound."""
-    suggested = _suggested(base, constants)
-    bound = max(_SCAN, 4 * base + 1)
-    return suggested + _unique(range(bound), base, set(suggested))
-
-
-def _unique(values, base: int, seen: set[int] | None = None) -> list[int]:
-    seen = set() if seen is None else set(seen)
-    result = []
-    for value in values:
-        if value >= 0 and value != base and value not in seen:
-            seen.add(value)
-            result.append(value)
-    return result
-
-
-def _constants(condition: sympy.Basic) -> list[int]:
-    """The integers written in a condition, small ones first."""
-    numbers = {abs(int(a)) for a in condition.atoms(sympy.Integer) if abs(int(a)) < 10**6}
-    return sorted(numbers - {0})
 
 
 class ViolationSearch:
@@ -159,26 +123,23 @@ class ViolationSearch:
         return covered
 
     def _candidates(self, check: ModelCheck) -> Iterator[tuple[dict | None, dict]]:
-        constants = _constants(check.condition)
-        moved = self._dimensions(check)
-        for symbol in moved:
-            for value in _scanned(self.base[symbol], constants):
+        constants = constants_of(check.condition)
+        focus = self._dimensions(check)
+        for symbol in focus:
+            for value in scanned_sizes(self.base[symbol], constants):
                 yield self._assigned({symbol: value}), {symbol: value}
         for leaf, axis in check.reads():
             index = self.index.get(leaf)
             if index is None or (index, axis) not in self.example:
                 continue
-            for value in _scanned(self.example[index, axis], constants):
+            for value in scanned_sizes(self.example[index, axis], constants):
                 sizes = dict(self.example)
                 sizes[index, axis] = value
                 yield sizes, {(index, axis): value}
-        # a dimension the check reads, with any other (an earlier check relating them
-        # must keep holding: `k == max(0, m - 4)` while `m - 4 != 1` breaks)
-        others = [s for s in self.base if s not in moved]
-        for first, second in [*itertools.permutations(moved, 2), *itertools.product(moved, others)]:
-            for a in _suggested(self.base[first], constants)[:_PAIR_VALUES]:
-                for b in _scanned(self.base[second], constants):
-                    yield self._assigned({first: a, second: b}), {first: a, second: b}
+        # then pairs of dimensions (the single moves were tried first)
+        for changes in moves(self.base, focus, constants):
+            if len(changes) == 2:
+                yield self._assigned(changes), changes
 
     def _dimensions(self, check: ModelCheck) -> list[sympy.Symbol]:
         """The independent dimensions the sizes a check reads depend on."""

@@ -106,6 +106,8 @@ class ExportResult:
     weight_names: WeightNames = dataclasses.field(default_factory=WeightNames)
     files: list[str] = dataclasses.field(default_factory=list)
     runtime_checks: list[ModelCheck] = dataclasses.field(default_factory=list)
+    #: why the model holds the example's side only though versions were captured
+    version_fallback: str = ""
     _captured: Any = dataclasses.field(default=None, repr=False)
     _proto: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)
 
@@ -119,6 +121,21 @@ class ExportResult:
         if self._proto is None:
             self._proto = model_to_proto(self.model)
         return self._proto
+
+    @property
+    def versions(self) -> list[Any]:
+        """The versions of the capture the model chooses between (an ``If`` on the
+        inputs' sizes), each with the conditions selecting it; empty for one capture
+        (see :mod:`yobx.torch.tracing.versions`)."""
+        tracer = getattr(self._captured, "tracer", None)
+        return list(getattr(tracer, "versions", []) or [])
+
+    @property
+    def version_notes(self) -> list[str]:
+        """Why undecided decisions stayed constraints instead of versions."""
+        tracer = getattr(self._captured, "tracer", None)
+        notes = list(getattr(tracer, "version_notes", []) or [])
+        return [self.version_fallback, *notes] if self.version_fallback else notes
 
     @property
     def n_graph_nodes(self) -> int:
@@ -336,10 +353,13 @@ def _capture(
     dynamic_shapes: Any,
     module_leaves: Any,
     tracer: str,
+    narrowing: str = "versions",
 ) -> Any:
     """The ``capture`` stage: the model's graph, with the tracer asked for."""
     if tracer == "custom":
-        return capture_module.capture(model, args, kwargs, dynamic_shapes, module_leaves)
+        return capture_module.capture(
+            model, args, kwargs, dynamic_shapes, module_leaves, narrowing=narrowing
+        )
     if tracer == "fx":
         return capture_module.capture_with_symbolic_trace(model, args, kwargs, dynamic_shapes)
     raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
@@ -524,6 +544,7 @@ def to_onnx(
     optimize: str = "default",
     direct_lowering: bool = True,
     runtime_checks: bool = True,
+    narrowing: str = "versions",
 ) -> ExportResult:
     """Exports ``model`` to ONNX.
 
@@ -561,6 +582,10 @@ def to_onnx(
         the example): onnxruntime fails, naming the constraint, instead of returning
         values outside them (:mod:`yobx.torch.onnx.runtime_checks`); ``False`` leaves
         the checks out, and the model is then silently wrong outside its constraints
+    :param narrowing: what an undecided decision on dynamic dimensions becomes (see
+        :class:`~yobx.torch.tracing.CustomTracer`): ``"versions"`` captures both sides
+        and the model chooses between them with an ``If`` on the input sizes
+        (:attr:`ExportResult.versions`), ``"constraints"`` keeps the example's side
     :return: an :class:`ExportResult`
     :raises ValueError: an unsupported ``opset``, ``optimize`` or ``tracer``
     """
@@ -569,23 +594,45 @@ def to_onnx(
     args, kwargs = _checked_inputs(model, args, kwargs, validate)
     stage = ExportStageRecorder(verbose, progress)
 
-    with stage("capture") as info:
-        captured = _capture(model, args, kwargs, dynamic_shapes, module_leaves, tracer)
-        graph_module = captured.graph_module
-        info["nodes"] = len(graph_module.graph.nodes)
-    declared = declared_dimensions(model, args, kwargs, dynamic_shapes, graph_module)
-    with stage("passes") as info:
-        info.update(_pass_counts(captured))
-    with stage("lower") as info:
-        lowered = _lower(captured, direct_lowering, info)
-    with stage("translate") as info:
-        ir_model, renamer, inputs = _translate(captured, lowered, model, args, kwargs, info)
-    dimensions = (declared, renamer, captured, lowered)
-    checks = _optimize_and_check(
-        stage, ir_model, opset, optimize, dimensions, inputs if runtime_checks else None
-    )
-    result = _export_result(model, ir_model, captured, stage.stages)
-    result.runtime_checks = checks
+    captures: list[Any] = []
+
+    def build(narrowing: str) -> tuple[ExportResult, Any]:
+        with stage("capture") as info:
+            captured = _capture(
+                model, args, kwargs, dynamic_shapes, module_leaves, tracer, narrowing
+            )
+            captures.append(captured)
+            info["nodes"] = len(captured.graph_module.graph.nodes)
+        declared = declared_dimensions(model, args, kwargs, dynamic_shapes, captured.graph_module)
+        with stage("passes") as info:
+            info.update(_pass_counts(captured))
+        with stage("lower") as info:
+            lowered = _lower(captured, direct_lowering, info)
+        with stage("translate") as info:
+            ir_model, renamer, inputs = _translate(captured, lowered, model, args, kwargs, info)
+        dimensions = (declared, renamer, captured, lowered)
+        checks = _optimize_and_check(
+            stage, ir_model, opset, optimize, dimensions, inputs if runtime_checks else None
+        )
+        result = _export_result(model, ir_model, captured, stage.stages)
+        result.runtime_checks = checks
+        return result, declared
+
+    try:
+        result, declared = build(narrowing)
+    except Exception as exc:
+        if narrowing != "versions" or not captures or not captures[0].tracer.versions:
+            raise
+        # the choice between versions did not export (the lowering of a branch calling
+        # the model's modules through torch.cond is still limited): the example's side
+        # alone, its constraints checked, says so rather than refusing the model
+        stage.stages.clear()
+        result, declared = build("constraints")
+        result.version_fallback = (
+            f"the versions could not be exported ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:200]}); exported the example's side, "
+            f"its constraints checked by the model"
+        )
     if filename is not None:
         with stage("save") as info:
             info["bytes"] = _save(result, filename)

@@ -110,6 +110,22 @@ def _collect_state(
     return state, aliases
 
 
+def _distinct_slots(module: torch.nn.Module, names: list[str]) -> list[str]:
+    """The names among ``names`` reaching distinct attributes: the first of several
+    paths to the same attribute of the same module (the versions of a capture share
+    the model's modules). Reparametrizing one attribute twice restores it wrongly: the
+    second swap saves the first one's fake as the original, and puts it back."""
+    seen: set[tuple[int, str]] = set()
+    kept = []
+    for name in names:
+        owner, _, attribute = name.rpartition(".")
+        slot = (id(module.get_submodule(owner) if owner else module), attribute)
+        if slot not in seen:
+            seen.add(slot)
+            kept.append(name)
+    return kept
+
+
 class _LoweringInterpreter(torch.fx.Interpreter):
     """Interprets a torch-level graph inside make_fx and records provenance."""
 
@@ -260,8 +276,11 @@ def _branch_state(branch: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _with_state(branch: torch.nn.Module, n_operands: int, names: list[str], offset: int):
+    distinct = set(_distinct_slots(branch, names))
+
     def function(*args):
-        state = dict(zip(names, args[n_operands + offset : n_operands + offset + len(names)]))
+        values = args[n_operands + offset : n_operands + offset + len(names)]
+        state = {name: value for name, value in zip(names, values) if name in distinct}
         with stateless._reparametrize_module(branch, state, strict=False):
             return branch(*args[:n_operands])
 
@@ -440,11 +459,13 @@ def lower_to_aten(
     # a value shared with the capture must never be written into by the lowering
     direct_mode = fake_mode if direct and not writes_anything(graph_module.graph) else None
     counts = {"direct": 0}
+    distinct = set(_distinct_slots(graph_module, [*state_names, *aliases]))
 
     def run(*flat: Any) -> Any:
         replacements = dict(zip(state_names, flat[n_inputs:]))
         for alias, name in aliases.items():
             replacements[alias] = replacements[name]
+        replacements = {k: v for k, v in replacements.items() if k in distinct}
         values = list(user_values)
         for index, value in zip(inputs, flat[:n_inputs]):
             values[index] = value

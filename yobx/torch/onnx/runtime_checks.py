@@ -45,9 +45,9 @@ from yobx.torch.tracing.runtime_checks import (
     RuntimeCheck,
     condition_in_sizes,
     describe_source,
-    graph_checks,
     size_source,
 )
+from yobx.torch.tracing.size_search import compile_condition, holds
 
 #: the beginning of the name of every node checking a constraint
 CHECK_NODE_PREFIX = "yobx check failed: "
@@ -105,10 +105,7 @@ class ModelCheck:
             (int(sizes[leaf, axis]) - b) // a
             for leaf, axis, a, b in (self.sources[s] for s in self._symbols)
         ]
-        try:
-            return bool(self._compiled(*values))
-        except (ZeroDivisionError, ValueError, OverflowError):
-            return False
+        return holds(self._compiled, values)
 
     @functools.cached_property
     def _symbols(self) -> list[sympy.Symbol]:
@@ -117,26 +114,6 @@ class ModelCheck:
     @functools.cached_property
     def _compiled(self) -> Any:
         return compile_condition(self.condition, self._symbols)
-
-
-def compile_condition(condition: sympy.Basic, symbols: list[sympy.Symbol]) -> Any:
-    """A Python function computing ``condition`` from the values of ``symbols``, as the
-    traced graph's checks compute it: integers, exact fractions for the rational
-    constants, Python's ``//``, ``%``, ``min`` and ``max``."""
-    from torch.utils._sympy.printers import PythonPrinter
-
-    rationals = {
-        r: sympy.Symbol(f"_fraction_{i}")
-        for i, r in enumerate(sorted(condition.atoms(sympy.Rational), key=str))
-        if not r.is_Integer
-    }
-    names = {s: sympy.Symbol(f"_size_{i}") for i, s in enumerate(symbols)}
-    text = PythonPrinter().doprint(condition.xreplace({**rationals, **names}))
-    arguments = ", ".join(str(names[s]) for s in symbols)
-    scope = {"math": math, "min": min, "max": max}
-    scope.update({str(v): fractions.Fraction(int(r.p), int(r.q)) for r, v in rationals.items()})
-    # the text is printed from a sympy expression of ours: no user string reaches it
-    return eval(f"lambda {arguments}: {text}", scope)
 
 
 def failed_check(message: str) -> str | None:
@@ -151,9 +128,9 @@ def failed_check(message: str) -> str | None:
 
 def model_checks(tracer: Any) -> list[RuntimeCheck]:
     """The conditions an export of ``tracer``'s last trace must check, in order."""
-    if tracer is None or getattr(tracer, "dims", None) is None or tracer.refinements is None:
+    if tracer is None or getattr(tracer, "dims", None) is None:
         return []
-    return graph_checks(tracer.dims, tracer.refinements)
+    return tracer.checks
 
 
 def checks_to_json(checks: list[ModelCheck]) -> str:
@@ -311,6 +288,9 @@ class _CheckGraph:
         if name is None:
             name = f"{HELPER_NODE_PREFIX}{op_type}_{len(self.nodes) + len(self.after)}"
         node = ir.node(op_type, inputs, attributes=attributes or None, name=name)
+        # named here: onnx_ir's automatic names (val_N) may collide with names used
+        # in the subgraphs of an If (the choice between versions)
+        node.outputs[0].name = f"{HELPER_NODE_PREFIX}v{len(self.nodes) + len(self.after)}"
         self.nodes.append(node)
         return node.outputs[0]
 

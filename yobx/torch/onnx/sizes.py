@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from yobx.torch.tracing.inputs import bind_arguments, call_arguments
+from yobx.torch.tracing.size_search import tensor_like
 
 #: steps tried, in order, to move a dimension away from its example size
 _STEPS = (3, 1, 2, 5, -1, 7, -2, 11)
@@ -149,28 +150,6 @@ def _together(symbols: Sequence[sympy.Symbol], alone: Mapping[Any, list[int]]):
         yield {s: c[(k + i) % len(c)] for i, (s, c) in enumerate(zip(symbols, choices))}
 
 
-def _new_tensor(example: torch.Tensor, shape: Sequence[int], generator) -> torch.Tensor:
-    """A tensor of ``shape`` whose values look like ``example``'s."""
-    if example.numel() == 0:
-        return torch.zeros(shape, dtype=example.dtype)
-    if example.dtype == torch.bool:
-        if bool(example.all()) or not bool(example.any()):
-            return torch.full(shape, bool(example.flatten()[0]), dtype=torch.bool)
-        return torch.randint(0, 2, tuple(shape), generator=generator).to(torch.bool)
-    low, high = example.min(), example.max()
-    if bool(low == high):
-        return torch.full(shape, low.item(), dtype=example.dtype)
-    if not example.dtype.is_floating_point:
-        # Integer inputs are often indices (token ids): stay in the example's range.
-        return torch.randint(
-            int(low), int(high) + 1, tuple(shape), generator=generator, dtype=example.dtype
-        )
-    mean = example.float().mean()
-    std = example.float().std()
-    values = torch.randn(tuple(shape), generator=generator) * std + mean
-    return values.to(example.dtype)
-
-
 def inputs_for_sizes(
     model: torch.nn.Module,
     args: tuple,
@@ -233,7 +212,7 @@ def inputs_with_sizes(
     for index, (leaf, fake) in enumerate(zip(leaves, placeholder_values)):
         if isinstance(leaf, torch.Tensor) and isinstance(fake, torch.Tensor):
             shape = [sizes.get((index, axis), int(d)) for axis, d in enumerate(leaf.shape)]
-            new_leaves[index] = _new_tensor(leaf, shape, generator)
+            new_leaves[index] = tensor_like(leaf, shape, generator)
         elif isinstance(fake, torch.SymInt):
             new_leaves[index] = sizes.get((index, None), leaf)
     values = pytree.tree_unflatten(new_leaves, spec)

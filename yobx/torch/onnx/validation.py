@@ -462,6 +462,11 @@ def validate_export(
     report.problems.extend(
         _unvaried_dimensions(declared, captured.shape_env, assignments, report.cases)
     )
+    versions = getattr(captured.tracer, "versions", None)
+    if versions:
+        cases, problems = _version_cases(model, session, captured, versions, mutations)
+        report.cases.extend(cases)
+        report.problems.extend(problems)
     checks = getattr(result, "runtime_checks", None)
     if checks and captured.shape_env is not None:
         cases, problems = _check_cases(model, args, kwargs, session, captured, checks)
@@ -470,6 +475,52 @@ def validate_export(
     if verbose:
         print(report.format())
     return report
+
+
+def _version_cases(
+    model: torch.nn.Module,
+    session: Any,
+    captured: Any,
+    versions: Sequence[Any],
+    mutations: Sequence[Mapping[str, Any]],
+) -> tuple[list[ValidationCase], list[str]]:
+    """The cases of the versions other than the example's (see
+    :mod:`yobx.torch.tracing.versions`): each version's own example, then its dimensions
+    changed alone and together inside its conditions and constraints. A version no case
+    could compare is a problem: the branch of the model choosing it was never run."""
+    from yobx.torch.tracing.versions import in_dimensions
+
+    cases: list[ValidationCase] = []
+    problems: list[str] = []
+    for version in versions:
+        tracer = version.tracer
+        if tracer.dims is captured.tracer.dims:
+            continue  # the example's version: the cases above
+        prefix = f"[version {version.index}: {version.when}]"
+        placeholders = [n.meta.get("val") for n in version.graph.nodes if n.op == "placeholder"]
+        shape_env = tracer.dims.shape_env
+        conditions = [fact.condition for fact in tracer.refinements.adopted]
+        conditions += [in_dimensions(tracer.dims, c.condition) for c in version.conditions]
+        named = {name: s.node.expr for name, s in tracer.dims.by_name.items()}
+        inputs = [((), dict(version.example), f"{prefix} example")]
+        for label, assignment in size_variants(
+            placeholders, shape_env, captured.dimension_names, conditions, named
+        ):
+            new_args, new_kwargs = inputs_for_sizes(
+                model, (), version.example, placeholders, shape_env, assignment
+            )
+            inputs.append((new_args, new_kwargs, f"{prefix} {label}"))
+        own = [
+            _run_case(model, session, a, k, d, DEFAULT_ATOL, DEFAULT_RTOL, mutations)
+            for a, k, d in inputs
+        ]
+        if not any(not c.skipped and c.error is None for c in own):
+            problems.append(
+                f"version {version.index} ({version.when}) was never compared: eager or "
+                f"onnxruntime failed on every input set selecting it"
+            )
+        cases.extend(own)
+    return cases, problems
 
 
 def _check_cases(

@@ -30,16 +30,22 @@ class Constraint:
         dimension equal to a constant) or ``"other"`` (any other formula)
     :param location: the user's ``file:line`` that needed it
     :param dimensions: the user names of the dimensions involved
+    :param when: for a constraint of one version of a capture (see
+        :mod:`yobx.torch.tracing.versions`), the conditions selecting that version, in
+        the user's names (``(seq > 16) and (seq <= 64)``): the constraint applies to the
+        inputs satisfying them; empty when it applies to every input
     """
 
     expression: str
     kind: str
     location: str = ""
     dimensions: tuple[str, ...] = ()
+    when: str = ""
 
     def __str__(self) -> str:
         where = f"  [{self.location}]" if self.location else ""
-        return f"{self.expression} ({self.kind}){where}"
+        when = f"  when {self.when}" if self.when else ""
+        return f"{self.expression} ({self.kind}){where}{when}"
 
 
 class ConstraintViolationError(RuntimeError):

@@ -145,7 +145,7 @@ class DecisionsMixin:
                 raise self.refinements.data_dependent_error(val, location, what)
             decided = bool(self.dims.hint(val))
             fact = val if decided else torch.sym_not(val)
-            self.refinements.adopt(fact.node.expr, location, what)
+            self.refinements.adopt(fact.node.expr, location, what, origin="branch")
             reason = "adopted"
         else:
             self.refinements.rely_on_default_bounds(_itself, [val.node.expr], decided, location)
@@ -200,7 +200,9 @@ class DecisionsMixin:
             fact = self.dims.symint(symbol) == self.dims.hint_of(symbol)
         else:
             fact = val == hint
-        self.refinements.adopt(fact.node.expr, location, f"{what} for `{expression}`")
+        self.refinements.adopt(
+            fact.node.expr, location, f"{what} for `{expression}`", origin="number"
+        )
         self.guards.append(Guard(f"{expression} == {hint!r}", True, "adopted", location))
         return hint
 

@@ -42,6 +42,10 @@ class AdoptedFact:
 
     constraint: Constraint
     condition: sympy.Basic
+    #: what needed it: ``"branch"`` (the model's own Python deciding, ``if x.shape[2] >
+    #: 16``), ``"operator"`` (a kernel's guard) or ``"number"`` (a Python number needed
+    #: from a size, ``int(seq // 2)``)
+    origin: str = "operator"
 
 
 class Refinements:
@@ -76,19 +80,43 @@ class Refinements:
         self.user_checks: list[tuple[sympy.Basic, str, str]] = []
         #: the calls of :meth:`rely_on_default_bounds` already made
         self._relied: set[tuple] = set()
+        #: the decisions a version of the capture stands on, in their simplest forms
+        #: (see :meth:`assume_path`): met again, they are known, not constraints
+        self.path_facts: list[sympy.Basic] = []
+
+    def assume_path(self, fact: sympy.Basic, assume: Callable[[sympy.Basic], None]) -> None:
+        """Makes known a decision the version being traced stands on (see
+        :mod:`yobx.torch.tracing.versions`): the trace will meet it again in some form
+        (``n % 4 != 0`` as torch's ``PythonMod``...), and :meth:`adopt` recognizes it
+        there instead of adopting it as a constraint.
+
+        :param fact: the decision, on this trace's symbols
+        :param assume: makes a fact known to the ShapeEnv
+        """
+        assume(fact)
+        form = normalize(fact, lambda s: self.dims.range_of(s)[0] >= 1)
+        self.path_facts.append(simplest_form(form, classify(form)))
 
     @property
     def constraints(self) -> list[Constraint]:
         """The adopted constraints, in the order the trace needed them."""
         return [fact.constraint for fact in self.adopted]
 
-    def adopt(self, fact: sympy.Basic, location: str, what: str, known: bool = False) -> Constraint:
+    def adopt(
+        self,
+        fact: sympy.Basic,
+        location: str,
+        what: str,
+        known: bool = False,
+        origin: str = "operator",
+    ) -> Constraint:
         """Adopts ``fact``, true for the example, as a constraint.
 
         :param fact: the relation that holds for the example inputs
         :param location: the user's ``file:line``
         :param what: what needed it (``the condition``, ``method 'reshape'``)
         :param known: the ShapeEnv already knows it (a guard installed by a kernel)
+        :param origin: what needed it (:attr:`AdoptedFact.origin`)
         :raises DataDependentError: the fact depends on tensor values
         :raises SpecializationError: it would make a dimension declared dynamic a constant
         """
@@ -101,6 +129,11 @@ class Refinements:
         form = simplest_form(fact, kind)
         if kind == "value":
             form = self._declared_value(form)
+        if form in self.path_facts:
+            # a decision the version stands on: known, checked by the choice of version
+            if not known:
+                self.assume(original)
+            return Constraint(dims.render(form), kind, location, tuple(dims.symbols_of(form)))
         strict = not self.adopt_all and any(dims.policy_of(s) == STRICT for s in form.free_symbols)
         if kind == "value" and not strict:
             self._allow_constant(form, location, what)
@@ -127,7 +160,7 @@ class Refinements:
             f.condition == form and f.constraint.location == location
             for f in self.adopted
         ):
-            self.adopted.append(AdoptedFact(constraint, form))
+            self.adopted.append(AdoptedFact(constraint, form, origin))
         if kind == "divisibility":
             self._introduce_quotient(form)
         return constraint
@@ -226,6 +259,10 @@ class Refinements:
             fact = normalize(fact, lambda s: True)
             kind = classify(fact)
             form = simplest_form(fact, kind)
+            originals = {s: dims.original(s) for s in form.free_symbols}
+            if self.path_facts and form.xreplace(originals) in self.path_facts:
+                # a decision the version stands on: the choice of version checks it
+                continue
             if kind == "other" and len(form.free_symbols) == 1:
                 (symbol,) = form.free_symbols
                 interval = as_range(form, (low, dims.range_of(symbol)[1]))

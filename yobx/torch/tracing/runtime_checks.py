@@ -91,11 +91,18 @@ def graph_checks(dims: SymbolicDimensions, refinements: Any) -> list[RuntimeChec
     :param dims: the trace's symbolic dimensions
     :param refinements: the trace's :class:`~yobx.torch.tracing.refinement.Refinements`
     """
-    checks = declared_checks(dims)
-    checks += [
+    return declared_checks(dims) + assumed_checks(refinements)
+
+
+def assumed_checks(refinements: Any, routed: Any = ()) -> list[RuntimeCheck]:
+    """The ``torch._check`` calls of the model, then the constraints adopted from the
+    example, except the facts in ``routed`` (decisions that became choices between
+    versions of the capture, see :mod:`.versions`)."""
+    checks = [
         RuntimeCheck(condition, f"torch._check({text})", location, "torch._check")
         for condition, text, location in refinements.user_checks
     ]
+    skipped = {id(fact) for fact in routed}
     checks += [
         RuntimeCheck(
             fact.condition,
@@ -104,6 +111,7 @@ def graph_checks(dims: SymbolicDimensions, refinements: Any) -> list[RuntimeChec
             fact.constraint.kind,
         )
         for fact in refinements.adopted
+        if id(fact) not in skipped
     ]
     return checks
 
@@ -272,6 +280,32 @@ def insert_runtime_checks(
         for check in checks:
             count += builder.add(check)
     return count
+
+
+def insert_condition(
+    graph: torch.fx.Graph,
+    dims: SymbolicDimensions,
+    condition: sympy.Basic,
+    input_sizes: dict[str, list[Any]] | None = None,
+) -> torch.fx.Node | bool:
+    """Appends to ``graph`` the nodes computing ``condition`` (on ShapeEnv symbols of
+    ``dims``) from the sizes of its placeholders, as the runtime checks do; returns the
+    node holding its value (a bool when it is constant).
+
+    :raises TracingError: the condition reads a value no input gives
+    """
+    placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
+    builder = _CheckBuilder(graph, dims, placeholders, input_sizes or {})
+    check = RuntimeCheck(condition, dims.render(condition))
+    prepared = condition_in_sizes(dims, condition)
+    if prepared is None:
+        raise builder._unchecked(check)
+    if any(builder._symbol(s) is None for s in sorted(prepared.free_symbols, key=str)):
+        raise builder._unchecked(check)
+    result = builder._interpret(prepared)
+    if isinstance(result, Proxy):
+        return result.node
+    return bool(result)
 
 
 class _CheckBuilder:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import collections
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,7 @@ from .proxies import (
     proxy_class_for,
 )
 from .refinement import Refinements
+from .runtime_checks import RuntimeCheck, graph_checks
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
 from .torch_frames import cheap_uninteresting_files
@@ -62,6 +64,8 @@ from .trace_state import TraceState
 from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
 
 _BUILTIN_ISINSTANCE = builtins.isinstance
+#: the values of ``CustomTracer(narrowing=...)``
+NARROWING = ("versions", "constraints")
 _AUTOCAST_ENABLED = torch._C._is_any_autocast_enabled
 
 
@@ -127,6 +131,19 @@ class CustomTracer(
     :param runtime_checks: the traced graph checks, when it runs, that its inputs
         satisfy the declared ranges and every adopted constraint
         (:class:`~yobx.torch.tracing.ConstraintViolationError` otherwise)
+    :param narrowing: what an undecided decision on dimensions declared with a string
+        name, ``Dim.DYNAMIC`` or ``Dim.AUTO`` becomes: ``"versions"`` (the default)
+        captures its other side too, when eager runs there, and the graph chooses
+        between the captures at run time (:mod:`.versions`); ``"constraints"`` adopts
+        the example's answer as a constraint. A named ``torch.export.Dim`` stays strict.
+    :param max_versions: the most versions ``narrowing="versions"`` captures; decisions
+        beyond become constraints (:attr:`version_notes` says which)
+    :param version_seconds: the time the versions may take beyond the first capture;
+        by default three times the first capture's, at least 2 seconds (a version costs
+        about one capture and one eager run; at sizes the example avoided, such as odd
+        windows, a capture may cost several times the first). Decisions met after it
+        become constraints and :attr:`version_notes` says which: only then do the
+        versions depend on the machine's speed
 
     Traces in several threads run one after the other. While a trace runs, the
     functions it replaces answer as usual in every other thread, and after it (also
@@ -150,7 +167,23 @@ class CustomTracer(
         module_leaves: dict[type, Callable[[torch.nn.Module, str], bool]] | None = None,
         specialize_undecidable: bool = False,
         runtime_checks: bool = True,
+        narrowing: str = "versions",
+        max_versions: int = 8,
+        version_seconds: float | None = None,
     ):
+        if narrowing not in NARROWING:
+            raise ValueError(f"narrowing must be one of {NARROWING}, not {narrowing!r}")
+        if max_versions < 1:
+            raise ValueError(f"max_versions must be at least 1, not {max_versions}")
+        # what a version's tracer is built with (see _version_tracer)
+        self._init_kwargs = {
+            "autowrap_modules": autowrap_modules,
+            "autowrap_functions": autowrap_functions,
+            "param_shapes_constant": param_shapes_constant,
+            "module_leaves": module_leaves,
+            "specialize_undecidable": specialize_undecidable,
+            "runtime_checks": runtime_checks,
+        }
         super().__init__(
             autowrap_modules=autowrap_modules,
             autowrap_functions=tuple(
@@ -161,6 +194,17 @@ class CustomTracer(
         self.module_leaves = dict(module_leaves or {})
         self.specialize_undecidable = specialize_undecidable
         self.runtime_checks = runtime_checks
+        self.narrowing = narrowing
+        self.max_versions = max_versions
+        self.version_seconds = version_seconds
+        #: the versions of the last trace, when it captured several (see :mod:`.versions`)
+        self.versions: list = []
+        #: why undecided decisions of the last trace stayed constraints
+        self.version_notes: list[str] = []
+        #: the decisions a version's trace stands on (assumed when it starts)
+        self._path_conditions: list = []
+        self._version_constraints: list[Constraint] | None = None
+        self._version_checks: list[RuntimeCheck] | None = None
         self.proxy_buffer_attributes = True
         #: the symbolic dimensions of the last trace (None before any)
         self.dims: SymbolicDimensions | None = None
@@ -197,8 +241,23 @@ class CustomTracer(
 
     @property
     def constraints(self) -> list[Constraint]:
-        """Facts on dynamic dimensions adopted from the example inputs (last trace)."""
+        """Facts on dynamic dimensions adopted from the example inputs (last trace);
+        with versions, what the versions still assume beyond their conditions."""
+        if self._version_constraints is not None:
+            return list(self._version_constraints)
         return [] if self.refinements is None else self.refinements.constraints
+
+    @property
+    def checks(self) -> list[RuntimeCheck]:
+        """Every condition the last trace assumes of its inputs' sizes, in the order
+        its runtime checks (and an exported model's) verify them: declared ranges,
+        ``torch._check`` calls, adopted constraints; with versions, each version's
+        constraints checked when its conditions select it."""
+        if self._version_checks is not None:
+            return list(self._version_checks)
+        if self.dims is None or self.refinements is None:
+            return []
+        return graph_checks(self.dims, self.refinements)
 
     @property
     def range_constraints(self) -> dict[str, tuple[int | float, int | float]]:
@@ -268,6 +327,36 @@ class CustomTracer(
             torch.Size([2, 3])
         """
         _check_traceable(root)
+        self.versions, self.version_notes = [], []
+        self._version_constraints = self._version_checks = None
+        start = time.perf_counter()
+        graph = self._trace_in_window(
+            root, concrete_args, dynamic_shapes, remove_inplace, update_model_with_callable, verbose
+        )
+        if self._versions_wanted():
+            seconds = self.version_seconds
+            if seconds is None:
+                seconds = max(2.0, 3 * (time.perf_counter() - start))
+            graph = self._trace_versions(
+                root,
+                graph,
+                seconds,
+                dynamic_shapes=dynamic_shapes,
+                remove_inplace=remove_inplace,
+                update_model_with_callable=update_model_with_callable,
+            )
+        return graph
+
+    def _trace_in_window(
+        self,
+        root,
+        concrete_args,
+        dynamic_shapes,
+        remove_inplace: bool,
+        update_model_with_callable: bool,
+        verbose: int,
+    ) -> torch.fx.Graph:
+        """One trace, inside the process-wide patch window."""
         # One trace at a time in the process; its patches hold for this thread only, and
         # everything is restored in this frame's `finally`, which no interrupt can skip
         # (an interrupt landing in the restoration makes it run again, see patch_window).
@@ -318,6 +407,8 @@ class CustomTracer(
             dynamic_shapes,
             self.dims,
         )
+        if self._path_conditions:
+            self._assume_path()
         self._index_tensors(module)
         with (
             fx_tracing_per_thread(),
@@ -348,6 +439,65 @@ class CustomTracer(
             for guard in self.guards:
                 print(f"guard: {guard}")
         return graph
+
+    # versions (see .versions)
+
+    def _versions_wanted(self) -> bool:
+        """Whether the last trace left decisions whose other side may be captured."""
+        if self.narrowing != "versions" or self.refinements is None:
+            return False
+        if not any(f.constraint.kind != "value" for f in self.refinements.adopted):
+            return False
+        inputs = self.state.inputs
+        return inputs is not None and all(leaf is not NO_EXAMPLE for leaf in inputs.leaves)
+
+    def _trace_versions(
+        self, root, graph: torch.fx.Graph, seconds: float, **trace_arguments
+    ) -> torch.fx.Graph:
+        """Captures the other sides of the undecided decisions, for at most ``seconds``,
+        and joins the versions."""
+        from .versions import Versioning, leaves, version_checks
+
+        versioning = Versioning(self, root, graph, seconds, **trace_arguments)
+        tree = versioning.run()
+        self.version_notes = versioning.notes
+        versions = leaves(tree)
+        if len(versions) == 1:
+            return graph
+        joined, holder = versioning.join(tree)
+        self.versions = versions
+        self.traced_model = holder
+        constraints: list[Constraint] = []
+        for version in versions:
+            constraints += [c for c in version.constraints if c not in constraints]
+        self._version_constraints = constraints
+        self._version_checks = version_checks(versioning.first, versions)
+        for node in joined.find_nodes(op="output"):
+            node.meta["guards"] = list(self.guards)
+            node.meta["constraints"] = list(constraints)
+        joined.lint()
+        return joined
+
+    def _version_tracer(self, path: list) -> CustomTracer:
+        """A tracer like this one for a version standing on the decisions ``path``."""
+        child = type(self)(**self._init_kwargs)
+        child.narrowing = "constraints"
+        child._path_conditions = list(path)
+        return child
+
+    def _assume_path(self) -> None:
+        """A version's trace starts from the decisions it stands on (see .versions)."""
+        from torch.fx.experimental.sym_node import SymNode
+
+        from .versions import in_dimensions
+
+        for condition in self._path_conditions:
+            fact = in_dimensions(self.dims, condition.condition)
+            # with its value on the example (the version's witness satisfies it): the
+            # ShapeEnv then knows it as a fact, not as an assertion deferred to run time
+            known = torch.SymBool(SymNode(fact, self.dims.shape_env, bool, hint=True))
+            self.refinements.assume_path(fact, lambda _, known=known: self._assume(known))
+            self.guards.append(Guard(condition.expression, True, "version", condition.location))
 
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()

@@ -1,0 +1,140 @@
+"""Never narrow, in ONNX: the versions of a capture become an ``If`` choosing from the
+input sizes; what a version still assumes is checked when the model selects it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.runtime_checks import failed_check
+
+
+def _session(result) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    return onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+class Long(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[2] > 16:
+            return x.sum(dim=2) * 2
+        return x.mean(dim=2) + 1
+
+
+def test_both_sides_are_exported_and_validated():
+    model = Long()
+    result = to_onnx(
+        model, (torch.randn(2, 3, 8),), dynamic_shapes={"x": {0: "batch", 2: "seq"}}, validate=True
+    )
+    assert "If" in [n.op_type for n in result.model_proto.graph.node]
+    # nothing narrowed: no constraint, no check beyond the declared ranges
+    assert result.constraints == []
+    assert all("16" not in c.expression for c in result.runtime_checks)
+    report = result.validation
+    assert report.ok, report.format()
+    assert any(c.description.startswith("[version 2: (seq > 16)]") for c in report.cases)
+    session = _session(result)
+    for batch, seq in ((2, 5), (3, 16), (2, 17), (4, 40)):
+        x = torch.randn(batch, 3, seq)
+        (got,) = session.run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-5, rtol=1e-5)
+
+
+class Table(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(32, 4))
+
+    def forward(self, x):
+        if x.shape[1] > 8:
+            return x + self.table[: x.shape[1]] * 2
+        return x + self.table[: x.shape[1]]
+
+
+def test_a_version_constraint_is_checked_where_the_version_runs():
+    model = Table()
+    result = to_onnx(
+        model, (torch.randn(2, 4, 4),), dynamic_shapes={"x": {0: "b", 1: "n"}}, validate=True
+    )
+    (check,) = [c for c in result.runtime_checks if "32" in c.expression]
+    assert check.expression == "n <= 32 when (n > 8)"
+    report = result.validation
+    assert report.ok, report.format()
+    assert report.n_checks_fired >= 1
+    session = _session(result)
+    for n in (2, 8, 9, 20, 32):
+        x = torch.randn(3, n, 4)
+        (got,) = session.run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(Exception) as info:
+        session.run(None, {"x": torch.randn(3, 33, 4).numpy()})
+    assert "n <= 32 when (n > 8)" in failed_check(str(info.value))
+
+
+def test_constraints_narrowing_keeps_one_capture():
+    result = to_onnx(
+        Long(),
+        (torch.randn(2, 3, 8),),
+        dynamic_shapes={"x": {2: "seq"}},
+        narrowing="constraints",
+    )
+    assert "If" not in [n.op_type for n in result.model_proto.graph.node]
+    assert [c.expression for c in result.constraints] == ["seq <= 16"]
+
+
+class Projection(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.shape[1] > 8:
+            return self.linear(x) * 2
+        return self.linear(x) + 1
+
+
+def test_the_versions_share_the_weights_and_leave_the_model_alone():
+    model = Projection()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    dynamic = {"x": {0: "b", 1: "n"}}
+    x = torch.randn(2, 4, 4)
+    result = to_onnx(model, (x,), dynamic_shapes=dynamic, validate=True)
+    assert len(result.versions) == 2 and result.validation.ok, result.validation.format()
+    # the lowering replaces the weights with fakes while it runs: all are put back,
+    # though both versions reach them (two paths to the same attribute)
+    for name, value in model.state_dict().items():
+        assert type(value) is torch.Tensor and torch.equal(value, weights[name]), name
+    # stored once, not once per version
+    matrices = [i for i in result.model_proto.graph.initializer if list(i.dims) == [4, 4]]
+    assert len(matrices) == 1
+
+
+def test_versions_that_do_not_export_fall_back_to_one_checked_capture(monkeypatch):
+    from yobx.torch.onnx import lowering
+
+    def refused(*args):
+        raise RuntimeError("cond lowering refused\nsecond line")
+
+    # the lowering of a torch.cond whose branches call some modules is still limited
+    # (a vision transformer's): the model is exported, on the example's side, checked
+    monkeypatch.setattr(lowering, "_lower_cond", refused)
+    model = Long()
+    result = to_onnx(
+        model, (torch.randn(2, 3, 8),), dynamic_shapes={"x": {2: "seq"}}, validate=True
+    )
+    assert result.validation.ok, result.validation.format()
+    note = result.version_notes[0]
+    assert note.startswith("the versions could not be exported (OnnxExportError: "), note
+    assert "RuntimeError: cond lowering refused" in note
+    assert note.endswith("exported the example's side, its constraints checked by the model")
+    assert [c.expression for c in result.constraints] == ["seq <= 16"]
+    assert [s.name for s in result.stages].count("capture") == 1
+    with pytest.raises(Exception) as info:
+        _session(result).run(None, {"x": torch.randn(2, 3, 17).numpy()})
+    assert "seq <= 16" in failed_check(str(info.value))

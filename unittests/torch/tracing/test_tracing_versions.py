@@ -1,0 +1,151 @@
+"""Never narrow: an undecided decision on dynamic dimensions gets both sides captured
+(versions), and the graph chooses between them from the input sizes."""
+
+import pytest
+import torch
+from torch.export import Dim
+
+from yobx.torch.tracing import ConstraintViolationError, CustomTracer, StrictDimensionError
+
+from ._helpers import assert_same, trace_module
+
+
+def _check_sizes(model, gm, make, sizes):
+    """The graph matches eager at every size (eager accepts them all)."""
+    for size in sizes:
+        x = make(size)
+        assert_same(model(x.clone()), gm(x.clone()))
+
+
+class Long(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[2] > 16:
+            return x.sum(dim=2) * 2
+        return x.mean(dim=2) + 1
+
+
+def test_both_sides_of_a_range_decision_are_exact():
+    model = Long()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    attributes = set(vars(model))
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 3, 8)}, {"x": {0: "b", 2: "seq"}})
+    assert [v.when for v in tracer.versions] == ["(seq <= 16)", "(seq > 16)"]
+    assert all(__file__ in c.location for v in tracer.versions for c in v.conditions)
+    assert tracer.constraints == [] and tracer.version_notes == []
+    assert "version 2: seq > 16" in str(tracer.versions[1])
+    _check_sizes(model, gm, lambda s: torch.randn(3, 3, s), [2, 5, 16, 17, 18, 40])
+    # each version's own graph is runnable on its side
+    x = torch.randn(2, 3, 30)
+    assert_same(model(x), tracer.versions[1].graph_module(x))
+    # the user's module is not mutated by the versions
+    assert set(vars(model)) == attributes
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+class Square(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[2] == x.shape[3]:
+            return x * 2
+        return x.sum(dim=2, keepdim=True) + x
+
+
+def test_both_sides_of_a_relation_are_exact():
+    model = Square()
+    tracer, _, gm = trace_module(
+        model, {"x": torch.randn(2, 3, 5, 5)}, {"x": {0: "b", 2: "h", 3: "w"}}
+    )
+    assert [v.when for v in tracer.versions] == ["(h == w)", "(h != w)"]
+    _check_sizes(
+        model, gm, lambda s: torch.randn(2, 3, *s), [(4, 4), (6, 6), (4, 7), (9, 3), (5, 6)]
+    )
+
+
+class Quarters(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] % 4 == 0:
+            return x.view(x.shape[0], -1, 4).sum(-1)
+        return x * 3
+
+
+def test_both_sides_of_a_divisibility_are_exact():
+    model = Quarters()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 8)}, {"x": {0: "b", 1: "n"}})
+    assert [v.when for v in tracer.versions] == ["(n % 4 == 0)", "(n % 4 != 0)"]
+    _check_sizes(model, gm, lambda s: torch.randn(3, s), [4, 12, 16, 5, 7, 10])
+
+
+class Nested(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] > 8:
+            if x.shape[1] > 16:
+                return x * 3
+            return x * 2
+        return x + 1
+
+
+def test_nested_decisions_give_nested_choices():
+    model = Nested()
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 4)}, {"x": {0: "b", 1: "n"}})
+    assert [v.when for v in tracer.versions] == [
+        "(n <= 8)",
+        "(n > 8) and (n <= 16)",
+        "(n > 8) and (n > 16)",
+    ]
+    _check_sizes(model, gm, lambda s: torch.randn(3, s), [2, 5, 8, 9, 12, 16, 17, 40])
+
+
+class Table(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(32, 4))
+
+    def forward(self, x):
+        if x.shape[1] > 8:
+            return x + self.table[: x.shape[1]] * 2
+        return x + self.table[: x.shape[1]]
+
+
+def test_a_side_where_eager_raises_stays_a_constraint():
+    model = Table()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 4, 4)}, {"x": {0: "b", 1: "n"}})
+    assert [v.when for v in tracer.versions] == ["(n <= 8)", "(n > 8)"]
+    # past the table, eager raises: no graph can do better, the limit is the model's
+    assert [str(c).split("  [")[0] for c in tracer.constraints] == ["n <= 32 (range)"]
+    assert tracer.constraints[0].when == "(n > 8)"
+    assert any("eager raises for n=33" in note for note in tracer.version_notes)
+    _check_sizes(model, gm, lambda s: torch.randn(3, s, 4), [2, 5, 8, 9, 12, 32])
+    with pytest.raises(ConstraintViolationError, match="n <= 32"):
+        gm(torch.randn(3, 33, 4))
+
+
+def test_budgets_and_the_old_behaviour():
+    x = {"x": torch.randn(2, 4)}
+    dynamic = {"x": {0: "b", 1: "n"}}
+    tracer, _, gm = trace_module(Nested(), x, dynamic, tracer_kwargs={"max_versions": 2})
+    assert len(tracer.versions) == 2
+    assert any("beyond the budget of 2 versions" in n for n in tracer.version_notes)
+    # the other side was captured at the nearest size (n=9), which is not past 16
+    assert [c.expression for c in tracer.constraints] == ["n <= 16"]
+    assert tracer.constraints[0].when == "(n > 8)"
+    with pytest.raises(ConstraintViolationError, match="n <= 16"):
+        gm(torch.randn(3, 20))
+    _check_sizes(Nested(), gm, lambda s: torch.randn(3, s), [2, 8, 9, 16])
+    tracer, _, _ = trace_module(Nested(), x, dynamic, tracer_kwargs={"version_seconds": 0})
+    assert tracer.versions == []
+    assert any("time budget" in n for n in tracer.version_notes)
+    # narrowing="constraints": the example's side only
+    tracer, _, gm = trace_module(
+        Long(),
+        {"x": torch.randn(2, 3, 8)},
+        {"x": {2: "seq"}},
+        tracer_kwargs={"narrowing": "constraints"},
+    )
+    assert tracer.versions == []
+    assert [c.expression for c in tracer.constraints] == ["seq <= 16"]
+    with pytest.raises(ConstraintViolationError, match="seq <= 16"):
+        gm(torch.randn(2, 3, 17))
+    # a named Dim stays strict
+    with pytest.raises(StrictDimensionError):
+        trace_module(Long(), {"x": torch.randn(2, 3, 8)}, {"x": {2: Dim("seq")}})
+    with pytest.raises(ValueError, match="narrowing must be one of"):
+        CustomTracer(narrowing="both")

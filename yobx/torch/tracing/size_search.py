@@ -1,0 +1,152 @@
+"""Searching sizes: integer assignments of dimensions that satisfy conditions.
+
+Two tools need sizes the example does not give: a trace looking for a *witness* where an
+undecided decision goes the other way (:mod:`.versions`), and the validation of an
+exported model looking for inputs that break one of its runtime checks
+(:mod:`yobx.torch.onnx.check_validation`). Both evaluate conditions written with
+ShapeEnv functions (``FloorDiv``, ``Mod``, ``Min``, exact fractions) thousands of times:
+:func:`compile_condition` turns one into a Python function once.
+
+The candidates come from the example's sizes: a dimension moved first to the values the
+conditions' constants suggest (``seq <= 16`` breaks at 17, ``(h//8) * (w//8) != 16`` at
+multiples of 8 and 16), to small sizes and around the example's size, then to every size
+up to a bound; then two dimensions moved together.
+"""
+
+from __future__ import annotations
+
+import fractions
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+#: every size up to this bound (or four times the example's) is tried for one dimension
+SCAN_BOUND = 300
+#: the suggested values of the first dimension of a pair
+PAIR_VALUES = 40
+
+
+def compile_condition(condition: sympy.Basic, symbols: Sequence[sympy.Symbol]) -> Callable:
+    """A Python function computing ``condition`` (or any expression) from the values of
+    ``symbols``, as a traced graph's checks compute it: integers, exact fractions for
+    the rational constants, Python's ``//``, ``%``, ``min`` and ``max``.
+
+    A division by zero raises ``ZeroDivisionError``, as Python does.
+    """
+    from torch.utils._sympy.printers import PythonPrinter
+
+    rationals = {
+        r: sympy.Symbol(f"_fraction_{i}")
+        for i, r in enumerate(sorted(condition.atoms(sympy.Rational), key=str))
+        if not r.is_Integer
+    }
+    names = {s: sympy.Symbol(f"_size_{i}") for i, s in enumerate(symbols)}
+    text = PythonPrinter().doprint(condition.xreplace({**rationals, **names}))
+    arguments = ", ".join(str(names[s]) for s in symbols)
+    scope: dict[str, Any] = {"math": math, "min": min, "max": max}
+    scope.update({str(v): fractions.Fraction(int(r.p), int(r.q)) for r, v in rationals.items()})
+    # the text is printed from a sympy expression of ours: no user string reaches it
+    return eval(f"lambda {arguments}: {text}", scope)
+
+
+def holds(function: Callable, values: Sequence[int]) -> bool:
+    """``function(*values)`` as a bool; False where it divides by zero (the model's
+    computation of the condition fails there)."""
+    try:
+        return bool(function(*values))
+    except (ZeroDivisionError, ValueError, OverflowError):
+        return False
+
+
+def constants_of(*conditions: sympy.Basic) -> list[int]:
+    """The integers written in conditions, small ones first (0 left out)."""
+    numbers: set[int] = set()
+    for condition in conditions:
+        numbers |= {abs(int(a)) for a in condition.atoms(sympy.Integer) if abs(int(a)) < 10**6}
+    return sorted(numbers - {0})
+
+
+def suggested_sizes(base: int, constants: Sequence[int]) -> list[int]:
+    """Sizes the constants of a condition suggest, then small sizes and sizes around
+    the example's ``base``, each once and never ``base``."""
+    candidates: list[int] = []
+    for constant in constants:
+        candidates += [constant + 1, constant - 1, constant]
+    for first, second in itertools.combinations_with_replacement(constants, 2):
+        product = first * second
+        candidates += [product, product + 1, product - 1]
+    candidates += list(range(18))
+    candidates += [base + 1, base - 1, base + 2, base - 2, 2 * base, 2 * base + 1]
+    candidates += [64, 129, 1025]
+    return _unique(candidates, base)
+
+
+def scanned_sizes(base: int, constants: Sequence[int]) -> list[int]:
+    """:func:`suggested_sizes`, then every other size up to a bound."""
+    suggested = suggested_sizes(base, constants)
+    bound = max(SCAN_BOUND, 4 * base + 1)
+    return suggested + _unique(range(bound), base, set(suggested))
+
+
+def _unique(values, base: int, seen: set[int] | None = None) -> list[int]:
+    seen = set() if seen is None else set(seen)
+    result = []
+    for value in values:
+        if value >= 0 and value != base and value not in seen:
+            seen.add(value)
+            result.append(value)
+    return result
+
+
+def moves(
+    base: Mapping[Any, int], focus: Sequence[Any], constants: Sequence[int]
+) -> Iterator[dict[Any, int]]:
+    """Changes of the assignment ``base``: one variable of ``focus`` moved, then one of
+    ``focus`` with any other variable (``k == max(0, m - 4)`` kept while ``m - 4 != 1``
+    breaks), then two others."""
+    for variable in focus:
+        for value in scanned_sizes(base[variable], constants):
+            yield {variable: value}
+    others = [v for v in base if v not in focus]
+    pairs = [*itertools.permutations(focus, 2), *itertools.product(focus, others)]
+    for first, second in pairs:
+        for a in suggested_sizes(base[first], constants)[:PAIR_VALUES]:
+            for b in scanned_sizes(base[second], constants):
+                yield {first: a, second: b}
+
+
+def tensor_like(example: torch.Tensor, shape: Sequence[int], generator) -> torch.Tensor:
+    """A tensor of ``shape`` whose values look like ``example``'s."""
+    if example.numel() == 0:
+        return torch.zeros(shape, dtype=example.dtype)
+    if example.dtype == torch.bool:
+        if bool(example.all()) or not bool(example.any()):
+            return torch.full(shape, bool(example.flatten()[0]), dtype=torch.bool)
+        return torch.randint(0, 2, tuple(shape), generator=generator).to(torch.bool)
+    low, high = example.min(), example.max()
+    if bool(low == high):
+        return torch.full(shape, low.item(), dtype=example.dtype)
+    if not example.dtype.is_floating_point:
+        # Integer inputs are often indices (token ids): stay in the example's range.
+        return torch.randint(
+            int(low), int(high) + 1, tuple(shape), generator=generator, dtype=example.dtype
+        )
+    mean = example.float().mean()
+    std = example.float().std()
+    values = torch.randn(tuple(shape), generator=generator) * std + mean
+    return values.to(example.dtype)
+
+
+__all__ = [
+    "compile_condition",
+    "constants_of",
+    "holds",
+    "moves",
+    "scanned_sizes",
+    "suggested_sizes",
+    "tensor_like",
+]

@@ -1,0 +1,541 @@
+"""Never narrow: versions of a capture, one per side of each undecided decision.
+
+A decision on dynamic dimensions the tracer cannot prove (``if x.shape[2] > 16``,
+``if h == w``, a reshape needing ``n % 4 == 0``) takes the example's answer and becomes a
+constraint: the graph is exact on that side only. With ``narrowing="versions"`` (the
+default of :class:`~yobx.torch.tracing.CustomTracer`), the tracer then captures the
+other side too:
+
+1. it looks for a *witness*: sizes inside the declared ranges, satisfying the decisions
+   made before, for which the decision goes the other way (a search over the declared
+   dimensions, :mod:`.size_search`);
+2. it runs the model eagerly on inputs of those sizes: if eager raises there (a position
+   table of 512 rows, a reshape that cannot divide, an explicit ``raise``), no graph can
+   do better, and the decision stays a constraint;
+3. it captures the model again on those inputs, the decision's other side assumed (the
+   *path* of the new version), and looks at that version's own undecided decisions in
+   turn (nested decisions give nested choices);
+4. it joins the captures into one graph choosing at run time from the input sizes: a
+   ``torch.cond`` (:class:`~yobx.torch.tracing.CondCCOp`) on the decision, whose
+   branches are the versions' graphs (ONNX ``If`` once exported).
+
+Budgets bound the cost: ``max_versions`` (8 by default) versions, captured within
+``version_seconds`` (by default three times the first capture); decisions beyond stay
+constraints. :attr:`CustomTracer.versions` lists the versions with their
+conditions in the user's dimension names and the source lines,
+:attr:`CustomTracer.version_notes` says why a decision stayed a constraint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import operator
+import time
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from .constraints import Constraint
+from .control_flow import CondCCOp
+from .dynamic_shapes import STRICT
+from .errors import exception_summary
+from .expression_text import pretty
+from .module_state import preserved_modules
+from .runtime_checks import (
+    RuntimeCheck,
+    assumed_checks,
+    condition_in_sizes,
+    declared_checks,
+    insert_condition,
+    insert_shape_checks,
+)
+from .size_search import compile_condition, constants_of, holds, moves, tensor_like
+
+#: candidate sizes tried at most to find a witness for one decision (conditions compile
+#: to Python: a few microseconds per candidate, 30 for hundreds of operations)
+_WITNESS_BUDGET = 10_000
+#: operations in a condition an operator needed (a kernel's guard, not a branch of the
+#: model) beyond which its other side is not looked for: reshapes of windowed attention
+#: check products of padded sizes whose other side eager refuses anyway
+_OPERATOR_CONDITION_OPS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionCondition:
+    """One decision a version of the capture stands on.
+
+    :param condition: the condition, on symbols named after the user's dimensions
+    :param expression: the condition in the user's names (``seq > 16``)
+    :param location: the user's ``file:line`` of the decision
+    """
+
+    condition: sympy.Basic
+    expression: str
+    location: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.expression}  [{self.location}]" if self.location else self.expression
+
+
+@dataclasses.dataclass
+class Version:
+    """One capture of the model, for the inputs its conditions select.
+
+    :param index: its number, from 1, in the order the joined graph lists them
+    :param conditions: the decisions selecting it (all hold for its inputs)
+    :param tracer: the tracer of this capture (its ``dims``, ``guards``, ``constraints``)
+    :param graph: its graph
+    :param example: the example inputs it was captured with (``concrete_args``)
+    """
+
+    index: int
+    conditions: list[VersionCondition]
+    tracer: Any
+    graph: torch.fx.Graph
+    example: dict[str, Any]
+    #: the facts of this capture that became choices between versions
+    routed: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def when(self) -> str:
+        """The conditions selecting this version, as one expression in the user's names
+        (empty for a capture without choice)."""
+        return " and ".join(f"({c.expression})" for c in self.conditions)
+
+    @property
+    def constraints(self) -> list[Constraint]:
+        """What this version still assumes of its inputs beyond its conditions (each
+        with :attr:`Constraint.when <yobx.torch.tracing.Constraint>` set to them)."""
+        routed = {id(fact.constraint) for fact in self.routed}
+        when = self.when
+        return [
+            dataclasses.replace(c, when=when)
+            for c in self.tracer.constraints
+            if id(c) not in routed
+        ]
+
+    @property
+    def graph_module(self) -> torch.fx.GraphModule:
+        """The version's own graph, runnable on inputs its conditions select."""
+        return torch.fx.GraphModule(self.tracer.traced_model, self.graph)
+
+    def __str__(self) -> str:
+        conditions = " and ".join(str(c) for c in self.conditions) or "the example's side"
+        text = f"version {self.index}: {conditions}"
+        constraints = [dataclasses.replace(c, when="") for c in self.constraints]
+        if constraints:
+            text += "; constraints: " + ", ".join(str(c) for c in constraints)
+        return text
+
+
+@dataclasses.dataclass
+class Split:
+    """A choice between versions: ``true`` where ``condition`` holds, else ``false``."""
+
+    condition: VersionCondition
+    true: Split | Version
+    false: Split | Version
+
+
+def leaves(tree: Split | Version) -> list[Version]:
+    """The versions of a decision tree, true sides first."""
+    if isinstance(tree, Version):
+        return [tree]
+    return leaves(tree.true) + leaves(tree.false)
+
+
+def in_dimensions(dims: Any, condition: sympy.Basic) -> sympy.Basic:
+    """A condition on user-named symbols written with the symbols of ``dims``."""
+    # the symbols themselves, not what the ShapeEnv replaced them with since
+    # (`w` by `h` once `h == w` was adopted): the sizes of the inputs read them
+    names = {
+        sympy.Symbol(name, integer=True): symint.node._expr for name, symint in dims.by_name.items()
+    }
+    return condition.xreplace(names)
+
+
+class Versioning:
+    """Captures the versions of a model from its first trace and joins them.
+
+    :param tracer: the tracer that made the first trace (it becomes the joined one)
+    :param root: the traced module or callable
+    :param graph: the first trace's graph
+    :param seconds: the time the versions may take; decisions met after it stay
+        constraints
+    :param trace_arguments: ``dynamic_shapes``, ``remove_inplace`` and
+        ``update_model_with_callable`` as :meth:`CustomTracer.trace` received them
+    """
+
+    def __init__(
+        self, tracer: Any, root: Any, graph: torch.fx.Graph, seconds: float, **trace_arguments: Any
+    ):
+        self.tracer = tracer
+        self.seconds = seconds
+        self.deadline = time.perf_counter() + seconds
+        self.root = root
+        self.trace_arguments = trace_arguments
+        self.notes: list[str] = []
+        self.count = 1
+        first = tracer._version_tracer([])
+        # the first capture keeps its own state; the tracer becomes the joined one
+        for name in ("dims", "refinements", "shape_rules", "guards", "state", "traced_model"):
+            setattr(first, name, getattr(tracer, name))
+        inputs = tracer.state.inputs
+        example = dict(zip(inputs.arg_names, pytree.tree_unflatten(inputs.leaves, inputs.in_spec)))
+        self.first = Version(0, [], first, graph, example)
+
+    def run(self) -> Split | Version:
+        """The decision tree of the versions (the first capture alone when none)."""
+        tree = self._expand(self.first)
+        for index, version in enumerate(leaves(tree), start=1):
+            version.index = index
+        return tree
+
+    # capturing
+
+    def _expand(self, version: Version) -> Split | Version:
+        """The subtree of ``version``: each of its undecided decisions whose other side
+        can be captured becomes a choice, in the order the trace made them."""
+        dims = version.tracer.dims
+        adopted = list(version.tracer.refinements.adopted)
+        splits: list[tuple[VersionCondition, Split | Version]] = []
+        for position, fact in enumerate(adopted):
+            if fact.constraint.kind == "value" or fact.origin == "number":
+                continue  # an int needed from a size: one value, not a side
+            if any(dims.policy_of(s) == STRICT for s in fact.condition.free_symbols):
+                continue  # a named Dim stays strict
+            user = dims.user_expression(fact.condition)
+            if fact.origin == "operator" and sympy.count_ops(user) > _OPERATOR_CONDITION_OPS:
+                continue  # an operator's requirement on padded products (see above)
+            negation = sympy.Not(user)
+            location = fact.constraint.location
+            if self.count >= self.tracer.max_versions:
+                self._note(fact, f"beyond the budget of {self.tracer.max_versions} versions")
+                continue
+            if time.perf_counter() > self.deadline:
+                self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
+                continue
+            earlier = [dims.user_expression(f.condition) for f in adopted[:position]]
+            path = [c.condition for c in version.conditions]
+            witness = self._witness(version, [*path, *earlier, negation])
+            if witness is None:
+                self._note(fact, "no size inside the declared ranges takes the other side")
+                continue
+            taken = [c for c, _ in splits]
+            side = VersionCondition(negation, pretty(negation), location)
+            other = self._capture(version, witness, [*version.conditions, *taken, side], fact)
+            if other is None:
+                continue
+            self.count += 1
+            version.routed.append(fact)
+            splits.append((VersionCondition(user, pretty(user), location), self._expand(other)))
+        # the version itself is on the side of its trace of each choice it makes
+        version.conditions = [*version.conditions, *(c for c, _ in splits)]
+        tree: Split | Version = version
+        for condition, other in reversed(splits):
+            tree = Split(condition, tree, other)
+        return tree
+
+    def _note(self, fact: Any, why: str) -> None:
+        note = f"`{fact.constraint}` stays a constraint: {why}"
+        if note not in self.notes:  # versions meet the same decisions
+            self.notes.append(note)
+
+    def _witness(self, version: Version, conditions: list[sympy.Basic]) -> dict | None:
+        """Sizes of the user's dimensions inside the declared ranges where every
+        condition holds, near the version's example; None when the search finds none."""
+        dims = version.tracer.dims
+        names = list(dims.by_name)
+        symbols = [sympy.Symbol(name, integer=True) for name in names]
+        base = {s: int(dims.hint(dims.by_name[n])) for n, s in zip(names, symbols)}
+        bounds = []
+        for name, symbol in zip(names, symbols):
+            low, high = dims.declared.get(dims.by_name[name].node._expr, (0, None))
+            bounds.append(sympy.Ge(symbol, low))
+            if high is not None:
+                bounds.append(sympy.Le(symbol, high))
+        wanted = [*bounds, *conditions]
+        if not all(c.free_symbols <= set(symbols) for c in wanted):
+            return None
+        functions = [compile_condition(c, symbols) for c in wanted]
+        focus = [s for s in symbols if s in conditions[-1].free_symbols]
+        constants = constants_of(*conditions)
+        for count, changes in enumerate(moves(base, focus, constants)):
+            if count >= _WITNESS_BUDGET:
+                break
+            assignment = {**base, **changes}
+            values = [assignment[s] for s in symbols]
+            if all(holds(f, values) for f in functions):
+                return {s.name: v for s, v in assignment.items()}
+        return None
+
+    def _capture(
+        self, version: Version, witness: dict, path: list[VersionCondition], fact: Any
+    ) -> Version | None:
+        """The version of the other side, captured on inputs of the witness's sizes;
+        None (and a note) when eager or the trace fails there."""
+        inputs = version.tracer.state.inputs
+        leaves_ = _leaves_for(version.tracer.dims, inputs, witness)
+        sizes = ", ".join(f"{k}={v}" for k, v in witness.items() if v != _hint(version, k))
+        error = _run_eagerly(self.root, inputs, leaves_)
+        if error is not None:
+            self._note(fact, f"eager raises for {sizes} ({error})")
+            return None
+        example = dict(zip(inputs.arg_names, pytree.tree_unflatten(leaves_, inputs.in_spec)))
+        child = self.tracer._version_tracer(path)
+        try:
+            graph = child.trace(self.root, concrete_args=example, **self.trace_arguments)
+        except Exception as exc:
+            self._note(fact, f"the capture for {sizes} fails ({exception_summary(exc)})")
+            return None
+        other = Version(0, path, child, graph, example)
+        mismatch = _output_mismatch(self.first, other)
+        if mismatch:
+            self._note(fact, f"the other side ({sizes}) returns {mismatch}")
+            return None
+        return other
+
+    # joining
+
+    def join(self, tree: Split | Version) -> tuple[torch.fx.Graph, torch.nn.Module]:
+        """The graph choosing between the versions at run time, and the module holding
+        the versions' graph modules (the traced model of the joined graph)."""
+        holder = torch.nn.Module()
+        operands = _operands(self.first.graph)
+        graph = self._router(tree, operands, holder, root=True)
+        return graph, holder
+
+    def _router(
+        self, tree: Split, operands: list[str], holder: torch.nn.Module, root: bool = False
+    ) -> torch.fx.Graph:
+        first = self.first
+        graph = torch.fx.Graph()
+        placeholders = {}
+        for node in first.graph.nodes:
+            if node.op != "placeholder" or not (root or node.target in operands):
+                continue
+            copy_ = graph.placeholder(node.target)
+            copy_.meta.update({k: v for k, v in node.meta.items() if k in ("val", "example_value")})
+            placeholders[node.target] = copy_
+        inputs = first.tracer.state.inputs
+        sizes = {n: s for n, s in zip(inputs.names, inputs.sizes) if isinstance(s, (list, tuple))}
+        condition = in_dimensions(first.tracer.dims, tree.condition.condition)
+        pred = insert_condition(graph, first.tracer.dims, condition, sizes)
+        branches = []
+        for subtree in (tree.true, tree.false):
+            if isinstance(subtree, Version):
+                module = _flat_module(subtree, operands)
+                name = f"version_{subtree.index}"
+            else:
+                module = torch.fx.GraphModule(holder, self._router(subtree, operands, holder))
+                name = f"choice_{len(holder._modules)}"
+            holder.add_module(name, module)
+            branches.append(graph.get_attr(name))
+        arguments = tuple(placeholders[name] for name in operands)
+        cond = graph.call_function(CondCCOp(), (pred, *branches, arguments))
+        cond.meta["stack_trace"] = f"  version choice: {tree.condition}\n"
+        outputs = [
+            graph.call_function(operator.getitem, (cond, i)) for i in range(_n_outputs(first))
+        ]
+        for node in graph.nodes:
+            if node.op not in ("placeholder",) and node not in outputs and node is not cond:
+                node.meta.setdefault("val", None)
+        if root:
+            self._finish_root(graph, outputs, cond)
+        else:
+            graph.output(tuple(outputs))
+        return graph
+
+    def _finish_root(self, graph: torch.fx.Graph, outputs: list, cond: torch.fx.Node) -> None:
+        """The joined graph returns what the first capture returns (constants included),
+        takes its inputs the same way and checks their ranks and static sizes."""
+        first = self.first
+        old_output = next(n for n in first.graph.nodes if n.op == "output")
+        values = iter(outputs)
+        vals = []
+
+        def replace(arg: Any) -> Any:
+            if isinstance(arg, torch.fx.Node):
+                node = next(values)
+                node.meta["val"] = arg.meta.get("val")
+                vals.append(node.meta["val"])
+                return node
+            return arg
+
+        graph.output(torch.fx.node.map_arg(old_output.args[0], replace))
+        cond.meta["val"] = tuple(vals)
+        graph._codegen = copy.copy(first.graph._codegen)
+        graph._tracer_cls = None
+        if self.tracer.runtime_checks:
+            inputs = first.tracer.state.inputs
+            sizes = {n: s for n, s in zip(inputs.names, inputs.sizes) if s is not None}
+            insert_shape_checks(graph, sizes)
+
+
+def describe_versions(versions: list[Version], notes: list[str]) -> list[str]:
+    """Lines telling the versions of a capture and why decisions stayed constraints
+    (what ``yobx trace`` and ``yobx export`` print); empty for one capture without
+    notes."""
+    lines = [f"  {version}" for version in versions]
+    lines += [f"  {note}" for note in notes]
+    return lines
+
+
+def version_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]:
+    """The conditions a graph joining ``versions`` checks on its inputs, on the symbols
+    of the ``first`` capture (whose inputs the joined graph takes): the declarations,
+    then what each version assumes beyond its conditions, checked when they select it
+    (``seq <= 64 when (seq > 16)`` is ``Or(Not(seq > 16), seq <= 64)``). A condition
+    every version assumes is checked once, unconditionally."""
+    dims = first.tracer.dims
+    per_version = []
+    for version in versions:
+        own = version.tracer.dims
+        path = sympy.And(*(in_dimensions(dims, c.condition) for c in version.conditions))
+        mapped = []
+        for check in assumed_checks(version.tracer.refinements, version.routed):
+            user = own.user_expression(condition_in_sizes(own, check.condition))
+            mapped.append(dataclasses.replace(check, condition=in_dimensions(dims, user)))
+        per_version.append((version, path, mapped))
+    common = set.intersection(*({c.condition for c in m} for _, _, m in per_version))
+    checks = declared_checks(dims)
+    for version, path, mapped in per_version:
+        for check in mapped:
+            if check.condition in common:
+                if all(c.condition != check.condition for c in checks):
+                    checks.append(check)
+                continue
+            checks.append(
+                dataclasses.replace(
+                    check,
+                    condition=sympy.Or(sympy.Not(path), check.condition),
+                    expression=f"{check.expression} when {version.when}",
+                )
+            )
+    return checks
+
+
+def _hint(version: Version, name: str) -> int:
+    dims = version.tracer.dims
+    return int(dims.hint(dims.by_name[name]))
+
+
+def _leaves_for(dims: Any, inputs: Any, witness: dict[str, int]) -> list[Any]:
+    """The example's leaves with the dynamic sizes of the witness."""
+    symbols = [sympy.Symbol(name, integer=True) for name in witness]
+    values = [witness[s.name] for s in symbols]
+
+    def size(value: Any) -> int:
+        if isinstance(value, int):
+            return value
+        # the size as declared (`w`), not as the ShapeEnv rewrote it since (`h`)
+        expression = dims.user_expression(value.node._expr)
+        return int(compile_condition(expression, symbols)(*values))
+
+    generator = torch.Generator().manual_seed(0)
+    new = []
+    for leaf, sizes in zip(inputs.leaves, inputs.sizes):
+        if isinstance(sizes, torch.SymInt):
+            new.append(size(sizes))
+        elif isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
+            new.append(tensor_like(leaf, [size(d) for d in sizes], generator))
+        else:
+            new.append(leaf)
+    return new
+
+
+def _run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
+    """Runs the model on the witness's inputs; the error's summary when it raises.
+
+    The model is left as it was: its buffers keep their values (a model may update
+    them) and its modules their attributes (Swin sets its window size in ``forward``
+    from the input's size).
+    """
+    module = root if isinstance(root, torch.nn.Module) else None
+    saved = {n: b.detach().clone() for n, b in module.named_buffers()} if module else {}
+    try:
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            if module is not None:
+                stack.enter_context(preserved_modules(module))
+            inputs.call(root, leaves_)
+    except Exception as exc:
+        return exception_summary(exc)
+    finally:
+        if module is not None:
+            with torch.no_grad():
+                for name, buffer in module.named_buffers():
+                    if name in saved:
+                        buffer.copy_(saved[name])
+    return None
+
+
+def _output_mismatch(first: Version, other: Version) -> str:
+    """How the outputs of two versions differ in structure (empty when they do not):
+    one graph cannot choose between them."""
+    if first.tracer.state.out_spec != other.tracer.state.out_spec:
+        return "another output structure"
+    mine = next(n for n in first.graph.nodes if n.op == "output").args[0]
+    theirs = next(n for n in other.graph.nodes if n.op == "output").args[0]
+    flat, flat_other = pytree.tree_leaves(mine), pytree.tree_leaves(theirs)
+    for a, b in zip(flat, flat_other):
+        if isinstance(a, torch.fx.Node) != isinstance(b, torch.fx.Node):
+            return "a computed output where the example's side returns a constant"
+        if not isinstance(a, torch.fx.Node) and a != b:
+            return f"the constant {b!r} where the example's side returns {a!r}"
+    return ""
+
+
+def _operands(graph: torch.fx.Graph) -> list[str]:
+    """The inputs the versions receive: tensors and ints declared dynamic (constants
+    are baked into each version)."""
+    return [
+        n.target
+        for n in graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), (torch.Tensor, torch.SymInt))
+    ]
+
+
+def _n_outputs(version: Version) -> int:
+    output = next(n for n in version.graph.nodes if n.op == "output")
+    return sum(isinstance(a, torch.fx.Node) for a in pytree.tree_leaves(output.args[0]))
+
+
+def _flat_module(version: Version, operands: list[str]) -> torch.fx.GraphModule:
+    """The version's graph taking the operands flat and returning its computed outputs
+    flat: what a branch of the joined graph's ``torch.cond`` is."""
+    graph = torch.fx.Graph()
+    values: dict[torch.fx.Node, torch.fx.Node] = {}
+    output = graph.graph_copy(version.graph, values)
+    for node in [n for n in graph.nodes if n.op == "placeholder"]:
+        if node.target in operands:
+            continue
+        constant = node.meta.get("val")
+        for user in list(node.users):
+            user.args = torch.fx.node.map_arg(
+                user.args, lambda a, c=constant, n=node: c if a is n else a
+            )
+            user.kwargs = torch.fx.node.map_arg(
+                user.kwargs, lambda a, c=constant, n=node: c if a is n else a
+            )
+        graph.erase_node(node)
+    computed = [a for a in pytree.tree_leaves(output) if isinstance(a, torch.fx.Node)]
+    graph.output(tuple(computed))
+    graph.lint()
+    return torch.fx.GraphModule(version.tracer.traced_model, graph)
+
+
+__all__ = [
+    "Split",
+    "Version",
+    "VersionCondition",
+    "Versioning",
+    "describe_versions",
+    "in_dimensions",
+    "leaves",
+    "version_checks",
+]
