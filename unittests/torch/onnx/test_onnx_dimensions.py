@@ -8,6 +8,7 @@ import math
 import onnx_ir as ir
 import pytest
 import torch
+import torch.nn.functional as F
 
 from yobx.torch.onnx import OnnxExportError, to_onnx
 from yobx.torch.onnx.validation import validate
@@ -146,3 +147,27 @@ def test_validation_fails_when_a_declared_dimension_cannot_be_varied():
     assert report.n_checked == 1
     assert any("'n' (axis 0 of x) was never compared" in r for r in report.reasons())
     assert "NOT OK" in str(report)
+
+
+class _NumbersFromSizes(torch.nn.Module):
+    """int(), float(), round() and math.ceil of dimensions (Never narrow, item 2)."""
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        up = F.interpolate(x, size=(int(h // 2), round(w * 0.75)), mode="nearest")
+        padded = math.ceil(h / 4) * 4
+        return up.sum((-1, -2)) / float(w) + F.pad(x, (0, 0, 0, padded - h)).sum((-1, -2))
+
+
+def test_numbers_from_sizes_stay_symbolic_in_onnx():
+    model = _NumbersFromSizes()
+    result = to_onnx(
+        model,
+        (torch.randn(2, 3, 8, 6),),
+        dynamic_shapes={"x": {0: "batch", 2: "h", 3: "w"}},
+        validate=True,
+    )
+    assert result.validation.ok, result.validation.format()
+    assert result.constraints == []
+    shapes = [(1, 3, 5, 9), (3, 3, 13, 4), (2, 3, 2, 2)]
+    _check_other_sizes(model, result, [(torch.randn(*s),) for s in shapes])

@@ -118,7 +118,7 @@ def test_the_versions_share_the_weights_and_leave_the_model_alone():
 def test_versions_that_do_not_export_fall_back_to_one_checked_capture(monkeypatch):
     from yobx.torch.onnx import lowering
 
-    def refused(*args):
+    def refused(*args, **kwargs):
         raise RuntimeError("cond lowering refused\nsecond line")
 
     # the lowering of a torch.cond whose branches call some modules is still limited

@@ -76,6 +76,38 @@ def int_of_dim(b: ProgramBuilder) -> Made:
     return _one(b, f"{v}.reshape(int({v}.shape[0]), -1)")
 
 
+@idiom(0.7)
+def number_from_dims(b: ProgramBuilder) -> Made:
+    """Never narrow, item 2: ints and floats made from sizes fed back to torch."""
+    v = b.pick()
+    a = b.axis(v)
+    d = f"{v}.shape[{a}]"
+    expression = b.rng.choice(
+        (
+            f"{v}.narrow({a}, 0, int(({d} + 1) // 2))",
+            f"{v}.sum() + {v}.new_zeros(int({d} // 2) + 1, 2).sum(0).sum()",
+            f"F.pad({v}, (0, math.ceil({v}.shape[-1] / 4) * 4 - {v}.shape[-1]))",
+            f"{v} * round({d} * 0.75) + {v} / float({d})",
+            f"{v}.flatten()[: int({v}.numel() * 0.5) + 1]",
+            f"{v}.split([int({d} // 2), {d} - int({d} // 2)], {a})[1]",
+        )
+    )
+    return _one(b, expression)
+
+
+@idiom(0.3)
+def loop_over_blocks(b: ProgramBuilder) -> Made:
+    """``for i in range((n + 1) // 2)``: a Python int from a size (each value a version)."""
+    v = b.pick()
+    a = b.axis(v)
+    i, t = b.new("i"), b.new()
+    return [
+        f"{t} = {b.index(v, a, ':1')} * 0",
+        f"for {i} in range(({v}.shape[{a}] + 1) // 2):",
+        f"    {t} = {t} + {v}.narrow({a}, {i}, 1)",
+    ], [t]
+
+
 @idiom(0.5)
 def tensor_of_dim(b: ProgramBuilder) -> Made:
     v = b.pick()

@@ -270,12 +270,15 @@ def test_failing_operation_names_user_line():
 
 
 def test_float_of_a_specialized_symbolic_float_keeps_its_value():
-    """``float(math.sqrt(x.shape[-1]))`` with specialization bakes sqrt(5), not 2."""
+    """A real Python float of ``math.sqrt(x.shape[-1])`` with specialization bakes
+    sqrt(5), not 2 (the traced code's ``float`` keeps it symbolic, the builtin itself,
+    called from elsewhere, does not)."""
+    import builtins
     import math
 
     class Model(torch.nn.Module):
         def forward(self, x):
-            return x / float(math.sqrt(x.shape[-1]))
+            return x / builtins.float(math.sqrt(x.shape[-1]))
 
     x = torch.randn(2, 5)
     tracer = CustomTracer(specialize_undecidable=True)

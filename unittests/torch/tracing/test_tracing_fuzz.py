@@ -31,12 +31,14 @@ BATCHES = 8
 # dimension declared dynamic that the program makes a constant: a SpecializationError
 # naming the line (torch.export refuses these as well, "Constraints violated").
 ALLOWED_REFUSALS: dict[str, str] = {
-    "specialization@int_of_dim": "int(x.shape[0]) makes the dimension a constant",
-    "specialization@scalar_from_dims": "float(x.shape[-1]) makes the dimension a constant",
     "specialization@unbind": "unbind returns one tensor per index: the count is the dimension",
     "specialization@split_int": "split(k) on a dimension k does not divide: a size-dependent count",
     "specialization@split": "split(k) makes as many pieces as the dimension allows",
     "specialization@chunk": "chunk(k) on a short dimension: the count is the dimension",
+    "specialization@permute": (
+        "contiguous() of a tensor that a size-1 dimension of the example makes contiguous: "
+        "torch returns the tensor itself there and a copy at other sizes"
+    ),
 }
 
 

@@ -6,6 +6,7 @@ makes a dimension static. The guard reported for it must read ``batch == 3`` or
 ``True -> True`` and nothing said the graph holds for ``batch == 3`` only.
 """
 
+import operator
 import warnings
 
 import pytest
@@ -38,7 +39,8 @@ class IfNotEqual(torch.nn.Module):
 
 class IntOfDimension(torch.nn.Module):
     def forward(self, x):
-        return x * int(x.shape[0])
+        # a real Python int (`int(...)` in the traced code stays symbolic)
+        return x * operator.index(x.shape[0])
 
 
 class KernelNeedsValue(torch.nn.Module):
@@ -102,11 +104,11 @@ def test_specialization_guard_names_the_condition(
 
 
 def test_relation_of_two_dimensions_is_rendered_before_adoption():
-    """``int(a + b)`` fixes the sum: the guard names both dimensions."""
+    """A Python int of ``a + b`` fixes the sum: the guard names both dimensions."""
 
     class Model(torch.nn.Module):
         def forward(self, x, y):
-            return x.sum() + int(x.shape[0] + y.shape[0])
+            return x.sum() + operator.index(x.shape[0] + y.shape[0])
 
     tracer = CustomTracer(specialize_undecidable=True)
     inputs = {"x": torch.randn(3, 2), "y": torch.randn(4, 2)}

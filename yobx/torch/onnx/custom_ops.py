@@ -178,6 +178,17 @@ def _symbolic_math(onnx_op: str):
     return translation
 
 
+def _round_to_onnx(x, ndigits=None):
+    """``round(h * 0.75)`` of a dimension: ONNX Round rounds half to even, as Python;
+    an integer without ``ndigits``, a float rounded to ``ndigits`` decimals with it."""
+    x = _op.Cast(x, to=onnxscript.DOUBLE.dtype)
+    if ndigits is None:
+        return _op.Cast(_op.Round(x), to=onnxscript.INT64.dtype)
+    scale = _op.Constant(value_float=float(10**ndigits))
+    scale = _op.Cast(scale, to=onnxscript.DOUBLE.dtype)
+    return _op.Cast(_op.Div(_op.Round(_op.Mul(x, scale)), scale), to=onnxscript.FLOAT.dtype)
+
+
 #: torch's symbolic twins of Python's math functions -> ONNX operator
 _SYMBOLIC_MATH = {
     "sqrt": "Sqrt",
@@ -203,7 +214,7 @@ def register_translations(registry: Any) -> None:
     lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, attention
     with a boolean mask hiding every key of a query (zeros, as torch), and the
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
-    dimension lowers to.
+    dimension lowers to, and ``round`` of a dimension.
     """
     registry.register_op(torch.ops.yobx.lstm.default, _lstm_to_onnx)
     registry.register_op(torch.ops.yobx.gru.default, _gru_to_onnx)
@@ -211,6 +222,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten.masked_select.default, _masked_select_to_onnx)
     registry.register_op(torch.ops.aten.copy.default, _copy_to_onnx)
     registry.register_op(torch.ops.aten.scaled_dot_product_attention.default, _attention_to_onnx)
+    registry.register_op(round, _round_to_onnx)
     for name, onnx_op in _SYMBOLIC_MATH.items():
         function = getattr(torch, f"_sym_{name}", None)
         if function is not None:

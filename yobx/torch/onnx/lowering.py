@@ -240,10 +240,15 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         if result is not NotImplemented:
             return result
         if isinstance(target, CondCCOp):
-            return _lower_cond(*args)
+            return _lower_cond(*args, lowered=self._branch_interpreter)
         # the tracer computed this node's value with the same symbolic variant
         # (math.sqrt of a dimension: torch._sym_sqrt, an ONNX Sqrt of the shape)
         return super().call_function(function_variant(target, args), args, kwargs)
+
+    def _branch_interpreter(self, branch: torch.fx.GraphModule) -> _LoweringInterpreter:
+        """The interpreter of a cond's branch: a nested cond in it (versions choosing
+        inside a version) is lowered as this one; make_fx lowers every other node."""
+        return _LoweringInterpreter(branch, self.origins, self.shape_env, self.guards)
 
     def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
         result = self._lower_directly(args, kwargs)
@@ -275,31 +280,37 @@ def _branch_state(branch: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def _with_state(branch: torch.nn.Module, n_operands: int, names: list[str], offset: int):
+def _with_state(
+    branch: torch.nn.Module, n_operands: int, names: list[str], offset: int, lowered: Any
+):
     distinct = set(_distinct_slots(branch, names))
 
     def function(*args):
         values = args[n_operands + offset : n_operands + offset + len(names)]
         state = {name: value for name, value in zip(names, values) if name in distinct}
         with stateless._reparametrize_module(branch, state, strict=False):
-            return branch(*args[:n_operands])
+            if lowered is None or not isinstance(branch, torch.fx.GraphModule):
+                return branch(*args[:n_operands])
+            return lowered(branch).run(*args[:n_operands])
 
     return function
 
 
-def _lower_cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
+def _lower_cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any, lowered: Any = None) -> Any:
     """Lowers a cond with the operator itself, which make_fx records.
 
     ``torch.cond`` would compile its call with dynamo, whose cache outlives the
     export: a second export of a cond then specialised the shapes the first one saw.
     The branches' parameters and buffers become operands (what dynamo did): make_fx
     would otherwise bake the fake values the lowering gave them into the branches.
+    ``lowered(branch)`` gives the interpreter running a branch: a cond nested in it
+    must be lowered the same way (called as it is, it would compile with dynamo).
     """
     operands = tuple(operands)
     true_state, false_state = _branch_state(true_fn), _branch_state(false_fn)
     n = len(operands)
-    lifted_true = _with_state(true_fn, n, list(true_state), 0)
-    lifted_false = _with_state(false_fn, n, list(false_state), len(true_state))
+    lifted_true = _with_state(true_fn, n, list(true_state), 0, lowered)
+    lifted_false = _with_state(false_fn, n, list(false_state), len(true_state), lowered)
     all_operands = operands + tuple(true_state.values()) + tuple(false_state.values())
     return torch.ops.higher_order.cond(pred, lifted_true, lifted_false, all_operands)
 

@@ -229,6 +229,10 @@ def _isolated(fact: sympy.Basic) -> sympy.Basic:
 def _solve_single(fact: sympy.Basic) -> sympy.Expr | None:
     from torch.utils._sympy.solve import try_solve
 
+    if fact.has(FloorDiv, Mod, PythonMod, Min, Max, sympy.floor, sympy.ceiling):
+        # not one-to-one: `(n + 3) // 4 == 1` holds for n in 1..4, and try_solve
+        # answers a single n for it
+        return None
     (symbol,) = fact.free_symbols
     solved = try_solve(fact, symbol)
     return None if solved is None else solved[1]

@@ -194,11 +194,13 @@ class DecisionsMixin:
         hint = self.dims.hint(val)
         expression = self.dims.render(val)
         symbols = val.node.expr.free_symbols
-        if len(symbols) == 1:
-            # int(seq // 2) or float(sqrt(seq)) fix seq itself
+        if len(symbols) == 1 and isinstance(val, torch.SymFloat):
+            # float(sqrt(seq)) fixes seq itself: an equality of floats is no range
             (symbol,) = symbols
             fact = self.dims.symint(symbol) == self.dims.hint_of(symbol)
         else:
+            # range((seq + 255) // 256) needs the expression's value, a range of seq
+            # (seq <= 256), not seq itself, as torch.export adopts
             fact = val == hint
         self.refinements.adopt(
             fact.node.expr, location, f"{what} for `{expression}`", origin="number"

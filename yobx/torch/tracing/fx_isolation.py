@@ -92,6 +92,11 @@ class _ThreadPatcher(_symbolic_trace._Patcher):
 
     def patch(self, frame_dict, name, new_fn, deduplicate=True) -> None:
         original = frame_dict.get(name, getattr(builtins, name, None))
+        if getattr(new_fn, "__yobx_any_thread__", False):
+            # right in every thread (the traced code's `int`): a function gate would
+            # not answer isinstance(v, int)
+            super().patch(frame_dict, name, new_fn, deduplicate)
+            return
         if original is None or getattr(original, "__fx_already_patched", False):
             super().patch(frame_dict, name, new_fn, deduplicate)
             return

@@ -28,6 +28,7 @@ from torch.fx.proxy import Proxy
 
 from .patch_window import any_thread, gated_value, patch_window, register_undo
 from .proxies import find_proxy
+from .symbolic_builtins import TRACED_BUILTINS, as_builtin
 
 #: factories whose size arguments may hold symbolic dimensions
 TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
@@ -73,14 +74,17 @@ _BUILTIN_ISINSTANCE = builtins.isinstance
 
 
 def patch_len_in(function: Any) -> None:
-    """Replaces ``len`` in the globals of ``function`` while the current torch.fx trace
-    lasts (its patcher restores them)."""
+    """Replaces ``len``, ``int`` and ``float`` in the globals of ``function`` while the
+    current torch.fx trace lasts (its patcher restores them): see :func:`traced_len`
+    and :mod:`.symbolic_builtins`."""
     from .world_state import current_fx_patcher
 
     patcher = current_fx_patcher()
     frame_dict = getattr(function, "__globals__", None)
     if patcher is not None and frame_dict is not None:
         patcher.patch(frame_dict, "len", traced_len)
+        for name, replacement in TRACED_BUILTINS.items():
+            patcher.patch(frame_dict, name, replacement)
 
 
 def _recording(original: Callable) -> Callable:
@@ -88,12 +92,33 @@ def _recording(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
+        if "dtype" in kwargs:
+            # torch.zeros(n, dtype=int) in the traced code, where `int` is traced_int
+            kwargs["dtype"] = as_builtin(kwargs["dtype"])
         proxy = find_proxy(args, kwargs)
         if proxy is None:
             return original(*args, **kwargs)
         return proxy.tracer.create_proxy("call_function", original, args, kwargs)
 
     wrapper.__yobx_original__ = original
+    return wrapper
+
+
+#: methods of real tensors taking a Python type for a dtype (``mask.to(int)``)
+_DTYPE_METHODS = ("to", "type", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor")
+
+
+def _builtin_dtypes(original: Callable) -> Callable:
+    """``tensor.to(int)`` on a real tensor in the traced code, where ``int`` is
+    :data:`~.symbolic_builtins.traced_int`: torch receives the builtin."""
+
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        args = tuple(as_builtin(a) for a in args)
+        if "dtype" in kwargs:
+            kwargs["dtype"] = as_builtin(kwargs["dtype"])
+        return original(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -388,6 +413,7 @@ def _replacements() -> list[tuple[Any, str, Any]]:
             for name in _LIST_FUNCTIONS
             if hasattr(torch, name)
         ),
+        *((torch.Tensor, n, _builtin_dtypes(getattr(torch.Tensor, n))) for n in _DTYPE_METHODS),
         (torch, "_check", _check(torch._check)),
         (torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__)),
         (torch, "cond", cond_function(torch.cond)),

@@ -9,6 +9,7 @@ comparisons soundly through the tracer.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -277,6 +278,21 @@ class _ScalarProxy(CustomProxy):
 
     def __float__(self) -> float:
         return float(self.tracer.to_int(self))
+
+    # round(h * 0.75), math.ceil(n / p): symbolic, as torch's SymFloat computes them
+    # (math.ceil reaches here when torch.fx did not autowrap it in the caller's globals)
+    def __round__(self, ndigits: int | None = None):
+        args = (self,) if ndigits is None else (self, ndigits)
+        return self.tracer.create_proxy("call_function", round, args, {})
+
+    def __ceil__(self):
+        return self.tracer.create_proxy("call_function", math.ceil, (self,), {})
+
+    def __floor__(self):
+        return self.tracer.create_proxy("call_function", math.floor, (self,), {})
+
+    def __trunc__(self):
+        return self.tracer.create_proxy("call_function", math.trunc, (self,), {})
 
     def __len__(self) -> int:
         raise TypeError(f"object of type {type(self).__name__} has no len()")

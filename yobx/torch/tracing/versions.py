@@ -205,8 +205,8 @@ class Versioning:
         adopted = list(version.tracer.refinements.adopted)
         splits: list[tuple[VersionCondition, Split | Version]] = []
         for position, fact in enumerate(adopted):
-            if fact.constraint.kind == "value" or fact.origin == "number":
-                continue  # an int needed from a size: one value, not a side
+            if fact.constraint.kind == "value":
+                continue  # a dimension fixed to one size: no other side to capture
             if any(dims.policy_of(s) == STRICT for s in fact.condition.free_symbols):
                 continue  # a named Dim stays strict
             user = dims.user_expression(fact.condition)

@@ -300,6 +300,10 @@ def masked_fill(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tens
     if [size_key(s) for s in shape] != [size_key(s) for s in x.shape]:
         raise Unsupported("the mask broadcasts the input")
     common_device([x, mask])
+    if not exactly_contiguous(x):
+        # torch clones the input contiguous, or keeps its layout, depending on the
+        # kernel that runs (ATen's or the reference's): torch decides
+        raise Unsupported("non-contiguous input")
     strides = output_strides(factory, [mask, x], shape, False)
     return factory.new(x.shape, x.dtype, x.device, needs_grad([x]), strides)
 

@@ -438,9 +438,38 @@ def contiguous(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tenso
     x = fake(args[0])
     if exactly_contiguous(x):
         return x
-    if is_contiguous_for_memory_format_or_false(x, memory_format=torch.contiguous_format):
+    if is_contiguous_for_memory_format_or_false(
+        x, memory_format=torch.contiguous_format
+    ) or _contiguous_at_example(x):
+        # torch returns x itself when its size-1 dimensions (at the example's sizes
+        # too) are all that keeps it from being exactly contiguous: torch decides
         raise Unsupported("contiguous up to size-1 dimensions")
     return factory.new(x.shape, x.dtype, x.device, x.requires_grad and torch.is_grad_enabled())
+
+
+def _contiguous_at_example(x: torch.Tensor) -> bool:
+    """``x.is_contiguous()`` at the example's sizes (size-1 dimensions skipped),
+    computed from the hints, without a guard."""
+    expected = 1
+    for size, stride in reversed(list(zip(x.shape, x.stride()))):
+        size, stride = _hint(size), _hint(stride)
+        if size is None or stride is None:
+            return False
+        if size == 0:
+            return True
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _hint(value: Any) -> int | None:
+    if isinstance(value, torch.SymInt):
+        hint = value.node.hint
+        return None if hint is None else int(hint)
+    return int(value)
 
 
 def size(factory: TensorFactory, args: tuple, kwargs: dict) -> Any:
