@@ -1,7 +1,8 @@
 """Random traced programs exported to ONNX and compared with eager in onnxruntime.
 
 ``python _scripts/fuzz_onnx.py --count 200`` prints the outcome counts
-(correct / narrowed / refused / eager_failed / wrong) and the most frequent refusals;
+(correct / narrowed / refused / eager_failed / wrong), the most frequent refusals and
+narrowings (a size eager runs that the ONNX model refuses, naming the check);
 ``--show-wrong`` prints every wrong program.
 """
 
@@ -29,6 +30,7 @@ def main() -> None:
     options = parser.parse_args()
     counts: collections.Counter = collections.Counter()
     refusals: collections.Counter = collections.Counter()
+    narrowings: collections.Counter = collections.Counter()
     start = time.perf_counter()
     for seed in range(options.start, options.start + options.count):
         outcome = run_onnx_program(generate_program(seed))
@@ -36,6 +38,8 @@ def main() -> None:
         if outcome.kind == "refused":
             # file names and numbers differ between programs: the kind of refusal stays
             refusals[re.sub(r"/\S+:\d+|\d+", "#", outcome.message)[:140]] += 1
+        if outcome.kind == "narrowed":
+            narrowings[re.sub(r"/\S+:\d+", "#", outcome.message)[:140]] += 1
         if outcome.kind == "wrong" and options.show_wrong:
             print(outcome.report(), end="\n\n")
     elapsed = time.perf_counter() - start
@@ -47,6 +51,10 @@ def main() -> None:
         )
     )
     for message, count in refusals.most_common():
+        print(f"  {count:4d}  {message}")
+    if narrowings:
+        print("narrowings:")
+    for message, count in narrowings.most_common():
         print(f"  {count:4d}  {message}")
 
 

@@ -121,9 +121,9 @@ def test_versions_that_do_not_export_fall_back_to_one_checked_capture(monkeypatc
     def refused(*args, **kwargs):
         raise RuntimeError("cond lowering refused\nsecond line")
 
-    # the lowering of a torch.cond whose branches call some modules is still limited
-    # (a vision transformer's): the model is exported, on the example's side, checked
-    monkeypatch.setattr(lowering, "_lower_cond", refused)
+    # a version whose lowering fails (an operator without translation in one of
+    # them): the model is exported, on the example's side, checked
+    monkeypatch.setattr(lowering, "record_cond", refused)
     model = Long()
     result = to_onnx(
         model, (torch.randn(2, 3, 8),), dynamic_shapes={"x": {2: "seq"}}, validate=True
@@ -138,3 +138,61 @@ def test_versions_that_do_not_export_fall_back_to_one_checked_capture(monkeypatc
     with pytest.raises(Exception) as info:
         _session(result).run(None, {"x": torch.randn(2, 3, 17).numpy()})
     assert "seq <= 16" in failed_check(str(info.value))
+
+
+class SizeOutput(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] > 4:
+            return x.sum(1), x.shape[1] * 2
+        return x.mean(1), 8
+
+
+class Blocks(torch.nn.Module):
+    def forward(self, x):
+        blocks = (x.shape[1] + 3) // 4
+        return torch.stack([x[:, i * 4 : (i + 1) * 4].sum(1) for i in range(blocks)], 1)
+
+
+@pytest.mark.parametrize(
+    ("model", "example", "sizes"),
+    [(SizeOutput(), (2, 3), [2, 4, 5, 9]), (Blocks(), (2, 7, 3), [2, 5, 8, 9, 13])],
+    ids=["size_output", "nested_blocks"],
+)
+def test_versions_returning_sizes_or_nested_are_exported(model, example, sizes):
+    """A size computed by one version and folded by another, and nested choices (one
+    version per number of blocks), export as Ifs, exact at every size."""
+    result = to_onnx(model, (torch.randn(*example),), dynamic_shapes={"x": {1: "n"}}, validate=True)
+    assert not result.version_fallback and len(result.versions) >= 2
+    assert result.validation.ok, result.validation.format()
+    session = _session(result)
+    for n in sizes:
+        x = torch.randn(example[0], n, *example[2:])
+        got = session.run(None, {"x": x.numpy()})
+        expected = model(x)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        for e, g in zip(expected, got):
+            np.testing.assert_allclose(np.asarray(e), g, atol=1e-5, rtol=1e-5)
+
+
+def test_position_interpolation_versions_export_exact_at_non_square_sizes():
+    """A vision transformer skips the interpolation of its position table for the
+    square size it was built for: each version is lowered on its own example (the
+    square version adds a table of 17 rows, which the joined graph's sizes cannot
+    show), and the ONNX model is exact at square, non-square and other patch counts."""
+    pytest.importorskip("transformers")
+    from yobx.models.architectures import build
+    from yobx.torch.onnx.validation import validate
+
+    case = build("vit")
+    result = to_onnx(
+        case.model, case.args, case.kwargs, dynamic_shapes=case.dynamic_shapes, validate=True
+    )
+    assert not result.version_fallback and len(result.versions) == 3
+    assert result.validation.ok, result.validation.format()
+    # the weights, read by every version, are stored once under the model's names
+    names = [i.name for i in result.model_proto.graph.initializer]
+    weights = [n for n in names if "constant" not in n and not n.startswith("val_")]
+    assert sorted(weights) == sorted(dict(case.model.named_parameters())), weights
+    for sizes in case.stress_sizes:  # torch.export's program refuses these
+        report = validate(case.model, result, [((), case.inputs_at(sizes))])
+        assert report.ok and report.n_checked == 1, report.format()

@@ -136,8 +136,15 @@ def _graph_runner(program: Program, gm: torch.nn.Module):
     def make():
         module = copy.deepcopy(gm)
         # a graph module keeps the buffers its graph uses: give it every buffer of a
-        # fresh model, so that buffers sharing storage keep sharing it
-        for name, tensor in program.build().named_buffers():
+        # fresh model, so that buffers sharing storage keep sharing it; the versions of
+        # a capture (graph modules inside it) read the same buffers
+        fresh = dict(program.build().named_buffers())
+        for path, _ in list(module.named_buffers(remove_duplicate=False)):
+            original = re.sub(r"^((version|choice)_\d+\.)+", "", path)
+            owner, _, name = path.rpartition(".")
+            if original != path and original in fresh:
+                module.get_submodule(owner).register_buffer(name, fresh[original])
+        for name, tensor in fresh.items():
             module.register_buffer(name, tensor)
 
         def run(rows):

@@ -149,3 +149,43 @@ def test_budgets_and_the_old_behaviour():
         trace_module(Long(), {"x": torch.randn(2, 3, 8)}, {"x": {2: Dim("seq")}})
     with pytest.raises(ValueError, match="narrowing must be one of"):
         CustomTracer(narrowing="both")
+
+
+class SizeOutput(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] > 4:
+            return x.sum(1), x.shape[1] * 2
+        return x.mean(1), 8
+
+
+def test_a_size_computed_on_one_side_and_constant_on_the_other():
+    """The model returns a size on one side and a number on the other: one graph."""
+    model = SizeOutput()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 3)}, {"x": {1: "n"}})
+    assert [v.when for v in tracer.versions] == ["(n <= 4)", "(n > 4)"]
+    for n in (2, 4, 5, 9):
+        x = torch.randn(2, n)
+        expected, got = model(x), gm(x)
+        assert_same(expected[0], got[0])
+        assert got[1] == expected[1] and isinstance(got[1], int)
+
+
+def test_a_check_implied_by_its_version_conditions_is_dropped():
+    """``(h//8)**2 + 1 == 17`` where ``h == w`` and ``(h//8)*(w//8) == 16``: no size
+    breaks it (validation could not exercise it), the version's choice checks it."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Max
+
+    from yobx.torch.tracing.versions import _implied
+
+    h, w = sympy.symbols("h w", integer=True)
+    patches = FloorDiv(h, 8) * FloorDiv(w, 8)
+    square = sympy.And(sympy.Eq(patches, 16), sympy.Eq(h, w))
+    assert _implied(sympy.Eq(FloorDiv(h, 8) ** 2 + 1, 17), square)
+    not_square = sympy.And(sympy.Eq(patches, 16), sympy.Ne(h, w))
+    product = Max(1, FloorDiv(h, 8)) * Max(1, FloorDiv(w, 8))
+    assert _implied(sympy.Ne(product, 1), not_square)
+    # not implied: another value, or factors that may be negative
+    assert not _implied(sympy.Eq(FloorDiv(h, 8) ** 2 + 1, 18), square)
+    shifted = sympy.Eq((h - 10) * (w - 10), 16)
+    assert not _implied(sympy.Ne(Max(1, h - 10) * Max(1, w - 10), 1), shifted)

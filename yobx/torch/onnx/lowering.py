@@ -11,9 +11,11 @@ that node's name, so the ONNX value can carry it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import operator
+import re
 from typing import Any
 
 import torch
@@ -28,6 +30,7 @@ from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops, direct_lowering
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.onnx.version_lowering import record_cond
 from yobx.torch.passes import writes_anything
 from yobx.torch.tracing import shape_rules
 from yobx.torch.tracing.control_flow import CondCCOp
@@ -37,6 +40,7 @@ from yobx.torch.tracing.static_fakes import StaticFakes
 from yobx.torch.tracing.symbolic import static_fake
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 from yobx.torch.tracing.symbolic_variants import function_variant
+from yobx.torch.tracing.versions import DIMENSIONS_KEY
 
 #: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
 SOURCE_NODE_KEY = "yobx_source_node"
@@ -136,8 +140,11 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         shape_env: Any,
         guards: list[tuple[Any, torch.fx.Node]],
         direct_mode: FakeTensorMode | None = None,
+        branches: dict[int, LoweredGraph] | None = None,
     ):
         super().__init__(module, garbage_collect_values=True)
+        #: id(branch module) -> the branch lowered alone (versions of a capture)
+        self.branches = branches or {}
         self.origins = origins
         self.shape_env = shape_env
         #: guards torch added while lowering, with the node being lowered
@@ -240,6 +247,12 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         if result is not NotImplemented:
             return result
         if isinstance(target, CondCCOp):
+            pred, true_fn, false_fn, operands = args
+            lowered = (self.branches.get(id(true_fn)), self.branches.get(id(false_fn)))
+            if isinstance(pred, torch.SymBool) and None not in lowered:
+                # versions of a capture, each lowered on its own example
+                outer = self._node.meta[DIMENSIONS_KEY]
+                return record_cond(pred, (true_fn, false_fn), lowered, tuple(operands), outer)
             return _lower_cond(*args, lowered=self._branch_interpreter)
         # the tracer computed this node's value with the same symbolic variant
         # (math.sqrt of a dimension: torch._sym_sqrt, an ONNX Sqrt of the shape)
@@ -248,7 +261,9 @@ class _LoweringInterpreter(torch.fx.Interpreter):
     def _branch_interpreter(self, branch: torch.fx.GraphModule) -> _LoweringInterpreter:
         """The interpreter of a cond's branch: a nested cond in it (versions choosing
         inside a version) is lowered as this one; make_fx lowers every other node."""
-        return _LoweringInterpreter(branch, self.origins, self.shape_env, self.guards)
+        return _LoweringInterpreter(
+            branch, self.origins, self.shape_env, self.guards, branches=self.branches
+        )
 
     def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
         result = self._lower_directly(args, kwargs)
@@ -290,10 +305,24 @@ def _with_state(
         state = {name: value for name, value in zip(names, values) if name in distinct}
         with stateless._reparametrize_module(branch, state, strict=False):
             if lowered is None or not isinstance(branch, torch.fx.GraphModule):
-                return branch(*args[:n_operands])
-            return lowered(branch).run(*args[:n_operands])
+                outputs = branch(*args[:n_operands])
+            else:
+                outputs = lowered(branch).run(*args[:n_operands])
+        # a size returned by the model (computed by one version, a constant in another)
+        # is a 0-d tensor, as any number the ONNX model returns: cond returns tensors
+        return pytree.tree_map_only(_NUMBERS, _number_as_tensor, outputs)
 
     return function
+
+
+_NUMBERS = (int, float, torch.SymInt, torch.SymFloat)
+
+
+def _number_as_tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, bool):
+        return torch.tensor(value)
+    floating = isinstance(value, (float, torch.SymFloat))
+    return torch.scalar_tensor(value, dtype=torch.float32 if floating else torch.int64)
 
 
 def _lower_cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any, lowered: Any = None) -> Any:
@@ -438,8 +467,41 @@ def _enter_lowering_contexts(stack: contextlib.ExitStack, fake_mode: Any, opset:
     stack.enter_context(aten_fake_rules(fake_mode))
 
 
+_VERSION_PREFIX = re.compile(r"^((version|choice)_\d+\.)+")
+
+
+def _model_names(names: list[str]) -> list[str]:
+    """The weights of a graph choosing between versions under the model's names
+    (``version_1.embeddings.cls_token`` is ``embeddings.cls_token``), where no two
+    become one (constants the versions made each keep their own)."""
+    stripped = [_VERSION_PREFIX.sub("", name) for name in names]
+    if len(set(stripped)) != len(stripped):
+        counts = collections.Counter(stripped)
+        return [s if counts[s] == 1 else n for n, s in zip(names, stripped)]
+    return stripped
+
+
+def _lower_versions(
+    graph_module: torch.fx.GraphModule, opset: int, direct: bool, lowered: dict
+) -> None:
+    """Lowers alone every branch of the choices between versions in ``graph_module``
+    (see :mod:`.version_lowering`), innermost first, into ``lowered`` (by id)."""
+    for node in graph_module.graph.nodes:
+        if not (node.op == "call_function" and isinstance(node.target, CondCCOp)):
+            continue
+        if DIMENSIONS_KEY not in node.meta:
+            continue  # the model's own torch.cond
+        for branch in node.args[1:3]:
+            module = operator.attrgetter(branch.target)(graph_module)
+            if id(module) not in lowered:
+                lowered[id(module)] = lower_to_aten(module, opset, direct, _branches=lowered)
+
+
 def lower_to_aten(
-    graph_module: torch.fx.GraphModule, opset: int = 18, direct: bool = True
+    graph_module: torch.fx.GraphModule,
+    opset: int = 18,
+    direct: bool = True,
+    _branches: dict | None = None,
 ) -> LoweredGraph:
     """Lowers ``graph_module`` (torch-level, with ``meta["val"]``) to an aten graph.
 
@@ -451,6 +513,8 @@ def lower_to_aten(
         running them through make_fx; the aten graph is the same
     :return: the lowered graph
     """
+    branches = {} if _branches is None else _branches
+    _lower_versions(graph_module, opset, direct, branches)
     fake_mode = _fake_mode_of(graph_module)
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     user_values = []
@@ -482,7 +546,7 @@ def lower_to_aten(
             values[index] = value
         with stateless._reparametrize_module(graph_module, replacements, strict=False):
             interpreter = _LoweringInterpreter(
-                graph_module, origins, fake_mode.shape_env, guards, direct_mode
+                graph_module, origins, fake_mode.shape_env, guards, direct_mode, branches
             )
             outputs = interpreter.run(*values, enable_io_processing=False)
             counts["direct"] = interpreter.n_direct
@@ -507,7 +571,8 @@ def lower_to_aten(
     return LoweredGraph(
         graph_module=aten_gm,
         input_names=[placeholders[i].name for i in inputs],
-        state_names=state_names,
+        # the model's names at the top (a branch's are paths its cond reads weights by)
+        state_names=_model_names(state_names) if branches and _branches is None else state_names,
         state_values=[t.detach() for t in state.values()],
         fake_mode=fake_mode,
         origins=origins,

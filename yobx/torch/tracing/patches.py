@@ -122,6 +122,32 @@ def _builtin_dtypes(original: Callable) -> Callable:
     return wrapper
 
 
+def _exporting() -> bool:
+    """``torch.compiler.is_exporting()`` in the model's code: True.
+
+    Models write the paths that hold at every size behind it (transformers'
+    ``is_torchdynamo_exporting`` asks it on each call): gated delta-net attention
+    (Qwen3-Next, Qwen3.5, OLMo hybrid) replaces ``solve_triangular``, whose fake kernel
+    refuses symbolic batch sizes, by a loop over its static chunk. ``is_compiling()``
+    keeps its answer (False): compiled code takes kernels yobx cannot see into
+    (transformers' mixture of experts calls its own ``grouped_mm_fallback`` operator
+    instead of ``torch._grouped_mm``), and the Mamba family's scan is sequential where
+    exporting is True and compiling is False. ``torch.jit.is_tracing()`` and
+    ``is_scripting()`` stay False: their branches are TorchScript's (Swin turns its
+    sizes into tensors, ``F.interpolate`` fixes its output size). Measured on about 60
+    tiny Hugging Face architectures with both exporting and compiling answering True:
+    no graph differed, three families traced that did not (the test suite's
+    architectures with exporting alone).
+
+    torch's own code keeps its answer (False): it reads it to choose how to record
+    guards and metadata, which must stay the tracer's.
+    """
+    return not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
 def _symbolic_extremum(original: Callable, symbolic: Callable) -> Callable:
     """``max``/``min`` of dimensions stay symbolic (``torch.sym_max``)."""
 
@@ -420,6 +446,7 @@ def _replacements() -> list[tuple[Any, str, Any]]:
         (torch, "vmap", vmap),
         (torch.func, "vmap", vmap),
         (torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan)),
+        (torch.compiler, "is_exporting", _exporting),
         (builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance)),
         (torch, "is_tensor", _proxy_aware_is_tensor(torch.is_tensor)),
         (builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max)),

@@ -143,6 +143,10 @@ class Refinements:
             raise self._strict_error([(need, self._fix(form, kind, location))], what)
         if not known:
             self.assume(original)
+        if _holds_over_declared(form, dims.declared, dims.default_min):
+            # `(((h - 1)//4 - 1)//2 + 1) * (...) >= 0`: a torch kernel asked what the
+            # declared ranges already settle (interval arithmetic), no constraint
+            return Constraint(dims.render(form), kind, location, tuple(dims.symbols_of(form)))
         if form != original:
             # the simplest form tells the ShapeEnv more (`seq <= 128` narrows the range
             # where `seq == min(128, seq)` does not)
@@ -377,3 +381,32 @@ class Refinements:
 
 
 __all__ = ["AdoptedFact", "Refinements"]
+
+
+def _holds_over_declared(fact: sympy.Basic, declared: dict, default_min: set) -> bool:
+    """``fact`` (an inequality) holds for every size in the declared ranges, by the
+    interval arithmetic of torch's ``bound_sympy``; False for a fact on a symbol
+    without a declared range. A dimension declared without ``min`` counts from 0: the
+    graph accepts sizes 0 and 1 unless a decision relied on the default minimum."""
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    if not isinstance(fact, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
+        return False
+    ranges = {}
+    for symbol in fact.free_symbols:
+        if symbol not in declared:
+            return False
+        low, high = declared[symbol]
+        low = 0 if symbol in default_min else low
+        ranges[symbol] = ValueRanges(low, sympy.oo if high is None else high)
+    try:
+        bounds = bound_sympy(fact.lhs - fact.rhs, ranges)
+    except Exception:  # an expression torch's interval arithmetic does not know
+        return False
+    if isinstance(fact, sympy.Ge):
+        return bool(bounds.lower >= 0)
+    if isinstance(fact, sympy.Gt):
+        return bool(bounds.lower > 0)
+    if isinstance(fact, sympy.Le):
+        return bool(bounds.upper <= 0)
+    return bool(bounds.upper < 0)

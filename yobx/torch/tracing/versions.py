@@ -39,6 +39,7 @@ import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.utils._sympy.functions import FloorDiv, Max
 
 from .constraints import Constraint
 from .control_flow import CondCCOp
@@ -157,6 +158,11 @@ def in_dimensions(dims: Any, condition: sympy.Basic) -> sympy.Basic:
         sympy.Symbol(name, integer=True): symint.node._expr for name, symint in dims.by_name.items()
     }
     return condition.xreplace(names)
+
+
+#: ``meta`` key of a version's graph module, of a choice between versions and of the
+#: ``cond`` choosing: the dimensions of the capture its sizes are written with
+DIMENSIONS_KEY = "yobx_dimensions"
 
 
 class Versioning:
@@ -307,6 +313,9 @@ class Versioning:
         the versions' graph modules (the traced model of the joined graph)."""
         holder = torch.nn.Module()
         operands = _operands(self.first.graph)
+        # an output computed by one version is returned by every branch (a number
+        # another version folded to a constant is returned as that constant)
+        self.computed = sorted(set().union(*(_computed_positions(v) for v in leaves(tree))))
         graph = self._router(tree, operands, holder, root=True)
         return graph, holder
 
@@ -329,18 +338,21 @@ class Versioning:
         branches = []
         for subtree in (tree.true, tree.false):
             if isinstance(subtree, Version):
-                module = _flat_module(subtree, operands)
+                module = _flat_module(subtree, operands, self.computed)
                 name = f"version_{subtree.index}"
             else:
                 module = torch.fx.GraphModule(holder, self._router(subtree, operands, holder))
+                module.meta[DIMENSIONS_KEY] = first.tracer.dims
                 name = f"choice_{len(holder._modules)}"
             holder.add_module(name, module)
             branches.append(graph.get_attr(name))
         arguments = tuple(placeholders[name] for name in operands)
         cond = graph.call_function(CondCCOp(), (pred, *branches, arguments))
         cond.meta["stack_trace"] = f"  version choice: {tree.condition}\n"
+        # the sizes of the joined graph, to which the ONNX lowering maps the versions'
+        cond.meta[DIMENSIONS_KEY] = first.tracer.dims
         outputs = [
-            graph.call_function(operator.getitem, (cond, i)) for i in range(_n_outputs(first))
+            graph.call_function(operator.getitem, (cond, i)) for i in range(len(self.computed))
         ]
         for node in graph.nodes:
             if node.op not in ("placeholder",) and node not in outputs and node is not cond:
@@ -356,18 +368,14 @@ class Versioning:
         takes its inputs the same way and checks their ranks and static sizes."""
         first = self.first
         old_output = next(n for n in first.graph.nodes if n.op == "output")
-        values = iter(outputs)
+        flat, spec = pytree.tree_flatten(old_output.args[0])
         vals = []
-
-        def replace(arg: Any) -> Any:
-            if isinstance(arg, torch.fx.Node):
-                node = next(values)
-                node.meta["val"] = arg.meta.get("val")
-                vals.append(node.meta["val"])
-                return node
-            return arg
-
-        graph.output(torch.fx.node.map_arg(old_output.args[0], replace))
+        for position, node in zip(self.computed, outputs):
+            arg = flat[position]
+            node.meta["val"] = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+            vals.append(node.meta["val"])
+            flat[position] = node
+        graph.output(pytree.tree_unflatten(flat, spec))
         cond.meta["val"] = tuple(vals)
         graph._codegen = copy.copy(first.graph._codegen)
         graph._tracer_cls = None
@@ -406,6 +414,8 @@ def version_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck
     checks = declared_checks(dims)
     for version, path, mapped in per_version:
         for check in mapped:
+            if _implied(check.condition, path):
+                continue  # `(h//8)**2 + 1 == 17` where `h == w` and `(h//8)*(w//8) == 16`
             if check.condition in common:
                 if all(c.condition != check.condition for c in checks):
                     checks.append(check)
@@ -474,6 +484,49 @@ def _run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
     return None
 
 
+def _implied(condition: sympy.Basic, path: sympy.Basic) -> bool:
+    """``condition`` follows from the equalities of ``path`` by substitution: a
+    dimension equal to another replaced by it, then an expression equal to a number
+    replaced by it (a check that no size can break, nor validation exercise)."""
+    facts = [f for f in sympy.And.make_args(path) if isinstance(f, sympy.Eq)]
+    renames = {}
+    for fact in facts:
+        if fact.lhs.is_Symbol and fact.lhs not in renames:
+            renames[fact.lhs] = fact.rhs
+        elif fact.rhs.is_Symbol and fact.rhs not in renames:
+            renames[fact.rhs] = fact.lhs
+    condition = condition.xreplace(renames)
+    values, positive = {}, set()
+    for fact in facts:
+        lhs, rhs = fact.lhs.xreplace(renames), fact.rhs.xreplace(renames)
+        if lhs.is_Integer:
+            lhs, rhs = rhs, lhs
+        if rhs.is_Integer and not lhs.is_number:
+            values[lhs] = rhs
+            factors = [f.base if f.is_Pow else f for f in sympy.Mul.make_args(lhs)]
+            if rhs > 0 and len(factors) > 1 and all(map(_never_negative, factors)):
+                # never negative, with a positive product: each is at least 1
+                positive.update(factors)
+    # max(1, n) is n where n >= 1 (torch writes contiguous strides with it)
+    at_least_one = {m: m.args[1] for m in condition.atoms(Max, sympy.Max) if _one_and(m, positive)}
+    condition = condition.xreplace(at_least_one)
+    return condition.xreplace(values) is sympy.true
+
+
+def _never_negative(factor: sympy.Basic) -> bool:
+    """A size (a symbol) or a size divided by a positive number (``h // 8``)."""
+    if factor.is_Symbol:
+        return True
+    return isinstance(factor, FloorDiv) and factor.args[0].is_Symbol and factor.args[1] > 0
+
+
+def _one_and(extremum: sympy.Basic, positive: set) -> bool:
+    """``extremum`` is ``max(1, n)`` of an ``n`` in ``positive`` (its arguments sorted,
+    the number first)."""
+    args = extremum.args
+    return len(args) == 2 and args[0] == 1 and args[1] in positive
+
+
 def _output_mismatch(first: Version, other: Version) -> str:
     """How the outputs of two versions differ in structure (empty when they do not):
     one graph cannot choose between them."""
@@ -483,11 +536,24 @@ def _output_mismatch(first: Version, other: Version) -> str:
     theirs = next(n for n in other.graph.nodes if n.op == "output").args[0]
     flat, flat_other = pytree.tree_leaves(mine), pytree.tree_leaves(theirs)
     for a, b in zip(flat, flat_other):
-        if isinstance(a, torch.fx.Node) != isinstance(b, torch.fx.Node):
+        if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
+            continue
+        if _is_number(a) and _is_number(b):
+            continue  # a size computed on one side, folded on the other
+        if isinstance(a, torch.fx.Node) or isinstance(b, torch.fx.Node):
             return "a computed output where the example's side returns a constant"
-        if not isinstance(a, torch.fx.Node) and a != b:
+        if a != b:
             return f"the constant {b!r} where the example's side returns {a!r}"
     return ""
+
+
+def _is_number(value: Any) -> bool:
+    """A Python number or a node computing one (a size returned by the model)."""
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("val")
+    return isinstance(value, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(
+        value, bool
+    )
 
 
 def _operands(graph: torch.fx.Graph) -> list[str]:
@@ -500,14 +566,19 @@ def _operands(graph: torch.fx.Graph) -> list[str]:
     ]
 
 
-def _n_outputs(version: Version) -> int:
+def _computed_positions(version: Version) -> set[int]:
+    """The positions of the version's flat outputs computed by its graph."""
     output = next(n for n in version.graph.nodes if n.op == "output")
-    return sum(isinstance(a, torch.fx.Node) for a in pytree.tree_leaves(output.args[0]))
+    leaves_ = pytree.tree_leaves(output.args[0])
+    return {i for i, a in enumerate(leaves_) if isinstance(a, torch.fx.Node)}
 
 
-def _flat_module(version: Version, operands: list[str]) -> torch.fx.GraphModule:
-    """The version's graph taking the operands flat and returning its computed outputs
-    flat: what a branch of the joined graph's ``torch.cond`` is."""
+def _flat_module(
+    version: Version, operands: list[str], computed: list[int]
+) -> torch.fx.GraphModule:
+    """The version's graph taking the operands flat and returning, flat, its outputs at
+    the positions ``computed`` (by a version at least): what a branch of the joined
+    graph's ``torch.cond`` is."""
     graph = torch.fx.Graph()
     values: dict[torch.fx.Node, torch.fx.Node] = {}
     output = graph.graph_copy(version.graph, values)
@@ -523,13 +594,17 @@ def _flat_module(version: Version, operands: list[str]) -> torch.fx.GraphModule:
                 user.kwargs, lambda a, c=constant, n=node: c if a is n else a
             )
         graph.erase_node(node)
-    computed = [a for a in pytree.tree_leaves(output) if isinstance(a, torch.fx.Node)]
-    graph.output(tuple(computed))
+    flat = pytree.tree_leaves(output)
+    graph.output(tuple(flat[i] for i in computed))
     graph.lint()
-    return torch.fx.GraphModule(version.tracer.traced_model, graph)
+    module = torch.fx.GraphModule(version.tracer.traced_model, graph)
+    # lowered alone, on its own example (yobx.torch.onnx.version_lowering)
+    module.meta[DIMENSIONS_KEY] = version.tracer.dims
+    return module
 
 
 __all__ = [
+    "DIMENSIONS_KEY",
     "Split",
     "Version",
     "VersionCondition",

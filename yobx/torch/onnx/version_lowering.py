@@ -1,0 +1,177 @@
+"""The versions of a capture lowered one by one, then chosen by one ``cond``.
+
+A version (:mod:`yobx.torch.tracing.versions`) was captured on inputs of its own sizes,
+its decisions known: the vision transformer's version for square images adds a position
+table of 17 rows to ``(h // 8) * (w // 8) + 1`` patches because ``(h // 8) * (w // 8)
+== 16`` holds there. Lowered inside the joined graph's ``cond``, with the inputs of the
+first capture (``h=32, w=48``), torch would check that addition against those sizes and
+refuse it. Each version is therefore lowered alone, with its own example
+(:func:`~yobx.torch.onnx.lowering.lower_to_aten` on its graph), and
+:func:`record_cond` writes the ``cond`` choosing between the lowered graphs into the
+joined graph's lowering: the operands are the joined graph's inputs and the weights
+both versions read (stored once), the outputs' sizes are the versions' sizes written
+with the joined graph's dimensions (a fresh size where the versions differ).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental import proxy_tensor
+from torch.fx.experimental.sym_node import SymNode
+
+from yobx.torch.tracing.versions import DIMENSIONS_KEY, in_dimensions
+
+
+def record_cond(
+    pred: torch.SymBool,
+    branches: tuple[torch.fx.GraphModule, torch.fx.GraphModule],
+    lowered: tuple[Any, Any],
+    operands: tuple,
+    outer_dims: Any,
+) -> Any:
+    """Records ``cond(pred, lowered[0], lowered[1], ...)`` in the active make_fx.
+
+    :param pred: the choice, a symbolic boolean of the joined graph's sizes
+    :param branches: the torch-level graphs of the two sides (their weights are read
+        from them: the lowering replaced them with its tracked fake tensors)
+    :param lowered: their :class:`~yobx.torch.onnx.lowering.LoweredGraph`
+    :param operands: the cond's operands (the joined graph's inputs)
+    :param outer_dims: the dimensions of the joined graph's capture
+    :return: the cond's outputs, tracked by make_fx
+    """
+    mode = proxy_tensor.get_proxy_mode()
+    states = [
+        [operator.attrgetter(name)(branch) for name in low.state_names]
+        for branch, low in zip(branches, lowered)
+    ]
+    n, n_true = len(operands), len(states[0])
+    true_graph = _taking(lowered[0].graph_module, n + n_true, _fakes(states[1], lowered[0]))
+    false_graph = _taking(lowered[1].graph_module, n, _fakes(states[0], lowered[1]))
+    for graph_module, low in ((true_graph, lowered[0]), (false_graph, lowered[1])):
+        _tensor_outputs(graph_module, low.fake_mode)
+    all_operands = (*operands, *states[0], *states[1])
+    index = 0
+    while hasattr(mode.tracer.root, f"true_graph_{index}"):
+        index += 1
+    mode.tracer.root.register_module(f"true_graph_{index}", true_graph)
+    mode.tracer.root.register_module(f"false_graph_{index}", false_graph)
+    cond = torch.ops.higher_order.cond
+    args = (pred, true_graph, false_graph, all_operands)
+    proxy_args = pytree.tree_map(mode.tracer.unwrap_proxy, args)
+    out_proxy = mode.tracer.create_proxy("call_function", cond, proxy_args, {})
+    shape_env = pred.node.shape_env
+    with proxy_tensor.disable_proxy_modes_tracing():
+        outputs = [
+            _merged_output(a, b, branches, outer_dims, shape_env)
+            for a, b in zip(_output_values(true_graph), _output_values(false_graph))
+        ]
+    return proxy_tensor.track_tensor_tree(
+        tuple(outputs), out_proxy, constant=None, tracer=mode.tracer
+    )
+
+
+def _taking(graph_module: torch.fx.GraphModule, at: int, values: list) -> torch.fx.GraphModule:
+    """``graph_module`` with unused placeholders for ``values`` inserted at position
+    ``at`` among its placeholders: a cond's branches take the same operands, the other
+    side's weights too."""
+    graph = graph_module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for i, value in enumerate(values):
+        if at < len(placeholders):
+            with graph.inserting_before(placeholders[at]):
+                node = graph.placeholder(f"unused_{i}")
+        else:
+            with graph.inserting_after(placeholders[-1]):
+                node = graph.placeholder(f"unused_{i}")
+            placeholders.append(node)
+            at += 1
+        node.meta["val"] = value
+    graph_module.recompile()
+    return graph_module
+
+
+def _tensor_outputs(graph_module: torch.fx.GraphModule, fake_mode: Any) -> None:
+    """A size the version returns (``x.shape[1] * 2``) becomes a 0-d tensor, as every
+    number an ONNX model returns: a cond's branches return tensors."""
+    graph = graph_module.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    changed = False
+
+    def as_tensor(arg: Any) -> Any:
+        nonlocal changed
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(value, (torch.SymInt, torch.SymFloat)):
+            return arg
+        dtype = torch.int64 if isinstance(value, torch.SymInt) else torch.float32
+        with graph.inserting_before(output):
+            node = graph.call_function(
+                torch.ops.aten.scalar_tensor.default, (arg,), {"dtype": dtype}
+            )
+        with proxy_tensor.disable_proxy_modes_tracing(), fake_mode:
+            node.meta["val"] = torch.scalar_tensor(value, dtype=dtype)
+        changed = True
+        return node
+
+    output.args = torch.fx.node.map_arg(output.args, as_tensor)
+    if changed:
+        graph_module.recompile()
+
+
+def _fakes(tensors: list, lowered: Any) -> list:
+    """Fake tensors like ``tensors`` (weights, static sizes) in the fake mode of the
+    graph ``lowered``: a graph's values all belong to one mode."""
+    with proxy_tensor.disable_proxy_modes_tracing(), lowered.fake_mode:
+        return [
+            torch.empty(tuple(map(int, t.shape)), dtype=t.dtype, device=t.device) for t in tensors
+        ]
+
+
+def _output_values(graph_module: torch.fx.GraphModule) -> list[Any]:
+    output = next(n for n in graph_module.graph.nodes if n.op == "output")
+    return [
+        a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        for a in pytree.tree_leaves(output.args[0])
+    ]
+
+
+def _merged_output(a: Any, b: Any, branches: tuple, outer_dims: Any, shape_env: Any) -> Any:
+    """A fake value of the joined graph for an output the versions give as ``a`` and
+    ``b`` (each a fake value of its own capture)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise NotImplementedError("a cond between versions returns tensors")
+    if a.dim() != b.dim() or a.dtype != b.dtype:
+        raise NotImplementedError("the versions return outputs of other ranks or dtypes")
+    sizes = []
+    for size_a, size_b in zip(a.shape, b.shape):
+        outer_a = _in_outer(size_a, branches[0], outer_dims)
+        outer_b = _in_outer(size_b, branches[1], outer_dims)
+        if outer_a is not None and outer_a == outer_b:
+            sizes.append(_symint(outer_a, shape_env))
+        else:
+            sizes.append(shape_env.create_unbacked_symint())
+    fake_mode = outer_dims.fake_mode
+    with fake_mode:
+        return torch.empty(sizes, dtype=a.dtype, device=a.device)
+
+
+def _in_outer(size: Any, branch: torch.fx.GraphModule, outer_dims: Any) -> sympy.Expr | None:
+    """``size`` (of a version's capture) written with the joined graph's symbols."""
+    if isinstance(size, int):
+        return sympy.Integer(size)
+    dims = branch.meta.get(DIMENSIONS_KEY)
+    user = dims.user_expression(size) if dims is not None else None
+    if user is None or any(s.name not in outer_dims.by_name for s in user.free_symbols):
+        return None
+    return in_dimensions(outer_dims, user)
+
+
+def _symint(expr: sympy.Expr, shape_env: Any) -> Any:
+    if expr.is_Integer:
+        return int(expr)
+    hint = int(shape_env.size_hint(expr))
+    return torch.SymInt(SymNode(expr, shape_env, int, hint=hint))
