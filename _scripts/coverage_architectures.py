@@ -9,7 +9,9 @@ For each case of :mod:`yobx.models.architectures` (tiny configurations, random w
   dynamic_shapes=<string names>)``, then ``GraphModule(tracer.traced_model, graph)``
   against eager on the same inputs.
 
-Statuses: ``ok``; ``refused`` (yobx raised TraceError); ``fail`` (the capture raised
+The details list, per architecture, yobx's remaining constraints, its versions with
+their conditions (``cstr`` and ``vers`` columns: how many) and why decisions stayed
+constraints. Statuses: ``ok``; ``refused`` (yobx raised TraceError); ``fail`` (the capture raised
 anything else); ``wrong`` (a result differs from eager); ``outside`` (the captured
 program refused another size through its runtime checks: ConstraintViolationError for
 yobx, an input guard for export; the sizes are outside the constraints, not wrong);
@@ -60,6 +62,8 @@ class ToolResult:
     location: str = ""
     max_abs_error: float = 0.0
     constraints: list[str] | None = None
+    #: yobx's versions (each with its conditions) and why decisions stayed constraints
+    versions: list[str] = dataclasses.field(default_factory=list)
     guards: list[str] = dataclasses.field(default_factory=list)
     specialized: list[str] = dataclasses.field(default_factory=list)
     specialized_status: str = ""
@@ -256,6 +260,7 @@ def run_yobx(case, expected: list, specialize: bool) -> ToolResult:
     result.seconds = time.perf_counter() - start
     constraints = getattr(tracer, "constraints", None)
     result.constraints = None if constraints is None else [str(c) for c in constraints]
+    result.versions = [str(v) for v in tracer.versions] + list(tracer.version_notes)
     result.guards = [
         str(g) for g in tracer.guards if g.reason not in ("bounds", "constant argument")
     ]
@@ -317,7 +322,7 @@ def _stress_summary(result: dict) -> str:
 
 HEADER = (
     f"{'case':26s} {'family':15s} eager {'export':8s} {'s':>6s} {'stress':15s} "
-    f"{'yobx':8s} {'s':>6s} {'stress':15s} cstr"
+    f"{'yobx':8s} {'s':>6s} {'stress':15s} cstr vers"
 )
 
 
@@ -329,7 +334,8 @@ def print_row(record: dict) -> None:
         f"{export.get('status', '-'):8s} {export.get('seconds', 0):6.2f} "
         f"{_stress_summary(export):15s} "
         f"{yobx.get('status', '-'):8s} {yobx.get('seconds', 0):6.2f} "
-        f"{_stress_summary(yobx):15s} {'-' if n is None else len(n):>4}",
+        f"{_stress_summary(yobx):15s} {'-' if n is None else len(n):>4} "
+        f"{sum(v.startswith('version ') for v in yobx.get('versions', [])):>4}",
         flush=True,
     )
 
@@ -356,6 +362,10 @@ def print_details(records: list[dict]) -> None:
                     print(f"      {c[:240]}")
                 if len(facts) > MAX_FACTS:
                     print(f"      ... and {len(facts) - MAX_FACTS} more")
+            if r.get("versions"):
+                print("    versions (chosen from the input sizes) and notes:")
+                for v in r["versions"]:
+                    print(f"      {v[:240]}")
             for s in r["stress"]:
                 print(f"    stress {s}")
             for g in r["guards"]:

@@ -189,3 +189,22 @@ def test_a_check_implied_by_its_version_conditions_is_dropped():
     assert not _implied(sympy.Eq(FloorDiv(h, 8) ** 2 + 1, 18), square)
     shifted = sympy.Eq((h - 10) * (w - 10), 16)
     assert not _implied(sympy.Ne(Max(1, h - 10) * Max(1, w - 10), 1), shifted)
+
+
+def test_position_interpolation_is_exact_on_every_side_without_constraints():
+    """ViT interpolates its position table unless the image is square with the
+    example's patch count: three versions, exact at the sizes torch.export's program
+    refuses; the square version's table of 17 rows, which its conditions imply, is
+    neither a constraint nor a note."""
+    pytest.importorskip("transformers")
+    from yobx.models.architectures import build
+
+    case = build("vit")
+    tracer, _, gm = trace_module(case.model, dict(case.kwargs), case.dynamic_shapes)
+    assert len(tracer.versions) == 3
+    assert not any("== 17" in c.expression for c in tracer.constraints), tracer.constraints
+    assert not any("== 17" in note for note in tracer.version_notes), tracer.version_notes
+    for sizes in [*case.stress_sizes, {"height": 40, "width": 24}]:
+        inputs = case.inputs_at(sizes)
+        with torch.no_grad():
+            assert_same(case.model(**inputs), gm(**inputs), atol=1e-4, rtol=1e-4)

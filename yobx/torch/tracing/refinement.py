@@ -384,13 +384,13 @@ __all__ = ["AdoptedFact", "Refinements"]
 
 
 def _holds_over_declared(fact: sympy.Basic, declared: dict, default_min: set) -> bool:
-    """``fact`` (an inequality) holds for every size in the declared ranges, by the
-    interval arithmetic of torch's ``bound_sympy``; False for a fact on a symbol
-    without a declared range. A dimension declared without ``min`` counts from 0: the
+    """``fact`` (an inequality, ``!=`` included) holds for every size in the declared
+    ranges, by the interval arithmetic of torch's ``bound_sympy``; False for a fact on
+    a symbol without a declared range. A dimension declared without ``min`` counts from 0: the
     graph accepts sizes 0 and 1 unless a decision relied on the default minimum."""
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-    if not isinstance(fact, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
+    if not isinstance(fact, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt, sympy.Ne)):
         return False
     ranges = {}
     for symbol in fact.free_symbols:
@@ -409,4 +409,7 @@ def _holds_over_declared(fact: sympy.Basic, declared: dict, default_min: set) ->
         return bool(bounds.lower > 0)
     if isinstance(fact, sympy.Le):
         return bool(bounds.upper <= 0)
-    return bool(bounds.upper < 0)
+    if isinstance(fact, sympy.Lt):
+        return bool(bounds.upper < 0)
+    # a != b: the difference never reaches 0
+    return bool(bounds.lower > 0 or bounds.upper < 0)

@@ -113,11 +113,19 @@ class Version:
         """What this version still assumes of its inputs beyond its conditions (each
         with :attr:`Constraint.when <yobx.torch.tracing.Constraint>` set to them)."""
         routed = {id(fact.constraint) for fact in self.routed}
+        # a fact the conditions imply is no constraint (nor a check: version_checks)
+        path = sympy.And(*(c.condition for c in self.conditions))
+        dims = self.tracer.dims
+        implied = {
+            id(fact.constraint)
+            for fact in self.tracer.refinements.adopted
+            if self.conditions and _implied(dims.user_expression(fact.condition), path)
+        }
         when = self.when
         return [
             dataclasses.replace(c, when=when)
             for c in self.tracer.constraints
-            if id(c) not in routed
+            if id(c) not in routed and id(c) not in implied
         ]
 
     @property
@@ -218,6 +226,11 @@ class Versioning:
             user = dims.user_expression(fact.condition)
             if fact.origin == "operator" and sympy.count_ops(user) > _OPERATOR_CONDITION_OPS:
                 continue  # an operator's requirement on padded products (see above)
+            path = [c.condition for c in version.conditions]
+            # the version is on the side of the choices it made before this fact
+            sides = [*path, *(c.condition for c, _ in splits)]
+            if sides and _implied(user, sympy.And(*sides)):
+                continue  # what the version's conditions imply: no other side
             negation = sympy.Not(user)
             location = fact.constraint.location
             if self.count >= self.tracer.max_versions:
@@ -227,7 +240,6 @@ class Versioning:
                 self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
                 continue
             earlier = [dims.user_expression(f.condition) for f in adopted[:position]]
-            path = [c.condition for c in version.conditions]
             witness = self._witness(version, [*path, *earlier, negation])
             if witness is None:
                 self._note(fact, "no size inside the declared ranges takes the other side")
