@@ -179,14 +179,11 @@ def _symbolic_math(onnx_op: str):
 
 
 def _round_to_onnx(x, ndigits=None):
-    """``round(h * 0.75)`` of a dimension: ONNX Round rounds half to even, as Python;
-    an integer without ``ndigits``, a float rounded to ``ndigits`` decimals with it."""
-    x = _op.Cast(x, to=onnxscript.DOUBLE.dtype)
-    if ndigits is None:
-        return _op.Cast(_op.Round(x), to=onnxscript.INT64.dtype)
-    scale = _op.Constant(value_float=float(10**ndigits))
-    scale = _op.Cast(scale, to=onnxscript.DOUBLE.dtype)
-    return _op.Cast(_op.Div(_op.Round(_op.Mul(x, scale)), scale), to=onnxscript.FLOAT.dtype)
+    """``round(h * 0.75)`` of a dimension, an integer: ONNX Round rounds half to even,
+    as Python. ``round(x, ndigits)`` has no translation."""
+    if ndigits is not None:
+        raise NotImplementedError("round() of a size to a number of decimals")
+    return _op.Cast(_op.Round(_op.Cast(x, to=onnxscript.DOUBLE.dtype)), to=onnxscript.INT64.dtype)
 
 
 #: torch's symbolic twins of Python's math functions -> ONNX operator

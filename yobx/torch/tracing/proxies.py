@@ -282,17 +282,19 @@ class _ScalarProxy(CustomProxy):
     # round(h * 0.75), math.ceil(n / p): symbolic, as torch's SymFloat computes them
     # (math.ceil reaches here when torch.fx did not autowrap it in the caller's globals)
     def __round__(self, ndigits: int | None = None):
-        args = (self,) if ndigits is None else (self, ndigits)
-        return self.tracer.create_proxy("call_function", round, args, {})
+        return self._call(round, *(() if ndigits is None else (ndigits,)))
 
     def __ceil__(self):
-        return self.tracer.create_proxy("call_function", math.ceil, (self,), {})
+        return self._call(math.ceil)
 
     def __floor__(self):
-        return self.tracer.create_proxy("call_function", math.floor, (self,), {})
+        return self._call(math.floor)
 
     def __trunc__(self):
-        return self.tracer.create_proxy("call_function", math.trunc, (self,), {})
+        return self._call(math.trunc)
+
+    def _call(self, function, *args):
+        return self.tracer.create_proxy("call_function", function, (self, *args), {})
 
     def __len__(self) -> int:
         raise TypeError(f"object of type {type(self).__name__} has no len()")

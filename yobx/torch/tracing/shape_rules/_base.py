@@ -444,9 +444,7 @@ def contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
     symbolic = next((size for size in sizes if type(size) is not int), None)
     if symbolic is None:
         return _contiguous_strides(sizes)
-    # `max(n, 1)` simplifies to `n` where the ShapeEnv knows n >= 1: that knowledge,
-    # which differs between traces (declared ranges, a version's decisions), is keyed
-    key = tuple((pure_key(size), _at_least_one(size)) for size in sizes)
+    key = tuple(map(pure_key, sizes))
     recipe = _CONTIGUOUS_STRIDES.get(key)
     if recipe is None:
         strides = _contiguous_strides(sizes)
@@ -475,15 +473,7 @@ def _contiguous_strides(sizes: Sequence[Any]) -> list[Any]:
     return strides
 
 
-def _at_least_one(size: Any) -> bool:
-    if type(size) is int:
-        return size >= 1
-    node = size.node
-    return bool(node.shape_env.bound_sympy(node.expr).lower >= 1)
-
-
-#: sizes (:func:`pure_key`, known to be at least 1) -> the recipes of their
-#: contiguous strides
+#: sizes (:func:`pure_key`) -> the recipes of their contiguous strides
 _CONTIGUOUS_STRIDES: dict[tuple, tuple] = {}
 
 
