@@ -108,6 +108,67 @@ def loop_over_blocks(b: ProgramBuilder) -> Made:
     ], [t]
 
 
+@idiom(0.4)
+def loop_recurrence(b: ProgramBuilder) -> Made:
+    """``for i in range(x.shape[a]):`` carrying a state (a state-space model's slow
+    path): a scan when the steps are one computation."""
+    v = b.pick()
+    a = b.axis(v)
+    h, outs, t, i = b.new("h"), b.new("outs"), b.new(), b.new("i")
+    steps = b.rng.choice(("range", "reversed", "from_one"))
+    loop = {
+        "range": f"range({v}.shape[{a}])",
+        "reversed": f"reversed(range({v}.shape[{a}]))",
+        "from_one": f"range(1, {v}.shape[{a}])",
+    }[steps]
+    lines = [
+        f"{h} = {b.index(v, a, '0')} * 0",
+        f"{outs} = []",
+        f"for {i} in {loop}:",
+        f"    {h} = {h} * 0.5 + {b.index(v, a, i)}",
+        f"    {outs}.append({h} * 2)",
+    ]
+    end = b.rng.choice(("stack", "carry", "len"))
+    if end == "stack" and steps == "range":
+        lines.append(f"{t} = torch.stack({outs}, {a})")
+    elif end == "len":
+        lines.append(f"{t} = {h} * len({outs})")
+    else:
+        lines.append(f"{t} = {h}")
+    return lines, [t]
+
+
+@idiom(0.3)
+def loop_over_pieces(b: ProgramBuilder) -> Made:
+    """``for xt in x.unbind(a)`` / ``x.split(1, a)``, or writes into a new tensor
+    (``out[:, i] = ...``, the recurrent models of transformers)."""
+    v = b.pick()
+    a = b.axis(v)
+    h, t, p = b.new("h"), b.new(), b.new("p")
+    how = b.rng.choice(("unbind", "split", "write"))
+    if how == "write":
+        i = b.new("i")
+        return [
+            f"{t} = torch.zeros_like({v})",
+            f"{h} = {b.index(v, a, '0')} * 0",
+            f"for {i} in range({v}.shape[{a}]):",
+            f"    {h} = ({h} + {b.index(v, a, i)}).sin()",
+            f"    {b.index(t, a, i, rank=b.rank(v))} = {h}",
+        ], [t]
+    pieces = f"{v}.unbind({a})" if how == "unbind" else f"{v}.split(1, dim={a})"
+    first = b.index(v, a, "0") if how == "unbind" else b.index(v, a, ":1")
+    outs = b.new("outs")
+    join = "stack" if how == "unbind" else "cat"
+    return [
+        f"{h} = {first} * 0",
+        f"{outs} = []",
+        f"for {p} in {pieces}:",
+        f"    {h} = {h} * 0.9 - {p}",
+        f"    {outs}.append({h})",
+        f"{t} = torch.{join}({outs}, {a})",
+    ], [t]
+
+
 @idiom(0.5)
 def tensor_of_dim(b: ProgramBuilder) -> Made:
     v = b.pick()

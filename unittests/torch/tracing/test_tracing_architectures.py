@@ -30,6 +30,7 @@ CASES = [
     "llama_decode",
     "qwen2_decode",
     "t5",
+    "mamba",
     "mixtral",
     "unet_block_branches",
     "unet_block_computed_pads",

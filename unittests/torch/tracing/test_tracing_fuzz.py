@@ -31,6 +31,8 @@ BATCHES = 8
 # dimension declared dynamic that the program makes a constant: a SpecializationError
 # naming the line (torch.export refuses these as well, "Constraints violated").
 ALLOWED_REFUSALS: dict[str, str] = {
+    # pieces iterated over right away are a loop (a scan), joined whole by stack/cat
+    # they need no count; indexed, unpacked or given to anything else, they do
     "specialization@unbind": "unbind returns one tensor per index: the count is the dimension",
     "specialization@split_int": "split(k) on a dimension k does not divide: a size-dependent count",
     "specialization@split": "split(k) makes as many pieces as the dimension allows",

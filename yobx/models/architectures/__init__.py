@@ -13,7 +13,8 @@ other sizes of the dynamic dimensions on which eager runs::
         case.model(*args, **kwargs)
 
 Families: ``vision``, ``audio``, ``text``, ``clip``, ``encoder_decoder``, ``moe``,
-``decoder`` (decode steps with a ``DynamicCache``) and ``diffusion``.
+``decoder`` (decode steps with a ``DynamicCache``), ``state_space`` (a loop over the
+sequence) and ``diffusion``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ FAMILIES: dict[str, str] = {
     **dict.fromkeys(["distilbert", "albert", "bert"], "text"),
     "clip": "clip",
     **dict.fromkeys(["t5", "bart"], "encoder_decoder"),
+    **dict.fromkeys(["mamba", "falcon_mamba"], "state_space"),
     **dict.fromkeys(["llama_decode", "qwen2_decode", "gemma_decode"], "decoder"),
     **{name: "moe" for name in decoders.BUILDERS if "mixtral" in name or "moe" in name},
     **dict.fromkeys(diffusion.BUILDERS, "diffusion"),

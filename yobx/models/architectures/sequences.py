@@ -107,6 +107,33 @@ def bert() -> ArchitectureCase:
     return _text_encoder("bert", "BertModel")
 
 
+def _state_space(name: str, architecture: str) -> ArchitectureCase:
+    # transformers' reference path (no mamba_ssm kernels): a loop over the sequence
+    config = tiny_config(architecture)
+    config.use_cache = False
+    model = hf_model(architecture, config)
+    return make_case(
+        name,
+        "state_space",
+        model,
+        token_inputs(config.vocab_size, with_mask=False),
+        {"input_ids": TOKEN_DIMS["input_ids"]},
+        _TOKEN_SIZES,
+        _TOKEN_OTHER,
+        stress_sizes=[{"batch": 1, "seq": 1}, {"batch": 2, "seq": 2}],
+    )
+
+
+def mamba() -> ArchitectureCase:
+    """MambaModel: the selective scan's reference path loops over the sequence."""
+    return _state_space("mamba", "MambaModel")
+
+
+def falcon_mamba() -> ArchitectureCase:
+    """FalconMambaModel (Mamba with RMS-normalized B, C and time steps)."""
+    return _state_space("falcon_mamba", "FalconMambaModel")
+
+
 def clip() -> ArchitectureCase:
     """CLIPModel: text and vision towers, non-square images with position
     interpolation; text and image batches are independent dimensions."""
@@ -228,4 +255,6 @@ BUILDERS = {
     "clip": clip,
     "t5": t5,
     "bart": bart,
+    "mamba": mamba,
+    "falcon_mamba": falcon_mamba,
 }

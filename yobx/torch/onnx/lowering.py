@@ -33,7 +33,7 @@ from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.version_lowering import record_cond
 from yobx.torch.passes import writes_anything
 from yobx.torch.tracing import shape_rules
-from yobx.torch.tracing.control_flow import CondCCOp
+from yobx.torch.tracing.control_flow import CondCCOp, ScanCCOp
 from yobx.torch.tracing.decided_layouts import decided_layouts
 from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
 from yobx.torch.tracing.static_fakes import StaticFakes
@@ -254,6 +254,8 @@ class _LoweringInterpreter(torch.fx.Interpreter):
                 outer = self._node.meta[DIMENSIONS_KEY]
                 return record_cond(pred, (true_fn, false_fn), lowered, tuple(operands), outer)
             return _lower_cond(*args, lowered=self._branch_interpreter)
+        if isinstance(target, ScanCCOp):
+            return _lower_scan(*args, lowered=self._branch_interpreter)
         # the tracer computed this node's value with the same symbolic variant
         # (math.sqrt of a dimension: torch._sym_sqrt, an ONNX Sqrt of the shape)
         return super().call_function(function_variant(target, args), args, kwargs)
@@ -342,6 +344,18 @@ def _lower_cond(pred: Any, true_fn: Any, false_fn: Any, operands: Any, lowered: 
     lifted_false = _with_state(false_fn, n, list(false_state), len(true_state), lowered)
     all_operands = operands + tuple(true_state.values()) + tuple(false_state.values())
     return torch.ops.higher_order.cond(pred, lifted_true, lifted_false, all_operands)
+
+
+def _lower_scan(combine_fn: Any, init: Any, xs: Any, additional: Any, lowered: Any) -> Any:
+    """Lowers a scan with the operator itself, the body's parameters and buffers passed
+    as additional inputs (a loop's step calling a submodule): make_fx would otherwise
+    bake the fake values the lowering gave them into the body, as for a cond."""
+    state = _branch_state(combine_fn)
+    n = len(init) + len(xs) + len(additional)
+    body = _with_state(combine_fn, n, list(state), 0, lowered)
+    return torch.ops.higher_order.scan(
+        body, list(init), list(xs), list(additional) + list(state.values())
+    )
 
 
 def _detach_constants(graph_module: torch.fx.GraphModule) -> None:

@@ -139,7 +139,13 @@ class DecisionsMixin:
         location = self.location()
         # rendered before adopting: adopting may replace the symbols it names
         expression = self.dims.render(val)
-        if decided is None:
+        if decided is None and self.loop_symbols(val.node.expr):
+            # on a loop's index: its steps differ, the loop cannot be a scan and is
+            # unrolled at the example's length, where the index is the example's
+            decided = bool(self.dims.hint(val))
+            self.loop_refuse(self.loop_symbols(val.node.expr), f"a decision on `{expression}`")
+            reason = "loop"
+        elif decided is None:
             what = what or "the condition"
             if self.dims.is_data_dependent(val):
                 raise self.refinements.data_dependent_error(val, location, what)
@@ -171,12 +177,15 @@ class DecisionsMixin:
         """``float(proxy)``: a Python float is needed here."""
         return float(self.python_number(obj, "a Python float (float(), a math function)"))
 
-    def python_number(self, obj: Proxy, what: str) -> int | float:
+    def python_number(self, obj: Proxy, what: str, location: str | None = None) -> int | float:
         """A Python number for a symbolic value: the value becomes a constant.
 
         One dimension involved: it is fixed to its example size (an error for a
         dimension declared dynamic, see :mod:`.refinement`). Several: their expression
-        is fixed to its example value, a constraint checked when the graph runs.
+        is fixed to its example value, a constraint checked when the graph runs. A
+        loop's index: the loop is unrolled (see :mod:`.loops`).
+
+        :param location: where it is needed (default: the user's current line)
         """
         if "val" not in obj.node.meta:
             raise self.missing_example_error(obj, what)
@@ -188,11 +197,14 @@ class DecisionsMixin:
             raise TracingError.at(
                 self.location(), f"{what} is needed here but the value is a {type(val).__name__}"
             )
-        location = self.location()
+        location = location or self.location()
         if self.dims.is_data_dependent(val):
             raise self.refinements.data_dependent_error(val, location, what)
         hint = self.dims.hint(val)
         expression = self.dims.render(val)
+        if self.loop_symbols(val.node.expr):
+            self.loop_refuse(self.loop_symbols(val.node.expr), f"{what} for `{expression}`")
+            return hint
         symbols = val.node.expr.free_symbols
         if len(symbols) == 1 and isinstance(val, torch.SymFloat):
             # float(sqrt(seq)) fixes seq itself: an equality of floats is no range

@@ -280,9 +280,16 @@ class FakeExecutionMixin:
             if self.state.allowed_guards or self.dims.prove(guard.expr, known) is True:
                 continue
             location = self.location()
-            constraint = self.refinements.adopt(
-                guard.expr, location, operation_name(node), known=True
-            )
+            expr = guard.expr
+            indices = self.loop_symbols(expr)
+            if indices:
+                # a fact on a loop's index: the loop is unrolled, the index is a constant
+                what = f"{operation_name(node)} needs `{self.dims.render(expr)}`"
+                self.loop_refuse(indices, what)
+                expr = expr.xreplace({s: self.dims.hint_of(s) for s in indices})
+                if expr is sympy.true:
+                    continue
+            constraint = self.refinements.adopt(expr, location, operation_name(node), known=True)
             # a kernel may check the same fact twice (reshape: a remainder, then a product)
             if constraint.expression not in adopted:
                 adopted.add(constraint.expression)

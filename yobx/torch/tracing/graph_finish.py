@@ -117,6 +117,8 @@ class GraphFinishMixin:
     """
 
     def _finish(self, graph, module, root, update_model_with_callable) -> None:
+        if self.state.loops:
+            self.roll_loops(graph)
         constants = self._traced_constants(graph)
         if self.state.structured:
             # the forward takes `*args` as the model does: gm(x, y, z) for forward(x, *rest)

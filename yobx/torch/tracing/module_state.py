@@ -134,9 +134,14 @@ def _refill(container: Any, contents: Any) -> None:
 
 
 @contextlib.contextmanager
-def buffer_assignments(assign: Callable[[torch.nn.Module, str, Any], bool]) -> Iterator[None]:
+def buffer_assignments(
+    assign: Callable[[torch.nn.Module, str, Any], bool],
+    assigned: Callable[[torch.nn.Module, str], None] | None = None,
+) -> Iterator[None]:
     """Patches ``Module.__setattr__``: ``assign(module, name, value)`` handles the
-    assignment when it returns True; otherwise it happens as usual."""
+    assignment of a buffer when it returns True; otherwise it happens as usual.
+    ``assigned(module, name)`` is told of every assignment (a loop that assigns module
+    attributes at each step cannot become a scan, see :mod:`.loops`)."""
     with patch_window():
         # on the traced modules' classes (see module_classes); one replacement per
         # original (they differ only under a nested trace)
@@ -146,14 +151,16 @@ def buffer_assignments(assign: Callable[[torch.nn.Module, str, Any], bool]) -> I
             original = cls.__setattr__
             setattr_ = replacements.get(id(original))
             if setattr_ is None:
-                setattr_ = replacements[id(original)] = _buffer_setattr(original, assign)
+                setattr_ = replacements[id(original)] = _buffer_setattr(original, assign, assigned)
             entries.append((cls, "__setattr__", setattr_))
         with patched_attributes(entries):
             yield
 
 
-def _buffer_setattr(original: Callable, assign: Callable) -> Callable:
+def _buffer_setattr(original: Callable, assign: Callable, assigned: Callable | None) -> Callable:
     def setattr_(module: torch.nn.Module, name: str, value: Any) -> None:
+        if assigned is not None:
+            assigned(module, name)
         buffers = module.__dict__.get("_buffers")
         is_buffer = buffers is not None and buffers.get(name) is not None
         if is_buffer and assign(module, name, value):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.fx.proxy import Proxy
 
+from .loops import SymbolicPieces
 from .patch_window import any_thread, gated_value, patch_window, register_undo
 from .proxies import find_proxy
 from .symbolic_builtins import TRACED_BUILTINS, as_builtin
@@ -62,10 +63,18 @@ def traced_len(obj: Any) -> Any:
     :func:`patch_len_in`), as ``torch.fx.wrap("len")`` would do; anything else gets
     the builtin's answer, so other threads using those modules see no difference.
     """
+    from .loops import SymbolicRange
     from .proxies import CustomProxy
 
     if _BUILTIN_ISINSTANCE(obj, CustomProxy):
         return obj.length()
+    if _BUILTIN_ISINSTANCE(obj, SymbolicRange):
+        return obj.length()
+    if _BUILTIN_ISINSTANCE(obj, list) and obj and _BUILTIN_ISINSTANCE(obj[0], CustomProxy):
+        # one value per step of a loop that becomes a scan: its symbolic length
+        length = obj[0].tracer.loop_length(obj)
+        if length is not None:
+            return length
     return _BUILTIN_LEN(obj)
 
 
@@ -97,7 +106,11 @@ def _recording(original: Callable) -> Callable:
             kwargs["dtype"] = as_builtin(kwargs["dtype"])
         proxy = find_proxy(args, kwargs)
         if proxy is None:
-            return original(*args, **kwargs)
+            pieces = args[0] if args else kwargs.get("tensors")
+            if not _BUILTIN_ISINSTANCE(pieces, SymbolicPieces):
+                return original(*args, **kwargs)
+            # torch.stack(x.unbind(d)) on a symbolic size (see loops)
+            proxy = pieces.tensor
         return proxy.tracer.create_proxy("call_function", original, args, kwargs)
 
     wrapper.__yobx_original__ = original

@@ -150,6 +150,9 @@ class SymbolicDimensions:
         #: symbols introduced by a divisibility (``dim == 2*k``): k -> its value
         #: as an expression of the other symbols (``(dim - r) // m``)
         self.definitions: dict[sympy.Symbol, sympy.Expr] = {}
+        #: loop-index symbols -> the largest value they take (``stop - 1``): a relation
+        #: the ranges cannot hold, known to :meth:`prove` (see :mod:`.loops`)
+        self.loop_bounds: dict[sympy.Symbol, sympy.Expr] = {}
         self._hints: dict[str, int] = {}
         self._rename: dict[sympy.Symbol, sympy.Expr] = {}
         self._twins: dict[sympy.Symbol, sympy.Symbol] = {}
@@ -255,11 +258,18 @@ class SymbolicDimensions:
         return symint
 
     def new_symbol(
-        self, name: str, hint: int, low: int, high: int | None
+        self, name: str, hint: int, low: int, high: int | None, positive: bool | None = True
     ) -> tuple[sympy.Symbol, torch.SymInt]:
-        """Creates a ShapeEnv symbol named ``name`` for the user, in ``[low, high]``."""
+        """Creates a ShapeEnv symbol named ``name`` for the user, in ``[low, high]``.
+
+        :param positive: sympy's assumption on the symbol: True for a size (sympy then
+            folds ``s == 0`` to False by itself), None for a value that may be 0 (a
+            loop's index)
+        """
         source = DimensionSource(f"dim_{len(self.names)}_{_identifier(name)}")
-        symbol = self.shape_env.create_symbol(hint, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+        symbol = self.shape_env.create_symbol(
+            hint, source=source, dynamic_dim=DimDynamic.DYNAMIC, positive=positive
+        )
         if low >= 0 and self.shape_env.var_to_range.get(symbol) == _NEW_SIZE_RANGE:
             # The range is [0, oo] and becomes [low, high], which torch computes as an
             # intersection with sympy's Max and Min (half the cost of a dimension). From
@@ -510,7 +520,36 @@ class SymbolicDimensions:
             if len(_PROOFS) >= _MAX_PROOFS:
                 _PROOFS.clear()
             proved = _PROOFS[key] = prove_from_ranges(expr, ranges, replacements)
+        if proved is None and self.loop_bounds:
+            proved = self._prove_in_loops(expr, ranges, replacements)
         return proved
+
+    def _prove_in_loops(self, expr: sympy.Basic, ranges: dict, replacements: dict) -> bool | None:
+        """Proves a fact on loop indices from ``start <= i <= stop - 1``: the lower bound
+        is the index's range, the upper one a relation, proved by writing the index
+        ``(stop - 1) - r`` for a new ``r >= 0``. Both describe more values than the index
+        takes, so what they prove (true or false) holds for the index."""
+        from torch.utils._sympy.value_ranges import ValueRanges
+
+        indices = [s for s in expr.free_symbols if s in self.loop_bounds]
+        if not indices:
+            return None
+        if isinstance(expr, (sympy.And, sympy.Or)):
+            # `narrow` checks both bounds at once: each proved on its own
+            parts = [self.prove(part, (ranges, replacements)) for part in expr.args]
+            if isinstance(expr, sympy.And):
+                return False if False in parts else (True if all(parts) else None)
+            return True if True in parts else (False if not any(p is None for p in parts) else None)
+        ranges = dict(ranges)
+        replaced = {}
+        for s in indices:
+            rest = sympy.Symbol(f"{s}_rest", integer=True, nonnegative=True)
+            ranges[rest] = ValueRanges(0, int_oo)
+            replaced[s] = self.loop_bounds[s] - rest
+        substituted = expr.xreplace(replaced)
+        if substituted in (sympy.true, sympy.false):
+            return bool(substituted)
+        return self.prove(substituted, (ranges, replacements))
 
     def assume(self, value: torch.SymBool) -> None:
         """Adds a fact (``torch._check``) and the relations it implies.

@@ -14,8 +14,10 @@ They stand for the builtins everywhere else the name is used: ``isinstance(v, in
 ``issubclass``, ``x.to(int)`` (the graph records ``torch.int64``), ``int.from_bytes``,
 ``type(v) == int`` and the ``dtype=int`` of the tensor factories. Only an identity test
 (``type(v) is int``) tells them apart, in the code of the traced modules while a trace
-runs. A Python ``int`` that must be a real one (``range(n)``, indexing a list) still
-asks for it (``__index__``), with the usual decision on the example's sizes.
+runs. A Python ``int`` that must be a real one (indexing a list) still asks for it
+(``__index__``), with the usual decision on the example's sizes. ``range`` is replaced
+too (:data:`traced_range`): a loop over a symbolic size is a loop region that can
+become a scan (:mod:`.loops`).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from typing import Any
 
 import torch
 
+from .loops import symbolic_range
 from .patch_window import in_patch_window
 
 _INT = builtins.int
 _FLOAT = builtins.float
+_RANGE = builtins.range
 
 
 class _SymbolicBuiltin(type):
@@ -98,7 +102,30 @@ class traced_float(_FLOAT, metaclass=_SymbolicBuiltin):  # it stands for `float`
 
 
 #: name in the traced code's globals -> its replacement while a trace runs
-TRACED_BUILTINS: dict[str, type] = {"int": traced_int, "float": traced_float}
+class _SymbolicRangeType(_SymbolicBuiltin):
+    """Metaclass of :data:`traced_range`: a range over a symbolic size is a loop that
+    may become a scan (see :mod:`.loops`)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs:
+            loop = symbolic_range(*args)
+            if loop is not None:
+                return loop
+        return _RANGE(*args, **kwargs)
+
+
+class traced_range(metaclass=_SymbolicRangeType):  # it stands for `range`
+    """``range`` in the traced code: ``for i in range(x.shape[1])`` is a loop region
+    (see :mod:`.loops`) instead of a fixed number of steps."""
+
+    __yobx_builtin__ = _RANGE
+
+
+TRACED_BUILTINS: dict[str, type] = {
+    "int": traced_int,
+    "float": traced_float,
+    "range": traced_range,
+}
 
 
 def as_builtin(value: Any) -> Any:

@@ -54,6 +54,18 @@ class TraceState:
     #: depth of fake executions in progress (> 0: torch runs an operation on fake
     #: values, module calls and attribute reads are torch's, not the user's)
     in_fake: int = 0
+    #: the loop regions of the trace, in order (see :mod:`.loops`)
+    loops: list[Any] = dataclasses.field(default_factory=list)
+    #: the region whose steps are being recorded
+    active_loop: Any = None
+    #: the nodes closed regions hand out -> their region
+    loop_outputs: dict[Node, Any] = dataclasses.field(default_factory=dict)
+    #: > 0 while ``unbind``/``split`` make their pieces for real (see loops)
+    pieces_made: int = 0
+    #: how many :class:`~.loops.SymbolicPieces` the trace handed out
+    pieces_out: int = 0
+    #: loop-index symbols -> their region
+    loop_symbols: dict[Any, Any] = dataclasses.field(default_factory=dict)
     #: depth of assumptions in progress (> 0: the guards torch adds are facts the
     #: tracer chose to assume, not constraints taken from the example)
     allowed_guards: int = 0

@@ -42,6 +42,7 @@ from .inputs import (
     flatten_example_inputs,
     register_cache_flattening,
 )
+from .loop_tracing import LoopsMixin
 from .module_classes import traced_module_classes
 from .module_state import buffer_assignments, preserved_modules
 from .patch_window import PatchWindow, close_window, current_window
@@ -101,6 +102,7 @@ def _check_traceable(root: Any) -> None:
 
 
 class CustomTracer(
+    LoopsMixin,
     FakeExecutionMixin,
     AttributesMixin,
     GraphFinishMixin,
@@ -417,7 +419,7 @@ class CustomTracer(
             replace_problematic_function_before_tracing(),
             memoized_symbolic_arithmetic(),
             decided_layouts(),
-            buffer_assignments(self._assign_buffer),
+            buffer_assignments(self._assign_buffer, self.module_assigned),
         ):
             try:
                 graph = super().trace(module)
@@ -633,8 +635,11 @@ class CustomTracer(
             # sets them (users included). An owning module's hooks see torch.fx's node.
             node = super().create_node(kind, target, (), kwargs, name, type_expr)
             node.args = args
-            return node
-        return super().create_node(kind, target, args, kwargs, name, type_expr)
+        else:
+            node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if self.state.active_loop is not None:
+            self.record_in_loop(node)
+        return node
 
     def create_proxy(
         self,
@@ -667,6 +672,25 @@ class CustomTracer(
             # the graph's values depend on the layout of the inputs this is computed
             # from (a read folded into a constant leaves no node: see input_layouts)
             self.state.layout_reads.append((args[0].node, self.location()))
+        if self.state.active_loop is None and not self.state.pieces_made and kind[0] == "c":
+            # x.unbind(d) on a symbolic size: pieces to loop over or join (see loops)
+            pieces = self.symbolic_pieces(kind, target, args, kwargs)
+            if pieces is not None:
+                return pieces
+        if self.state.pieces_out and kind == "call_function":
+            joined = self.join_pieces(target, args, kwargs)
+            if joined is not None:
+                return joined
+        if self.state.active_loop is not None:
+            # a slice of length 1 at a loop's index (see loop_tracing)
+            sliced = self.loop_slice(kind, target, args, kwargs)
+            if sliced is not None:
+                return sliced
+        if self.state.loop_outputs:
+            # values of a loop that becomes a scan (see loop_tracing)
+            stacked = self.loop_use(kind, target, args, kwargs)
+            if stacked is not None:
+                return stacked
         args_ = self.create_arg(args)
         kwargs_ = self.create_arg(kwargs)
         node = self.create_node(kind, target, args_, kwargs_, name, type_expr)

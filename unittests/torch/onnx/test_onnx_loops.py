@@ -1,0 +1,66 @@
+"""Never narrow, item 3 in ONNX: a loop over a dynamic range is an ONNX ``Scan`` over
+the real length, exact in onnxruntime at lengths the example did not have (1 included);
+a state-space model's slow path (transformers' Mamba) exports with its sequence
+length dynamic."""
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
+from unittests.torch.tracing.test_tracing_loops import Cell, Recurrence, Writes
+
+
+def _op_types(model_proto) -> list[str]:
+    types = [n.op_type for n in model_proto.graph.node]
+    for function in model_proto.functions:
+        types.extend(n.op_type for n in function.node)
+    return types
+
+
+def _run(result, **feeds) -> list[np.ndarray]:
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, {k: v.numpy() for k, v in feeds.items()})
+
+
+@pytest.mark.parametrize("model", [Recurrence, Cell, Writes])
+def test_loop_is_a_scan_exact_at_other_lengths(model):
+    model = model().eval()
+    x = torch.randn(2, 5, 3)
+    result = export_and_validate(model, (x,), dynamic_shapes={"x": {0: "batch", 1: "seq"}})
+    assert "Scan" in _op_types(result.model_proto)
+    assert onnx_dims(result.model_proto)["x"] == ["batch", "seq", 3]
+    for batch, seq in [(1, 1), (3, 2), (2, 11)]:
+        x = torch.randn(batch, seq, 3)
+        with torch.no_grad():
+            expected = model(x)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        for e, got in zip(expected, _run(result, x=x)):
+            np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
+
+
+def test_mamba_slow_path_has_a_dynamic_sequence():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MambaConfig(
+        vocab_size=100, hidden_size=32, state_size=8, num_hidden_layers=2,
+        intermediate_size=64, conv_kernel=4, expand=2, time_step_rank=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.MambaModel(config).eval()
+    ids = torch.randint(0, 100, (2, 6))
+    result = export_and_validate(
+        model,
+        (),
+        {"input_ids": ids, "use_cache": False},
+        dynamic_shapes={"input_ids": {0: "batch", 1: "seq"}},
+    )
+    assert _op_types(result.model_proto).count("Scan") == 2
+    for batch, seq in [(1, 1), (3, 11)]:
+        ids = torch.randint(0, 100, (batch, seq))
+        with torch.no_grad():
+            expected = model(input_ids=ids, use_cache=False).last_hidden_state
+        got = _run(result, input_ids=ids)[0]
+        np.testing.assert_allclose(expected.numpy(), got, atol=1e-4, rtol=1e-4)

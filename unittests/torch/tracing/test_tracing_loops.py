@@ -1,0 +1,303 @@
+"""Never narrow, item 3: a loop over a dynamic range (``range(x.shape[1])``,
+``x.unbind(1)``, ``x.split(1, 1)``) becomes a scan when each step computes the same
+thing, exact at every length; otherwise the length is adopted as before and the
+message says why the loop is not a scan. Never a graph that is wrong at other
+lengths."""
+
+import pytest
+import torch
+
+from yobx.torch.tracing import ConstraintViolationError, CustomTracer, SpecializationError
+from yobx.torch.tracing.control_flow import ScanCCOp
+
+from ._helpers import assert_same, trace_module
+
+DIMS = {"x": {0: "batch", 1: "seq"}}
+
+
+def _scans(graph) -> int:
+    return sum(1 for n in graph.nodes if isinstance(n.target, ScanCCOp))
+
+
+def _check(model, lengths=(5, 1, 2, 9), batch=(2, 3, 1, 2), scans=1, constraints=()):
+    """Traces at length 5, checks one graph is exact at every length."""
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 5, 3)}, DIMS)
+    assert _scans(graph) == scans, graph
+    assert [c.expression for c in tracer.constraints] == list(constraints)
+    for b, n in zip(batch, lengths):
+        x = torch.randn(b, n, 3)
+        assert_same(model(x), gm(x))
+    return tracer, graph
+
+
+class Recurrence(torch.nn.Module):
+    """A state-space model's slow path: a state carried over the sequence, the
+    per-step outputs stacked."""
+
+    def forward(self, x):
+        h = torch.zeros_like(x[:, 0])
+        outs = []
+        for i in range(x.shape[1]):
+            h = torch.sigmoid(x[:, i]) * h + x[:, i]
+            outs.append(h * 2)
+        return torch.stack(outs, dim=1), h, h * len(outs)
+
+
+class Cell(torch.nn.Module):
+    """A recurrent cell written by hand, with a submodule called at each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = x[:, 0] * 0
+        outs = []
+        for xt in x.unbind(1):
+            h = torch.tanh(self.cell(torch.cat([xt, h], -1)))
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+
+class Pieces(torch.nn.Module):
+    def forward(self, x):
+        h = x[:, :1] * 0
+        outs = []
+        for piece in torch.split(x, 1, dim=1):
+            h = h * 0.9 - piece
+            outs.append(h)
+        return torch.cat(outs, 1)
+
+
+class Backwards(torch.nn.Module):
+    def forward(self, x):
+        h = x[:, 0]
+        outs = []
+        for t in reversed(range(1, x.shape[1])):
+            h = h * 0.5 + x[:, t]
+            outs.append(h)
+        return h, torch.stack(outs, 0)
+
+
+class Writes(torch.nn.Module):
+    """transformers' recurrent models: a new tensor written one step at a time (with a
+    value that broadcasts)."""
+
+    def forward(self, x):
+        out = torch.zeros_like(x)
+        state = torch.zeros(x.shape[0], 3)
+        for t in range(x.shape[1]):
+            state = state * 0.5 + x[:, t]
+            out[:, t] = state.sum(-1, keepdim=True)
+        return out, state
+
+
+class TwoLoops(torch.nn.Module):
+    """The second loop starts from what the first carries."""
+
+    def forward(self, x):
+        h = x[:, 0] * 0
+        for i in range(x.shape[1]):
+            h = h + x[:, i]
+        g = h
+        for i in range(x.shape[1]):
+            g = g * 0.5 + x[:, i] * h
+        return g
+
+
+@pytest.mark.parametrize("model", [Recurrence, Pieces, Writes])
+def test_loop_becomes_one_scan_exact_at_every_length(model):
+    _check(model())
+
+
+def test_reversed_range_from_one():
+    # eager stacks no tensor at length 1: a limit of the model, checked by the graph
+    _check(Backwards(), lengths=(5, 2, 3, 9), constraints=["seq >= 2"])
+    _, _, gm = trace_module(Backwards(), {"x": torch.randn(2, 5, 3)}, DIMS)
+    with pytest.raises(ConstraintViolationError, match="seq >= 2"):
+        gm(torch.randn(2, 1, 3))
+
+
+def test_cell_with_submodule_and_unbind():
+    _check(Cell())
+
+
+def test_two_loops_two_scans():
+    _check(TwoLoops(), scans=2)
+
+
+def test_len_of_the_stacked_list_is_the_length():
+    tracer, graph = _check(Recurrence())
+    assert tracer.constraints == []
+
+
+def test_loop_of_a_nested_loop_over_a_static_size():
+    class Nested(torch.nn.Module):
+        def forward(self, x):
+            h = x[:, 0, 0] * 0
+            for i in range(x.shape[1]):
+                for j in range(x.shape[2]):
+                    h = h + x[:, i, j] * (j + 1)
+            return h
+
+    _check(Nested())
+
+
+# the loops that are not one computation: refused as before, with the reason
+
+
+def _counter(x):
+    h, n = x[:, 0], 0
+    for i in range(x.shape[1]):
+        h, n = h + x[:, i], n + 1
+    return h / n
+
+
+def _last(x):
+    outs = [x[:, i] * 2 for i in range(x.shape[1])]
+    return outs[-1]
+
+
+def _first_step(x):
+    h = x[:, 0] * 0
+    for i in range(x.shape[1]):
+        h = x[:, i] if i == 0 else h * 0.5 + x[:, i]
+    return h
+
+
+def _early_exit(x):
+    h = x[:, 0] * 0
+    for i in range(x.shape[1]):
+        if i >= 3:
+            break
+        h = h + x[:, i]
+    return h
+
+
+def _reversed_index(x):
+    h = x[:, 0] * 0
+    for i in range(x.shape[1]):
+        h = h * 0.5 + x[:, x.shape[1] - 1 - i]
+    return h
+
+
+def _two_steps_back(x):
+    a, b = x[:, 0], x[:, 1]
+    for i in range(x.shape[1]):
+        a, b = b, a + b + x[:, i]
+    return b
+
+
+def _read_while_written(x):
+    out = torch.zeros_like(x)
+    for t in range(x.shape[1]):
+        out[:, t] = x[:, t] + out.sum(1)
+    return out
+
+
+class _Counts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        h = x[:, 0] * 0
+        for i in range(x.shape[1]):
+            h = h + x[:, i]
+            self.calls += 1
+        return h * self.calls
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (_Fn(_counter), "the Python value of `n` changes from one step to the next"),
+        (_Fn(_last), "is used after it"),
+        (_Fn(_first_step), "a decision on"),
+        (_Fn(_early_exit), "a decision on"),
+        (_Fn(_reversed_index), "the index selects from"),
+        (_Fn(_two_steps_back), "2 steps back"),
+        (_Fn(_read_while_written), "also read while the loop writes it"),
+        (_Counts(), "it assigns `_Counts.calls`"),
+    ],
+    ids=lambda value: value if isinstance(value, str) and " " not in value else None,
+)
+def test_loop_that_is_not_a_scan_is_refused_with_its_reason(model, reason):
+    with pytest.raises(SpecializationError, match="not a scan") as caught:
+        CustomTracer().trace(model, {"x": torch.randn(2, 5, 3)}, dynamic_shapes=DIMS)
+    assert reason in str(caught.value), str(caught.value)
+    assert "seq == 5" in str(caught.value)
+
+
+def test_one_step_in_the_example_is_not_enough_to_compare():
+    with pytest.raises(SpecializationError, match="at least 2 steps"):
+        CustomTracer().trace(Backwards(), {"x": torch.randn(2, 2, 3)}, dynamic_shapes=DIMS)
+
+
+def test_unrolled_loop_with_auto_dimension_is_exact_at_the_example():
+    # Dim.AUTO lets the length become static: the unrolled steps, right where they run
+    from torch.export import Dim
+
+    model = _Fn(_counter)
+    x = torch.randn(2, 5, 3)
+    with pytest.warns(UserWarning):
+        tracer, graph, gm = trace_module(model, {"x": x}, {"x": {0: "batch", 1: Dim.AUTO}})
+    assert _scans(graph) == 0
+    assert_same(model(x), gm(x))
+
+
+def test_tracing_leaves_the_module_and_builtins_as_they_were():
+    import builtins
+
+    model = _Counts()
+    with pytest.raises(SpecializationError):
+        CustomTracer().trace(model, {"x": torch.randn(2, 5, 3)}, dynamic_shapes=DIMS)
+    assert model.calls == 0
+    assert builtins.range is range and isinstance(range(3), range)
+    _check(Recurrence())
+    assert "range" not in Recurrence.forward.__globals__
+
+
+# pieces given whole to torch.stack / torch.cat
+
+
+def _stack_unbind(x):
+    return torch.stack(x.unbind(1), -1), torch.stack(x.unbind(0), dim=1)
+
+
+def _cat_unbind(x):
+    return torch.cat(x.unbind(1), 1)
+
+
+def _cat_split(x):
+    joined = torch.cat(x.split(2, 1), 1)
+    x.add_(1)  # the join is a new tensor, as torch.cat makes
+    return joined, x * len(x.split(2, 1))
+
+
+@pytest.mark.parametrize("fn", [_stack_unbind, _cat_unbind, _cat_split])
+def test_pieces_joined_whole_need_no_count(fn):
+    model = _Fn(fn)
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 5, 3)}, DIMS)
+    assert tracer.constraints == [] and _scans(graph) == 0
+    for b, n in [(2, 5), (3, 2), (1, 8)]:
+        x = torch.randn(b, n, 3)
+        assert_same(model(x.clone()), gm(x.clone()))
+
+
+def test_pieces_indexed_or_unpacked_keep_their_count():
+    def first(x):
+        head, *_ = x.unbind(1)
+        return head
+
+    with pytest.raises(SpecializationError, match="unbind"):
+        CustomTracer().trace(_Fn(first), {"x": torch.randn(2, 5, 3)}, dynamic_shapes=DIMS)
