@@ -33,6 +33,7 @@ from torch.utils._sympy import functions as torch_sympy
 from ..passes import register_untouched_functions
 from .constraints import ConstraintViolationError
 from .errors import TracingError
+from .integral_conditions import integral_condition
 from .symbolic import SymbolicDimensions
 
 #: ``node.meta`` key set on the nodes a graph runs to check its inputs (not the model's)
@@ -300,6 +301,8 @@ def insert_condition(
     prepared = condition_in_sizes(dims, condition)
     if prepared is None:
         raise builder._unchecked(check)
+    # lowered again with symbolic sizes (ONNX), which refuse Fraction * SymInt
+    prepared = integral_condition(prepared)
     if any(builder._symbol(s) is None for s in sorted(prepared.free_symbols, key=str)):
         raise builder._unchecked(check)
     result = builder._interpret(prepared)
