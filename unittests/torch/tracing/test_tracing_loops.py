@@ -301,3 +301,27 @@ def test_pieces_indexed_or_unpacked_keep_their_count():
 
     with pytest.raises(SpecializationError, match="unbind"):
         CustomTracer().trace(_Fn(first), {"x": torch.randn(2, 5, 3)}, dynamic_shapes=DIMS)
+
+
+def test_joined_values_are_new_tensors_as_eager_makes():
+    # found by the fuzzer (fuzz_tracing seed 712): eager's `cat` is contiguous, so
+    # `flatten()` of it is a view that `mul_` writes through; two stacks of the same
+    # list are two tensors
+    def joins(x):
+        h = x[:, :1] * 0
+        outs = []
+        for piece in x.split(1, dim=1):
+            h = h * 0.9 - piece
+            outs.append(h)
+        joined = torch.cat(outs, 1)
+        joined.flatten().mul_(2)
+        first, second = torch.stack(outs, 0), torch.stack(outs, 0)
+        first.add_(1)
+        return joined + 1, second
+
+    model = _Fn(joins)
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 5, 3)}, DIMS)
+    assert _scans(graph) == 1
+    for b, n in [(2, 5), (3, 2), (1, 8)]:
+        x = torch.randn(b, n, 3)
+        assert_same(model(x.clone()), gm(x.clone()))

@@ -542,9 +542,20 @@ class _Emitter:
         return outputs
 
     def stacked(self, values: Node, dim: int, how: str) -> Node:
-        """``torch.stack``/``torch.cat`` of the per-step values, from the scan's."""
+        """``torch.stack``/``torch.cat`` of the per-step values, from the scan's: a new
+        contiguous tensor, as they make (a view of the scan's output would share its
+        memory with another join of the same values, and ``flatten()`` of it would copy
+        where eager's is a view that in-place updates go through)."""
         moved = self.node(torch.movedim, (values, 0, dim))
-        return self.node(torch.flatten, (moved, dim, dim + 1)) if how == "cat" else moved
+        if how == "cat":
+            moved = self.node(torch.flatten, (moved, dim, dim + 1))
+        fresh = self.graph.create_node(
+            "call_function", torch.clone, (moved,), {"memory_format": torch.contiguous_format}
+        )
+        with self.tracer.fake_mode:
+            fresh.meta["val"] = moved.meta["val"].clone(memory_format=torch.contiguous_format)
+        fresh.meta["stack_trace"] = self.trace
+        return fresh
 
     def write(self, write: tuple, values: Node) -> None:
         """``out[..., start:stop, ...] = values``, for ``out[..., i, ...] = value``."""
