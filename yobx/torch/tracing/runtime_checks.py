@@ -408,6 +408,8 @@ class _CheckBuilder:
             return self._symbol(expr)
         if expr.is_Integer or isinstance(expr, sympy.logic.boolalg.BooleanAtom):
             return int(expr) if expr.is_Integer else bool(expr)
+        if expr.is_Float:
+            return float(expr)
         if expr.is_Rational:
             # exact arithmetic: sizes divided by a constant they are multiples of
             proxy = self.tracer.create_proxy(
@@ -491,6 +493,9 @@ _BINARY = {
     torch_sympy.IntTrueDiv: operator.truediv,
     torch_sympy.CeilToInt: math.ceil,
     torch_sympy.FloorToInt: math.floor,
+    # int(n * 0.5) and float(n) of a dimension (see symbolic_builtins)
+    torch_sympy.TruncToInt: math.trunc,
+    torch_sympy.ToFloat: torch.sym_float,
     sympy.Not: operator.not_,
 }
 

@@ -47,7 +47,8 @@ def compile_condition(condition: sympy.Basic, symbols: Sequence[sympy.Symbol]) -
     names = {s: sympy.Symbol(f"_size_{i}") for i, s in enumerate(symbols)}
     text = PythonPrinter().doprint(condition.xreplace({**rationals, **names}))
     arguments = ", ".join(str(names[s]) for s in symbols)
-    scope: dict[str, Any] = {"math": math, "min": min, "max": max}
+    # `int(n * 0.5)` prints as `math.trunc(0.5*torch.sym_float(n))`
+    scope: dict[str, Any] = {"math": math, "min": min, "max": max, "torch": torch}
     scope.update({str(v): fractions.Fraction(int(r.p), int(r.q)) for r, v in rationals.items()})
     # the text is printed from a sympy expression of ours: no user string reaches it
     return eval(f"lambda {arguments}: {text}", scope)

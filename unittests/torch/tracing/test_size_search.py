@@ -1,0 +1,38 @@
+"""The search for sizes where a decision goes the other way evaluates conditions as
+the graph computes them, ``int()`` of a product of a size and a float included
+(printed ``math.trunc(0.5*torch.sym_float(n))``)."""
+
+import sympy
+import torch
+from torch.utils._sympy.functions import ToFloat, TruncToInt
+
+from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing.size_search import compile_condition
+
+from ._helpers import assert_same
+
+
+def test_condition_with_int_of_a_float_compiles():
+    n = sympy.Symbol("n", integer=True)
+    condition = sympy.Eq(TruncToInt(ToFloat(n) * 0.5) + 1, 8)
+    function = compile_condition(condition, [n])
+    assert [v for v in range(30) if function(v)] == [14, 15]
+
+
+class HalfThenBranch(torch.nn.Module):
+    def forward(self, z):
+        flat = z.flatten()[: int(z.numel() * 0.5) + 1]
+        if flat.shape[0] == 8:
+            return flat * 2
+        return flat - 1
+
+
+def test_branch_on_int_of_a_float_gets_its_other_side():
+    model = HalfThenBranch()
+    tracer = CustomTracer()
+    graph = tracer.trace(model, (torch.randn(2, 7),), dynamic_shapes=({0: "a", 1: "b"},))
+    assert len(tracer.versions) == 2, tracer.version_notes
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for a, b in [(2, 7), (3, 5), (1, 9), (2, 3)]:
+        z = torch.randn(a, b)
+        assert_same(model(z), gm(z))
