@@ -139,11 +139,12 @@ class DecisionsMixin:
         location = self.location()
         # rendered before adopting: adopting may replace the symbols it names
         expression = self.dims.render(val)
-        if decided is None and self.loop_symbols(val.node.expr):
+        indices = self.loop_symbols(val.node.expr) if decided is None else ()
+        if indices:
             # on a loop's index: its steps differ, the loop cannot be a scan and is
             # unrolled at the example's length, where the index is the example's
             decided = bool(self.dims.hint(val))
-            self.loop_refuse(self.loop_symbols(val.node.expr), f"a decision on `{expression}`")
+            self.loop_refuse(indices, f"a decision on `{expression}`")
             reason = "loop"
         elif decided is None:
             what = what or "the condition"
@@ -202,8 +203,9 @@ class DecisionsMixin:
             raise self.refinements.data_dependent_error(val, location, what)
         hint = self.dims.hint(val)
         expression = self.dims.render(val)
-        if self.loop_symbols(val.node.expr):
-            self.loop_refuse(self.loop_symbols(val.node.expr), f"{what} for `{expression}`")
+        indices = self.loop_symbols(val.node.expr)
+        if indices:
+            self.loop_refuse(indices, f"{what} for `{expression}`")
             return hint
         symbols = val.node.expr.free_symbols
         if len(symbols) == 1 and isinstance(val, torch.SymFloat):

@@ -28,6 +28,8 @@ from .loops import (
 _STACKING = {torch.stack: "stack", torch.cat: "cat", torch.concat: "cat", torch.concatenate: "cat"}
 #: operations returning one piece per index of an axis
 _PIECES = {"unbind": "unbind", torch.unbind: "unbind", "split": "split", torch.split: "split"}
+#: the same, for a membership test that needs no hashing (targets may be unhashable)
+PIECE_TARGETS = tuple(_PIECES)
 
 
 class LoopsMixin:
@@ -46,11 +48,8 @@ class LoopsMixin:
         to iterate over as a loop region (when iterated right away where a loop may
         open) or to join with ``torch.stack``/``torch.cat`` (None: the operation as
         usual)."""
-        try:
-            how = _PIECES.get(target)
-        except TypeError:  # an unhashable target
-            return None
-        if how is None or kind not in ("call_method", "call_function") or not args:
+        how = _PIECES[target]
+        if kind not in ("call_method", "call_function") or not args:
             return None
         tensor, rest = args[0], dict(kwargs)
         if how == "unbind":
@@ -104,9 +103,9 @@ class LoopsMixin:
         kwargs = {**kwargs, "tensors": real} if "tensors" in kwargs else kwargs
         return self.create_proxy("call_function", target, args, kwargs)
 
-    def loop_begin(self, symbolic_range: SymbolicRange, frame, reverse: bool) -> LoopRegion:
+    def loop_begin(self, symbolic_range: SymbolicRange, reverse: bool) -> LoopRegion:
         """Opens the region of a loop over ``symbolic_range`` (``reversed()`` of it when
-        ``reverse``) run from ``frame``."""
+        ``reverse``)."""
         length = symbolic_range.length()
         count = max(0, int(self.dims.hint(length.node.meta["val"])))
         region = LoopRegion(
@@ -117,7 +116,6 @@ class LoopsMixin:
             stop=symbolic_range.stop,
             length=length,
             count=count,
-            frame=frame,
             reverse=reverse,
         )
         self.state.loops.append(region)
@@ -131,7 +129,6 @@ class LoopsMixin:
             region.frames.append(frame_tokens(frame))
         if step >= region.count:
             self.state.active_loop = None
-            region.frame = None
             self._loop_close(region)
             raise StopIteration
         symint = loop_symbol(self.dims, region, step)

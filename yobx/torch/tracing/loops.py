@@ -4,7 +4,7 @@
 now) fixes the dimension to its example size, so a recurrent model's sequential loop
 (a state-space model's slow path, an RNN written by hand) refuses every other length.
 Inside the traced modules' code, ``range`` is replaced while a trace runs (as ``len``,
-``int`` and ``float`` are, see :mod:`.symbolic_builtins`) by :func:`traced_range`: on a
+``int`` and ``float`` are, see :mod:`.symbolic_builtins`) by ``traced_range``: on a
 symbolic size it returns a :class:`SymbolicRange`, whose iteration is a *loop region*.
 
 The loop still runs as many times as on the example, so that every Python value the
@@ -70,8 +70,6 @@ class LoopRegion:
     length: Any
     #: how many steps the example runs
     count: int
-    #: the frame running the loop (its locals are compared between steps)
-    frame: FrameType | None = None
     index_nodes: list[Node] = dataclasses.field(default_factory=list)
     #: the nodes each step recorded, in order
     steps: list[list[Node]] = dataclasses.field(default_factory=list)
@@ -230,7 +228,7 @@ class _LoopIterator:
         tracer = self.range.tracer
         frame = sys._getframe(1)
         if self.region is None:
-            self.region = tracer.loop_begin(self.range, frame, self.reverse)
+            self.region = tracer.loop_begin(self.range, self.reverse)
         return self.range.item(tracer.loop_next(self.region, frame))
 
 

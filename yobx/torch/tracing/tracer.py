@@ -42,7 +42,7 @@ from .inputs import (
     flatten_example_inputs,
     register_cache_flattening,
 )
-from .loop_tracing import LoopsMixin
+from .loop_tracing import PIECE_TARGETS, LoopsMixin
 from .module_classes import traced_module_classes
 from .module_state import buffer_assignments, preserved_modules
 from .patch_window import PatchWindow, close_window, current_window
@@ -672,7 +672,11 @@ class CustomTracer(
             # the graph's values depend on the layout of the inputs this is computed
             # from (a read folded into a constant leaves no node: see input_layouts)
             self.state.layout_reads.append((args[0].node, self.location()))
-        if self.state.active_loop is None and not self.state.pieces_made and kind[0] == "c":
+        if (
+            target in PIECE_TARGETS
+            and self.state.active_loop is None
+            and not self.state.pieces_made
+        ):
             # x.unbind(d) on a symbolic size: pieces to loop over or join (see loops)
             pieces = self.symbolic_pieces(kind, target, args, kwargs)
             if pieces is not None:
