@@ -196,3 +196,24 @@ def test_position_interpolation_versions_export_exact_at_non_square_sizes():
     for sizes in case.stress_sizes:  # torch.export's program refuses these
         report = validate(case.model, result, [((), case.inputs_at(sizes))])
         assert report.ok and report.n_checked == 1, report.format()
+
+
+class Three(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] + 2 == 5:
+            return x * 2
+        return x - 1
+
+
+def test_a_decision_fixing_the_example_size_exports_both_sides():
+    """The example's side (d == 3) is a version where ``d`` is a constant; the ONNX
+    model is exact at d=3 and elsewhere, and validation runs both sides."""
+    model = Three()
+    result = to_onnx(model, (torch.randn(2, 3),), dynamic_shapes=({1: "d"},), validate=True)
+    assert result.validation.ok, result.validation.format()
+    assert result.constraints == []
+    session = _session(result)
+    for d in (2, 3, 4, 9):
+        x = torch.randn(2, d)
+        (got,) = session.run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-6)

@@ -239,8 +239,20 @@ def test_loop_that_is_not_a_scan_is_refused_with_its_reason(model, reason):
 
 
 def test_one_step_in_the_example_is_not_enough_to_compare():
+    # the example's one step needs `seq == 2`: the loop is captured from another size,
+    # where its steps compare, and the scan runs at seq=2 too
+    model = Backwards()
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 2, 3)}, DIMS)
+    # torch.stack needs one step at least: eager's own limit, the example at it
+    assert [c.expression for c in tracer.constraints] == ["seq >= 2"]
+    assert tracer.versions == [] and _scans(graph) == 1
+    for seq in (2, 3, 7):
+        x = torch.randn(2, seq, 3)
+        assert_same(model(x), gm(x))
     with pytest.raises(SpecializationError, match="at least 2 steps"):
-        CustomTracer().trace(Backwards(), {"x": torch.randn(2, 2, 3)}, dynamic_shapes=DIMS)
+        trace_module(
+            model, {"x": torch.randn(2, 2, 3)}, DIMS, tracer_kwargs={"narrowing": "constraints"}
+        )
 
 
 def test_unrolled_loop_with_auto_dimension_is_exact_at_the_example():

@@ -5,7 +5,12 @@ import pytest
 import torch
 from torch.export import Dim
 
-from yobx.torch.tracing import ConstraintViolationError, CustomTracer, StrictDimensionError
+from yobx.torch.tracing import (
+    ConstraintViolationError,
+    CustomTracer,
+    SpecializationError,
+    StrictDimensionError,
+)
 
 from ._helpers import assert_same, trace_module
 
@@ -208,3 +213,68 @@ def test_position_interpolation_is_exact_on_every_side_without_constraints():
         inputs = case.inputs_at(sizes)
         with torch.no_grad():
             assert_same(case.model(**inputs), gm(**inputs), atol=1e-4, rtol=1e-4)
+
+
+class Three(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] + 2 == 5:
+            return x * 2
+        elif x.shape[1] == 5:
+            return x + 10
+        return x - 1
+
+
+def test_a_decision_fixing_the_example_size_gets_versions():
+    """``d + 2 == 5`` holds at the example (d=3) and would make ``d`` a constant: the
+    model is captured from another size, and d=3 and d=5 become versions where ``d``
+    is a constant."""
+    model = Three()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 3)}, {"x": {0: "b", 1: "d"}})
+    assert sorted(v.when for v in tracer.versions) == [
+        "(d + 2 != 5) and (d != 5)",
+        "(d + 2 != 5) and (d == 5)",
+        "(d + 2 == 5)",
+    ]
+    assert tracer.constraints == []
+    _check_sizes(model, gm, lambda s: torch.randn(2, s), [2, 3, 4, 5, 6, 11])
+    # narrowing="constraints" keeps the error (the dimension would be a constant)
+    with pytest.raises(SpecializationError, match="d == 3"):
+        trace_module(
+            model,
+            {"x": torch.randn(2, 3)},
+            {"x": {1: "d"}},
+            tracer_kwargs={"narrowing": "constraints"},
+        )
+
+
+class Broadcast(torch.nn.Module):
+    def forward(self, x, y):
+        if x.shape[1] == 1:
+            x = x.expand(-1, y.shape[1])
+        return x + y
+
+
+def test_a_size_one_example_of_a_broadcast_gets_the_other_side():
+    """``if x.shape[1] == 1`` with the example at 1: eager refuses ``d=2`` next to
+    ``e=4``, the search moves both sizes until eager runs (d == e)."""
+    model = Broadcast()
+    dynamic = {"x": {1: Dim.DYNAMIC(min=1)}, "y": {1: "e"}}
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 1), "y": torch.randn(2, 4)}, dynamic)
+    assert sorted(v.when for v in tracer.versions) == ["(x_dim_1 != 1)", "(x_dim_1 == 1)"]
+    for d, e in [(1, 4), (1, 7), (4, 4), (7, 7)]:
+        x, y = torch.randn(2, d), torch.randn(2, e)
+        assert_same(model(x, y), gm(x, y))
+    with pytest.raises(ConstraintViolationError, match="x_dim_1 == e"):
+        gm(torch.randn(2, 3), torch.randn(2, 4))
+
+
+class Fixed(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.ones(3)
+
+
+def test_a_size_eager_needs_stays_a_specialization_error():
+    """Eager itself fails at every other size: the dimension is a constant, and the
+    error says so."""
+    with pytest.raises(SpecializationError, match="always 3"):
+        trace_module(Fixed(), {"x": torch.randn(2, 3)}, {"x": {1: "d"}})

@@ -173,5 +173,5 @@ def _in_outer(size: Any, branch: torch.fx.GraphModule, outer_dims: Any) -> sympy
 def _symint(expr: sympy.Expr, shape_env: Any) -> Any:
     if expr.is_Integer:
         return int(expr)
-    hint = int(shape_env.size_hint(expr))
+    hint = int(shape_env.guarding_hint_or_throw(expr))
     return torch.SymInt(SymNode(expr, shape_env, int, hint=hint))

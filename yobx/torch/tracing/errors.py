@@ -55,7 +55,15 @@ class DataDependentError(TracingError):
 
 
 class SpecializationError(TracingError):
-    """A dimension declared dynamic would become a constant."""
+    """A dimension declared dynamic would become a constant.
+
+    :attr:`fact` is the equality the trace needed (``d == 3``, in the user's dimension
+    names), None when the error comes from elsewhere: with ``narrowing="versions"``
+    the tracer captures sizes where it is false, and the example's side becomes a
+    version.
+    """
+
+    fact = None
 
 
 class UndecidableError(TracingError):

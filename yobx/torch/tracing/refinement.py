@@ -191,7 +191,7 @@ class Refinements:
             return
         if self.dims.policy_of(symbol) == DYNAMIC:
             value = form.rhs if form.lhs == symbol else form.lhs
-            raise SpecializationError.at(
+            error = SpecializationError.at(
                 location,
                 f"{what} needs `{self.dims.render(form)}`, which makes "
                 f"dimension {name!r} always {value} (its size in the example), but it is "
@@ -202,6 +202,10 @@ class Refinements:
                 expression=self.dims.render(form),
                 dimensions=(name,),
             )
+            # what the tracer's versions need to capture the other side of it (sizes
+            # where it is false: the side of the example becomes one version)
+            error.fact = self.dims.user_expression(form)
+            raise error
 
     def _introduce_quotient(self, form: sympy.Basic) -> None:
         """``dim % m == r``: from now on ``dim`` is ``m * q + r`` for a new ``q``."""

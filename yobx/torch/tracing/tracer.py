@@ -30,7 +30,7 @@ from .decided_layouts import decided_layouts
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
 from .deferred_interrupts import PENDING as PENDING_INTERRUPT
 from .deferred_interrupts import deferred_interrupts, raise_pending_interrupt
-from .errors import autocast_refused
+from .errors import SpecializationError, autocast_refused
 from .fake_execution import FakeExecutionMixin
 from .fx_isolation import fx_tracing_per_thread
 from .graph_finish import GraphFinishMixin, _CallableModule, graph_fingerprint
@@ -329,6 +329,59 @@ class CustomTracer(
             torch.Size([2, 3])
         """
         _check_traceable(root)
+        arguments = (dynamic_shapes, remove_inplace, update_model_with_callable, verbose)
+        try:
+            return self._trace_with_versions(root, concrete_args, *arguments)
+        except SpecializationError as error:
+            if self.narrowing != "versions" or error.fact is None:
+                raise
+            return self._trace_from_other_size(root, error, *arguments)
+
+    def _trace_from_other_size(
+        self, root, error: SpecializationError, *arguments
+    ) -> torch.fx.Graph:
+        """A decision makes a dimension declared dynamic the example's size (``if
+        d == 3`` with ``d`` at 3): the model is captured from sizes where it is false,
+        and the example's side becomes one of its versions (``d == 3``, where the
+        dimension is a constant). ``error`` is raised again when no size inside the
+        declared ranges takes the other side, eager raises there, or the joined graph
+        would not cover the example."""
+        from .versions import covers, example_beyond, example_sizes
+
+        sizes, facts, locations = example_sizes(self.dims), [error.fact], [error.location]
+        while len(facts) <= self.max_versions:
+            example = example_beyond(self, root, facts)
+            if example is None:
+                raise error
+            try:
+                graph = self._trace_with_versions(root, example, *arguments)
+            except SpecializationError as other:
+                if other.fact is None or other.location in locations:
+                    # the same line needs the new size too (a loop that is no scan
+                    # needs its number of steps at every size): no version does better
+                    raise error from None
+                facts.append(other.fact)  # `if d == 3: ... elif d == 5: ...`
+                locations.append(other.location)
+                continue
+            except Exception:
+                # the other size fails in another way: the example's error is the one
+                # its user can act on
+                raise error from None
+            if not covers(self, sizes):
+                raise error
+            return graph
+        raise error
+
+    def _trace_with_versions(
+        self,
+        root,
+        concrete_args,
+        dynamic_shapes,
+        remove_inplace: bool,
+        update_model_with_callable: bool,
+        verbose: int,
+    ) -> torch.fx.Graph:
+        """One capture, then the versions of its undecided decisions (see .versions)."""
         self.versions, self.version_notes = [], []
         self._version_constraints = self._version_checks = None
         start = time.perf_counter()

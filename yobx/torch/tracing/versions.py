@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 import operator
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import sympy
@@ -46,6 +48,7 @@ from .control_flow import CondCCOp
 from .dynamic_shapes import STRICT
 from .errors import exception_summary
 from .expression_text import pretty
+from .inputs import NO_EXAMPLE
 from .module_state import preserved_modules
 from .runtime_checks import (
     RuntimeCheck,
@@ -64,6 +67,8 @@ _WITNESS_BUDGET = 10_000
 #: model) beyond which its other side is not looked for: reshapes of windowed attention
 #: check products of padded sizes whose other side eager refuses anyway
 _OPERATOR_CONDITION_OPS = 12
+#: sizes tried eagerly at most to capture a model from beside a size its example fixes
+_EAGER_TRIES = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,30 +272,7 @@ class Versioning:
     def _witness(self, version: Version, conditions: list[sympy.Basic]) -> dict | None:
         """Sizes of the user's dimensions inside the declared ranges where every
         condition holds, near the version's example; None when the search finds none."""
-        dims = version.tracer.dims
-        names = list(dims.by_name)
-        symbols = [sympy.Symbol(name, integer=True) for name in names]
-        base = {s: int(dims.hint(dims.by_name[n])) for n, s in zip(names, symbols)}
-        bounds = []
-        for name, symbol in zip(names, symbols):
-            low, high = dims.declared.get(dims.by_name[name].node._expr, (0, None))
-            bounds.append(sympy.Ge(symbol, low))
-            if high is not None:
-                bounds.append(sympy.Le(symbol, high))
-        wanted = [*bounds, *conditions]
-        if not all(c.free_symbols <= set(symbols) for c in wanted):
-            return None
-        functions = [compile_condition(c, symbols) for c in wanted]
-        focus = [s for s in symbols if s in conditions[-1].free_symbols]
-        constants = constants_of(*conditions)
-        for count, changes in enumerate(moves(base, focus, constants)):
-            if count >= _WITNESS_BUDGET:
-                break
-            assignment = {**base, **changes}
-            values = [assignment[s] for s in symbols]
-            if all(holds(f, values) for f in functions):
-                return {s.name: v for s, v in assignment.items()}
-        return None
+        return find_witness(version.tracer.dims, conditions)
 
     def _capture(
         self, version: Version, witness: dict, path: list[VersionCondition], fact: Any
@@ -395,6 +377,80 @@ class Versioning:
             inputs = first.tracer.state.inputs
             sizes = {n: s for n, s in zip(inputs.names, inputs.sizes) if s is not None}
             insert_shape_checks(graph, sizes)
+
+
+def find_witness(dims: Any, conditions: list[sympy.Basic]) -> dict[str, int] | None:
+    """Sizes of the user's dimensions (by name) inside their declared ranges where
+    every condition (in the user's names) holds, near the example of ``dims``, the
+    last condition's dimensions moved first; None when the search finds none."""
+    return next(witnesses(dims, conditions), None)
+
+
+def witnesses(dims: Any, conditions: list[sympy.Basic]) -> Iterator[dict[str, int]]:
+    """Every witness :func:`find_witness` would find, nearest first, within the search
+    budget."""
+    names = list(dims.by_name)
+    symbols = [sympy.Symbol(name, integer=True) for name in names]
+    base = {s: int(dims.hint(dims.by_name[n])) for n, s in zip(names, symbols)}
+    bounds = []
+    for name, symbol in zip(names, symbols):
+        low, high = dims.declared.get(dims.by_name[name].node._expr, (0, None))
+        bounds.append(sympy.Ge(symbol, low))
+        if high is not None:
+            bounds.append(sympy.Le(symbol, high))
+    wanted = [*bounds, *conditions]
+    if not all(c.free_symbols <= set(symbols) for c in wanted):
+        return
+    functions = [compile_condition(c, symbols) for c in wanted]
+    focus = [s for s in symbols if s in conditions[-1].free_symbols]
+    constants = constants_of(*conditions)
+    for count, changes in enumerate(moves(base, focus, constants)):
+        if count >= _WITNESS_BUDGET:
+            break
+        assignment = {**base, **changes}
+        values = [assignment[s] for s in symbols]
+        if all(holds(f, values) for f in functions):
+            yield {s.name: v for s, v in assignment.items()}
+
+
+def example_beyond(tracer: Any, root: Any, facts: list[sympy.Basic]) -> dict | None:
+    """Example inputs (per parameter name) like the last trace's, at sizes inside the
+    declared ranges where every one of ``facts`` is false, on which eager runs; None
+    when there are none (see :meth:`CustomTracer.trace`: a dimension the example's
+    side makes a constant, ``if d == 3``, is captured from another size first)."""
+    inputs = tracer.state.inputs
+    if inputs is None or any(leaf is NO_EXAMPLE for leaf in inputs.leaves):
+        return None
+    # the first sizes where eager runs: `x + y` beside `if x.shape[1] == 1` runs
+    # where both sizes move together, not at the nearest size of `x` alone
+    candidates = witnesses(tracer.dims, [sympy.Not(f) for f in facts])
+    for witness in itertools.islice(candidates, _EAGER_TRIES):
+        leaves_ = _leaves_for(tracer.dims, inputs, witness)
+        if _run_eagerly(root, inputs, leaves_) is None:
+            return dict(zip(inputs.arg_names, pytree.tree_unflatten(leaves_, inputs.in_spec)))
+    return None  # eager needs the example's side: the dimension is a constant
+
+
+def example_sizes(dims: Any) -> dict[str, int]:
+    """The sizes of the user's dimensions, by name, in the example of a trace."""
+    return {name: int(dims.hint(symint)) for name, symint in dims.by_name.items()}
+
+
+def covers(tracer: Any, sizes: dict[str, int]) -> bool:
+    """Whether the graph of the last trace (its versions joined) runs inputs of
+    ``sizes`` (by dimension name): one version's conditions and constraints hold."""
+    symbols = [sympy.Symbol(name, integer=True) for name in sizes]
+    values = list(sizes.values())
+    for version in tracer.versions or [None]:
+        own = tracer if version is None else version.tracer
+        conditions = [] if version is None else [c.condition for c in version.conditions]
+        conditions += [own.dims.user_expression(f.condition) for f in own.refinements.adopted]
+        if all(
+            c.free_symbols <= set(symbols) and holds(compile_condition(c, symbols), values)
+            for c in conditions
+        ):
+            return True
+    return False
 
 
 def describe_versions(versions: list[Version], notes: list[str]) -> list[str]:
@@ -621,7 +677,11 @@ __all__ = [
     "Version",
     "VersionCondition",
     "Versioning",
+    "covers",
     "describe_versions",
+    "example_beyond",
+    "example_sizes",
+    "find_witness",
     "in_dimensions",
     "leaves",
     "version_checks",
