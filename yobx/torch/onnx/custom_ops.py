@@ -206,13 +206,18 @@ _SYMBOLIC_MATH = {
 def register_translations(registry: Any) -> None:
     """Adds yobx's translations to torch_lib's registry.
 
-    The RNN custom operators, and what torch_lib lacks or gets wrong:
+    The RNN custom operators, the checks on tensor values (:mod:`.value_checks`), and
+    what torch_lib lacks or gets wrong:
     ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
     lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, attention
     with a boolean mask hiding every key of a query (zeros, as torch), and the
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
     dimension lowers to, and ``round`` of a dimension.
     """
+    from .value_checks import gated_to_onnx, value_check_to_onnx
+
+    registry.register_op(torch.ops.yobx.value_check.default, value_check_to_onnx)
+    registry.register_op(torch.ops.yobx.gated.default, gated_to_onnx)
     registry.register_op(torch.ops.yobx.lstm.default, _lstm_to_onnx)
     registry.register_op(torch.ops.yobx.gru.default, _gru_to_onnx)
     registry.register_op(torch.ops.aten.sym_numel.default, _sym_numel_to_onnx)

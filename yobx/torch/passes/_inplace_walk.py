@@ -493,7 +493,7 @@ class InplaceWalk:
         view = intermediates[-1]
         new_value = args[2]
         if value_kind:
-            new_value = self._strip_leading_ones(new_value, value)
+            new_value = self._strip_leading_ones(new_value, value, _view_rank(rank, plan))
         if plan.advanced:
             indices = [
                 None
@@ -517,13 +517,20 @@ class InplaceWalk:
             new_view = scatter_step(graph, base, new_view, step)
         return new_view
 
-    def _strip_leading_ones(self, value: Node, original: Node) -> Node:
+    def _strip_leading_ones(self, value: Node, original: Node, view_rank: int | None) -> Node:
         """``x[i] = v`` drops the leading dimensions of size 1 of ``v`` before copying
-        (``x[0] = y[None]`` works): ``squeeze(0)`` removes one when its size is 1."""
+        (``x[0] = y[None]`` works): ``squeeze(0)`` removes one when its size is 1.
+
+        Only the dimensions ``v`` has beyond the view's rank need it (``view_rank``,
+        None when unknown): the copy broadcasts the others, and a squeeze of a dynamic
+        size that is 1 at run time would drop a real dimension of the view (``v[:n//2]
+        = y[:n//2]`` at ``n=2``).
+        """
         val = example_value(original)
         if not isinstance(val, torch.Tensor):
             return value
-        for size in val.shape:
+        extra = val.dim() if view_rank is None else max(0, val.dim() - view_rank)
+        for size in val.shape[:extra]:
             if statically_known_true(size != 1):
                 break
             value = self.graph.call_method("squeeze", (value, 0))
@@ -542,3 +549,12 @@ class InplaceWalk:
             elif root.mutated:
                 result.append((root, root.value))
         return result
+
+
+def _view_rank(rank: int | None, plan: Any) -> int | None:
+    """The rank of the view an index plan selects from a tensor of ``rank`` (None when
+    unknown: an advanced index)."""
+    if rank is None or plan.advanced:
+        return None
+    kinds = [step[0] for step in plan.steps]
+    return rank + kinds.count("unsqueeze") - kinds.count("select")

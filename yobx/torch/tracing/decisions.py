@@ -9,6 +9,7 @@ every message. ``torch._check`` adds facts the same way.
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 from typing import Any
@@ -19,6 +20,7 @@ from torch.fx.proxy import Proxy
 
 from .errors import TracingError
 from .symbolic import Guard
+from .value_checks import asserting, check_value
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _YOBX_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -120,6 +122,12 @@ class DecisionsMixin:
         if "val" not in obj.node.meta:
             raise self.missing_example_error(obj, "a Python bool (if, assert, and/or)")
         val = obj.node.meta.get("val")
+        on_values = isinstance(val, torch.Tensor) or (
+            isinstance(val, torch.SymBool) and self.dims.is_data_dependent(val)
+        )
+        if on_values and asserting(self._user_frame()):
+            # `assert lengths.max() <= n`: checked when the graph runs, as torch.export
+            return self.value_check(obj)
         if isinstance(val, torch.SymBool):
             return self.decide(val)
         if isinstance(val, (torch.SymInt, torch.SymFloat)):
@@ -132,6 +140,20 @@ class DecisionsMixin:
                 "torch.cond, or compare shapes instead of values",
             )
         return bool(val)
+
+    def value_check(self, condition: Proxy, text: str | None = None) -> bool:
+        """Records a check on tensor values (see :mod:`.value_checks`): the graph raises
+        where it is false, the trace goes on where it holds (True)."""
+        frame = self._user_frame()
+        location = self.location()
+        if text is None and frame is not None:
+            text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        self.create_proxy("call_function", check_value, (condition, text or "", location), {})
+        val = condition.node.meta.get("val")
+        if isinstance(val, torch.SymBool):
+            # as torch._check tells torch: later decisions may rely on it
+            self._assume(val)
+        return True
 
     def decide(self, val: torch.SymBool, what: str = "") -> bool:
         """Decides a condition: proved, or adopted from the example as a constraint."""
@@ -267,6 +289,13 @@ class DecisionsMixin:
     def check(self, condition: Any, message: Any = None) -> None:
         """``torch._check(condition)`` on a symbolic condition: records it as a fact."""
         val = condition.node.meta.get("val") if isinstance(condition, Proxy) else condition
+        if isinstance(condition, Proxy) and (
+            isinstance(val, torch.Tensor)
+            or (isinstance(val, torch.SymBool) and self.dims.is_data_dependent(val))
+        ):
+            # torch._check(n.item() >= 0): on values, checked when the graph runs
+            self.value_check(condition)
+            return
         if not isinstance(val, torch.SymBool):
             raise TracingError.at(
                 self.location(),

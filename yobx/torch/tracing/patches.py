@@ -121,6 +121,34 @@ def _recording(original: Callable) -> Callable:
 _DTYPE_METHODS = ("to", "type", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor")
 
 
+#: methods of real tensors whose sizes, given one by one, torch's parser refuses when
+#: one is a proxy (`torch.ones(4).expand(x.shape[0], 4)` raises "expand() takes 1
+#: positional argument but 2 were given"), while it takes them in a list
+_SIZES_METHODS = ("expand", "new_zeros", "new_ones", "new_empty")
+
+
+def _sizes_in_a_list(original: Callable) -> Callable:
+    """``tensor.expand(n, 4)`` with a proxy ``n``: the sizes reach torch as one list."""
+
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        if len(args) > 1 and any(isinstance(a, Proxy) for a in args):
+            args = (list(args),)
+        return original(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _real_tensor_method(name: str) -> Callable:
+    """The method ``name`` of ``torch.Tensor`` taking the traced code's arguments."""
+    method = getattr(torch.Tensor, name)
+    if name in _SIZES_METHODS:
+        method = _sizes_in_a_list(method)
+    if name in _DTYPE_METHODS:
+        method = _builtin_dtypes(method)
+    return method
+
+
 def _builtin_dtypes(original: Callable) -> Callable:
     """``tensor.to(int)`` on a real tensor in the traced code, where ``int`` is
     :data:`~.symbolic_builtins.traced_int`: torch receives the builtin."""
@@ -452,7 +480,10 @@ def _replacements() -> list[tuple[Any, str, Any]]:
             for name in _LIST_FUNCTIONS
             if hasattr(torch, name)
         ),
-        *((torch.Tensor, n, _builtin_dtypes(getattr(torch.Tensor, n))) for n in _DTYPE_METHODS),
+        *(
+            (torch.Tensor, name, _real_tensor_method(name))
+            for name in dict.fromkeys(_DTYPE_METHODS + _SIZES_METHODS)
+        ),
         (torch, "_check", _check(torch._check)),
         (torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__)),
         (torch, "cond", cond_function(torch.cond)),

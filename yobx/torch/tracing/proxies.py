@@ -10,6 +10,7 @@ comparisons soundly through the tracer.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from typing import Any
 
@@ -305,6 +306,18 @@ class _ScalarProxy(CustomProxy):
     def __hash__(self) -> int:
         return id(self)
 
+    # `seq_len == self.cached_len` while the cache is empty: a number never equals None,
+    # a string or a list, as Python answers (no node: nothing to record or decide)
+    def __eq__(self, other):
+        if _not_a_number(other):
+            return False
+        return super().__eq__(other)
+
+    def __ne__(self, other):
+        if _not_a_number(other):
+            return True
+        return super().__ne__(other)
+
     # text: the expression in the user's names, fixed only if used as a value
     def __str__(self) -> str:
         return symbolic_text(self)
@@ -327,6 +340,14 @@ class _ScalarProxy(CustomProxy):
 
     def __ifloordiv__(self, other):
         return self // other
+
+
+def _not_a_number(value: Any) -> bool:
+    """Whether ``value`` is neither a number, a symbolic number, a tensor nor a proxy:
+    what a number compares equal to by identity only."""
+    return not isinstance(
+        value, (numbers.Number, Proxy, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)
+    )
 
 
 class CustomProxyInt(_ScalarProxy):

@@ -147,6 +147,9 @@ class SymbolicDimensions:
         self.declared: dict[sympy.Symbol, tuple[int, int | None]] = {}
         #: symbols whose lower bound is the default one (see :meth:`lowest_bound`)
         self.default_min: set[sympy.Symbol] = set()
+        #: names of dimensions without a declared minimum that take the size 1 (their
+        #: example's size, or the example's of the capture this one stands in for)
+        self.take_one: set[str] = set()
         #: symbols introduced by a divisibility (``dim == 2*k``): k -> its value
         #: as an expression of the other symbols (``(dim - r) // m``)
         self.definitions: dict[sympy.Symbol, sympy.Expr] = {}
@@ -236,6 +239,11 @@ class SymbolicDimensions:
             self._record(symint.node.expr, source, 1, 0)
             return symint
         low = DEFAULT_MIN if min_value is None else int(min_value)
+        if min_value is None and policy != "strict" and (hint == 1 or name in self.take_one):
+            # a decode step's one new token: the dimension takes 1 too, and a decision
+            # on `seq == 1` gets versions (the tracer captures from another size first,
+            # the range kept)
+            low = 1
         high = max_value
         if high is not None and (high in (int_oo, sympy.oo) or high >= 2**62):
             high = None

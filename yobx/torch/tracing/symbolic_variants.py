@@ -198,13 +198,18 @@ def _reshape_copy(tensor: torch.Tensor, shape: tuple) -> torch.Tensor | None:
 
 def _symbolic_reshape(original: Callable) -> Callable:
     @functools.wraps(original)
-    def reshape(self, *shape):
+    def reshape(*args, **kwargs):
+        # x.reshape(2, -1), x.reshape((2, -1)), x.reshape(shape=...),
+        # torch.reshape(input=x, shape=...): eager takes each form
+        self = args[0] if args else kwargs.get("input")
+        shape = kwargs.get("shape", args[1:])
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
         if _symbolic_fake(self) and shape:
-            target = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-            copy = _reshape_copy(self, tuple(target))
+            copy = _reshape_copy(self, tuple(shape))
             if copy is not None:
                 return copy
-        return original(self, *shape)
+        return original(*args, **kwargs)
 
     return reshape
 
@@ -272,6 +277,18 @@ _PYTHON_DISPATCHED_NN = (
 )
 
 
+#: where the operators of :func:`_python_dispatched` live, by owner: besides padding and
+#: resampling, ``torch.polar`` (rotary embeddings in complex form: its kernel resizes
+#: its output to the example's size) and ``linalg.solve_triangular`` (gated linear
+#: attention: its meta function broadcasts with a C++ ``expand`` of integer sizes)
+_PYTHON_DISPATCHED = (
+    (torch._C._nn, _PYTHON_DISPATCHED_NN),
+    (torch, ("polar",)),
+    (torch._C._linalg, ("linalg_solve_triangular",)),
+    (torch.linalg, ("solve_triangular",)),
+)
+
+
 def _stable_replacements() -> list[tuple[Any, str, Any]]:
     """The variants of functions nothing else patches (built once)."""
     result: list[tuple[Any, str, Any]] = [
@@ -282,10 +299,11 @@ def _stable_replacements() -> list[tuple[Any, str, Any]]:
         (torch, "flatten", _symbolic_flatten(torch.flatten)),
         (torch.Tensor, "flatten", _symbolic_flatten(torch.Tensor.flatten)),
     ]
-    for name in _PYTHON_DISPATCHED_NN:
-        function = getattr(torch._C._nn, name, None)
-        if function is not None:
-            result.append((torch._C._nn, name, _python_dispatched(function)))
+    for owner, names in _PYTHON_DISPATCHED:
+        for name in names:
+            function = getattr(owner, name, None)
+            if function is not None:
+                result.append((owner, name, _python_dispatched(function)))
     return result
 
 

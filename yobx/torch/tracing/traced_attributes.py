@@ -9,6 +9,7 @@ the traced model, and lifts values of an enclosing graph into the subgraph being
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +32,32 @@ CONSTANT_PREFIX = "_yobx_constant"
 
 _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
+
+
+def _holds_proxies(value: Any) -> bool:
+    """Whether a proxy is among the leaves of ``value`` (nested lists, tuples, dicts)."""
+    found = False
+
+    def visit(leaf: Any) -> Any:
+        nonlocal found
+        found = found or isinstance(leaf, Proxy)
+        return leaf
+
+    torch.fx.node.map_aggregate(value, visit)
+    return found
+
+
+def _from_numpy(value: Any) -> Any:
+    """A numpy scalar as the Python number torch takes it for, a numpy array as a
+    tensor (the graph's code names no module ``np``); None for anything else."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return None
+    if isinstance(value, numpy.generic):
+        return value.item()
+    if isinstance(value, numpy.ndarray):
+        return torch.from_numpy(value.copy())
+    return None
 
 
 def _identifier_of(name: str) -> str:
@@ -64,6 +91,11 @@ class AttributesMixin:
         if m not in self.submodule_paths:
             # A module built inside forward (`nn.Softmax(dim=-1)(x)`) has no path in the
             # model: it cannot be a call_module node, its operations are traced instead.
+            return forward(*args, **kwargs)
+        if not _holds_proxies((args, kwargs)) and self.is_leaf_module(m, self.path_of_module(m)):
+            # a leaf called on constants only (`nn.Identity()(None)`, an optional input
+            # passed through): what it returns does not depend on the inputs, and is
+            # what the code goes on with (None stays None), its operations traced
             return forward(*args, **kwargs)
         return super().call_module(m, forward, args, kwargs)
 
@@ -114,6 +146,9 @@ class AttributesMixin:
             return _PYTHON_TYPES_AS_DTYPES[a]
         if isinstance(a, torch.Tensor) and not isinstance(a, torch._subclasses.FakeTensor):
             return self._tensor_constant(a)
+        numpy_value = _from_numpy(a)
+        if numpy_value is not None:
+            return self.create_arg(numpy_value)
         if isinstance(a, _SYMBOLIC_SCALARS):
             # torch.fx's Graph.create_node warns about these; the tracer's skips that
             # walk of the arguments (see CustomTracer.create_node), so it is done here

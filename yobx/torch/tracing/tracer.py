@@ -205,6 +205,9 @@ class CustomTracer(
         self.version_notes: list[str] = []
         #: the decisions a version's trace stands on (assumed when it starts)
         self._path_conditions: list = []
+        # dimensions taking the size 1 in the capture a trace from other sizes stands
+        # in for (see _trace_from_other_size)
+        self._take_one: set[str] = set()
         self._version_constraints: list[Constraint] | None = None
         self._version_checks: list[RuntimeCheck] | None = None
         self.proxy_buffer_attributes = True
@@ -349,27 +352,32 @@ class CustomTracer(
         from .versions import covers, example_beyond, example_sizes
 
         sizes, facts, locations = example_sizes(self.dims), [error.fact], [error.location]
-        while len(facts) <= self.max_versions:
-            example = example_beyond(self, root, facts)
-            if example is None:
-                raise error
-            try:
-                graph = self._trace_with_versions(root, example, *arguments)
-            except SpecializationError as other:
-                if other.fact is None or other.location in locations:
-                    # the same line needs the new size too (a loop that is no scan
-                    # needs its number of steps at every size): no version does better
+        # a dimension the example has at 1 keeps its range [1, ...] at other sizes
+        self._take_one = {n for n, size in sizes.items() if size == 1}
+        try:
+            while len(facts) <= self.max_versions:
+                example = example_beyond(self, root, facts)
+                if example is None:
+                    raise error
+                try:
+                    graph = self._trace_with_versions(root, example, *arguments)
+                except SpecializationError as other:
+                    if other.fact is None or other.location in locations:
+                        # the same line needs the new size too (a loop that is no scan
+                        # needs its number of steps at every size): no version does better
+                        raise error from None
+                    facts.append(other.fact)  # `if d == 3: ... elif d == 5: ...`
+                    locations.append(other.location)
+                    continue
+                except Exception:
+                    # the other size fails in another way: the example's error is the
+                    # one its user can act on
                     raise error from None
-                facts.append(other.fact)  # `if d == 3: ... elif d == 5: ...`
-                locations.append(other.location)
-                continue
-            except Exception:
-                # the other size fails in another way: the example's error is the one
-                # its user can act on
-                raise error from None
-            if not covers(self, sizes):
-                raise error
-            return graph
+                if not covers(self, sizes):
+                    raise error
+                return graph
+        finally:
+            self._take_one = set()
         raise error
 
     def _trace_with_versions(
@@ -538,6 +546,7 @@ class CustomTracer(
         child = type(self)(**self._init_kwargs)
         child.narrowing = "constraints"
         child._path_conditions = list(path)
+        child._take_one = set(self._take_one)
         return child
 
     def _assume_path(self) -> None:
@@ -556,6 +565,7 @@ class CustomTracer(
 
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()
+        self.dims.take_one = set(self._take_one)
         self.dims.consult_prover()
         self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode, self.dims.from_real)
         self._check_shape_rules = shape_rules.check_enabled()

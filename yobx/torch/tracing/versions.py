@@ -441,6 +441,10 @@ def covers(tracer: Any, sizes: dict[str, int]) -> bool:
     ``sizes`` (by dimension name): one version's conditions and constraints hold."""
     symbols = [sympy.Symbol(name, integer=True) for name in sizes]
     values = list(sizes.values())
+    for name, size in sizes.items():
+        low, high = tracer.dims.declared.get(tracer.dims.by_name[name].node._expr, (0, None))
+        if size < low or (high is not None and size > high):
+            return False
     for version in tracer.versions or [None]:
         own = tracer if version is None else version.tracer
         conditions = [] if version is None else [c.condition for c in version.conditions]

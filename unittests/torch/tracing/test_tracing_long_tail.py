@@ -1,0 +1,203 @@
+"""The long tail of real Python that torch.export takes: each mechanism of issue 29 on
+a small model written from its description, compared with eager at other sizes."""
+
+import numpy as np
+import pytest
+import torch
+from torch.export import Dim
+
+from yobx.torch.tracing import CustomTracer
+
+from ._helpers import assert_same, check_trace, trace_module
+
+
+class OptionalThroughModule(torch.nn.Module):
+    """An optional input passed through a leaf module before ``is not None``."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.Identity()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mask=None):
+        mask = self.norm(mask)
+        if mask is not None:
+            x = x * mask
+        return self.linear(x)
+
+
+def test_a_leaf_module_called_on_none_returns_none():
+    model = OptionalThroughModule()
+    tracer, graph, _ = check_trace(
+        model,
+        {"x": torch.randn(2, 3, 4), "mask": None},
+        {"x": {0: "b", 1: "s"}, "mask": None},
+        other_inputs=[{"x": torch.randn(3, 5, 4), "mask": None}],
+    )
+    assert not any(n.op == "call_module" and n.target == "norm" for n in graph.nodes)
+    # with a tensor, the leaf stays a module call
+    _, graph, _ = check_trace(
+        model,
+        {"x": torch.randn(2, 3, 4), "mask": torch.rand(2, 3, 4)},
+        {"x": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}},
+        other_inputs=[{"x": torch.randn(3, 5, 4), "mask": torch.rand(3, 5, 4)}],
+    )
+    assert any(n.op == "call_module" and n.target == "norm" for n in graph.nodes)
+
+
+class CachedLength(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cached_len = None
+        self.names = "abc"
+
+    def forward(self, x):
+        seq_len = x.shape[1]
+        if seq_len == self.cached_len or seq_len == self.names or seq_len == [seq_len]:
+            return x * 2
+        if seq_len != self.cached_len:
+            return x + 1
+        return x
+
+
+def test_a_dimension_compared_with_none_is_not_equal():
+    check_trace(
+        CachedLength(),
+        {"x": torch.randn(2, 3)},
+        {"x": {0: "b", 1: "s"}},
+        other_inputs=[{"x": torch.randn(3, 5)}],
+    )
+
+
+class KeywordForms(torch.nn.Module):
+    def forward(self, x):
+        y = x.reshape(shape=(x.shape[0], -1))
+        z = torch.reshape(input=y, shape=(y.shape[0], -1))
+        w = y.view(size=(y.shape[0], y.shape[1]))
+        e = y.unsqueeze(1).expand(y.shape[0], 3, y.shape[1]).sum(1)
+        return z + w + e
+
+
+class RealTensorSizes(torch.nn.Module):
+    """Methods of constant tensors taking a traced size one by one."""
+
+    def forward(self, x):
+        table = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        a = table.expand(x.shape[0], 4)
+        b = table.unsqueeze(0).expand(x.shape[0], -1)
+        c = table.new_zeros(x.shape[0], 4) + table.new_ones(x.shape[0], 4)
+        d = table.new_empty(x.shape[0], 4).fill_(1.0)
+        return x + a + b + c + d
+
+
+@pytest.mark.parametrize(
+    "model, shape",
+    [(KeywordForms(), (2, 3, 4)), (RealTensorSizes(), (2, 4))],
+    ids=["keywords", "real-tensor-sizes"],
+)
+def test_method_forms_eager_takes(model, shape):
+    other = torch.randn(5, *shape[1:])
+    check_trace(model, {"x": torch.randn(*shape)}, {"x": {0: "b"}}, [{"x": other}])
+
+
+class ComplexRotary(torch.nn.Module):
+    """Rotary embeddings in complex form (``torch.polar``)."""
+
+    def forward(self, x):
+        t = torch.arange(x.shape[1], dtype=torch.float32)
+        freqs = torch.outer(t, torch.ones(x.shape[-1] // 2))
+        cis = torch.polar(torch.ones_like(freqs), freqs)
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * cis).flatten(2)
+
+
+class TriangularSolve(torch.nn.Module):
+    """Gated linear attention solves a triangular system per chunk."""
+
+    def forward(self, a, b):
+        system = torch.tril(a) + torch.eye(a.shape[-1]) * 3
+        return torch.linalg.solve_triangular(system, b, upper=False)
+
+
+def test_operators_whose_kernels_fix_sizes_keep_them_symbolic():
+    tracer, _, _ = check_trace(
+        ComplexRotary(),
+        {"x": torch.randn(2, 3, 4)},
+        {"x": {0: "b", 1: "s"}},
+        other_inputs=[{"x": torch.randn(3, 7, 4)}],
+    )
+    assert tracer.constraints == [] and tracer.versions == []
+    tracer, _, _ = check_trace(
+        TriangularSolve(),
+        {"a": torch.randn(2, 3, 3), "b": torch.randn(2, 3, 4)},
+        {"a": {0: "b", 1: "n", 2: "n"}, "b": {0: "b", 1: "n"}},
+        other_inputs=[{"a": torch.randn(3, 5, 5), "b": torch.randn(3, 5, 4)}],
+    )
+    assert tracer.constraints == [] and tracer.versions == []
+
+
+class NumpyConstants(torch.nn.Module):
+    def forward(self, x):
+        return x * np.float32(2.0) + np.sqrt(2.0) + np.ones(3, dtype=np.float32) + np.int64(3)
+
+
+def test_numpy_constants_become_python_numbers_and_tensors():
+    _, _, gm = check_trace(
+        NumpyConstants(),
+        {"x": torch.randn(2, 3)},
+        {"x": {0: "b"}},
+        other_inputs=[{"x": torch.randn(5, 3)}],
+    )
+    assert "np." not in gm.code and "numpy" not in gm.code
+    # the graph module runs and reloads as code that names no numpy
+    assert_same(NumpyConstants()(torch.ones(4, 3)), gm(torch.ones(4, 3)))
+
+
+class HalfWrite(torch.nn.Module):
+    def forward(self, x):
+        v = x.clone()
+        v[: v.shape[0] // 2] = x[: v.shape[0] // 2] * 2
+        return v
+
+
+def test_a_write_whose_slice_is_one_row_at_some_sizes():
+    """``v[:n//2] = ...`` traced at n=5: exact at n=2 and 3, where the slice has one
+    row (the functional form squeezed it before)."""
+    check_trace(
+        HalfWrite(),
+        {"x": torch.randn(5, 3)},
+        {"x": {0: "b"}},
+        other_inputs=[{"x": torch.randn(n, 3)} for n in (2, 3, 8)],
+    )
+
+
+class DecodeStep(torch.nn.Module):
+    def forward(self, x, past):
+        total = torch.cat([past, x], 1)
+        if x.shape[1] == 1:
+            return total.sum(1) * 3
+        mask = torch.ones(x.shape[1], total.shape[1]).tril(total.shape[1] - x.shape[1])
+        return (total.sum(1, keepdim=True) * mask.sum()).sum(1)
+
+
+def test_a_one_token_example_covers_every_sequence_length():
+    """A decode step exported from one new token: ``seq`` takes 1 and more, the branch
+    on ``seq == 1`` gets both sides; a named Dim without min= still refuses 1."""
+    model = DecodeStep()
+    example = {"x": torch.randn(2, 1, 4), "past": torch.randn(2, 5, 4)}
+    dynamic = {"x": {0: "b", 1: "seq"}, "past": {0: "b", 1: "past"}}
+    tracer, _, gm = trace_module(model, example, dynamic)
+    assert sorted(v.when for v in tracer.versions) == ["(seq != 1)", "(seq == 1)"]
+    assert tracer.range_constraints["seq"][0] == 1
+    for seq, past in [(1, 7), (4, 7), (1, 2), (3, 2)]:
+        x, p = torch.randn(3, seq, 4), torch.randn(3, past, 4)
+        assert_same(model(x, p), gm(x, p))
+    with pytest.raises(ValueError, match="outside its range"):
+        trace_module(model, example, {"x": {0: "b", 1: Dim("seq")}, "past": {0: "b", 1: "past"}})
+    # the tracer does not keep the range of a trace for the next one
+    tracer = CustomTracer()
+    tracer.trace(model, example, dynamic_shapes=dynamic)
+    tracer.trace(
+        model, {"x": torch.randn(2, 3, 4), "past": example["past"]}, dynamic_shapes=dynamic
+    )
+    assert tracer.range_constraints["seq"][0] == 2
