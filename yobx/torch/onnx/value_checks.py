@@ -8,11 +8,12 @@ graph (a version's graph, a branch: each graph gates its own outputs) a
 :func:`yobx::gated <yobx.torch.ops.checks.gated>` of it. In ONNX, as for the
 constraints on sizes (:mod:`yobx.torch.onnx.runtime_checks`):
 
-- the token is ``Reshape(zero, shape)`` (a zero computed from the condition) with ``shape = [1]`` when every element of the
-  condition holds and ``[2]`` when one does not, which onnxruntime refuses; that
-  ``Reshape`` is named after the check, so onnxruntime's error names it::
+- the token is element ``1 - holds`` of a one-element zero: a ``Gather`` whose index is
+  0 when every element of the condition holds and 1, out of range, when one does not,
+  which onnxruntime refuses; that ``Gather`` is named after the check, so
+  onnxruntime's error names it::
 
-      Non-zero status code returned while running Reshape node.
+      Non-zero status code returned while running Gather node.
       Name:'yobx check failed: assert lengths.max() <= x.shape[1], needed at model.py:5'
 
 - a gated output is ``output + token`` (``Or`` for booleans): the same values, and no
