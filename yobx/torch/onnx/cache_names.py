@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from yobx.torch.pytree_paths import flatten_with_paths
+
 from ..tracing.inputs import bind_arguments, placeholder_names, register_cache_flattening
 
 #: prefix of the tensors of a cache in the outputs
@@ -74,7 +76,7 @@ def onnx_input_names(
     for arg_name, value in bound.items():
         for cache in _caches(value):
             names.update(cache_tensor_names(cache, arg_name))
-    leaves_with_path = pytree.tree_flatten_with_path(list(bound.values()))[0]
+    leaves_with_path = flatten_with_paths(list(bound.values()))
     flat_names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
     return {
         flat: names[id(leaf)]

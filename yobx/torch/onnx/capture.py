@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..pytree_paths import flatten_with_paths
 from ..tracing.dynamic_shapes import axes_per_leaf, axis_spec
 from ..tracing.inputs import bind_arguments, key_path_parts
 
@@ -204,7 +205,7 @@ def output_names(
     if not isinstance(structure, (list, tuple, dict)) and not pytree.is_namedtuple_instance(
         structure
     ):
-        leaves = pytree.tree_flatten_with_path(structure)[0]
+        leaves = flatten_with_paths(structure)
         if len(leaves) == 1 and not leaves[0][0]:
             return ["output"]
     from yobx.torch.onnx.cache_names import present_names
@@ -213,7 +214,7 @@ def output_names(
     # the tensors of a cache are present.<layer>.key|value (see cache_names)
     present = present_names(structure)
     names: list[str] = [""] * count
-    for path, leaf in pytree.tree_flatten_with_path(structure)[0]:
+    for path, leaf in flatten_with_paths(structure):
         index = position[id(leaf)]
         if id(leaf) in present:
             names[index] = present[id(leaf)]

@@ -31,6 +31,7 @@ from yobx.torch.onnx import custom_ops, direct_lowering
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.restrides import drop_restrides
+from yobx.torch.onnx.symbolic_scalars import symbolic_scalars_as_tensors
 from yobx.torch.onnx.version_lowering import record_cond
 from yobx.torch.passes import writes_anything
 from yobx.torch.tracing import shape_rules
@@ -584,6 +585,7 @@ def lower_to_aten(
     internals.remove_assertion_nodes(aten_gm)
     _remove_dead_scalar_nodes(aten_gm)
     _squeeze_only_unit_dimensions(aten_gm)
+    symbolic_scalars_as_tensors(aten_gm)
     return LoweredGraph(
         graph_module=aten_gm,
         input_names=[placeholders[i].name for i in inputs],

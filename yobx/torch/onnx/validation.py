@@ -14,6 +14,7 @@ import torch.utils._pytree as pytree
 
 from yobx.torch.onnx.sizes import example_assignment, inputs_for_sizes, size_variants
 from yobx.torch.passes import MUTATIONS_KEY
+from yobx.torch.pytree_paths import flatten_with_paths
 from yobx.torch.tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from yobx.torch.tracing.inputs import bind_arguments
 
@@ -278,7 +279,7 @@ def onnx_feeds(
     bound = bind_arguments(model.forward, args, kwargs)
     values = list(bound.values())
     register_cache_flattening(values)
-    leaves_with_path = pytree.tree_flatten_with_path(tuple(values))[0]
+    leaves_with_path = flatten_with_paths(tuple(values))
     flat_names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
     renamed = onnx_input_names(model, args, kwargs)
     by_name = {
@@ -361,7 +362,7 @@ def _mutated_values(
     from yobx.torch.tracing.inputs import placeholder_names
 
     bound = bind_arguments(model.forward, args, kwargs)
-    leaves_with_path = pytree.tree_flatten_with_path(tuple(bound.values()))[0]
+    leaves_with_path = flatten_with_paths(tuple(bound.values()))
     names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
     by_name = {name: leaf for name, (_, leaf) in zip(names, leaves_with_path)}
     values = []

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.fx.proxy import Proxy
 
 from .loops import SymbolicPieces
@@ -127,40 +128,28 @@ _DTYPE_METHODS = ("to", "type", "new_zeros", "new_ones", "new_full", "new_empty"
 _SIZES_METHODS = ("expand", "new_zeros", "new_ones", "new_empty")
 
 
-def _sizes_in_a_list(original: Callable) -> Callable:
-    """``tensor.expand(n, 4)`` with a proxy ``n``: the sizes reach torch as one list."""
-
-    @functools.wraps(original)
-    def wrapper(self, *args, **kwargs):
-        if len(args) > 1 and any(isinstance(a, Proxy) for a in args):
-            args = (list(args),)
-        return original(self, *args, **kwargs)
-
-    return wrapper
-
-
 def _real_tensor_method(name: str) -> Callable:
-    """The method ``name`` of ``torch.Tensor`` taking the traced code's arguments."""
-    method = getattr(torch.Tensor, name)
-    if name in _SIZES_METHODS:
-        method = _sizes_in_a_list(method)
-    if name in _DTYPE_METHODS:
-        method = _builtin_dtypes(method)
-    return method
-
-
-def _builtin_dtypes(original: Callable) -> Callable:
-    """``tensor.to(int)`` on a real tensor in the traced code, where ``int`` is
-    :data:`~.symbolic_builtins.traced_int`: torch receives the builtin."""
+    """The method ``name`` of ``torch.Tensor`` taking the traced code's arguments:
+    Python types for dtypes (``mask.to(int)``, where ``int`` is
+    :data:`~.symbolic_builtins.traced_int`: torch receives the builtin), and traced
+    values, with which the call is recorded as the method it is (torch's dispatch to
+    the proxy would record this wrapper, which neither the passes nor the lowering
+    know), sizes given one by one passed in a list."""
+    original = getattr(torch.Tensor, name)
 
     @functools.wraps(original)
-    def wrapper(self, *args, **kwargs):
+    def method(self, *args, **kwargs):
         args = tuple(as_builtin(a) for a in args)
         if "dtype" in kwargs:
             kwargs["dtype"] = as_builtin(kwargs["dtype"])
-        return original(self, *args, **kwargs)
+        proxy = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Proxy)), None)
+        if proxy is None or isinstance(self, Proxy):
+            return original(self, *args, **kwargs)
+        if name in _SIZES_METHODS and len(args) > 1:
+            args = (list(args),)
+        return proxy.tracer.create_proxy("call_method", name, (self, *args), kwargs)
 
-    return wrapper
+    return method
 
 
 def _exporting() -> bool:

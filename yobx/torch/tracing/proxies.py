@@ -345,8 +345,12 @@ class _ScalarProxy(CustomProxy):
 def _not_a_number(value: Any) -> bool:
     """Whether ``value`` is neither a number, a symbolic number, a tensor nor a proxy:
     what a number compares equal to by identity only."""
+    if isinstance(value, Proxy):
+        # apart: model code's isinstance answers for a proxy's value when the classes
+        # include torch.Tensor (a proxy of a size is no tensor)
+        return False
     return not isinstance(
-        value, (numbers.Number, Proxy, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)
+        value, (numbers.Number, torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)
     )
 
 

@@ -1,0 +1,292 @@
+"""Sweep: every model class of the installed transformers for a task, built tiny, through
+torch.export, yobx's tracer, yobx's ONNX export and torch.onnx, side by side.
+
+Each architecture gets its configuration class with small sizes passed to ``__init__``
+where it takes them, random weights, and inputs ``input_ids`` and ``attention_mask`` of
+shape (2, 7) with dynamic batch and sequence. Each path captures at that size and is
+compared with eager at another one (3, 11); the cache is off (``use_cache=False``), the
+output compared is ``logits`` (or ``last_hidden_state``)::
+
+    python _scripts/sweep_transformers.py [--task causal-lm] [--limit N] [--timeout S]
+                                          [--only PATHS] [NAME ...]
+
+Every architecture runs in a forked process (a crash or a hang costs that line only).
+A line per architecture, then the counts per path and the architectures torch.export
+(or torch.onnx) takes and yobx (or yobx's ONNX) does not. Statuses: ``ok`` (exact at
+the other size), ``WRONG`` (values differ: the worst outcome), ``fail`` (an error, its
+first line), ``timeout``, ``-`` (eager itself fails on the tiny configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PATHS = ("export", "yobx", "yobx-onnx", "torch-onnx")
+EXAMPLE, OTHER = (2, 7), (3, 11)
+TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_layers": 2,
+    "n_layer": 2,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 128,
+    "max_position_embeddings": 128,
+    "n_positions": 128,
+    "n_embd": 32,
+    "d_model": 32,
+    "ffn_dim": 64,
+    "n_inner": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 8,
+    "sliding_window": 64,
+    "attention_window": 8,
+    "layer_types": None,
+    "use_cache": False,
+}
+TASKS = {
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "base": "MODEL_MAPPING_NAMES",
+}
+
+
+def architectures(task: str) -> list[tuple[str, str]]:
+    """``(model_type, class name)`` of every model the task's auto mapping lists."""
+    from transformers.models.auto import modeling_auto
+
+    mapping = getattr(modeling_auto, TASKS[task])
+    result = []
+    for model_type, names in mapping.items():
+        for name in names if isinstance(names, (list, tuple)) else [names]:
+            result.append((model_type, name))
+    return result
+
+
+def build(model_type: str, name: str):
+    """The tiny model (eval mode, output as one tensor) and its example inputs."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    accepted = inspect.signature(config_class.__init__).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    kwargs = {k: v for k, v in TINY.items() if k in accepted or (takes_kwargs and v is not None)}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    config = config_class(**kwargs)
+    for attribute in ("text_config", "decoder"):
+        sub = getattr(config, attribute, None)
+        if sub is not None and hasattr(sub, "hidden_size"):
+            for key, value in TINY.items():
+                if value is not None and hasattr(sub, key):
+                    setattr(sub, key, value)
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(config).eval()
+    vocab = min(int(getattr(config, "vocab_size", 128) or 128), 128)
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            for key in ("logits", "last_hidden_state"):
+                if key in out and out[key] is not None:
+                    return out[key]
+            return out[0]
+
+    def inputs(batch: int, seq: int) -> tuple:
+        generator = torch.Generator().manual_seed(batch * 100 + seq)
+        ids = torch.randint(3, vocab, (batch, seq), generator=generator)
+        return ids, torch.ones(batch, seq, dtype=torch.int64)
+
+    return Logits(), inputs
+
+
+def _close(expected, got) -> bool:
+    import torch
+
+    got = torch.as_tensor(got)
+    return expected.shape == got.shape and torch.allclose(
+        expected.float(), got.float(), atol=1e-3, rtol=1e-3
+    )
+
+
+def _run_path(path: str, model, inputs) -> str:
+    import torch
+
+    example, other = inputs(*EXAMPLE), inputs(*OTHER)
+    with torch.no_grad():
+        expected = model(*other)
+    dims = {0: "batch", 1: "seq"}
+    if path == "export":
+        from torch.export import Dim
+
+        dynamic = {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}
+        program = torch.export.export(model, example, dynamic_shapes=(dynamic, dynamic))
+        with torch.no_grad():
+            got = program.module()(*other)
+    elif path == "yobx":
+        from yobx.torch.tracing import CustomTracer
+
+        tracer = CustomTracer()
+        graph = tracer.trace(
+            model,
+            concrete_args={"input_ids": example[0], "attention_mask": example[1]},
+            dynamic_shapes={"input_ids": dims, "attention_mask": dims},
+        )
+        with torch.no_grad():
+            got = torch.fx.GraphModule(tracer.traced_model, graph)(*other)
+    else:
+        import onnxruntime
+
+        if path == "yobx-onnx":
+            from yobx.torch.onnx import to_onnx
+
+            proto = to_onnx(model, example, dynamic_shapes=(dims, dims)).model_proto
+        else:
+            from torch.export import Dim
+
+            dynamic = {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}
+            program = torch.onnx.export(
+                model, example, dynamic_shapes=(dynamic, dynamic), dynamo=True, verbose=False
+            )
+            proto = program.model_proto
+        session = onnxruntime.InferenceSession(
+            proto.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        names = [i.name for i in session.get_inputs()]
+        feeds = {n: t.numpy() for n, t in zip(names, other)}
+        got = session.run(None, feeds)[0]
+    return "ok" if _close(expected, got) else "WRONG"
+
+
+def _child(model_type: str, name: str, paths: list[str], queue) -> None:
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    import torch
+
+    # one core per sweep: the machine's other core stays free for the rest
+    torch.set_num_threads(int(os.environ.get("SWEEP_THREADS", "1")))
+    results = {}
+    try:
+        model, inputs = build(model_type, name)
+        with torch.no_grad():
+            model(*inputs(*EXAMPLE))
+            model(*inputs(*OTHER))
+    except Exception as e:
+        queue.put(("eager", f"fail: {_first_line(e)}"))
+        return
+    queue.put(("eager", "ok"))
+    for path in paths:
+        start = time.perf_counter()
+        try:
+            status = _run_path(path, model, inputs)
+        except Exception as e:
+            status = f"fail: {_first_line(e)}"
+            if os.environ.get("SWEEP_TRACEBACK"):
+                traceback.print_exc()
+        results[path] = status
+        queue.put((path, status, time.perf_counter() - start))
+
+
+def _first_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text.splitlines()[0][:160]
+
+
+def sweep_one(model_type: str, name: str, paths: list[str], timeout: float) -> dict:
+    """The status of each path for one architecture (a forked process)."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(model_type, name, paths, queue))
+    process.start()
+    results: dict = {}
+    deadline = time.perf_counter() + timeout
+    expected = 1 + len(paths)
+    while len(results) < expected and time.perf_counter() < deadline:
+        try:
+            item = queue.get(timeout=max(0.1, min(5.0, deadline - time.perf_counter())))
+        except Exception:
+            if not process.is_alive() and queue.empty():
+                break
+            continue
+        results[item[0]] = item[1:]
+        if item[0] == "eager" and item[1] != "ok":
+            break
+    if process.is_alive():
+        process.kill()
+    process.join()
+    for path in ["eager", *paths]:
+        if path not in results:
+            if results.get("eager", ("",))[0].startswith("fail"):
+                results[path] = ("-",)
+            else:
+                results[path] = ("timeout" if process.exitcode in (None, -9) else "crash",)
+    return results
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="class names (default: every one)")
+    parser.add_argument("--task", default="causal-lm", choices=sorted(TASKS))
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=240.0)
+    parser.add_argument("--only", default=",".join(PATHS), help="comma-separated paths")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    paths = [p for p in args.only.split(",") if p]
+    todo = [(t, n) for t, n in architectures(args.task) if not args.names or n in args.names]
+    if args.limit:
+        todo = todo[: args.limit]
+    counts = {p: {} for p in ["eager", *paths]}
+    table = []
+    start = time.perf_counter()
+    print(f"{'architecture':40s} " + " ".join(f"{p:10s}" for p in ["eager", *paths]), flush=True)
+    for model_type, name in todo:
+        results = sweep_one(model_type, name, paths, args.timeout)
+        short = {p: results[p][0].split(":")[0] for p in ["eager", *paths]}
+        for p, s in short.items():
+            counts[p][s] = counts[p].get(s, 0) + 1
+        table.append((name, results))
+        print(f"{name:40s} " + " ".join(f"{short[p]:10s}" for p in ["eager", *paths]), flush=True)
+        for p in paths:
+            if results[p][0].startswith("fail"):
+                print(f"    {p}: {results[p][0][6:]}", flush=True)
+    print(f"\n{len(todo)} architectures in {time.perf_counter() - start:.0f} s")
+    for p in ["eager", *paths]:
+        print(f"  {p:12s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts[p].items())))
+    for theirs, ours in (("export", "yobx"), ("torch-onnx", "yobx-onnx")):
+        if theirs in paths and ours in paths:
+            lost = [n for n, r in table if r[theirs][0] == "ok" and r[ours][0] != "ok"]
+            ahead = [n for n, r in table if r[ours][0] == "ok" and r[theirs][0] != "ok"]
+            print(f"{theirs} ok, {ours} not ({len(lost)}): {', '.join(lost)}")
+            print(f"{ours} ok, {theirs} not ({len(ahead)}): {', '.join(ahead)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,66 @@
+"""The long tail of issue 29 in ONNX: the models of the tracing tests export and
+validate at other sizes, output classes registered without key paths name their
+outputs, and symbolic numbers meeting tensors of a lower kind translate."""
+
+import pytest
+import torch
+
+from unittests.torch.tracing.test_tracing_long_tail import (
+    ComplexRotary,
+    HalfWrite,
+    KeywordForms,
+    NumpyConstants,
+    OptionalThroughModule,
+    RealTensorSizes,
+)
+
+from ._helpers import export_and_validate
+
+
+@pytest.mark.parametrize(
+    "model, args, dynamic_shapes",
+    [
+        (OptionalThroughModule(), (torch.randn(2, 3, 4), None), ({0: "b", 1: "s"}, None)),
+        (KeywordForms(), (torch.randn(2, 3, 4),), ({0: "b"},)),
+        (RealTensorSizes(), (torch.randn(2, 4),), ({0: "b"},)),
+        (NumpyConstants(), (torch.randn(2, 3),), ({0: "b"},)),
+        (HalfWrite(), (torch.randn(5, 3),), ({0: "b"},)),
+    ],
+    ids=["identity-none", "keywords", "real-tensor-sizes", "numpy", "half-write"],
+)
+def test_long_tail_models_export_exact(model, args, dynamic_shapes):
+    export_and_validate(model, args, dynamic_shapes=dynamic_shapes)
+
+
+def test_complex_rotary_exports_exact():
+    """torch.polar traces symbolically, and torch_lib lowers the complex arithmetic to
+    real pairs: exact at other sequence lengths."""
+    export_and_validate(
+        ComplexRotary(), (torch.randn(2, 3, 4),), dynamic_shapes=({0: "b", 1: "s"},)
+    )
+
+
+class DiffusersLikeOutput(torch.nn.Module):
+    def forward(self, x):
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        return Transformer2DModelOutput(sample=x * 2)
+
+
+def test_outputs_of_classes_registered_without_key_paths_are_named():
+    pytest.importorskip("diffusers")
+    result = export_and_validate(
+        DiffusersLikeOutput(), (torch.randn(2, 3),), dynamic_shapes=({0: "b"},)
+    )
+    assert [o.name for o in result.model_proto.graph.output] == ["sample"]
+
+
+class MixedKinds(torch.nn.Module):
+    def forward(self, x):
+        positions = torch.arange(x.shape[1]) - x.shape[1] / 2
+        mask = (x > 0) * (x.shape[1] - 1)
+        return positions * x + mask
+
+
+def test_symbolic_numbers_of_a_higher_kind_than_their_tensor():
+    export_and_validate(MixedKinds(), (torch.randn(2, 3),), dynamic_shapes=({0: "b", 1: "s"},))

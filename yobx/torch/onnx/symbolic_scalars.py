@@ -1,0 +1,79 @@
+"""Symbolic numbers of a higher kind than the tensor they meet, as 0-d tensors.
+
+``bool_mask * (seq - 1)`` and ``int_positions - seq / 2`` are, in the lowered graph,
+``aten.mul.Tensor(bool tensor, SymInt)`` and ``aten.sub.Tensor(int64 tensor,
+SymFloat)``: torch promotes the tensor to the number's kind (int64, float32). The
+ONNX translation of a symbolic number is an int64 or float tensor computed from the
+shapes, and torch_lib's promotion of the operation then reads it as a Python number
+(``int() argument must be ... not 'SymbolicTensor'``). A ``scalar_tensor`` of the
+number, with the dtype torch gives a Python number of its kind, promotes the same way
+(a 0-d tensor of a higher kind sets the result's dtype) and translates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+_KINDS = {torch.SymBool: 0, torch.SymInt: 1, torch.SymFloat: 2}
+
+
+def symbolic_scalars_as_tensors(graph_module: torch.fx.GraphModule) -> int:
+    """Rewrites, in every graph, the symbolic numbers a tensor argument of an aten
+    operator receives when their kind is higher than a tensor operand's; returns how
+    many."""
+    count = 0
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        changed = 0
+        for node in list(module.graph.nodes):
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                changed += _rewrite(module.graph, node)
+        if changed:
+            module.recompile()
+        count += changed
+    return count
+
+
+def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
+    tensors = [
+        a.meta["val"]
+        for a in node.args
+        if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+    ]
+    if not tensors:
+        return 0
+    lowest = min(_tensor_kind(t) for t in tensors)
+    schema = node.target._schema.arguments
+    args = list(node.args)
+    changed = 0
+    for position, arg in enumerate(args):
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        kind = _KINDS.get(type(val))
+        if kind is None or kind <= lowest or position >= len(schema):
+            continue
+        if not isinstance(schema[position].type, torch.TensorType):
+            continue  # a Scalar argument: translated as a number already
+        dtype = {0: torch.bool, 1: torch.int64, 2: torch.get_default_dtype()}[kind]
+        with graph.inserting_before(node):
+            tensor = graph.call_function(
+                torch.ops.aten.scalar_tensor.default, (arg,), {"dtype": dtype}
+            )
+        tensor.meta["val"] = tensors[0].new_zeros((), dtype=dtype)
+        args[position] = tensor
+        changed += 1
+    if changed:
+        node.args = tuple(args)
+    return changed
+
+
+def _tensor_kind(tensor: torch.Tensor) -> int:
+    if tensor.dtype == torch.bool:
+        return 0
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        return 2
+    return 1
+
+
+__all__ = ["symbolic_scalars_as_tensors"]
