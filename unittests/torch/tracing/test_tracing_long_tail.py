@@ -90,10 +90,17 @@ class RealTensorSizes(torch.nn.Module):
         return x + a + b + c + d
 
 
+class SplitByTracedSize(torch.nn.Module):
+    """``Tensor.split`` is Python code: a traced size reached ``split_with_sizes``."""
+
+    def forward(self, x):
+        return x + torch.arange(40.0).split(x.shape[0] * 4)[0].view(x.shape[0], 4)
+
+
 @pytest.mark.parametrize(
     "model, shape",
-    [(KeywordForms(), (2, 3, 4)), (RealTensorSizes(), (2, 4))],
-    ids=["keywords", "real-tensor-sizes"],
+    [(KeywordForms(), (2, 3, 4)), (RealTensorSizes(), (2, 4)), (SplitByTracedSize(), (2, 4))],
+    ids=["keywords", "real-tensor-sizes", "split"],
 )
 def test_method_forms_eager_takes(model, shape):
     other = torch.randn(5, *shape[1:])

@@ -126,6 +126,9 @@ _DTYPE_METHODS = ("to", "type", "new_zeros", "new_ones", "new_full", "new_empty"
 #: one is a proxy (`torch.ones(4).expand(x.shape[0], 4)` raises "expand() takes 1
 #: positional argument but 2 were given"), while it takes them in a list
 _SIZES_METHODS = ("expand", "new_zeros", "new_ones", "new_empty")
+#: other methods of real tensors that traced arguments reach unrecorded: ``split`` is
+#: Python code choosing ``split_with_sizes`` for anything but an int
+_TRACED_ARGUMENT_METHODS = ("split",)
 
 
 def _real_tensor_method(name: str) -> Callable:
@@ -471,7 +474,7 @@ def _replacements() -> list[tuple[Any, str, Any]]:
         ),
         *(
             (torch.Tensor, name, _real_tensor_method(name))
-            for name in dict.fromkeys(_DTYPE_METHODS + _SIZES_METHODS)
+            for name in dict.fromkeys(_DTYPE_METHODS + _SIZES_METHODS + _TRACED_ARGUMENT_METHODS)
         ),
         (torch, "_check", _check(torch._check)),
         (torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__)),
