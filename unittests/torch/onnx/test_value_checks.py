@@ -68,3 +68,17 @@ def _subgraphs(graph):
             if attribute.g is not None and attribute.g.node:
                 yield attribute.g
                 yield from _subgraphs(attribute.g)
+
+
+def test_no_runtime_checks_means_no_value_checks_either():
+    result = to_onnx(
+        Lengths(),
+        (torch.randn(2, 5), torch.tensor([3, 4])),
+        dynamic_shapes=({0: "b", 1: "s"}, {0: "b"}),
+        runtime_checks=False,
+    )
+    assert not any("yobx check failed" in n.name for n in result.model_proto.graph.node)
+    got = _session(result).run(
+        None, {"x": np.random.randn(3, 6).astype(np.float32), "lengths": np.array([1, 2, 7])}
+    )
+    assert got[0].shape == (3, 1)

@@ -61,7 +61,6 @@ def capture(
 ) -> CapturedGraph:
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer` (``narrowing``
     is its argument)."""
-    from yobx.torch.onnx.value_checks import gate_value_checks
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
 
     concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
@@ -77,8 +76,6 @@ def capture(
     fingerprint = graph_fingerprint(graph)
     graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
     passes = _run_default_passes(graph)
-    # before the dead code goes: a check returns nothing, its token gates the outputs
-    gate_value_checks(graph_module)
     remove_dead_code(graph_module)
     codegen = graph_module.graph._codegen
     pytree_info = getattr(codegen, "pytree_info", None)

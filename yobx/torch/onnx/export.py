@@ -46,6 +46,7 @@ from yobx.torch.onnx.save import (
 )
 from yobx.torch.onnx.stages import ExportStageRecorder, Stage
 from yobx.torch.onnx.translate import build_model
+from yobx.torch.onnx.value_checks import gate_value_checks
 from yobx.torch.onnx.weights import (
     AppliedWeights,
     WeightNames,
@@ -606,6 +607,8 @@ def to_onnx(
         declared = declared_dimensions(model, args, kwargs, dynamic_shapes, captured.graph_module)
         with stage("passes") as info:
             info.update(_pass_counts(captured))
+            # the model's checks on values: gates of the outputs, or none when asked
+            info["value_checks"] = gate_value_checks(captured.graph_module, runtime_checks)
         with stage("lower") as info:
             lowered = _lower(captured, direct_lowering, info)
         with stage("translate") as info:

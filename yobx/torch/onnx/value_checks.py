@@ -39,12 +39,15 @@ from yobx.torch.tracing.value_checks import check_value
 _op = onnxscript.opset18
 
 
-def gate_value_checks(graph_module: torch.fx.GraphModule) -> int:
+def gate_value_checks(graph_module: torch.fx.GraphModule, keep: bool = True) -> int:
     """Rewrites the value checks of every graph of ``graph_module`` into tokens gating
-    the graph's tensor outputs (see the module's documentation).
+    the graph's tensor outputs (see the module's documentation), or removes them when
+    ``keep`` is False (``to_onnx(runtime_checks=False)``: no check at all, as asked).
 
-    :return: the number of checks rewritten
+    :return: the number of checks rewritten or removed
     """
+    from yobx.torch.onnx.capture import remove_dead_code
+
     count = 0
     for module in graph_module.modules():
         graph = getattr(module, "graph", None)
@@ -53,11 +56,16 @@ def gate_value_checks(graph_module: torch.fx.GraphModule) -> int:
         nodes = [n for n in graph.nodes if n.op == "call_function" and n.target is check_value]
         if not nodes:
             continue
-        tokens = [_token(graph, node) for node in nodes]
-        _gate_outputs(graph, tokens)
+        if keep:
+            _gate_outputs(graph, [_token(graph, node) for node in nodes])
+        else:
+            for node in nodes:
+                graph.erase_node(node)
         count += len(nodes)
         if isinstance(module, torch.fx.GraphModule):
             module.recompile()
+    if count and not keep:
+        remove_dead_code(graph_module)  # what computed the conditions
     return count
 
 
