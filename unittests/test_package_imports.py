@@ -23,6 +23,7 @@ LAYERS = {
     "yobx.torch.chrome_trace": 0,
     "yobx.torch.tolerances": 0,
     "yobx.torch.frozen_gc": 0,
+    "yobx.torch.pytree_paths": 0,
     "yobx.torch.passes": 0,
     "yobx.torch.tracing": 1,
     "yobx.torch.onnx": 2,

@@ -609,6 +609,8 @@ def to_onnx(
             info.update(_pass_counts(captured))
             # the model's checks on values: gates of the outputs, or none when asked
             info["value_checks"] = gate_value_checks(captured.graph_module, runtime_checks)
+            if info["value_checks"] and not runtime_checks:
+                capture_module.remove_dead_code(captured.graph_module)
         with stage("lower") as info:
             lowered = _lower(captured, direct_lowering, info)
         with stage("translate") as info:

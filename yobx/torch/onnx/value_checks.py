@@ -42,12 +42,11 @@ _op = onnxscript.opset18
 def gate_value_checks(graph_module: torch.fx.GraphModule, keep: bool = True) -> int:
     """Rewrites the value checks of every graph of ``graph_module`` into tokens gating
     the graph's tensor outputs (see the module's documentation), or removes them when
-    ``keep`` is False (``to_onnx(runtime_checks=False)``: no check at all, as asked).
+    ``keep`` is False (``to_onnx(runtime_checks=False)``: no check at all, as asked;
+    what computed their conditions is then dead code).
 
     :return: the number of checks rewritten or removed
     """
-    from yobx.torch.onnx.capture import remove_dead_code
-
     count = 0
     for module in graph_module.modules():
         graph = getattr(module, "graph", None)
@@ -64,8 +63,6 @@ def gate_value_checks(graph_module: torch.fx.GraphModule, keep: bool = True) -> 
         count += len(nodes)
         if isinstance(module, torch.fx.GraphModule):
             module.recompile()
-    if count and not keep:
-        remove_dead_code(graph_module)  # what computed the conditions
     return count
 
 
