@@ -122,6 +122,16 @@ def _masked_select_to_onnx(x, mask):
     return _op.Compress(_op.Reshape(broadcast, flat), selected, axis=0)
 
 
+def _stable_sort_to_onnx(self, stable=None, dim: int = -1, descending: bool = False):
+    # ONNX TopK breaks ties by the lower index first: over the whole axis, it is the
+    # stable sort (argsort(stable=True) of transformers' experts layers)
+    if len(self.shape or ()) == 0:
+        return _op.Identity(self), _op.Constant(value_int=0)
+    count = _op.Shape(self, start=dim, end=dim + 1 if dim != -1 else None)
+    values, indices = _op.TopK(self, count, axis=dim, largest=int(descending), sorted=1)
+    return values, indices
+
+
 def _copy_to_onnx(self, src, non_blocking: bool = False):
     # copy(self, src) broadcasts src to self's shape (torch_lib's only casts, which
     # gives K[2:-2, 2:-2, :-1] = v[None, :, None] a source of the wrong shape)
@@ -206,15 +216,20 @@ _SYMBOLIC_MATH = {
 def register_translations(registry: Any) -> None:
     """Adds yobx's translations to torch_lib's registry.
 
-    The RNN custom operators, the checks on tensor values (:mod:`.value_checks`), and
-    what torch_lib lacks or gets wrong:
+    The RNN custom operators, the checks on tensor values (:mod:`.value_checks`),
+    ``_grouped_mm`` with offsets (:mod:`.grouped_mm`), the stable sort, and what
+    torch_lib lacks or gets wrong:
     ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
     lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, attention
     with a boolean mask hiding every key of a query (zeros, as torch), and the
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
     dimension lowers to, and ``round`` of a dimension.
     """
+    from .grouped_mm import grouped_mm_to_onnx
     from .value_checks import gated_to_onnx, value_check_to_onnx
+
+    registry.register_op(torch.ops.aten._grouped_mm.default, grouped_mm_to_onnx)
+    registry.register_op(torch.ops.aten.sort.stable, _stable_sort_to_onnx)
 
     registry.register_op(torch.ops.yobx.value_check.default, value_check_to_onnx)
     registry.register_op(torch.ops.yobx.gated.default, gated_to_onnx)
