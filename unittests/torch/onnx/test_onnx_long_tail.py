@@ -64,3 +64,15 @@ class MixedKinds(torch.nn.Module):
 
 def test_symbolic_numbers_of_a_higher_kind_than_their_tensor():
     export_and_validate(MixedKinds(), (torch.randn(2, 3),), dynamic_shapes=({0: "b", 1: "s"},))
+
+
+class Rolls(torch.nn.Module):
+    """Window attention's cyclic shift by half the window, computed from the sizes."""
+
+    def forward(self, x):
+        shifted = torch.roll(x, shifts=(-(x.shape[0] // 2), x.shape[1] // 3), dims=(0, 1))
+        return shifted + torch.roll(x, 3) + x.roll(2, -1)
+
+
+def test_roll_by_shifts_computed_from_sizes():
+    export_and_validate(Rolls(), (torch.randn(4, 6),), dynamic_shapes=({0: "a", 1: "b"},))

@@ -260,6 +260,36 @@ def new_zeros(b: ProgramBuilder) -> Made:
     return _one(b, f"torch.cat([{v}, {v}.new_zeros(*{v}.shape[:-1], 3)], -1)")
 
 
+@idiom(0.7)
+def constant_tensor_sizes(b: ProgramBuilder) -> Made:
+    """Methods of constant tensors given traced sizes one by one (issue 29)."""
+    v = b.pick()
+    expression = b.rng.choice(
+        (
+            f"{v} + torch.ones(1).expand(*{v}.shape)",
+            f"{v} + torch.ones(1).new_zeros(*{v}.shape)",
+            f"{v} * torch.full((1,), 2.0).new_ones({v}.shape[0], *{v}.shape[1:])",
+        )
+    )
+    return _one(b, expression)
+
+
+@idiom(0.7)
+def check_on_values(b: ProgramBuilder) -> Made:
+    """``assert`` and ``torch._check`` on values: graph nodes that hold here."""
+    v = b.pick()
+    t = b.new()
+    check = b.rng.choice(
+        (
+            f"assert ({v}.abs() >= 0).all(), 'values'",
+            f"assert {v}.isfinite().all()",
+            f"torch._check(({v}.abs() >= 0).all().item())",
+            f"torch._check({v}.isfinite().sum().item() <= {v}.numel())",
+        )
+    )
+    return [check, f"{t} = {v} + 1"], [t]
+
+
 @idiom()
 def arange(b: ProgramBuilder) -> Made:
     v = b.pick()

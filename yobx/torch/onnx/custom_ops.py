@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import onnx_ir as ir
 import onnxscript
 import torch
 
@@ -132,6 +133,33 @@ def _stable_sort_to_onnx(self, stable=None, dim: int = -1, descending: bool = Fa
     return values, indices
 
 
+def _roll_to_onnx(self, shifts, dims=()):
+    # torch_lib takes the shifts as an attribute: a shift computed from a dimension
+    # (x.roll(x.shape[1] // 2, 1)) is a value, so each axis is rolled by slices
+    if not dims:
+        flat = _op.Reshape(self, _op.Constant(value_ints=[-1]))
+        return _op.Reshape(_roll_axis(flat, shifts[0], 0), _op.Shape(self))
+    result = self
+    for shift, dim in zip(shifts, dims):
+        result = _roll_axis(result, shift, dim % len(self.shape))
+    return result
+
+
+def _roll_axis(x, shift, axis: int):
+    """``x`` rolled by ``shift`` (an int or a value) along ``axis``: its last
+    ``shift % n`` elements first."""
+    axes = _op.Constant(value_ints=[axis])
+    size = _op.Shape(x, start=axis, end=axis + 1)
+    if isinstance(shift, int):
+        shift = _op.Constant(value_ints=[shift])
+    else:
+        shift = _op.Reshape(_op.Cast(shift, to=ir.DataType.INT64), _op.Constant(value_ints=[1]))
+    # an empty axis: nothing moves (and no remainder by zero)
+    kept = _op.Sub(size, _op.Mod(shift, _op.Max(size, _op.Constant(value_ints=[1]))))
+    zero = _op.Constant(value_ints=[0])
+    return _op.Concat(_op.Slice(x, kept, size, axes), _op.Slice(x, zero, kept, axes), axis=axis)
+
+
 def _copy_to_onnx(self, src, non_blocking: bool = False):
     # copy(self, src) broadcasts src to self's shape (torch_lib's only casts, which
     # gives K[2:-2, 2:-2, :-1] = v[None, :, None] a source of the wrong shape)
@@ -217,8 +245,8 @@ def register_translations(registry: Any) -> None:
     """Adds yobx's translations to torch_lib's registry.
 
     The RNN custom operators, the checks on tensor values (:mod:`.value_checks`),
-    ``_grouped_mm`` with offsets (:mod:`.grouped_mm`), the stable sort, and what
-    torch_lib lacks or gets wrong:
+    ``_grouped_mm`` with offsets (:mod:`.grouped_mm`), the stable sort, ``roll`` by
+    shifts computed from sizes, and what torch_lib lacks or gets wrong:
     ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
     lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, attention
     with a boolean mask hiding every key of a query (zeros, as torch), and the
@@ -230,6 +258,7 @@ def register_translations(registry: Any) -> None:
 
     registry.register_op(torch.ops.aten._grouped_mm.default, grouped_mm_to_onnx)
     registry.register_op(torch.ops.aten.sort.stable, _stable_sort_to_onnx)
+    registry.register_op(torch.ops.aten.roll.default, _roll_to_onnx)
 
     registry.register_op(torch.ops.yobx.value_check.default, value_check_to_onnx)
     registry.register_op(torch.ops.yobx.gated.default, gated_to_onnx)
