@@ -30,6 +30,7 @@ from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops, direct_lowering
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.onnx.inplace_copies import functional_copies
 from yobx.torch.onnx.restrides import drop_restrides
 from yobx.torch.onnx.symbolic_scalars import symbolic_scalars_as_tensors
 from yobx.torch.onnx.version_lowering import record_cond
@@ -582,6 +583,7 @@ def lower_to_aten(
         )(*[user_values[i] for i in inputs], *fake_state)
     _detach_constants(aten_gm)
     drop_restrides(aten_gm)
+    functional_copies(aten_gm)
     internals.remove_assertion_nodes(aten_gm)
     _remove_dead_scalar_nodes(aten_gm)
     _squeeze_only_unit_dimensions(aten_gm)
