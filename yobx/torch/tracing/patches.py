@@ -145,8 +145,10 @@ def _real_tensor_method(name: str) -> Callable:
         args = tuple(as_builtin(a) for a in args)
         if "dtype" in kwargs:
             kwargs["dtype"] = as_builtin(kwargs["dtype"])
+        if isinstance(self, Proxy):
+            return getattr(self, name)(*args, **kwargs)
         proxy = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Proxy)), None)
-        if proxy is None or isinstance(self, Proxy):
+        if proxy is None:
             return original(self, *args, **kwargs)
         if name in _SIZES_METHODS and len(args) > 1:
             args = (list(args),)

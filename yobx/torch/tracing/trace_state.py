@@ -41,6 +41,9 @@ class TraceState:
     lift_stack: list[dict[Node, Node]] = dataclasses.field(default_factory=list)
     #: qualified names of the parameters and buffers of the traced module, by ``id``
     tensor_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: the parameters and buffers written into while tracing (a ``StateWrites`` mode,
+    #: None outside a trace)
+    state_writes: Any = None
     #: the example inputs, flattened (None before a trace binds them)
     inputs: FlatInputs | None = None
     #: the pytree spec of the traced function's output

@@ -58,6 +58,7 @@ from .proxies import (
 )
 from .refinement import Refinements
 from .runtime_checks import RuntimeCheck, graph_checks
+from .state_writes import StateWrites, writes_in_place
 from .symbolic import Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
 from .torch_frames import cheap_uninteresting_files
@@ -473,7 +474,9 @@ class CustomTracer(
         if self._path_conditions:
             self._assume_path()
         self._index_tensors(module)
+        self.state.state_writes = StateWrites(self)
         with (
+            self.state.state_writes,
             fx_tracing_per_thread(),
             traced_module_classes(module),
             preserved_modules(module),
@@ -702,6 +705,15 @@ class CustomTracer(
             node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if self.state.active_loop is not None:
             self.record_in_loop(node)
+        if (
+            kind != "get_attr"
+            and args
+            and type(args[0]) is Node
+            and args[0].op == "get_attr"
+            and self.state.state_writes is not None
+            and writes_in_place(target, kwargs)
+        ):
+            self.state.state_writes.note_write(node)
         return node
 
     def create_proxy(

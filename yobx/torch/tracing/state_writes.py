@@ -1,0 +1,120 @@
+"""Writes into the module's state reached outside its attributes, and reads after them.
+
+The tracer turns a parameter or buffer into a ``get_attr`` proxy when the code reads it
+as a module attribute (``self.cache``). Code can also hold the same tensor elsewhere:
+transformers' static cache keeps its layers' ``keys``, ``values`` and
+``cumulative_length`` in plain Python objects, which the exportable wrappers register
+as buffers too. Through such a reference the code gets the real tensor, and an
+operation whose arguments are all real runs eagerly while tracing:
+``layer.cumulative_length.add_(1)`` then wrote into the user's buffer and never reached
+the graph, and ``torch.arange(n) + layer.cumulative_length`` read the value the buffer
+had while tracing, baked into the graph: both silently wrong when the graph runs.
+
+:class:`StateWrites` (a ``TorchFunctionMode`` active while tracing) sees every torch
+call of the model's code. An in-place operation on a parameter or buffer marks it
+*written*, and from then on every call that reads or writes it receives its proxy
+instead of the tensor: the call is recorded in the graph, on the buffer's node, as the
+module attribute would have been. A state tensor never written keeps being read as a
+constant of the trace (its value is the same at every call of the graph).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.proxy import Proxy
+from torch.overrides import TorchFunctionMode
+
+
+def writes_in_place(func: Any, kwargs: dict) -> bool:
+    """Whether a torch function or tensor method writes into its first argument (its
+    name ends with ``_``: ``add_``, ``copy_``, ``index_copy_``; ``__setitem__`` and
+    the ``__i*__`` operators) or into an ``out=`` tensor."""
+    name = getattr(func, "__name__", "")
+    if name.startswith("__"):
+        return name == "__setitem__" or (name.startswith("__i") and name != "__index__")
+    return name.endswith("_") or "out" in kwargs
+
+
+class StateWrites(TorchFunctionMode):
+    """Records the calls on the module's parameters and buffers once one is written
+    into (see the module's documentation).
+
+    :param tracer: the :class:`~yobx.torch.tracing.CustomTracer` tracing
+    """
+
+    def __init__(self, tracer: Any):
+        super().__init__()
+        self.tracer = tracer
+        #: ids of the parameters and buffers written into while tracing
+        self.written: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        state = self.tracer.state
+        if state.in_fake or not state.tensor_names:
+            return func(*args, **kwargs)
+        if not self.written and not writes_in_place(func, kwargs):
+            return func(*args, **kwargs)  # nothing written yet: the common path
+        names = state.tensor_names
+        if writes_in_place(func, kwargs) and args and _is_state(args[0], names):
+            self.written.add(id(args[0]))
+        leaves = pytree.tree_leaves((args, kwargs))
+        if not any(_is_state(t, names) and id(t) in self.written for t in leaves):
+            return func(*args, **kwargs)
+        args, kwargs = pytree.tree_map(self._proxy_of_written, (args, kwargs))
+        if args and isinstance(args[0], Proxy):
+            # a method's or a property's descriptor takes no proxy: the proxy's own
+            # method or property records it
+            kind, name = _tensor_attribute(func)
+            if kind == "property":
+                return getattr(args[0], name)
+            if kind == "method":
+                return getattr(args[0], name)(*args[1:], **kwargs)
+        return func(*args, **kwargs)
+
+    def _proxy_of_written(self, value: Any) -> Any:
+        names = self.tracer.state.tensor_names
+        if _is_state(value, names) and id(value) in self.written:
+            return self.tracer.create_proxy("get_attr", names[id(value)], (), {})
+        return value
+
+    def note_write(self, node: Any) -> None:
+        """A recorded ``node`` writing into a parameter or buffer through its
+        ``get_attr`` proxy marks it written: later reads through other references
+        read the graph's value."""
+        target = node.args[0].target
+        for key, name in self.tracer.state.tensor_names.items():
+            if name == target:
+                self.written.add(key)
+
+
+def _tensor_attribute(func: Any) -> tuple[str, str]:
+    """``("method", name)`` for a method of ``torch.Tensor`` (its descriptor, called
+    unbound by the dispatch of a method call), ``("property", name)`` for a property's
+    getter (``x.shape``), ``("", "")`` for a function."""
+    owner = getattr(func, "__objclass__", None)
+    if owner is not None and issubclass(owner, torch._C.TensorBase):
+        return "method", func.__name__
+    if getattr(func, "__name__", "") == "__get__":
+        descriptor = getattr(func, "__self__", None)
+        owner = getattr(descriptor, "__objclass__", None)
+        if owner is not None and issubclass(owner, torch._C.TensorBase):
+            return "property", descriptor.__name__
+    if getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")):
+        # methods torch writes in Python (split), and the tracer's wrappers of methods
+        return "method", func.__name__
+    return "", ""
+
+
+def _is_state(value: Any, names: dict[int, str]) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and not isinstance(value, torch._subclasses.FakeTensor)
+        and id(value) in names
+    )
+
+
+__all__ = ["StateWrites", "writes_in_place"]
