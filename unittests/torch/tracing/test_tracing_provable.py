@@ -245,10 +245,8 @@ def test_traces_dynamic_without_specializing(name):
 
 
 #: cases the tracer captures but the ONNX side (translation, optimizer) does not export
-ONNX_FAILURES = {
-    # torch_lib's aten_grouped_mm raises NotImplementedError for offsets (ragged/MoE)
-    "grouped_mm_float32": "torch_lib has no translation of _grouped_mm with offsets",
-}
+#: (none since _grouped_mm with offsets became a loop over the experts)
+ONNX_FAILURES: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
