@@ -4,7 +4,9 @@
 default rewrite rules except those whose pattern has several output nodes: onnxscript
 matches them by enumerating combinations of graph nodes, for every candidate node,
 which is quadratic in the size of the graph (on a 7B Llama, 90% of a 46 s optimization
-went to ``SlicesSplit``, which turns two ``Slice`` of a tensor into one ``Split``).
+went to ``SlicesSplit``, which turns two ``Slice`` of a tensor into one ``Split``), and
+with the no-op rules matching their constants exactly (:mod:`.exact_rules`: onnxscript's
+removed the ``+ 1e-8`` of an RMS normalization).
 
 :func:`fuse_for_onnxruntime` applies onnxscript's fusions for onnxruntime
 (``to_onnx(optimize="ort")``): attention, RMS and skip normalizations, rotary
@@ -25,13 +27,18 @@ from onnx_ir.passes import common as common_passes
 def _linear_rules() -> list:
     from onnxscript import rewriter
 
+    from .exact_rules import exact_no_op_rules, tolerant_no_op_rules
+
+    tolerant = tolerant_no_op_rules()
     rules = []
     for rule in rewriter._DEFAULT_REWRITE_RULES:
         pattern = getattr(rule, "_target_pattern", None)
         if pattern is not None and not getattr(pattern, "has_single_output_node", True):
             continue
+        if any(rule is other for other in tolerant):
+            continue  # `x + 1e-8` is no `x + 0` (see .exact_rules)
         rules.append(rule)
-    return rules
+    return [*rules, *exact_no_op_rules()]
 
 
 def _root_operator(rule) -> tuple[str, str] | None:

@@ -7,7 +7,9 @@ ONNX translation of a symbolic number is an int64 or float tensor computed from 
 shapes, and torch_lib's promotion of the operation then reads it as a Python number
 (``int() argument must be ... not 'SymbolicTensor'``). A ``scalar_tensor`` of the
 number, with the dtype torch gives a Python number of its kind, promotes the same way
-(a 0-d tensor of a higher kind sets the result's dtype) and translates.
+(a 0-d tensor of a higher kind sets the result's dtype) and translates. The same holds
+for a Python number the decompositions put where the schema wants a tensor
+(``aten.sub.Tensor(1.0, mask)``, from ``1.0 - mask``).
 """
 
 from __future__ import annotations
@@ -49,13 +51,20 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     args = list(node.args)
     changed = 0
     for position, arg in enumerate(args):
-        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-        kind = _KINDS.get(type(val))
-        if kind is None or kind <= lowest or position >= len(schema):
-            continue
-        if not isinstance(schema[position].type, torch.TensorType):
+        if position >= len(schema) or not isinstance(schema[position].type, torch.TensorType):
             continue  # a Scalar argument: translated as a number already
-        dtype = {0: torch.bool, 1: torch.int64, 2: torch.get_default_dtype()}[kind]
+        if type(arg) in (bool, int, float):
+            # `aten.sub.Tensor(1.0, mask)`: the decomposition of rsub put a Python number
+            # where the schema wants a tensor, which the translation's type promotion
+            # cannot run again (ProphetNet's `1.0 - mask`); a 0-d tensor of the result's
+            # dtype promotes the same way
+            dtype = torch.result_type(tensors[0], arg)
+        else:
+            val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+            kind = _KINDS.get(type(val))
+            if kind is None or kind <= lowest:
+                continue
+            dtype = {0: torch.bool, 1: torch.int64, 2: torch.get_default_dtype()}[kind]
         with graph.inserting_before(node):
             tensor = graph.call_function(
                 torch.ops.aten.scalar_tensor.default, (arg,), {"dtype": dtype}
