@@ -53,11 +53,12 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     for position, arg in enumerate(args):
         if position >= len(schema) or not isinstance(schema[position].type, torch.TensorType):
             continue  # a Scalar argument: translated as a number already
-        if type(arg) in (bool, int, float):
+        if position == 0 and type(arg) in (bool, int, float):
             # `aten.sub.Tensor(1.0, mask)`: the decomposition of rsub put a Python number
-            # where the schema wants a tensor, which the translation's type promotion
-            # cannot run again (ProphetNet's `1.0 - mask`); a 0-d tensor of the result's
-            # dtype promotes the same way
+            # where the schema wants the tensor `self`, which the translation's type
+            # promotion cannot run again (ProphetNet's `1.0 - mask`); a 0-d tensor of
+            # the result's dtype promotes the same way (numbers in the other tensor
+            # arguments, `where(c, x, 0.0)`, translate as they are)
             dtype = torch.result_type(tensors[0], arg)
         else:
             val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
