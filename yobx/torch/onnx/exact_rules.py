@@ -30,30 +30,6 @@ def _identity(op, x, c):
     return op.Identity(x)
 
 
-def _add(op, x, c):
-    return op.Add(x, c)
-
-
-def _add_left(op, x, c):
-    return op.Add(c, x)
-
-
-def _sub(op, x, c):
-    return op.Sub(x, c)
-
-
-def _mul(op, x, c):
-    return op.Mul(x, c)
-
-
-def _mul_left(op, x, c):
-    return op.Mul(c, x)
-
-
-def _div(op, x, c):
-    return op.Div(x, c)
-
-
 def _is_zero(context: Any, x: ir.Value, c: ir.Value, **_: Any) -> bool:
     return _exactly(c, 0)
 
@@ -62,16 +38,30 @@ def _is_one(context: Any, x: ir.Value, c: ir.Value, **_: Any) -> bool:
     return _exactly(c, 1)
 
 
+#: name -> (operator, whether the constant is the first operand, the check)
+_NO_OPS = {
+    "ExactAddZero": ("Add", False, _is_zero),
+    "ExactZeroAdd": ("Add", True, _is_zero),
+    "ExactSubZero": ("Sub", False, _is_zero),
+    "ExactMulOne": ("Mul", False, _is_one),
+    "ExactOneMul": ("Mul", True, _is_one),
+    "ExactDivOne": ("Div", False, _is_one),
+}
+
+
+def _pattern(operator: str, constant_first: bool):
+    def pattern(op, x, c):
+        return getattr(op, operator)(c, x) if constant_first else getattr(op, operator)(x, c)
+
+    return pattern
+
+
 def exact_no_op_rules() -> list[RewriteRule]:
     """``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x``, ``x / 1`` removed when the
     constant is exactly 0 or 1 (a scalar: a larger one would broadcast ``x``)."""
     return [
-        RewriteRule(_add, _identity, _is_zero, name="ExactAddZero"),
-        RewriteRule(_add_left, _identity, _is_zero, name="ExactZeroAdd"),
-        RewriteRule(_sub, _identity, _is_zero, name="ExactSubZero"),
-        RewriteRule(_mul, _identity, _is_one, name="ExactMulOne"),
-        RewriteRule(_mul_left, _identity, _is_one, name="ExactOneMul"),
-        RewriteRule(_div, _identity, _is_one, name="ExactDivOne"),
+        RewriteRule(_pattern(operator, first), _identity, check, name=name)
+        for name, (operator, first, check) in _NO_OPS.items()
     ]
 
 

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch.fx.proxy import Proxy
 
 from .loops import SymbolicPieces
@@ -140,14 +139,17 @@ def _real_tensor_method(name: str) -> Callable:
     know), sizes given one by one passed in a list."""
     original = getattr(torch.Tensor, name)
 
+    takes_dtype = name in _DTYPE_METHODS
+
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        args = tuple(as_builtin(a) for a in args)
-        if "dtype" in kwargs:
-            kwargs["dtype"] = as_builtin(kwargs["dtype"])
+        if takes_dtype:
+            args = tuple(as_builtin(a) for a in args)
+            if "dtype" in kwargs:
+                kwargs["dtype"] = as_builtin(kwargs["dtype"])
         if isinstance(self, Proxy):
             return getattr(self, name)(*args, **kwargs)
-        proxy = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, Proxy)), None)
+        proxy = find_proxy(args, kwargs)
         if proxy is None:
             return original(self, *args, **kwargs)
         if name in _SIZES_METHODS and len(args) > 1:

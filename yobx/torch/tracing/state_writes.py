@@ -50,16 +50,20 @@ class StateWrites(TorchFunctionMode):
         self.tracer = tracer
         #: ids of the parameters and buffers written into while tracing
         self.written: set[int] = set()
+        # the inverse of the trace's tensor_names, made at the first write through a
+        # get_attr node (tensor_names is filled before the mode is entered)
+        self._ids_by_name: dict[str, list[int]] | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         state = self.tracer.state
         if state.in_fake or not state.tensor_names:
             return func(*args, **kwargs)
-        if not self.written and not writes_in_place(func, kwargs):
+        in_place = writes_in_place(func, kwargs)
+        if not self.written and not in_place:
             return func(*args, **kwargs)  # nothing written yet: the common path
         names = state.tensor_names
-        if writes_in_place(func, kwargs) and args and _is_state(args[0], names):
+        if in_place and args and _is_state(args[0], names):
             self.written.add(id(args[0]))
         leaves = pytree.tree_leaves((args, kwargs))
         if not any(_is_state(t, names) and id(t) in self.written for t in leaves):
@@ -85,10 +89,11 @@ class StateWrites(TorchFunctionMode):
         """A recorded ``node`` writing into a parameter or buffer through its
         ``get_attr`` proxy marks it written: later reads through other references
         read the graph's value."""
-        target = node.args[0].target
-        for key, name in self.tracer.state.tensor_names.items():
-            if name == target:
-                self.written.add(key)
+        if self._ids_by_name is None:
+            self._ids_by_name = {}
+            for key, name in self.tracer.state.tensor_names.items():
+                self._ids_by_name.setdefault(name, []).append(key)
+        self.written.update(self._ids_by_name.get(node.args[0].target, ()))
 
 
 def _tensor_attribute(func: Any) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from ..ops.rnn import leaf_module_call
 from .graph_finish import _CallableModule
 from .module_state import assign_traced_buffer
 from .patches import patch_len_in
-from .proxies import CustomParameterProxy, CustomProxyShape
+from .proxies import CustomParameterProxy, CustomProxyShape, find_proxy
 from .proxy_dispatch import ATOMIC_ARGUMENTS
 
 #: prefix of the constants the tracer stores on ``traced_model``
@@ -32,19 +32,6 @@ CONSTANT_PREFIX = "_yobx_constant"
 
 _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _PYTHON_TYPES_AS_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
-
-
-def _holds_proxies(value: Any) -> bool:
-    """Whether a proxy is among the leaves of ``value`` (nested lists, tuples, dicts)."""
-    found = False
-
-    def visit(leaf: Any) -> Any:
-        nonlocal found
-        found = found or isinstance(leaf, Proxy)
-        return leaf
-
-    torch.fx.node.map_aggregate(value, visit)
-    return found
 
 
 def _from_numpy(value: Any) -> Any:
@@ -92,7 +79,7 @@ class AttributesMixin:
             # A module built inside forward (`nn.Softmax(dim=-1)(x)`) has no path in the
             # model: it cannot be a call_module node, its operations are traced instead.
             return forward(*args, **kwargs)
-        if not _holds_proxies((args, kwargs)) and self.is_leaf_module(m, self.path_of_module(m)):
+        if find_proxy(args, kwargs) is None and self.is_leaf_module(m, self.path_of_module(m)):
             # a leaf called on constants only (`nn.Identity()(None)`, an optional input
             # passed through): what it returns does not depend on the inputs, and is
             # what the code goes on with (None stays None), its operations traced
