@@ -323,3 +323,46 @@ def test_a_fact_the_declared_ranges_settle_is_no_check():
     )
     assert result.validation.ok, result.validation.format()
     assert not any(">= 0" in c.expression for c in result.constraints)
+
+
+def test_a_shared_division_keeps_its_condition_in_every_check():
+    """Two checks computing ``m % (n // 4)``: the second reads the first's nodes and
+    still fails where ``n // 4`` is 0 (Python raises there); inside a disjunction, the
+    division counts only for its disjunct."""
+    import onnx_ir as ir
+    from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+    from yobx.torch.onnx.runtime_checks import CHECK_NODE_PREFIX, _CheckGraph
+    from yobx.torch.tracing.runtime_checks import RuntimeCheck
+
+    n, m = sympy.Symbol("n", integer=True), sympy.Symbol("m", integer=True)
+    remainder = PythonMod(m, FloorDiv(n, 4))
+    guarded = sympy.Or(sympy.Lt(n, 4), sympy.Eq(remainder, 0))
+    alone = sympy.Lt(remainder, 100)
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["n", "m"]))
+    graph = ir.Graph([x], [], nodes=[], opset_imports={"": 18})
+    identity = ir.node("Identity", [x])
+    graph.append(identity)
+    graph.outputs.append(identity.outputs[0])
+    identity.outputs[0].name = "y"
+    builder = _CheckGraph(graph, {"x": x})
+    sources = {n: ("x", 0, 1, 0), m: ("x", 1, 1, 0)}
+    for name, condition in (("first", guarded), ("second", alone)):
+        builder.check(condition, sources, CHECK_NODE_PREFIX + name, RuntimeCheck(condition, name))
+    builder.gate()
+    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
+    session = onnxruntime.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+
+    def failing(rows: int, columns: int) -> str | None:
+        try:
+            session.run(None, {"x": np.zeros((rows, columns), dtype=np.float32)})
+        except Exception as e:
+            return failed_check(str(e))
+        return None
+
+    assert failing(8, 4) is None
+    assert failing(8, 3) == CHECK_NODE_PREFIX + "first"
+    # n // 4 == 0: the first check holds (its guard), the second divides by zero
+    assert failing(3, 5) == CHECK_NODE_PREFIX + "second"

@@ -217,3 +217,39 @@ def test_a_decision_fixing_the_example_size_exports_both_sides():
         x = torch.randn(2, d)
         (got,) = session.run(None, {"x": x.numpy()})
         np.testing.assert_allclose(got, model(x).numpy(), atol=1e-6)
+
+
+class Windows(torch.nn.Module):
+    """Block-wise compression: windows of 4 tokens exist only from 4 tokens on."""
+
+    def forward(self, x):
+        batch = x.shape[0]
+        usable = (x.shape[1] // 4) * 4
+        chunk = x[:, :usable]
+        if chunk.shape[1] > 0:
+            windows = chunk.shape[1] // 4
+            return chunk.reshape(batch, windows, 4, -1).sum(dim=2)
+        return x.new_zeros((batch, 0, x.shape[2]))
+
+
+def test_a_version_check_dividing_by_zero_outside_its_version_holds():
+    # the version with windows checks reshape conditions dividing by the window count,
+    # which is 0 where that version does not run: the check, `body when guard`, holds
+    # there (it refused the example itself when the division broke the whole check)
+    model = Windows()
+    result = to_onnx(
+        model,
+        (torch.randn(2, 3, 8),),
+        dynamic_shapes={"x": {0: "batch", 1: "seq"}},
+        validate=True,
+    )
+    assert any(" when " in c.expression for c in result.runtime_checks)
+    assert result.validation.ok, result.validation.format()
+    session = _session(result)
+    for batch, seq in ((2, 3), (1, 1), (3, 2), (2, 4), (2, 9), (1, 13)):
+        x = torch.randn(batch, seq, 8)
+        (got,) = session.run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-5, rtol=1e-5)
+    for check in result.runtime_checks:
+        if " when " in check.expression:
+            assert check.holds({("x", 0): 2, ("x", 1): 3}), check.expression

@@ -36,3 +36,24 @@ def test_branch_on_int_of_a_float_gets_its_other_side():
     for a, b in [(2, 7), (3, 5), (1, 9), (2, 3)]:
         z = torch.randn(a, b)
         assert_same(model(z), gm(z))
+
+
+def test_a_disjunct_dividing_by_zero_leaves_the_other_one_deciding():
+    from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+    from yobx.torch.tracing.size_search import holds
+
+    n, m = sympy.Symbol("n", integer=True), sympy.Symbol("m", integer=True)
+    windows = FloorDiv(n, 128)
+    # `m % windows == 0 when windows > 0`, its disjuncts in both orders
+    for condition in (
+        sympy.Or(sympy.Le(windows, 0), sympy.Eq(PythonMod(m, windows), 0)),
+        sympy.Or(sympy.Eq(PythonMod(m, windows), 0), sympy.Le(windows, 0), evaluate=False),
+    ):
+        function = compile_condition(condition, [n, m])
+        assert holds(function, [11, 3])  # no window: the guard decides
+        assert holds(function, [256, 4])
+        assert not holds(function, [256, 3])
+    # outside a disjunction, a division by zero still breaks the condition
+    alone = compile_condition(sympy.Eq(PythonMod(m, windows), 0), [n, m])
+    assert not holds(alone, [11, 3])

@@ -371,10 +371,21 @@ class _CheckGraph:
     # interpretation of a condition
 
     def _interpret(self, expr: sympy.Basic) -> _Number:
+        """The value of ``expr``; the conditions it needs to be defined (divisors
+        other than zero) are added to :attr:`defined`, also when the value comes from
+        the memo (a previous check, or a disjunct, computed it first)."""
         if expr in self.memo:
-            return self.memo[expr]
-        result = self._compute(expr)
-        self.memo[expr] = result
+            result, needs = self.memo[expr]
+            self.defined.extend(needs)
+            return result
+        outer, self.defined = self.defined, []
+        try:
+            result = self._compute(expr)
+            needs = tuple(self.defined)
+        finally:
+            self.defined = outer
+        self.memo[expr] = (result, needs)
+        self.defined.extend(needs)
         return result
 
     def _compute(self, expr: sympy.Basic) -> _Number:
@@ -386,6 +397,8 @@ class _CheckGraph:
             return fractions.Fraction(int(expr.p), int(expr.q))
         if expr.is_Float:
             return float(expr)
+        if isinstance(expr, sympy.Or):
+            return self._disjunction(expr)
         args = [self._interpret(a) for a in expr.args]
         for classes, method in _OPERATIONS:
             if isinstance(expr, classes):
@@ -592,6 +605,25 @@ class _CheckGraph:
         for other in computed[1:]:
             result = self._op("And" if conjunction else "Or", [result, other])
         return result
+
+    def _disjunction(self, expr: sympy.Or) -> Any:
+        """``Or``: each disjunct counts where it is defined, the whole is defined
+        everywhere. ``body when guard`` is ``Or(Not(guard), body)``: where the guard
+        does not hold, the body may divide by zero (a window count that is 0 outside
+        the version that needs it) without breaking the check."""
+        terms = []
+        for arg in expr.args:
+            outer, self.defined = self.defined, []
+            try:
+                value = self._interpret(arg)
+                needs = self.defined
+            finally:
+                self.defined = outer
+            if needs and value is not False:
+                for defined in needs:
+                    value = self._op("And", [self._boolean(defined), self._boolean(value)])
+            terms.append(value)
+        return self._connective(expr, terms)
 
     def _not(self, expr: sympy.Basic, args: list) -> Any:
         (value,) = args

@@ -23,6 +23,7 @@ from typing import Any
 
 import sympy
 import torch
+from torch.utils._sympy.printers import PythonPrinter
 
 #: every size up to this bound (or four times the example's) is tried for one dimension
 SCAN_BOUND = 300
@@ -35,23 +36,44 @@ def compile_condition(condition: sympy.Basic, symbols: Sequence[sympy.Symbol]) -
     ``symbols``, as a traced graph's checks compute it: integers, exact fractions for
     the rational constants, Python's ``//``, ``%``, ``min`` and ``max``.
 
-    A division by zero raises ``ZeroDivisionError``, as Python does.
+    A division by zero raises ``ZeroDivisionError``, as Python does, except inside a
+    disjunction: an ``Or`` holds where one of its disjuncts is defined and true, so that
+    ``body when guard`` (``Or(Not(guard), body)``) holds where the guard does not, even
+    if the body divides by zero there (the ONNX checks compute it so).
     """
-    from torch.utils._sympy.printers import PythonPrinter
-
     rationals = {
         r: sympy.Symbol(f"_fraction_{i}")
         for i, r in enumerate(sorted(condition.atoms(sympy.Rational), key=str))
         if not r.is_Integer
     }
     names = {s: sympy.Symbol(f"_size_{i}") for i, s in enumerate(symbols)}
-    text = PythonPrinter().doprint(condition.xreplace({**rationals, **names}))
+    text = _Printer().doprint(condition.xreplace({**rationals, **names}))
     arguments = ", ".join(str(names[s]) for s in symbols)
     # `int(n * 0.5)` prints as `math.trunc(0.5*torch.sym_float(n))`
     scope: dict[str, Any] = {"math": math, "min": min, "max": max, "torch": torch}
+    scope["_any_defined"] = _any_defined
     scope.update({str(v): fractions.Fraction(int(r.p), int(r.q)) for r, v in rationals.items()})
     # the text is printed from a sympy expression of ours: no user string reaches it
     return eval(f"lambda {arguments}: {text}", scope)
+
+
+class _Printer(PythonPrinter):
+    """Python's printer, with each disjunct of an ``Or`` evaluated on its own."""
+
+    def _print_Or(self, expr: sympy.Or) -> str:
+        disjuncts = ", ".join(f"lambda: {self._print(a)}" for a in expr.args)
+        return f"_any_defined({disjuncts})"
+
+
+def _any_defined(*disjuncts: Callable[[], Any]) -> bool:
+    """Whether one of the disjuncts is defined (does not divide by zero) and true."""
+    for disjunct in disjuncts:
+        try:
+            if disjunct():
+                return True
+        except (ZeroDivisionError, ValueError, OverflowError):
+            continue
+    return False
 
 
 def holds(function: Callable, values: Sequence[int]) -> bool:
