@@ -848,11 +848,21 @@ def _pick(out, path):
     return out
 
 
+def _config_of(model) -> dict:
+    """The configuration, the first sub-model's one for the Multi* classes."""
+    if hasattr(model, "config"):
+        return dict(model.config)
+    for module in model.modules():
+        if module is not model and hasattr(module, "config"):
+            return dict(module.config)
+    return {}
+
+
 def find_inputs(name: str, model, deadline: float) -> Probe:
     """The first candidate layout eager runs at the example size, then the other sizes."""
     import torch
 
-    cfg = dict(model.config)
+    cfg = _config_of(model)
     signature = inspect.signature(model.forward).parameters
     args = [
         (k, p.default is p.empty)
