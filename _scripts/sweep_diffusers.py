@@ -113,7 +113,21 @@ TINY = {
     "transformer_num_layers": 1,
     "sample_size": 16,
     "motion_max_seq_length": 32,
+    "max_text_seq_length": 8,
+    "text_len": 8,
+    "text_len_t5": 8,
+    "n_embd": WIDTH,
+    "n_layer": 1,
+    "n_head": 2,
+    "n_inner": 64,
 }
+# values given to parameters whose default is None, in the first variant and the second
+NONE_FILL = (
+    {"in_channels": 4, "patch_size": 2, "sample_size": 16},
+    {"in_channels": 8},
+)
+# lists of layer indices (blocks with an extra branch): only the first layer remains
+LAYER_INDICES = re.compile(r"layers$|layer_ids$|layers_places$")
 # names of parameters counting layers or blocks: 1 (a tuple of them: ones)
 COUNT = re.compile(
     r"(^|_)(num|n)_.*(layers|blocks)$|layers_per_.*block|^depth$|_depth$|^nlayers$"
@@ -124,7 +138,7 @@ HEAD_DIM = re.compile(r"(^|_)head_dim$|^attention_head_dim$|^dim_head$|^dim_head
 # names of parameters giving a width: more than 64 becomes 32
 WIDE = re.compile(r"dim|size|channels|channel$|features|width|hidden|^ch$|_ch$|inner")
 NOT_WIDE = re.compile(
-    r"sample|patch|vocab|codebook|rate|len|max|pos|step|resolution|image_size|window|frame"
+    r"sample_size|sample_(width|height|frames)|^sample|sampling|patch|vocab|codebook|rate|len|max|pos|step|resolution|image_size|window|frame"
     r"|seq|kernel|stride|batch|^num_(channels|mels)|factor|ratio|scale|theta|period|shift"
     r"|ada_norm|mel|n_fft|hop|tokens|experts|lens"
 )
@@ -168,10 +182,16 @@ def _rope_axes(values, head_default, head_now) -> tuple | None:
     return tuple(scaled) if scaled[-1] >= 2 else None
 
 
+LEVELS = (0, 1, 2, 3)
+
+
 def tiny_kwargs(cls, level: int) -> dict:
     """Small values for the parameters of ``cls.__init__``: ``level`` 0 shrinks every
-    parameter whose name says what it is, 1 only the counts of layers, heads and groups
-    and the parameters without defaults, 2 nothing but the parameters without defaults."""
+    parameter whose name says what it is and fills some left to None (``NONE_FILL``), 1
+    the same with the second filling, 2 only the counts of layers and heads, 3 nothing but
+    the parameters without defaults."""
+    fill = NONE_FILL[level] if level < len(NONE_FILL) else NONE_FILL[-1]
+    shrink = 0 if level < 2 else 1
     params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
     unet_like = "block_out_channels" in params
     head_param = next((k for k in params if HEAD_DIM.search(k)), None)
@@ -187,12 +207,15 @@ def tiny_kwargs(cls, level: int) -> dict:
         if default is p.empty:
             kwargs[name] = _required_value(cls, name)
             continue
-        if level >= 2:
+        if level >= 3:
             continue
-        value = _tiny_value(name, default, level, head_now)
+        if default is None and name in fill:
+            kwargs[name] = fill[name]
+            continue
+        value = _tiny_value(name, default, shrink, head_now)
         if value is not OMIT:
             kwargs[name] = value
-    if level == 0:
+    if shrink == 0:
         for name, p in params.items():
             default = p.default
             if ROPE.search(name) and isinstance(default, (tuple, list)) and default:
@@ -231,6 +254,8 @@ def _tiny_value(name: str, default, level: int, head_now: int):
         return OMIT
     if isinstance(default, (tuple, list)) and default:
         if all(isinstance(v, int) and not isinstance(v, bool) for v in default):
+            if LAYER_INDICES.search(name) and not COUNT.search(name) and len(default) > 1:
+                return type(default)(default[:1])
             if COUNT.search(name) or "num_layers" in name or name.endswith("layers_per_block"):
                 return type(default)([1 if v > 0 else v for v in default])
             if HEADS.search(name):
@@ -309,11 +334,11 @@ def instantiate(name: str) -> tuple:
 
     cls = getattr(diffusers, name)
     errors = []
-    for level in (0, 1, 2):
+    for level in LEVELS:
         try:
             kwargs = tiny_kwargs(cls, level)
         except Exception as e:
-            errors.append(_first_line(e))
+            errors.append(_first_line(e)[:80])
             continue
         try:
             with torch.device("meta"):
@@ -321,9 +346,9 @@ def instantiate(name: str) -> tuple:
             count = sum(p.numel() for p in meta.parameters())
             del meta
         except Exception as e:
-            errors.append(f"meta {level}: {_first_line(e)}")
+            errors.append(f"meta {level}: {_first_line(e)[:80]}")
             count = None
-            if level == 2:
+            if level == LEVELS[-1]:
                 continue
         if count is not None and count > MAX_PARAMS:
             errors.append(f"too big ({count / 1e6:.0f}M) at level {level}")
@@ -332,7 +357,7 @@ def instantiate(name: str) -> tuple:
             torch.manual_seed(0)
             model = _create(cls, name, kwargs).eval()
         except Exception as e:
-            errors.append(f"level {level}: {_first_line(e)}")
+            errors.append(f"level {level}: {_first_line(e)[:80]}")
             continue
         count = sum(p.numel() for p in model.parameters())
         if count > MAX_PARAMS:
@@ -344,27 +369,37 @@ def instantiate(name: str) -> tuple:
                     # zero convolutions, adaLN-zero: the output would not depend on the rest
                     parameter.normal_(std=0.05)
         return model, level, count
-    raise RuntimeError("; ".join(errors))
+    raise RuntimeError("; ".join(dict.fromkeys(errors)))
 
 
 def _create(cls, name: str, kwargs: dict):
     if any(v == "@sub" for v in kwargs.values() if isinstance(v, str)):
         sub = _sub_class(name)
         model = None
-        for level in (0, 1):
+        for level in (0, 2):
             try:
                 sub_kwargs = tiny_kwargs(sub, level)
                 torch_models = [sub(**sub_kwargs), sub(**sub_kwargs)]
                 model = cls(**{k: torch_models for k, v in kwargs.items() if v == "@sub"})
                 break
             except Exception:
-                if level == 1:
+                if level == 2:
                     raise
         return model
     return cls(**kwargs)
 
 
 # inputs
+
+
+class Derived:
+    """A value computed in the wrapper from the main input (a list of sizes...)."""
+
+    def __init__(self, fn, text: str):
+        self.fn, self.text = fn, text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 class Leaf:
@@ -561,7 +596,13 @@ TEXT_MASKS = {
     "target_attention_mask",
 }
 # optional arguments given when the signature has them
-COMMON_OPTIONAL = TEXT | POOLED | TEXT_MASKS | TIME | {"img_ids", "txt_ids", "hidden_states"}
+COMMON_OPTIONAL = (
+    TEXT
+    | POOLED
+    | TEXT_MASKS
+    | TIME
+    | {"img_ids", "txt_ids", "hidden_states", "class_labels", "img_shapes", "conditioning_mask"}
+)
 CONSTANTS = {
     "return_dict": False,
     "sample_posterior": False,
@@ -606,6 +647,8 @@ def _main_candidates(cls, main_arg, cfg) -> list[tuple[str, Leaf, int]]:
     """``(layout, leaf, S at the example)`` for the main input, the likeliest first."""
     name = cls.__name__
     channels = _config_ints(cfg, CHANNEL_KEYS)[:3] or [4]
+    if re.search(r"Autoencoder|VAE|Vae|VQ|Adapter|Encoder", name) and 3 not in channels:
+        channels.append(3)
     video = re.search(r"3D|Video|Motion|I2VGenXL|SpatioTemporal|Allegro|Mochi|Wan|Cosmos", name)
     signal = re.search(r"1D|Audio|Oobleck|Vocoder|Music|SAME|MMAudio", name)
     layouts = ["image", "tokens", "video", "signal", "videoT"]
@@ -651,7 +694,7 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
             first = [Leaf(("B",), "unit")]
         else:
             first = [Leaf(("B",), "time"), Leaf(("B",), "time", dtype=torch.int64)]
-        return first + [Leaf(("B",), "unit")] + omit
+        return [*first, Leaf(("B",), "unit"), *omit, Leaf((), "time")]
     if arg in TEXT:
         keys = TEXT_KEYS
         if arg.endswith("_t5"):
@@ -665,8 +708,8 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
         return [Leaf(("B", d)) for d in dims] + [Leaf(("B", 1, d)) for d in dims[:1]] + omit
     if arg in TEXT_MASKS:
         return [
-            *omit,
             Leaf(("B", "T"), "ones"),
+            *omit,
             Leaf(("B", "T"), "ones", dtype=torch.bool),
         ]
     if arg in ("img_ids", "txt_ids"):
@@ -674,11 +717,15 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
         seq = "S" if arg == "img_ids" else "T"
         return [Leaf((seq, n), "int", 8, torch.float32), Leaf(("B", seq, n), "int", 8, torch.float32)]
     if arg == "class_labels":
-        high = cfg.get("num_embeds_ada_norm") or cfg.get("num_class_embeds") or 10
-        return [*omit, Leaf(("B",), "int", min(int(high), 10))]
+        high = cfg.get("num_embeds_ada_norm") or cfg.get("num_class_embeds")
+        if high:
+            return [Leaf(("B",), "int", min(int(high), 10)), *omit]
+        return [*omit, Leaf(("B",), "int", 10)]
     if arg in ("controlnet_cond", "image_latents", "context_latents", "control_context"):
         cond = cfg.get("conditioning_channels") or main.shape[1]
         cands = [Leaf(main.shape)]
+        if layout == "video":
+            cands = [Leaf((*main.shape[:1], cond, *main.shape[2:])), Leaf(main.shape)]
         if layout == "image":
             cands = [
                 Leaf(("B", cond, "8S", "8S")),
@@ -686,6 +733,11 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
                 Leaf(main.shape),
             ]
         return cands + omit
+    if arg == "conditioning_mask":
+        return [*omit, Leaf((*main.shape[:1], 1, *main.shape[2:]))]
+    if arg == "img_shapes" and layout == "tokens":
+        # a grid of one row: any number of tokens
+        return [Derived(lambda flats, main: [(1, 1, main.shape[1])], "[(1, 1, S)]")]
     if arg in ("added_time_ids",):
         return [Leaf(("B", 3), "unit")]
     if arg in ("original_size", "target_size", "crop_coords"):
@@ -773,8 +825,11 @@ def _flatten(arg: str, value) -> list:
 
 def _assemble(structure: dict, flats: dict) -> dict:
     kwargs = {}
+    main = next(iter(flats.values()), None)
     for arg, value in structure.items():
-        if isinstance(value, Leaf):
+        if isinstance(value, Derived):
+            kwargs[arg] = value.fn(flats, main)
+        elif isinstance(value, Leaf):
             kwargs[arg] = flats[arg]
         elif isinstance(value, (list, tuple)):
             kwargs[arg] = type(value)(
@@ -908,6 +963,8 @@ def find_inputs(name: str, model, deadline: float) -> Probe:
                         raise RuntimeError("the output is not a floating tensor")
                 except Exception as e:
                     last = _first_line(e)
+                    if os.environ.get("SWEEP_DEBUG"):
+                        print(f"  {probe.describe()}\n      {last}", file=sys.stderr)
                     continue
                 probe.path = path
                 again = _pick(_eager(model, structure, probe, False), path)
@@ -1022,7 +1079,8 @@ def _child(name: str, paths: list[str], queue, probe_seconds: float) -> None:
     try:
         model, probe, info = build(name, probe_seconds)
     except Exception as e:
-        queue.put(("eager", f"fail: {_first_line(e)}"))
+        text = f"{type(e).__name__}: {e}".strip().splitlines()[0][:600]
+        queue.put(("eager", f"fail: {text}"))
         if os.environ.get("SWEEP_TRACEBACK"):
             traceback.print_exc()
         return

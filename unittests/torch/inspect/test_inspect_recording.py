@@ -202,3 +202,49 @@ def test_nested_recording_refused_and_other_threads_not_recorded():
     result = record_run(outer, torch.randn(2, 4), stages=["eager"])
     assert seen["y"].shape == (2, 3)
     assert [c.name for c in result.eager] == ["model.linear"]
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x, extra):
+        return torch.relu(self.linear(x)) + extra[0].sum() * extra[1]["w"].mean()
+
+
+def test_input_sets_of_other_sizes_run_through_one_traced_graph():
+    # the graph is traced on the first set: the axes whose size differs are dynamic,
+    # not refused by a graph traced for the first sizes only
+    model = _Scaled()
+    sets = [
+        (torch.randn(5, 4), [torch.randn(3), {"w": torch.randn(2, 2)}]),
+        (torch.randn(2, 4), [torch.randn(6), {"w": torch.randn(2, 7)}]),
+    ]
+    result = record_run(model, *sets[0], inputs=[sets[1]])
+    assert result.compare("eager", "graph").first_divergence is None
+    calls = result.graph.calls
+    assert {tuple(c.retval.tensor.shape) for c in calls if c.name == "linear"} == {
+        (5, 3),
+        (2, 3),
+    }
+    expected = model(*sets[1])
+    last = [c for c in calls if c.run == 1][-1]
+    torch.testing.assert_close(last.retval.tensor, expected)
+
+
+def test_varying_dynamic_shapes_declares_only_the_axes_that_differ():
+    from yobx.torch.inspect.varying_sizes import varying_dynamic_shapes
+
+    dynamic = torch.export.Dim.DYNAMIC
+    runs = [
+        {"x": torch.zeros(5, 4), "extra": [torch.zeros(3), {"w": torch.zeros(2, 2)}], "n": 1},
+        {"x": torch.zeros(2, 4), "extra": [torch.zeros(3), {"w": torch.zeros(2, 7)}], "n": 2},
+    ]
+    assert varying_dynamic_shapes(runs) == {
+        "x": {0: dynamic},
+        "extra": [None, {"w": {1: dynamic}}],
+        "n": None,
+    }
+    assert varying_dynamic_shapes(runs[:1]) is None
+    assert varying_dynamic_shapes([runs[0], runs[0]]) is None

@@ -657,3 +657,24 @@ def test_module_lookup_is_get_submodule():
     lookup = module_lookup(graph)
     for node in nodes * 2:  # twice: looked up, then cached
         assert lookup(node) is module_of(node), node.target
+
+
+class _WriteThroughIndex(torch.nn.Module):
+    def forward(self, x):  # no annotation: symbolic_trace records no type for x
+        x[:, 0].mul_(2)
+        x[..., 1:].add_(1)
+        return x.relu()
+
+
+def test_a_tuple_index_with_slices_is_a_view_of_an_untyped_input():
+    # only a tensor takes `x[:, 0]`: the write goes back into x, which is read after
+    gm = torch.fx.symbolic_trace(_WriteThroughIndex())
+    assert remove_inplace(gm.graph).count == 2
+    gm.recompile()
+    assert not has_inplace(gm.graph)
+    for shape in ((2, 3), (4, 5)):
+        x = torch.randn(*shape)
+        expected_x, got_x = x.clone(), x.clone()
+        expected = _WriteThroughIndex()(expected_x)
+        assert_same(gm(got_x), expected)
+        assert_same(got_x, expected_x)

@@ -23,6 +23,7 @@ from ..tracing.runtime_checks import RUNTIME_CHECK
 from .results import TraceCall, TraceStage
 from .trace_result import TraceResult
 from .values import SummaryCache, summarize
+from .varying_sizes import varying_dynamic_shapes
 
 #: Stages :func:`record_run` knows how to record, in pipeline order.
 KNOWN_STAGES = ("eager", "graph", "onnx")
@@ -429,7 +430,8 @@ def record_run(
         (needed by :func:`compare` to measure differences beyond digests)
     :param profile: write a Chrome trace file with one event per stage, run and call,
         and memory/node-count counters
-    :param dynamic_shapes: passed to the tracer when the graph has to be traced
+    :param dynamic_shapes: passed to the tracer when the graph has to be traced; by
+        default, every axis whose size differs between the input sets is dynamic
     :param kwargs: keyword inputs of the first run
     :return: the :class:`TraceResult`; if a run raises, the exception propagates with
         the partial result in its ``yobx_trace_result`` attribute
@@ -456,6 +458,11 @@ def record_run(
         # Traced before recording starts: decorated functions called with proxies while
         # tracing must not be recorded.
         first_args, first_kwargs = runs[0]
+        if dynamic_shapes is None:
+            # the graph runs every input set: the axes whose size differs are dynamic
+            named_runs = [_signature_names(model.forward, a, k) for a, k in runs]
+            if all(named is not None for named in named_runs):
+                dynamic_shapes = varying_dynamic_shapes(named_runs)
         graph_module = trace_graph_module(model, first_args, first_kwargs, dynamic_shapes)
     result = TraceResult()
     handler = JSONTraceHandler(profile, process_name="yobx record_run") if profile else None

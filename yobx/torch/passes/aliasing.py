@@ -212,11 +212,24 @@ def _classify_aten(node: Node) -> Alias:
     return _conversion(node, name, base) or MAY_ALIAS_ALIAS
 
 
+def _tensor_index(index: Any) -> bool:
+    """Whether ``index`` is one only a tensor accepts: a tuple with a slice, ``...`` or
+    None in it."""
+    return isinstance(index, tuple) and any(
+        isinstance(i, slice) or i is Ellipsis or i is None for i in index
+    )
+
+
 def _classify_getitem(node: Node, known: Mapping[Node, Alias] | None) -> Alias:
     container, index = node.args[0], node.args[1]
     if not isinstance(container, Node):
         return MAY_ALIAS_ALIAS
     container_kind = is_tensor(container)
+    if container_kind is None and _tensor_index(index):
+        # lists, tuples and dicts refuse a tuple index holding a slice, ``...`` or None:
+        # only a tensor (or an array) is indexed so (``x[:, 0]`` in a graph of
+        # ``torch.fx.symbolic_trace``, which records no type for ``x``)
+        container_kind = True
     if container_kind is True:
         plan = plan_index(index)
         if plan is None:
