@@ -19,11 +19,14 @@ import types
 import pytest
 
 _ROOT = os.path.join(os.path.dirname(__file__), "..")
-_PAGES = ["README.rst"] + sorted(
-    os.path.join("_doc", name)
-    for name in os.listdir(os.path.join(_ROOT, "_doc"))
-    if name.endswith(".rst")
-)
+_PAGES = [
+    "README.rst",
+    *sorted(
+        os.path.join("_doc", name)
+        for name in os.listdir(os.path.join(_ROOT, "_doc"))
+        if name.endswith(".rst")
+    ),
+]
 _BLOCK = re.compile(r"^(\s*)\.\. code-block:: python\s*$")
 
 
