@@ -65,6 +65,7 @@ def yobx_command(tmp_path_factory):
             timeout=600,
         )
 
+    run.command, run.env = command, env
     return run
 
 
@@ -496,3 +497,85 @@ def test_factory_module_that_fails_to_import_is_bad_input(capsys, monkeypatch, t
     err = capsys.readouterr().err.strip()
     assert err.startswith("yobx: error: cannot import module 'bad_syntax_factory': SyntaxError")
     assert "\n" not in err
+
+
+STRICT_FACTORY = """
+import torch
+
+
+class Positions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(32, 4))
+
+    def forward(self, x):
+        return x + self.table[: x.shape[1]]
+
+
+def make():
+    seq = torch.export.Dim("seq")
+    return Positions(), (torch.randn(2, 7, 4),), {}, {"x": {1: seq}}
+"""
+
+
+def test_a_yobx_error_is_printed_in_full_with_its_fix(capsys, monkeypatch, tmp_path):
+    # a StrictDimensionError ends with the dynamic_shapes to paste: the CLI keeps it
+    (tmp_path / "strict_factory.py").write_text(STRICT_FACTORY)
+    monkeypatch.chdir(tmp_path)
+    status = main(["trace", "strict_factory:make"])
+    err = capsys.readouterr().err
+    assert status == 3, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("yobx: error: trace failed: ")
+    assert len(lines) > 2, err
+    assert "seq" in lines[-1] or any("Dim" in line for line in lines[1:]), err
+    assert "Traceback" not in err
+
+
+def test_error_message_keeps_yobx_errors_whole_and_cuts_others():
+    from yobx.cli_support import error_message
+    from yobx.torch.tracing import TracingError
+
+    ours = TracingError("the constraint is needed\ndeclare it:\n  {'x': {1: seq}}")
+    assert error_message(ours, "trace failed: ") == (
+        "trace failed: the constraint is needed\ndeclare it:\n  {'x': {1: seq}}"
+    )
+    theirs = RuntimeError("first line\n" + "torch internals\n" * 20)
+    assert error_message(theirs) == (
+        "RuntimeError: first line [...] (-v shows the whole error)"
+    )
+    assert error_message(ValueError("one line")) == "ValueError: one line"
+
+
+def test_help_and_version_do_not_import_torch():
+    code = (
+        "import sys, contextlib, io\n"
+        "from yobx.cli import main\n"
+        "for option in ('--help', '--version'):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "        try:\n"
+        "            main([option])\n"
+        "        except SystemExit as e:\n"
+        "            assert e.code == 0, e.code\n"
+        "    print(out.getvalue().splitlines()[0])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("usage: yobx")
+    assert re.fullmatch(r"yobx \d+\.\d+\.\d+\S*", lines[1]), lines
+    assert lines[2] == "False"
+
+
+def test_a_closed_pipe_ends_quietly(yobx_command, tmp_path):
+    command = [*yobx_command.command, "trace", "tiny-cnn"]
+    reader = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=yobx_command.env
+    )
+    reader.stdout.readline()
+    reader.stdout.close()  # as `| head -1` does
+    err = reader.stderr.read().decode()
+    reader.stderr.close()
+    assert reader.wait(timeout=600) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -110,7 +110,7 @@ def test_run_inspect_with_named_model(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "yobx: error: unknown model 'other'"
 
 
-def test_inspect_model_failure_is_one_line(capsys):
+def test_inspect_model_failure_is_its_first_line_and_where_the_rest_is(capsys):
     class Broken(torch.nn.Module):
         def forward(self, x):
             raise RuntimeError("broken model\nsecond line")
@@ -118,5 +118,7 @@ def test_inspect_model_failure_is_one_line(capsys):
     with pytest.raises(CommandError) as info:
         inspect_model(Broken(), (torch.randn(2),))
     assert info.value.status == 3
-    assert str(info.value) == "recording failed: RuntimeError: broken model"
+    assert str(info.value) == (
+        "recording failed: RuntimeError: broken model [...] (-v shows the whole error)"
+    )
     assert isinstance(info.value.__cause__, RuntimeError)

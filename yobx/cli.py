@@ -12,27 +12,33 @@ Every command exits with one table of statuses (:mod:`yobx.cli_support`, also sh
 130   interrupted
 ====  =====================================================================================
 
-An error is one line on stderr (``yobx: error: ...``); ``--verbose`` adds the traceback.
+An error goes to stderr (``yobx: error: ...``): yobx's own errors in full, their fix
+included, other errors by their first line; ``--verbose`` adds the traceback. ``yobx
+--help`` and ``yobx --version`` do not import torch. Output cut short by a closed pipe
+(``yobx trace ... | head``) ends quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
 
+from yobx import __version__
 from yobx.cli_support import (
     EXIT_BAD_INPUT,  # noqa: F401 - part of this module's interface
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_STATUS_HELP,
     CommandError,
+    add_inspect_arguments,
     check_writable,
+    error_message,
     resolve_dynamic_shapes,
 )
 from yobx.export_command import add_export_arguments, add_narrowing_argument, run_export
-from yobx.inspect_command import add_inspect_arguments
 
 # kept for callers of the previous private names
 _CommandError = CommandError
@@ -45,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"yobx {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     model_help = (
         "a built-in demo (tiny-llm, tiny-cnn, tiny-lstm, tiny-gru, transformer-encoder), "
@@ -99,10 +106,7 @@ def _trace(options: argparse.Namespace) -> int:
     try:
         captured = capture(model, args, kwargs, dynamic_shapes, narrowing=options.narrowing)
     except Exception as exc:
-        raise CommandError(
-            f"trace failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
-            EXIT_FAILURE,
-        ) from exc
+        raise CommandError(error_message(exc, "trace failed: "), EXIT_FAILURE) from exc
     graph_module = captured.graph_module
     print(graph_module.print_readable(print_output=False, include_stride=False))
     if captured.dimension_names:
@@ -153,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"export": _export, "trace": _trace, "inspect": _inspect}
     try:
         return handlers[options.command](options)
+    except BrokenPipeError:
+        # the reader stopped (`yobx trace ... | head`): what it wanted was printed; stdout
+        # goes nowhere from now on, so that the interpreter's last flush cannot fail
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except CommandError as exc:
         if options.verbose:
             traceback.print_exc()

@@ -36,11 +36,34 @@ exit status (every command):
 
 
 class CommandError(Exception):
-    """An error reported as one line on stderr, with an exit status."""
+    """An error reported on stderr (``yobx: error: ...``, every line of its message),
+    with an exit status."""
 
     def __init__(self, message: str, status: int = EXIT_BAD_INPUT):
         super().__init__(message)
         self.status = status
+
+
+def error_message(exc: BaseException, prefix: str = "") -> str:
+    """What the command prints of an error: yobx's own errors in full (their last lines
+    say what to do), other errors by their first line (``-v`` shows the rest and the
+    traceback)."""
+    text = str(exc).strip()
+    module = type(exc).__module__ or ""
+    if module == "yobx" or module.startswith("yobx."):
+        return f"{prefix}{text}" if text else f"{prefix}{type(exc).__name__}"
+    lines = text.splitlines()
+    message = f"{prefix}{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    if len(lines) > 1:
+        message += " [...] (-v shows the whole error)"
+    return message
+
+
+def add_inspect_arguments(inspect: argparse.ArgumentParser) -> None:
+    """Declares the options of ``yobx inspect``."""
+    inspect.add_argument("--onnx", default=None, help="ONNX model to compare with")
+    inspect.add_argument("--profile", default=None, help="write a Chrome trace there")
+    inspect.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
 
 
 def check_writable(path: str) -> None:
@@ -89,7 +112,9 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STATUS_HELP",
     "CommandError",
+    "add_inspect_arguments",
     "check_writable",
+    "error_message",
     "format_size",
     "resolve_dynamic_shapes",
 ]

@@ -24,6 +24,7 @@ from yobx.cli_support import (
     EXIT_FAILURE,
     EXIT_MISMATCH,
     CommandError,
+    error_message,
     format_size,
     resolve_dynamic_shapes,
 )
@@ -162,10 +163,7 @@ def _run_stage(label: str, function, *args, **kwargs):
     except OnnxExportError as exc:
         raise CommandError(f"{label} failed: {exc}", EXIT_FAILURE) from exc
     except Exception as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CommandError(
-            f"{label} failed: {type(exc).__name__}: {message}", EXIT_FAILURE
-        ) from exc
+        raise CommandError(error_message(exc, f"{label} failed: "), EXIT_FAILURE) from exc
 
 
 def run_export(options: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ unwritable profile), 3 the model failed to trace or run.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -23,21 +22,12 @@ from yobx.cli_support import (
     EXIT_MISMATCH,
     EXIT_OK,
     CommandError,
+    add_inspect_arguments,
     check_writable,
+    error_message,
 )
 from yobx.torch.inspect.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
 from yobx.torch.inspect.recording import record_run
-
-
-def add_inspect_arguments(inspect: argparse.ArgumentParser) -> None:
-    """Declares the options of ``yobx inspect``."""
-    inspect.add_argument("--onnx", default=None, help="ONNX model to compare with")
-    inspect.add_argument("--profile", default=None, help="write a Chrome trace there")
-    inspect.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
-
-
-def _first_line(exc: BaseException, prefix: str = "") -> str:
-    return f"{prefix}{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def inspect_model(
@@ -85,9 +75,9 @@ def inspect_model(
             dynamic_shapes=dynamic_shapes,
         )
     except (FileNotFoundError, TypeError, ValueError) as e:
-        raise CommandError(_first_line(e), EXIT_BAD_INPUT) from e
+        raise CommandError(error_message(e), EXIT_BAD_INPUT) from e
     except Exception as e:
-        raise CommandError(_first_line(e, "recording failed: "), EXIT_FAILURE) from e
+        raise CommandError(error_message(e, "recording failed: "), EXIT_FAILURE) from e
 
     rows = 0 if verbose <= 0 else (20 if verbose == 1 else 10**9)
     for stage in result:
