@@ -56,7 +56,7 @@ EXAMPLE = {"B": 2, "T": 8}
 OTHER = {"B": 3, "T": 12}
 MAX_PARAMS = 50_000_000
 PROBE_SECONDS = 40.0
-MAX_TRIES = 300
+MAX_TRIES = 200
 HEAD = 16
 WIDTH = 32
 OMIT = object()
@@ -123,9 +123,23 @@ TINY = {
 }
 # values given to parameters whose default is None, in the first variant and the second
 NONE_FILL = (
+    {},
     {"in_channels": 4, "patch_size": 2, "sample_size": 16},
     {"in_channels": 8},
 )
+# what the names of the parameters do not tell (the shrunk levels only)
+HINTS = {
+    # the padding mask is resized with torchvision, not installed
+    "CosmosTransformer3DModel": {"concat_padding_mask": False},
+    # micro_cond_embed_dim is five embeddings of micro_cond_encode_dim
+    "UVit2DModel": {"micro_cond_encode_dim": 16, "micro_cond_embed_dim": 80},
+    "OmniGenTransformer2DModel": {
+        "rope_scaling": {"short_factor": [1.0] * 8, "long_factor": [1.0] * 8}
+    },
+    "PRXTransformer2DModel": {"axes_dim": [8, 8]},
+    # the Fourier embedding of the time is concatenated to the input
+    "UNet1DModel": {"extra_in_channels": 64},
+}
 # lists of layer indices (blocks with an extra branch): only the first layer remains
 LAYER_INDICES = re.compile(r"layers$|layer_ids$|layers_places$")
 # names of parameters counting layers or blocks: 1 (a tuple of them: ones)
@@ -182,16 +196,16 @@ def _rope_axes(values, head_default, head_now) -> tuple | None:
     return tuple(scaled) if scaled[-1] >= 2 else None
 
 
-LEVELS = (0, 1, 2, 3)
+LEVELS = (0, 1, 2, 3, 4)
 
 
 def tiny_kwargs(cls, level: int) -> dict:
     """Small values for the parameters of ``cls.__init__``: ``level`` 0 shrinks every
-    parameter whose name says what it is and fills some left to None (``NONE_FILL``), 1
-    the same with the second filling, 2 only the counts of layers and heads, 3 nothing but
-    the parameters without defaults."""
+    parameter whose name says what it is, 1 and 2 the same and fill some parameters left
+    to None (``NONE_FILL``), 3 only the counts of layers and heads, 4 nothing but the
+    parameters without defaults."""
     fill = NONE_FILL[level] if level < len(NONE_FILL) else NONE_FILL[-1]
-    shrink = 0 if level < 2 else 1
+    shrink = 0 if level < 3 else 1
     params = {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
     unet_like = "block_out_channels" in params
     head_param = next((k for k in params if HEAD_DIM.search(k)), None)
@@ -207,7 +221,7 @@ def tiny_kwargs(cls, level: int) -> dict:
         if default is p.empty:
             kwargs[name] = _required_value(cls, name)
             continue
-        if level >= 3:
+        if level >= 4:
             continue
         if default is None and name in fill:
             kwargs[name] = fill[name]
@@ -225,6 +239,8 @@ def tiny_kwargs(cls, level: int) -> dict:
                     if axes is not None:
                         kwargs[name] = type(default)(axes)
         _consistency(params, kwargs)
+    if shrink == 0:
+        kwargs.update(HINTS.get(cls.__name__, {}))
     return kwargs
 
 
@@ -327,19 +343,23 @@ def _sub_class(name: str):
     raise ValueError(f"no single model for {name}")
 
 
-def instantiate(name: str) -> tuple:
-    """The tiny model: tries each level of :func:`tiny_kwargs`, on the meta device first."""
+def instances(name: str, errors: list):
+    """Tiny models, one per level of :func:`tiny_kwargs` that builds (on the meta device
+    first: past ``MAX_PARAMS`` it is never allocated), as ``(model, level, parameters)``."""
     import diffusers
     import torch
 
     cls = getattr(diffusers, name)
-    errors = []
+    seen = []
     for level in LEVELS:
         try:
             kwargs = tiny_kwargs(cls, level)
         except Exception as e:
             errors.append(_first_line(e)[:80])
             continue
+        if kwargs in seen:
+            continue
+        seen.append(kwargs)
         try:
             with torch.device("meta"):
                 meta = _create(cls, name, kwargs)
@@ -368,22 +388,21 @@ def instantiate(name: str) -> tuple:
                 if parameter.is_floating_point() and parameter.numel() and not parameter.any():
                     # zero convolutions, adaLN-zero: the output would not depend on the rest
                     parameter.normal_(std=0.05)
-        return model, level, count
-    raise RuntimeError("; ".join(dict.fromkeys(errors)))
+        yield model, level, count
 
 
 def _create(cls, name: str, kwargs: dict):
     if any(v == "@sub" for v in kwargs.values() if isinstance(v, str)):
         sub = _sub_class(name)
         model = None
-        for level in (0, 2):
+        for level in (0, 3):
             try:
                 sub_kwargs = tiny_kwargs(sub, level)
                 torch_models = [sub(**sub_kwargs), sub(**sub_kwargs)]
                 model = cls(**{k: torch_models for k, v in kwargs.items() if v == "@sub"})
                 break
             except Exception:
-                if level == 2:
+                if level == 3:
                     raise
         return model
     return cls(**kwargs)
@@ -602,6 +621,7 @@ COMMON_OPTIONAL = (
     | TEXT_MASKS
     | TIME
     | {"img_ids", "txt_ids", "hidden_states", "class_labels", "img_shapes", "conditioning_mask"}
+    | {"control_hidden_states", "num_frames", "height", "width"}
 )
 CONSTANTS = {
     "return_dict": False,
@@ -733,6 +753,9 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
                 Leaf(main.shape),
             ]
         return cands + omit
+    if arg == "control_hidden_states":
+        c = cfg.get("vace_in_channels") or main.shape[1]
+        return [Leaf((*main.shape[:1], c, *main.shape[2:])), *omit]
     if arg == "conditioning_mask":
         return [*omit, Leaf((*main.shape[:1], 1, *main.shape[2:]))]
     if arg == "img_shapes" and layout == "tokens":
@@ -758,8 +781,20 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
     if arg == "hidden_states" and not required:
         dims = _config_ints(cfg, ("text_encoder_dim", *TEXT_KEYS))[:2] or [WIDTH]
         return [Leaf(("B", "T", d)) for d in dims]
+    if arg in ("num_frames", "height", "width") and layout == "tokens":
+        # the tokens as a grid of one frame and one row
+        size = {"num_frames": 1, "height": 1}.get(arg)
+        if size is None:
+            return [Derived(lambda flats, main: main.shape[1], "S"), *omit]
+        return [size, *omit]
     if not required:
         return [OMIT]
+    if "mask" in arg:
+        return [
+            Leaf(("B", "S"), "ones", dtype=torch.bool),
+            Leaf(("B", "T"), "ones"),
+            Leaf(("B", "S"), "ones"),
+        ]
     # unknown: a few generic shapes
     return [Leaf(main.shape), Leaf(("B",), "unit"), Leaf(("B", "T", WIDTH))]
 
@@ -929,8 +964,6 @@ def find_inputs(name: str, model, deadline: float) -> Probe:
     main_arg = next((k for k, req in args if k in MAIN and req), None)
     if main_arg is None:
         main_arg = next((k for k, _ in args if k in MAIN), None)
-    if main_arg is None:
-        main_arg = next((k for k, req in args if req), None)
     mains = _main_candidates(type(model), main_arg, cfg)
     tries, last = 0, None
     # first the likeliest arguments with every main input, then the other combinations
@@ -999,11 +1032,23 @@ def _other_sizes(model, probe: Probe) -> None:
 
 
 def build(name: str, probe_seconds: float = PROBE_SECONDS):
-    """The tiny model wrapped to return one tensor, its probe, and a description."""
-    model, level, count = instantiate(name)
-    probe = find_inputs(name, model, time.perf_counter() + probe_seconds)
-    wrapper = make_wrapper(model, probe).eval()
-    return wrapper, probe, f"level {level}, {count / 1e6:.2f}M, {probe.describe()}"
+    """The tiny model wrapped to return one tensor, its probe, and a description: the
+    first level of :func:`tiny_kwargs` that builds and runs with inputs found."""
+    errors: list = []
+    deadline = time.perf_counter() + probe_seconds
+    for model, level, count in instances(name, errors):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            errors.append("no time left")
+            break
+        try:
+            probe = find_inputs(name, model, time.perf_counter() + max(remaining / 2, 5))
+        except Exception as e:
+            errors.append(f"inputs {level}: {_first_line(e)}")
+            continue
+        wrapper = make_wrapper(model, probe).eval()
+        return wrapper, probe, f"level {level}, {count / 1e6:.2f}M, {probe.describe()}"
+    raise RuntimeError("; ".join(dict.fromkeys(errors)))
 
 
 def _max_diff(expected, got) -> float:

@@ -541,9 +541,7 @@ def test_error_message_keeps_yobx_errors_whole_and_cuts_others():
         "trace failed: the constraint is needed\ndeclare it:\n  {'x': {1: seq}}"
     )
     theirs = RuntimeError("first line\n" + "torch internals\n" * 20)
-    assert error_message(theirs) == (
-        "RuntimeError: first line [...] (-v shows the whole error)"
-    )
+    assert error_message(theirs) == ("RuntimeError: first line [...] (-v shows the whole error)")
     assert error_message(ValueError("one line")) == "ValueError: one line"
 
 
