@@ -181,3 +181,18 @@ def test_onnx_model_from_path_and_bad_inputs(tmp_path):
         record_run(
             model, torch.randn(2, 4), torch.randn(2), onnx_model=build_onnx(model), stages=["onnx"]
         )
+
+
+def test_none_outputs_and_empty_tensors_compare_by_value():
+    from yobx.torch.inspect.compare import compare_summaries
+    from yobx.torch.inspect.values import summarize
+
+    out = torch.randn(2, 3)
+    # (out, None) against the ONNX model's single output: they agree
+    assert compare_summaries(summarize((out, None)), summarize((out.clone(),)), 1e-4, 1e-4).ok
+    # an empty tensor has no element to differ, whatever its dtype
+    empty_a, empty_b = torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int64)
+    assert compare_summaries(summarize(empty_a), summarize(empty_b), 1e-4, 1e-4).ok
+    # a value that differs still does
+    assert not compare_summaries(summarize((out,)), summarize((out + 1,)), 1e-4, 1e-4).ok
+    assert not compare_summaries(summarize((out, out)), summarize((out,)), 1e-4, 1e-4).ok

@@ -76,3 +76,24 @@ class Rolls(torch.nn.Module):
 
 def test_roll_by_shifts_computed_from_sizes():
     export_and_validate(Rolls(), (torch.randn(4, 6),), dynamic_shapes=({0: "a", 1: "b"},))
+
+
+class AttentionWithoutWeights(torch.nn.Module):
+    """``nn.MultiheadAttention`` returns ``(out, None)`` when not asked for weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)
+
+
+def test_a_none_output_has_no_onnx_output():
+    # as torch.onnx exports it: the None is no output (it used to refuse the export)
+    result = export_and_validate(
+        AttentionWithoutWeights().eval(),
+        (torch.randn(2, 5, 8),),
+        dynamic_shapes=({0: "b", 1: "s"},),
+    )
+    assert [o.name for o in result.model_proto.graph.output] == ["output_0"]

@@ -131,7 +131,7 @@ def build_model(
     )
     values = _translate_graphs(lowered, model, opset)
     _set_inputs_and_initializers(model.graph, lowered, placeholders, values)
-    _set_outputs(model.graph, lowered.graph_module, values, output_names)
+    output_names = _set_outputs(model.graph, lowered.graph_module, values, output_names)
     _name_outputs(model.graph, output_names)
     internals.add_opset_imports(model)
     return model
@@ -240,8 +240,10 @@ def _set_outputs(
     graph_module: torch.fx.GraphModule,
     values: dict,
     output_names: Sequence[str],
-) -> None:
-    """One output per flat output; ONNX needs distinct values that are not inputs."""
+) -> list[str]:
+    """One output per flat output; ONNX needs distinct values that are not inputs.
+    A ``None`` output (``nn.MultiheadAttention``'s weights with ``need_weights=False``)
+    has no ONNX output, as in torch.onnx: returns the names of the outputs kept."""
     output_node = next(n for n in graph_module.graph.nodes if n.op == "output")
     flat = output_node.args[0]
     flat = flat if isinstance(flat, (list, tuple)) else [flat]
@@ -250,7 +252,10 @@ def _set_outputs(
             f"{len(flat)} outputs in the graph but {len(output_names)} output names"
         )
     used = set()
+    kept = []
     for arg, name in zip(flat, output_names):
+        if arg is None:
+            continue
         if not isinstance(arg, torch.fx.Node):
             raise OnnxExportError(
                 f"output '{name}' is a constant ({arg!r}), ONNX outputs must be computed"
@@ -266,6 +271,8 @@ def _set_outputs(
             value = identity.outputs[0]
         used.add(id(value))
         graph.outputs.append(value)
+        kept.append(name)
+    return kept
 
 
 def _name_outputs(graph: ir.Graph, output_names: Sequence[str]) -> None:
