@@ -28,7 +28,7 @@ from torch.onnx._internal.exporter import (
 )
 from torch.onnx._internal.fx.passes import type_promotion
 
-from yobx.torch.onnx.quiet_logs import quieted
+from yobx.torch.quiet_logs import quieted
 from yobx.torch.tracing.patches import patched_attributes
 
 #: ONNX domain of the local functions holding subgraphs (cond, scan bodies).

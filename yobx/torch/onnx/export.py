@@ -15,6 +15,7 @@ import torch
 from yobx.torch.chrome_trace import write_stage_profile
 from yobx.torch.frozen_gc import frozen_during_call
 from yobx.torch.onnx import capture as capture_module
+from yobx.torch.onnx import mistakes
 from yobx.torch.onnx.declared import (
     adopt_lowering_guards,
     check_declared_dimensions,
@@ -31,7 +32,6 @@ from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.opsets import DEFAULT_OPSET, check_opset, convert_opset, supported_opsets
 from yobx.torch.onnx.optimize import check_optimize_level, fuse_for_onnxruntime, optimize_model
-from yobx.torch.onnx.quiet_logs import quieted
 from yobx.torch.onnx.runtime_checks import (
     RUNTIME_CHECKS_KEY,
     ModelCheck,
@@ -56,6 +56,7 @@ from yobx.torch.onnx.weights import (
     weights_kept_apart,
 )
 from yobx.torch.passes import MUTATIONS_KEY
+from yobx.torch.quiet_logs import quieted
 
 #: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
 _TWO_GB = 2**31
@@ -273,6 +274,11 @@ def save_model(
     save_ir_model(model, filename, external_data)
 
 
+def _on_meta(model: torch.nn.Module) -> bool:
+    """Whether a weight of the model is on the meta device (eager cannot run it)."""
+    return any(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
+
+
 def _refuse_meta_model(model: torch.nn.Module, action: str) -> None:
     on_meta = [
         name
@@ -319,9 +325,11 @@ def _checked_inputs(
 ) -> tuple[tuple, dict]:
     """``args`` as a tuple, ``kwargs`` as a dict, once the model is known exportable."""
     kwargs = dict(kwargs or {})
-    args = tuple(args)
+    args = mistakes.check_positional_inputs(args)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    mistakes.refuse_numpy_inputs(args, kwargs)
+    mistakes.refuse_training_mode(model)
     if validate:
         _refuse_meta_model(model, "validate the export")
     return args, kwargs
@@ -356,14 +364,20 @@ def _capture(
     tracer: str,
     narrowing: str = "versions",
 ) -> Any:
-    """The ``capture`` stage: the model's graph, with the tracer asked for."""
-    if tracer == "custom":
-        return capture_module.capture(
-            model, args, kwargs, dynamic_shapes, module_leaves, narrowing=narrowing
-        )
-    if tracer == "fx":
+    """The ``capture`` stage: the model's graph, with the tracer asked for; a capture
+    that fails on a model eager PyTorch cannot run either says so."""
+    if tracer not in ("custom", "fx"):
+        raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
+    try:
+        if tracer == "custom":
+            return capture_module.capture(
+                model, args, kwargs, dynamic_shapes, module_leaves, narrowing=narrowing
+            )
         return capture_module.capture_with_symbolic_trace(model, args, kwargs, dynamic_shapes)
-    raise ValueError(f"unknown tracer {tracer!r}, expected 'custom' or 'fx'")
+    except Exception:
+        if not _on_meta(model):
+            mistakes.raise_if_eager_fails(model, args, kwargs)
+        raise
 
 
 def _lower(captured: Any, direct: bool, info: dict) -> Any:
@@ -389,6 +403,7 @@ def _translate(
     output_names = capture_module.output_names(
         captured.out_spec, len(output.args[0]), output.meta.get(MUTATIONS_KEY, ())
     )
+    mistakes.refuse_constant_outputs(output.args[0], output_names)
     n_guards = len(captured.shape_env.guards) if captured.shape_env is not None else 0
     ir_model = build_model(lowered, output_names, opset=DEFAULT_OPSET)
     refuse_translation_guards(captured.shape_env, n_guards)

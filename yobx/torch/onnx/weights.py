@@ -31,8 +31,8 @@ import torch
 from onnx_ir.tensor_adapters import from_torch_dtype, to_torch_dtype
 
 from yobx.torch.onnx.errors import OnnxExportError
-from yobx.torch.onnx.quiet_logs import quieted
 from yobx.torch.onnx.weight_sources import WeightEntry, _listing, open_weight_source
+from yobx.torch.quiet_logs import quieted
 
 
 class WeightsNotAppliedError(OnnxExportError):

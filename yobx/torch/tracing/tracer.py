@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
 from ..frozen_gc import older_objects_frozen
+from ..quiet_logs import quieted
 from . import shape_rules
 from .constraints import Constraint
 from .decided_layouts import decided_layouts
@@ -428,7 +430,14 @@ class CustomTracer(
         error = None
         try:
             window.open()
-            with cheap_uninteresting_files(), older_objects_frozen(), deferred_interrupts():
+            with (
+                cheap_uninteresting_files(),
+                older_objects_frozen(),
+                deferred_interrupts(),
+                # torch logs the traceback of a fake kernel that fails (25 lines of a
+                # shape mismatch) before yobx raises its own error, naming the line
+                quieted("torch._subclasses.fake_tensor", logging.CRITICAL),
+            ):
                 return self._trace(
                     root,
                     concrete_args,

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from yobx.torch.onnx.quiet_logs import quieted
+from yobx.torch.quiet_logs import quieted
 
 
 def test_logger_is_quiet_inside_and_restored_after_an_error(caplog):
