@@ -126,3 +126,44 @@ def test_model_updating_an_input_and_a_buffer():
     result = export_and_validate(model, (torch.randn(2, 3),), dynamic_shapes=({0: "batch"},))
     assert result.output_names == ["output", "x_updated", "count_updated"]
     assert float(model.count) == 0.0
+
+
+def test_sdpa_decode_step_validates_moving_related_dimensions_together():
+    """transformers' default attention (sdpa), an all-ones mask and a DynamicCache: the
+    example's version holds where ``total == past + seq``, so validation moves ``seq``
+    or ``past`` with ``total`` (it reported NOT OK: no other size found for them)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=99,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    batch, seq, past = 2, 3, 5
+    cache = transformers.DynamicCache(config=config)
+    for layer in range(2):
+        cache.update(torch.randn(batch, 2, past, 8), torch.randn(batch, 2, past, 8), layer)
+    kwargs = {
+        "input_ids": torch.randint(0, 99, (batch, seq)),
+        "attention_mask": torch.ones(batch, past + seq, dtype=torch.int64),
+        "past_key_values": cache,
+    }
+    cache_dims = [[{0: "batch", 2: "past"}] * 2] * 2
+    dynamic = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "past_key_values": cache_dims,
+    }
+    result = export_and_validate(model, (), kwargs, dynamic_shapes=dynamic)
+    example_cases = [
+        c.description for c in result.validation.cases if not c.description.startswith("[")
+    ]
+    assert any("seq=" in d and "total=" in d for d in example_cases), example_cases
+    assert any("past=" in d and "total=" in d for d in example_cases), example_cases

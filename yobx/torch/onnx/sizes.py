@@ -89,7 +89,10 @@ def size_variants(
     """
     symbols = free_symbols(placeholder_values, shape_env)
     base = _hints(shape_env, symbols)
-    ordered = [s for s in symbols if s in base]
+    # a relation the conditions state (total == past + seq) moves its dimensions
+    # together: one of them follows the others instead of being moved alone
+    dependents = _dependents(shape_env, conditions, base)
+    ordered = [s for s in symbols if s in base and s not in dependents]
 
     def label(assignment: dict) -> str:
         if named:
@@ -116,6 +119,11 @@ def size_variants(
             if not _in_range(shape_env, symbol, value):
                 return None
             assignment[symbol] = value
+        for symbol, expression in dependents.items():
+            value = expression.xreplace(assignment)
+            if not value.is_Integer or not _in_range(shape_env, symbol, int(value)):
+                return None
+            assignment[symbol] = int(value)
         return assignment if _admissible(shape_env, conditions, assignment) else None
 
     variants = []
@@ -133,6 +141,57 @@ def size_variants(
             variants.append((label(assignment), assignment))
             break
     return variants
+
+
+def _dependents(
+    shape_env: Any, conditions: Sequence[sympy.Basic], base: Mapping[sympy.Symbol, int]
+) -> dict[sympy.Symbol, sympy.Expr]:
+    """Symbols the conditions fix from the others: each equality (``Eq(a, b)``, or the
+    pair ``a >= b`` and ``a <= b`` that versions write) linear in the symbols, solved
+    for a symbol of coefficient 1 or -1 (the one of largest example size: the sum of a
+    relation such as ``total == past + seq``), as long as the example satisfies it."""
+    symbols = {s.name: s for s in base}
+    bounds: dict[sympy.Expr, set[str]] = {}
+    for condition in conditions:
+        condition = shape_env.replace(
+            condition.xreplace(
+                {x: symbols[x.name] for x in condition.free_symbols if x.name in symbols}
+            )
+        )
+        parts = condition.args if isinstance(condition, sympy.And) else (condition,)
+        for part in parts:
+            if isinstance(part, (sympy.Eq, sympy.Ge, sympy.Le, sympy.Gt, sympy.Lt)):
+                difference = sympy.expand(part.lhs - part.rhs)
+                kind = {sympy.Eq: "eq", sympy.Ge: "ge", sympy.Le: "le"}.get(type(part))
+                if kind is None:
+                    continue
+                if kind != "eq" and (-difference) in bounds:
+                    difference, kind = -difference, {"ge": "le", "le": "ge"}[kind]
+                bounds.setdefault(difference, set()).add(kind)
+    dependents: dict[sympy.Symbol, sympy.Expr] = {}
+    for difference, kinds in bounds.items():
+        if "eq" not in kinds and kinds != {"ge", "le"}:
+            continue
+        difference = difference.xreplace(dependents)
+        free = [x for x in difference.free_symbols if x in base and x not in dependents]
+        if not free or not difference.is_polynomial(*free):
+            continue
+        if difference.xreplace(base) != 0:
+            continue
+        choices = [
+            x
+            for x in free
+            if sympy.Poly(difference, *free).degree(x) == 1
+            and abs(difference.coeff(x)) == 1
+            and not difference.coeff(x).free_symbols
+        ]
+        if not choices:
+            continue
+        chosen = max(choices, key=lambda x: (base[x], x.name))
+        solved = sympy.expand(chosen - difference / difference.coeff(chosen))
+        dependents = {k: v.xreplace({chosen: solved}) for k, v in dependents.items()}
+        dependents[chosen] = solved
+    return dependents
 
 
 def _together(symbols: Sequence[sympy.Symbol], alone: Mapping[Any, list[int]]):
