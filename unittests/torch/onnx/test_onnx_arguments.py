@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.export import Dim
 
+import yobx
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.export import supported_opsets
 from yobx.torch.onnx.validation import validate
@@ -115,3 +116,23 @@ def test_decode_step_cache_names_do_not_collide(architecture):
     assert report.ok and report.n_checked == 3, report.format()
     shapes = {case_.outputs[1].shape for case_ in report.cases}
     assert len(shapes) == 3, shapes
+
+
+class BuiltinNamedArguments(torch.nn.Module):
+    def forward(self, input, id):
+        input.mul_(2)
+        return input + id
+
+
+def test_arguments_named_like_builtins_keep_their_names():
+    # torch.fx names their placeholders input_1 and id_1: the ONNX inputs do not
+    result = to_onnx(
+        BuiltinNamedArguments(),
+        (torch.randn(2, 3), torch.randn(2, 3)),
+        dynamic_shapes=({0: "b"}, {0: "b"}),
+        validate=True,
+    )
+    assert [i.name for i in result.model_proto.graph.input] == ["input", "id"]
+    assert result.validation.ok, result.validation.format()
+    assert result.model_proto.producer_name == "yobx"
+    assert result.model_proto.producer_version == yobx.__version__

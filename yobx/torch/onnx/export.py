@@ -312,6 +312,20 @@ def _rename_cache_inputs(model_ir: ir.Model, model: Any, args: tuple, kwargs: An
             value.name = renamed[value.name]
 
 
+def _keep_argument_names(model_ir: ir.Model, graph_module: torch.fx.GraphModule) -> None:
+    """An input keeps the name the user wrote: torch.fx names the placeholder of an
+    argument called like a Python builtin ``input_1`` (``input``, ``id``...), its target
+    stays ``input``."""
+    taken = {v.name for v in [*model_ir.graph.inputs, *model_ir.graph.outputs]}
+    by_name = {v.name: v for v in model_ir.graph.inputs}
+    for node in graph_module.graph.nodes:
+        if node.op != "placeholder" or node.name == node.target or node.name not in by_name:
+            continue
+        if isinstance(node.target, str) and node.target.isidentifier() and node.target not in taken:
+            by_name[node.name].name = node.target
+            taken.add(node.target)
+
+
 @contextlib.contextmanager
 def _quiet_constant_folding() -> Iterator[None]:
     """Silences the optimizer's per-node warnings ("Skipping constant folding for op
@@ -414,6 +428,7 @@ def _translate(
         if node.op == "placeholder" and node.name in by_name
     }
     _rename_cache_inputs(ir_model, model, args, kwargs)
+    _keep_argument_names(ir_model, captured.graph_module)
     renamer = DimensionRenamer(dict(captured.dimension_names), captured.shape_env)
     rename_dimensions(ir_model, renamer)
     # parameters on the meta device: the graph is exported, the data comes later

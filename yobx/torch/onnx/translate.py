@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 import torch
 
+from yobx import __version__
 from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx.errors import OnnxExportError, UnsupportedOperatorError
 from yobx.torch.onnx.lowering import SOURCE_NODE_KEY, LoweredGraph
@@ -128,6 +129,7 @@ def build_model(
         graph=ir.Graph([], [], nodes=[], name="main_graph"),
         ir_version=10,
         producer_name="yobx",
+        producer_version=__version__,
     )
     values = _translate_graphs(lowered, model, opset)
     _set_inputs_and_initializers(model.graph, lowered, placeholders, values)

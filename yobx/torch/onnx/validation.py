@@ -279,16 +279,26 @@ def onnx_feeds(
     :return: ``(feeds, None)`` or ``({}, reason)`` when an input has no value
     """
     from yobx.torch.onnx.cache_names import onnx_input_names
-    from yobx.torch.tracing.inputs import placeholder_names, register_cache_flattening
+    from yobx.torch.tracing.inputs import (
+        leaf_names,
+        placeholder_names,
+        register_cache_flattening,
+    )
 
     bound = bind_arguments(model.forward, args, kwargs)
     values = list(bound.values())
     register_cache_flattening(values)
     leaves_with_path = flatten_with_paths(tuple(values))
-    flat_names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
+    paths = [path for path, _ in leaves_with_path]
+    # an input is named as the user wrote it (`input`, not torch.fx's `input_1`), the
+    # tensors of a cache after their layer (keyed by the placeholders' names)
+    flat_names = leaf_names(list(bound), paths)
     renamed = onnx_input_names(model, args, kwargs)
     by_name = {
-        renamed.get(name, name): leaf for name, (_, leaf) in zip(flat_names, leaves_with_path)
+        renamed.get(placeholder, name): leaf
+        for placeholder, name, (_, leaf) in zip(
+            placeholder_names(list(bound), paths), flat_names, leaves_with_path
+        )
     }
     feeds = {}
     for name in onnx_names:
@@ -364,11 +374,12 @@ def _mutated_values(
     outputs (``remove_inplace``'s mutation convention), cloned."""
     if not mutations:
         return []
-    from yobx.torch.tracing.inputs import placeholder_names
+    from yobx.torch.tracing.inputs import leaf_names
 
     bound = bind_arguments(model.forward, args, kwargs)
     leaves_with_path = flatten_with_paths(tuple(bound.values()))
-    names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
+    # a mutation's target is its placeholder's target: the argument's own name
+    names = leaf_names(list(bound), [path for path, _ in leaves_with_path])
     by_name = {name: leaf for name, (_, leaf) in zip(names, leaves_with_path)}
     values = []
     for mutation in mutations:
@@ -590,7 +601,7 @@ def _onnx_names_by_leaf(
     from yobx.torch.onnx.cache_names import onnx_input_names
 
     renamed = onnx_input_names(model, args, kwargs)
-    return [renamed.get(n.name, n.name) for n in placeholders]
+    return [renamed.get(n.name, n.target) for n in placeholders]
 
 
 def _unvaried_dimensions(
