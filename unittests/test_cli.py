@@ -327,6 +327,9 @@ def test_trace_prints_graph_and_guards(yobx_command):
     assert "dimensions: " in result.stdout and "-> batch" in result.stdout
     assert "guards (" in result.stdout
     assert "constraints (" in result.stdout and "ranges: batch in [" in result.stdout
+    # shapes in the user's dimension names, not the ShapeEnv's symbols
+    assert 'input_ids: "i64[batch, seq]"' in result.stdout
+    assert '"Sym(seq)"' in result.stdout
 
 
 def test_bad_input_verbose_shows_traceback(yobx_command):

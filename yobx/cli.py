@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -108,7 +109,8 @@ def _trace(options: argparse.Namespace) -> int:
     except Exception as exc:
         raise CommandError(error_message(exc, "trace failed: "), EXIT_FAILURE) from exc
     graph_module = captured.graph_module
-    print(graph_module.print_readable(print_output=False, include_stride=False))
+    text = graph_module.print_readable(print_output=False, include_stride=False)
+    print(_with_dimension_names(text, captured.dimension_names))
     if captured.dimension_names:
         names = ", ".join(f"{k} -> {v}" for k, v in sorted(captured.dimension_names.items()))
         print(f"dimensions: {names}")
@@ -125,6 +127,21 @@ def _trace(options: argparse.Namespace) -> int:
         )
         print(f"ranges: {ranges}")
     return 0
+
+
+def _with_dimension_names(text: str, names: dict[str, str]) -> str:
+    """``f32[s59, s14]`` written ``f32[batch, seq]``: the ShapeEnv's symbols of the
+    printed graph replaced by the user's dimension names."""
+    if not names:
+        return text
+
+    def rename(annotation: re.Match) -> str:
+        # only inside the annotations ("i64[s59, s14]", "Sym(s14)"), never in the code
+        return re.sub(
+            r"\b[su]\d+\b", lambda m: names.get(m.group(0), m.group(0)), annotation.group(0)
+        )
+
+    return re.sub(r'"(?:[a-z]+\d*\[[^"\n]*\]|Sym\([^"\n]*\))"', rename, text)
 
 
 def _print_versions(tracer) -> None:
