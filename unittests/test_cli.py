@@ -580,3 +580,28 @@ def test_a_closed_pipe_ends_quietly(yobx_command, tmp_path):
     reader.stderr.close()
     assert reader.wait(timeout=600) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+BOUNDED_FACTORY = """
+import torch
+
+
+class Cumulative(torch.nn.Module):
+    def forward(self, x):
+        return x.cumsum(1)
+
+
+def make():
+    seq = torch.export.Dim("seq", max=32)
+    return Cumulative(), (torch.randn(2, 7),), {}, {"x": {0: "batch", 1: seq}}
+"""
+
+
+def test_a_declared_maximum_is_in_the_summary_and_the_metadata(capsys, monkeypatch, tmp_path):
+    (tmp_path / "bounded_factory.py").write_text(BOUNDED_FACTORY)
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "bounded_factory:make", "-o", "m.onnx"]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic dimensions  batch, seq in [2, 32]" in out, out
+    metadata = {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
+    assert json.loads(metadata["yobx.dimension_ranges"]) == {"batch": [2, None], "seq": [2, 32]}

@@ -312,6 +312,14 @@ def _print_validation(report: Any) -> None:
         print(f"  - {problem}")
 
 
+def _with_range(name: str, bounds: Any) -> str:
+    """``seq in [2, 32]`` for a dimension with a declared or adopted maximum, ``batch``
+    for one unbounded above."""
+    if bounds is None or bounds[1] in (None, float("inf")) or bounds[1] >= 2**62:
+        return name
+    return f"{name} in [{bounds[0]}, {bounds[1]}]"
+
+
 def print_summary(result: Any, total_s: float) -> None:
     """Prints what was exported: inputs, outputs, constraints, files, validation."""
     graph = result.model.graph
@@ -319,8 +327,10 @@ def print_summary(result: Any, total_s: float) -> None:
     width = max((len(v.name) for v in [*graph.inputs, *graph.outputs]), default=0)
     _print_values("inputs", graph.inputs, width)
     _print_values("outputs", graph.outputs, width)
-    dims = ", ".join(result.dynamic_dimensions) or "none (static)"
-    print(f"dynamic dimensions  {dims}")
+    dims = ", ".join(
+        _with_range(name, result.range_constraints.get(name)) for name in result.dynamic_dimensions
+    )
+    print(f"dynamic dimensions  {dims or 'none (static)'}")
     print(f"constraints         {len(result.constraints) or 'none'}")
     for constraint in result.constraints:
         print(f"  {constraint}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -248,6 +249,9 @@ class ExportResult:
 GRAPH_FINGERPRINT_KEY = "yobx.graph_fingerprint"
 #: metadata_props key holding the constraints the model assumes of its inputs (JSON)
 CONSTRAINTS_KEY = "yobx.constraints"
+#: metadata_props key of the ranges of the dynamic dimensions, by the user's names
+#: (JSON: ``{"seq": [2, 32], "batch": [2, null]}``, null when unbounded)
+DIMENSION_RANGES_KEY = "yobx.dimension_ranges"
 
 
 def constraints_to_json(constraints: list[Any]) -> str:
@@ -457,6 +461,14 @@ def _check(ir_model: ir.Model, declared: Any, renamer: Any, captured: Any, lower
         # ONNX values are named after the graph's nodes: tools matching them by name
         # (yobx.torch.inspect) check that they look at the same capture.
         ir_model.metadata_props[GRAPH_FINGERPRINT_KEY] = captured.fingerprint
+    if captured.range_constraints:
+        # a declared maximum (Dim("seq", max=32)) is part of what the model accepts
+        ir_model.metadata_props[DIMENSION_RANGES_KEY] = json.dumps(
+            {
+                name: [int(low), None if high == float("inf") or high >= 2**62 else int(high)]
+                for name, (low, high) in sorted(captured.range_constraints.items())
+            }
+        )
     if captured.constraints:
         # what the model assumes of its inputs, for tools reading it (the runtime
         # checks, when there are, enforce it)
