@@ -110,7 +110,7 @@ def test_run_inspect_with_named_model(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "yobx: error: unknown model 'other'"
 
 
-def test_inspect_model_failure_is_its_first_line_and_where_the_rest_is(capsys):
+def test_inspect_model_failure_says_the_model_raises(capsys):
     class Broken(torch.nn.Module):
         def forward(self, x):
             raise RuntimeError("broken model\nsecond line")
@@ -118,7 +118,24 @@ def test_inspect_model_failure_is_its_first_line_and_where_the_rest_is(capsys):
     with pytest.raises(CommandError) as info:
         inspect_model(Broken(), (torch.randn(2),))
     assert info.value.status == 3
-    assert str(info.value) == (
-        "recording failed: RuntimeError: broken model [...] (-v shows the whole error)"
+    # the eager call before the recording fails: the model, not the recording
+    assert str(info.value).startswith(
+        "the model raises on the example inputs: RuntimeError: broken model;"
     )
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_inspect_says_when_timings_are_unreliable(monkeypatch):
+    import io
+
+    from yobx import inspect_command
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    monkeypatch.setattr(inspect_command.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    stream = io.StringIO()
+    assert inspect_model(model, (torch.randn(2, 4),), stream=stream) == 0
+    assert "note: the machine is busy (load 64.0 on" in stream.getvalue()
+    monkeypatch.setattr(inspect_command.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    stream = io.StringIO()
+    assert inspect_model(model, (torch.randn(2, 4),), stream=stream) == 0
+    assert "busy" not in stream.getvalue()

@@ -28,6 +28,7 @@ from yobx.cli_support import (
 )
 from yobx.torch.inspect.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
 from yobx.torch.inspect.recording import record_run
+from yobx.torch.onnx.mistakes import ModelRaisesOnExampleError, raise_if_eager_fails
 
 
 def inspect_model(
@@ -66,6 +67,13 @@ def inspect_model(
     """
     stream = stream or sys.stdout
     try:
+        # a first eager call outside the recording (state restored after it): lazy
+        # initialisations would otherwise be timed as the first call's duration
+        raise_if_eager_fails(model, tuple(args), dict(kwargs or {}))
+    except ModelRaisesOnExampleError as e:
+        raise CommandError(str(e), EXIT_FAILURE) from e
+    busy = _busy_machine()
+    try:
         result = record_run(
             model,
             inputs=[(tuple(args), dict(kwargs or {}))],
@@ -79,6 +87,8 @@ def inspect_model(
     except Exception as e:
         raise CommandError(error_message(e, "recording failed: "), EXIT_FAILURE) from e
 
+    if busy:
+        print(f"note: {busy}: the durations below may be inflated", file=stream)
     rows = 0 if verbose <= 0 else (20 if verbose == 1 else 10**9)
     for stage in result:
         print(stage.summary_line(), file=stream)
@@ -103,6 +113,19 @@ def inspect_model(
     if result.profile_path:
         print(f"profile written to {result.profile_path}", file=stream)
     return code
+
+
+def _busy_machine() -> str:
+    """Why timings measured now are unreliable (other processes take the cores torch's
+    threads would use), or an empty string."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return ""
+    cores = os.cpu_count() or 1
+    if load > cores - 0.5:
+        return f"the machine is busy (load {load:.1f} on {cores} cores)"
+    return ""
 
 
 def run_inspect(
