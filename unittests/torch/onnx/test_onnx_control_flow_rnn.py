@@ -89,3 +89,43 @@ def test_rnn_leaf_becomes_onnx_operator(factory, op_type, tracer):
     dims = onnx_dims(result.model_proto)
     assert dims["tokens"] == ["batch", "seq"]
     assert dims["output"] == ["batch", "seq", 4]
+
+
+class _InnerCond(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.cond(x.sum() > 1, lambda x, y: x * y, lambda x, y: x + y, [x, y])
+
+
+class NestedCondModel(torch.nn.Module):
+    """A cond inside each branch of a cond, one through a submodule (the subgraph
+    ``true_graph_0.false_graph_0`` once exported lost its values: KeyError 'val')."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _InnerCond()
+
+    def forward(self, x, y):
+        def true_fn(x, y):
+            return self.inner(x, y)
+
+        def false_fn(x, y):
+            return torch.cond(x.mean() < -0.5, lambda x, y: x - y, lambda x, y: x / 2, [x, y])
+
+        return torch.cond(x.sum() > 0, true_fn, false_fn, [x, y])
+
+
+def test_nested_cond_exports_every_branch():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    dims = {"x": {0: "batch"}, "y": {0: "batch"}}
+    result = export_and_validate(NestedCondModel(), (x, y), dynamic_shapes=dims)
+    from yobx.torch.onnx import validate
+
+    # each of the four leaves of the two levels of branches
+    inputs = [
+        (x.abs() + 1, y),
+        (x.abs() / 100, y),
+        (-x.abs() - 1, y),
+        (-x.abs() / 100, torch.randn(5, 4)),
+    ]
+    report = validate(NestedCondModel(), result, inputs)
+    assert report.ok, report.format()

@@ -143,3 +143,20 @@ def test_positional_examples_that_do_not_fit_say_so():
         CustomTracer().trace(torch.nn.Linear(2, 2), (torch.randn(1, 2),) * 3)
     with pytest.raises(TypeError, match="concrete_args must be a dict"):
         CustomTracer().trace(torch.nn.Linear(2, 2), torch.randn(1, 2))
+
+
+class _ListInput(torch.nn.Module):
+    def forward(self, xs, y):
+        return xs[0] + xs[1] * y
+
+
+def test_a_list_input_traced_from_concrete_args_is_called_as_the_model():
+    # a pytree list among concrete_args: the graph module takes the list as one argument
+    model = _ListInput()
+    xs, y = [torch.randn(2, 3), torch.randn(2, 3)], torch.randn(2, 3)
+    tracer = CustomTracer()
+    graph = tracer.trace(model, concrete_args={"xs": xs, "y": y})
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    assert_same(gm(xs, y), model(xs, y))
+    other = [torch.randn(2, 3), torch.randn(2, 3)]
+    assert_same(gm(other, y), model(other, y))
