@@ -16,6 +16,7 @@ import torch.fx
 from torch.fx.graph import _PyTreeInfo
 
 from ..node_text import operation_name
+from ..passes.negative_bases import negative_bases_as_nodes
 from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
 from .input_layouts import check_examples, insert_layout_checks, layout_dependent_inputs
 from .inputs import NO_EXAMPLE
@@ -132,6 +133,8 @@ class GraphFinishMixin:
         elif constants:
             graph._codegen = CheckedCodeGen(constants)
         _remove_unused_scalar_nodes(graph)
+        # torch.fx prints operator.pow(-1, x) as `-1 ** x`, which is -(1 ** x)
+        negative_bases_as_nodes(graph)
         self._check_input_layouts(graph)
         # Pickling or copying a GraphModule traces its code again with this class:
         # torch.fx's own tracer does that job (it needs no example inputs).
