@@ -24,12 +24,15 @@ compared is the first tensor the model returns (``return_dict=False``)::
                                        [NAME ...]
 
 ``--probe`` only builds and finds the inputs (no export): a line per class with its size
-and input layout. Every class runs in a forked process (a crash or a hang costs that line
-only). A line per class, then the counts per path and the classes torch.export (or
-torch.onnx) takes and yobx (or yobx's ONNX) does not. Statuses: ``ok`` (close at the
-other size), ``WRONG`` (values differ: the worst outcome, with the largest difference),
-``fail`` (an error, its first line), ``timeout``, ``crash``, ``-`` (eager itself fails
-on the tiny configuration, the model is too big or the model is random).
+and input layout (``level``: which set of sizes built it, see :func:`tiny_kwargs`).
+Every class runs in a forked process (a crash or a hang costs that line only; the
+process may not map more than ``SWEEP_MEMORY_GB``, 10 by default). A line per class
+(with the error of each path that fails and the seconds each path took), then the counts
+per path and the classes torch.export (or torch.onnx) takes and yobx (or yobx's ONNX)
+does not. Statuses: ``ok`` (close at the other size), ``WRONG`` (values differ: the worst
+outcome, with the largest difference), ``fail`` (an error, its first line), ``timeout``,
+``crash``, ``-`` (eager itself fails on the tiny configuration, the model is too big or
+the model is random).
 """
 
 from __future__ import annotations
@@ -49,14 +52,14 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
-from sweep_transformers import _close, _first_line  # noqa: E402
+from sweep_transformers import _close, _first_line
 
 PATHS = ("export", "yobx", "yobx-onnx", "torch-onnx")
 EXAMPLE = {"B": 2, "T": 8}
 OTHER = {"B": 3, "T": 12}
 MAX_PARAMS = 50_000_000
 PROBE_SECONDS = 40.0
-MAX_TRIES = 200
+MAX_TRIES = 300
 HEAD = 16
 WIDTH = 32
 OMIT = object()
@@ -120,12 +123,20 @@ TINY = {
     "n_layer": 1,
     "n_head": 2,
     "n_inner": 64,
+    "num_embeddings": EXAMPLE["T"],
 }
 # values given to parameters whose default is None, in the first variant and the second
 NONE_FILL = (
-    {},
-    {"in_channels": 4, "patch_size": 2, "sample_size": 16},
-    {"in_channels": 8},
+    {"num_kv_heads": 2},
+    {
+        "in_channels": 4,
+        "out_channels": 4,
+        "patch_size": 2,
+        "sample_size": 16,
+        "num_kv_heads": 2,
+        "caption_channels": WIDTH,
+    },
+    {"in_channels": 8, "num_kv_heads": 2},
 )
 # what the names of the parameters do not tell (the shrunk levels only)
 HINTS = {
@@ -232,12 +243,16 @@ def tiny_kwargs(cls, level: int) -> dict:
     if shrink == 0:
         for name, p in params.items():
             default = p.default
-            if ROPE.search(name) and isinstance(default, (tuple, list)) and default:
-                if all(isinstance(v, int) for v in default):
-                    head = kwargs.get(head_param, head_now) if head_param else head_now
-                    axes = _rope_axes(default, head_default, head)
-                    if axes is not None:
-                        kwargs[name] = type(default)(axes)
+            if (
+                ROPE.search(name)
+                and isinstance(default, (tuple, list))
+                and default
+                and all(isinstance(v, int) for v in default)
+            ):
+                head = kwargs.get(head_param, head_now) if head_param else head_now
+                axes = _rope_axes(default, head_default, head)
+                if axes is not None:
+                    kwargs[name] = type(default)(axes)
         _consistency(params, kwargs)
     if shrink == 0:
         kwargs.update(HINTS.get(cls.__name__, {}))
@@ -268,23 +283,26 @@ def _tiny_value(name: str, default, level: int, head_now: int):
         if name.endswith("groups") and default > 8:
             return 8
         return OMIT
-    if isinstance(default, (tuple, list)) and default:
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in default):
-            if LAYER_INDICES.search(name) and not COUNT.search(name) and len(default) > 1:
-                return type(default)(default[:1])
-            if COUNT.search(name) or "num_layers" in name or name.endswith("layers_per_block"):
-                return type(default)([1 if v > 0 else v for v in default])
-            if HEADS.search(name):
-                return type(default)([2] * len(default))
-            if level > 0:
-                return OMIT
-            if (
-                WIDE.search(name)
-                and not NOT_WIDE.search(name)
-                and not ROPE.search(name)
-                and max(default) > 64
-            ):
-                return type(default)(_scaled_widths(tuple(default)))
+    if (
+        isinstance(default, (tuple, list))
+        and default
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in default)
+    ):
+        if LAYER_INDICES.search(name) and not COUNT.search(name) and len(default) > 1:
+            return type(default)(default[:1])
+        if COUNT.search(name) or "num_layers" in name or name.endswith("layers_per_block"):
+            return type(default)([1 if v > 0 else v for v in default])
+        if HEADS.search(name):
+            return type(default)([2] * len(default))
+        if level > 0:
+            return OMIT
+        if (
+            WIDE.search(name)
+            and not NOT_WIDE.search(name)
+            and not ROPE.search(name)
+            and max(default) > 64
+        ):
+            return type(default)(_scaled_widths(tuple(default)))
     return OMIT
 
 
@@ -473,9 +491,13 @@ def _config_ints(cfg, keys) -> list[int]:
     values = []
     for key in keys:
         value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            if value not in values:
-                values.append(value)
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and value > 0
+            and value not in values
+        ):
+            values.append(value)
     return values
 
 
@@ -544,6 +566,7 @@ TEXT_KEYS = (
     "text_encoder_1_dim",
     "langauge_model_dim",
     "txt_in_features",
+    "embedding_dim",
 )
 POOLED_KEYS = (
     "pooled_projection_dim",
@@ -621,7 +644,7 @@ COMMON_OPTIONAL = (
     | TEXT_MASKS
     | TIME
     | {"img_ids", "txt_ids", "hidden_states", "class_labels", "img_shapes", "conditioning_mask"}
-    | {"control_hidden_states", "num_frames", "height", "width"}
+    | {"control_hidden_states", "num_frames", "height", "width", "attention_mask"}
 )
 CONSTANTS = {
     "return_dict": False,
@@ -671,11 +694,11 @@ def _main_candidates(cls, main_arg, cfg) -> list[tuple[str, Leaf, int]]:
         channels.append(3)
     video = re.search(r"3D|Video|Motion|I2VGenXL|SpatioTemporal|Allegro|Mochi|Wan|Cosmos", name)
     signal = re.search(r"1D|Audio|Oobleck|Vocoder|Music|SAME|MMAudio", name)
-    layouts = ["image", "tokens", "video", "signal", "videoT"]
+    layouts = ["image", "tokens", "video", "signal", "videoT", "vector"]
     if video:
-        layouts = ["video", "videoT", "image", "tokens", "signal"]
+        layouts = ["video", "videoT", "image", "tokens", "signal", "vector"]
     elif signal:
-        layouts = ["signal", "tokens", "image", "video", "videoT"]
+        layouts = ["signal", "tokens", "image", "video", "videoT", "vector"]
     hints = _layout_hint(cls, main_arg)
     layouts = list(dict.fromkeys([*hints, *layouts]))
     result = []
@@ -686,19 +709,25 @@ def _main_candidates(cls, main_arg, cfg) -> list[tuple[str, Leaf, int]]:
                     result.append((layout, Leaf(("B", c, "S", "S")), s))
             elif layout in ("video", "videoT"):
                 for s in (16, 32):
-                    for f in (5, 2, 1, 9):
-                        shape = ("B", c, f, "S", "S") if layout == "video" else ("B", f, c, "S", "S")
+                    for f in (5, 2, 1):
+                        shape = (
+                            ("B", c, f, "S", "S") if layout == "video" else ("B", f, c, "S", "S")
+                        )
                         result.append((layout, Leaf(shape), s))
             elif layout == "tokens":
                 for s in (16, 64):
                     result.append((layout, Leaf(("B", "S", c)), s))
-            else:
+            elif layout == "signal":
                 for s in (64, 2048, 8192):
                     result.append((layout, Leaf(("B", c, "S")), s))
+            else:
+                result.append((layout, Leaf(("B", c)), 0))
     return result
 
 
-def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> list:
+def _arg_candidates(
+    arg: str, required: bool, cfg, main: Leaf, layout: str, multi: bool = False
+) -> list:
     """Candidate values for one argument of ``forward`` (``OMIT`` leaves it out)."""
     import torch
 
@@ -708,9 +737,11 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
     if arg in TIME:
         if arg == "guidance" and not cfg.get("guidance_embeds"):
             return omit or [Leaf(("B",), "const", 4)]
-        if arg in ("timestep_ratio", "decoder_noise_time", "sigma") or arg.endswith("_time"):
-            first = [Leaf(("B",), "unit")]
-        elif "seconds" in arg:
+        if (
+            arg in ("timestep_ratio", "decoder_noise_time", "sigma")
+            or arg.endswith("_time")
+            or "seconds" in arg
+        ):
             first = [Leaf(("B",), "unit")]
         else:
             first = [Leaf(("B",), "time"), Leaf(("B",), "time", dtype=torch.int64)]
@@ -726,6 +757,8 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
     if arg in POOLED:
         dims = _config_ints(cfg, POOLED_KEYS)[:2] or [WIDTH]
         return [Leaf(("B", d)) for d in dims] + [Leaf(("B", 1, d)) for d in dims[:1]] + omit
+    if arg == "attention_mask":
+        return [*omit, Leaf(("B", "T"), "ones")]
     if arg in TEXT_MASKS:
         return [
             Leaf(("B", "T"), "ones"),
@@ -735,7 +768,10 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
     if arg in ("img_ids", "txt_ids"):
         n = len(cfg.get("axes_dims_rope") or (0, 0, 0))
         seq = "S" if arg == "img_ids" else "T"
-        return [Leaf((seq, n), "int", 8, torch.float32), Leaf(("B", seq, n), "int", 8, torch.float32)]
+        return [
+            Leaf((seq, n), "int", 8, torch.float32),
+            Leaf(("B", seq, n), "int", 8, torch.float32),
+        ]
     if arg == "class_labels":
         high = cfg.get("num_embeds_ada_norm") or cfg.get("num_class_embeds")
         if high:
@@ -752,6 +788,9 @@ def _arg_candidates(arg: str, required: bool, cfg, main: Leaf, layout: str) -> l
                 Leaf(("B", cond, "S", "S")),
                 Leaf(main.shape),
             ]
+        if multi:
+            # one per ControlNet of a Multi* model
+            cands = [[c, Leaf(c.shape)] for c in cands]
         return cands + omit
     if arg == "control_hidden_states":
         c = cfg.get("vace_in_channels") or main.shape[1]
@@ -843,9 +882,7 @@ class Probe:
             elif arg not in CONSTANTS:
                 parts.append(f"{arg}={value!r}")
         dyn = sorted({n for axes in self.dynamic().values() for n in axes.values()})
-        return (
-            f"{self.layout} S={self.s0}->{self.s1} " + " ".join(parts) + f" dyn={','.join(dyn)}"
-        )
+        return f"{self.layout} S={self.s0}->{self.s1} " + " ".join(parts) + f" dyn={','.join(dyn)}"
 
 
 def _flatten(arg: str, value) -> list:
@@ -903,10 +940,7 @@ def make_wrapper(model, probe: Probe):
     import torch
 
     names = probe.names
-    source = (
-        f"def forward(self, {', '.join(names)}):\n"
-        f"    return self.run(({', '.join(names)},))\n"
-    )
+    source = f"def forward(self, {', '.join(names)}):\n    return self.run(({', '.join(names)},))\n"
     namespace: dict = {}
     exec(source, namespace)
 
@@ -975,9 +1009,12 @@ def find_inputs(name: str, model, deadline: float) -> Probe:
                     continue
                 if not required and arg not in COMMON_OPTIONAL and arg not in CONSTANTS:
                     continue
-                lists.append((arg, _arg_candidates(arg, required, cfg, main, layout)))
+                multi = type(model).__name__.startswith(("Multi", "SD3Multi", "FluxMulti"))
+                multi = multi or "MultiControlNet" in type(model).__name__
+                cands = _arg_candidates(arg, required, cfg, main, layout, multi)
+                lists.append((arg, cands))
             combos = sorted(itertools.product(*(range(len(c)) for _, c in lists)), key=sum)
-            combos = combos[:3] if first_pass else combos[3:40]
+            combos = combos[:1] if first_pass else combos[1:40]
             for combo in combos:
                 if tries >= MAX_TRIES or time.perf_counter() > deadline:
                     raise RuntimeError(f"no inputs after {tries} tries: {last}")
@@ -1118,9 +1155,14 @@ def _child(name: str, paths: list[str], queue, probe_seconds: float) -> None:
     import logging
 
     logging.disable(logging.CRITICAL)
+    import resource
+
     import torch
 
     torch.set_num_threads(int(os.environ.get("SWEEP_THREADS", "1")))
+    # a capture asking for tens of gigabytes fails instead of starving the machine
+    limit = int(float(os.environ.get("SWEEP_MEMORY_GB", "10")) * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         model, probe, info = build(name, probe_seconds)
     except Exception as e:
@@ -1135,10 +1177,18 @@ def _child(name: str, paths: list[str], queue, probe_seconds: float) -> None:
         try:
             status = _run_path(path, model, probe)
         except Exception as e:
-            status = f"fail: {_first_line(e)}"
+            status = f"fail: {_error_line(e)}"
             if os.environ.get("SWEEP_TRACEBACK"):
                 traceback.print_exc()
         queue.put((path, status, time.perf_counter() - start))
+
+
+def _error_line(e: BaseException) -> str:
+    """The first line of the error, and of its cause when it wraps one (torch.onnx)."""
+    line = _first_line(e)
+    if e.__cause__ is not None and type(e).__name__.startswith("Torch"):
+        line = f"{type(e).__name__} <- {_first_line(e.__cause__)}"
+    return line
 
 
 def sweep_one(name: str, paths: list[str], timeout: float) -> dict:
@@ -1178,10 +1228,10 @@ def sweep_one(name: str, paths: list[str], timeout: float) -> dict:
 def _preload(paths: list[str]) -> None:
     """Imports what every child needs once, before forking."""
     import diffusers  # noqa: F401
-    import torch  # noqa: F401
+    import torch
 
     if "yobx" in paths or "yobx-onnx" in paths:
-        import yobx.torch.tracing  # noqa: F401
+        import yobx.torch.tracing
     if "yobx-onnx" in paths:
         import yobx.torch.onnx  # noqa: F401
     if "yobx-onnx" in paths or "torch-onnx" in paths:
@@ -1227,6 +1277,9 @@ def main(argv: list[str]) -> None:
         for p in paths:
             if results[p][0].startswith(("fail", "WRONG")):
                 print(f"    {p}: {results[p][0]}", flush=True)
+        times = [f"{p} {results[p][1]:.0f}" for p in paths if len(results[p]) > 1]
+        if times:
+            print(f"    seconds: {', '.join(times)}", flush=True)
     print(f"\n{len(todo)} classes in {time.perf_counter() - start:.0f} s")
     for p in ["eager", *paths]:
         print(f"  {p:12s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts[p].items())))
