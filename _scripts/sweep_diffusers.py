@@ -41,7 +41,6 @@ import argparse
 import inspect
 import itertools
 import math
-import multiprocessing
 import os
 import re
 import sys
@@ -52,7 +51,7 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
-from sweep_transformers import _close, _first_line
+from sweep_transformers import _close, _first_line, run_forked
 
 PATHS = ("export", "yobx", "yobx-onnx", "torch-onnx")
 EXAMPLE = {"B": 2, "T": 8}
@@ -1150,7 +1149,7 @@ def _run_path(path: str, model, probe: Probe) -> str:
     return f"WRONG: max diff {_max_diff(expected, got):.3g}"
 
 
-def _child(name: str, paths: list[str], queue, probe_seconds: float) -> None:
+def _child(name: str, paths: list[str], probe_seconds: float, queue) -> None:
     warnings.filterwarnings("ignore")
     import logging
 
@@ -1193,36 +1192,8 @@ def _error_line(e: BaseException) -> str:
 
 def sweep_one(name: str, paths: list[str], timeout: float) -> dict:
     """The status of each path for one class (a forked process)."""
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
     probe_seconds = min(PROBE_SECONDS, timeout / 3)
-    process = context.Process(target=_child, args=(name, paths, queue, probe_seconds))
-    process.start()
-    results: dict = {}
-    deadline = time.perf_counter() + timeout
-    expected = 1 + len(paths)
-    while len(results) < expected and time.perf_counter() < deadline:
-        try:
-            item = queue.get(timeout=max(0.1, min(5.0, deadline - time.perf_counter())))
-        except Exception:
-            if not process.is_alive() and queue.empty():
-                break
-            continue
-        results[item[0]] = item[1:]
-        if item[0] == "eager" and item[1] != "ok":
-            break
-    if process.is_alive():
-        process.kill()
-    process.join()
-    if "eager" not in results:
-        results["eager"] = ("timeout" if process.exitcode in (None, -9) else "crash",)
-    for path in paths:
-        if path not in results:
-            if results["eager"][0] != "ok":
-                results[path] = ("-",)
-            else:
-                results[path] = ("timeout" if process.exitcode in (None, -9) else "crash",)
-    return results
+    return run_forked(_child, (name, paths, probe_seconds), paths, timeout)
 
 
 def _preload(paths: list[str]) -> None:

@@ -240,11 +240,14 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:160]
 
 
-def sweep_one(model_type: str, name: str, paths: list[str], timeout: float) -> dict:
-    """The status of each path for one architecture (a forked process)."""
+def run_forked(target, args: tuple, paths: list[str], timeout: float) -> dict:
+    """Runs ``target(*args, queue)`` in a forked process, which puts ``("eager",
+    status, ...)`` then ``(path, status, seconds)`` for each path; returns the status
+    of each (``timeout`` or ``crash`` for a path the process never reported, ``-``
+    when eager itself failed)."""
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    process = context.Process(target=_child, args=(model_type, name, paths, queue))
+    process = context.Process(target=target, args=(*args, queue))
     process.start()
     results: dict = {}
     deadline = time.perf_counter() + timeout
@@ -262,13 +265,17 @@ def sweep_one(model_type: str, name: str, paths: list[str], timeout: float) -> d
     if process.is_alive():
         process.kill()
     process.join()
-    for path in ["eager", *paths]:
+    lost = ("timeout" if process.exitcode in (None, -9) else "crash",)
+    results.setdefault("eager", lost)
+    for path in paths:
         if path not in results:
-            if results.get("eager", ("",))[0].startswith("fail"):
-                results[path] = ("-",)
-            else:
-                results[path] = ("timeout" if process.exitcode in (None, -9) else "crash",)
+            results[path] = ("-",) if results["eager"][0] != "ok" else lost
     return results
+
+
+def sweep_one(model_type: str, name: str, paths: list[str], timeout: float) -> dict:
+    """The status of each path for one architecture (a forked process)."""
+    return run_forked(_child, (model_type, name, paths), paths, timeout)
 
 
 def main(argv: list[str]) -> None:
