@@ -280,6 +280,33 @@ def _op_signatures_memoized() -> Iterator[None]:
         yield
 
 
+_SET_SHAPE_TYPE = _core._set_shape_type
+
+
+def _set_shape_type_floats_in_double(
+    value: ir.Value, meta_val: Any, complex_to_float: bool
+) -> None:
+    if isinstance(meta_val, (float, torch.SymFloat)):
+        value.dtype = ir.DataType.DOUBLE
+        value.shape = ir.Shape([])
+        return
+    _SET_SHAPE_TYPE(value, meta_val, complex_to_float)
+
+
+@contextlib.contextmanager
+def _symbolic_floats_in_double() -> Iterator[None]:
+    """Declares the ONNX value of a symbolic float (``x.shape[1] * 0.7``) a double.
+
+    A ``SymFloat`` is a Python float: torch computes ``int(x.shape[1] * 0.7)`` in
+    double precision, 62 at size 90, where float32 (torch.onnx's type for it) gives
+    63, an output one element longer than eager's, silently. yobx's translations of
+    ``sym_float``, ``truediv`` and the math functions compute in double; this makes
+    the declared type agree (torch.onnx overwrites it with FLOAT after each node).
+    """
+    with patched_attributes([(_core, "_set_shape_type", _set_shape_type_floats_in_double)]):
+        yield
+
+
 def translate_graph(
     graph: torch.fx.Graph,
     model: ir.Model,
@@ -290,7 +317,7 @@ def translate_graph(
     """Translates one aten FX graph into ``graph_like``, returns node name -> values."""
     # torch.onnx warns for every node without nn_module_stack, which our aten graphs
     # never have: silence it for the call.
-    with quieted(_core.__name__), _op_signatures_memoized():
+    with quieted(_core.__name__), _op_signatures_memoized(), _symbolic_floats_in_double():
         return _core._translate_fx_graph(
             graph,
             model,

@@ -9,6 +9,7 @@ custom operator (``yobx::lstm``, ``yobx::gru``) whose ONNX translation is the ON
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -210,10 +211,18 @@ def _symbolic_math(onnx_op: str):
     on the size converted to float (a SymFloat is a float tensor in torch_lib)."""
 
     def translation(x):
-        return getattr(_op, onnx_op)(_op.Cast(x, to=onnxscript.FLOAT.dtype))
+        return getattr(_op, onnx_op)(_op.Cast(x, to=onnxscript.DOUBLE.dtype))
 
     translation.__name__ = f"sym_{onnx_op.lower()}"
     return translation
+
+
+def _sym_float_to_onnx(x):
+    return _op.Cast(x, to=onnxscript.DOUBLE.dtype)
+
+
+def _truediv_to_onnx(x, y):
+    return _op.Div(_op.Cast(x, to=onnxscript.DOUBLE.dtype), _op.Cast(y, to=onnxscript.DOUBLE.dtype))
 
 
 def _round_to_onnx(x, ndigits=None):
@@ -254,11 +263,13 @@ def register_translations(registry: Any) -> None:
     dimension lowers to, and ``round`` of a dimension.
     """
     from .grouped_mm import grouped_mm_to_onnx
+    from .nearest_resize import register_nearest_translations
     from .value_checks import gated_to_onnx, value_check_to_onnx
 
     registry.register_op(torch.ops.aten._grouped_mm.default, grouped_mm_to_onnx)
     registry.register_op(torch.ops.aten.sort.stable, _stable_sort_to_onnx)
     registry.register_op(torch.ops.aten.roll.default, _roll_to_onnx)
+    register_nearest_translations(registry)
 
     registry.register_op(torch.ops.yobx.value_check.default, value_check_to_onnx)
     registry.register_op(torch.ops.yobx.gated.default, gated_to_onnx)
@@ -269,6 +280,8 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten.copy.default, _copy_to_onnx)
     registry.register_op(torch.ops.aten.scaled_dot_product_attention.default, _attention_to_onnx)
     registry.register_op(round, _round_to_onnx)
+    registry.register_op(torch.sym_float, _sym_float_to_onnx)
+    registry.register_op(operator.truediv, _truediv_to_onnx)
     for name, onnx_op in _SYMBOLIC_MATH.items():
         function = getattr(torch, f"_sym_{name}", None)
         if function is not None:

@@ -44,38 +44,58 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
         for a in node.args
         if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
     ]
-    if not tensors:
-        return 0
-    lowest = min(_tensor_kind(t) for t in tensors)
+    lowest = min((_tensor_kind(t) for t in tensors), default=None)
     schema = node.target._schema.arguments
     args = list(node.args)
     changed = 0
     for position, arg in enumerate(args):
-        if position >= len(schema) or not isinstance(schema[position].type, torch.TensorType):
-            continue  # a Scalar argument: translated as a number already
-        if position == 0 and type(arg) in (bool, int, float):
+        if position >= len(schema):
+            continue
+        is_tensor = isinstance(schema[position].type, torch.TensorType)
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        kind = _KINDS.get(type(val))
+        if is_tensor and tensors and position == 0 and type(arg) in (bool, int, float):
             # `aten.sub.Tensor(1.0, mask)`: the decomposition of rsub put a Python number
             # where the schema wants the tensor `self`, which the translation's type
             # promotion cannot run again (ProphetNet's `1.0 - mask`); a 0-d tensor of
             # the result's dtype promotes the same way (numbers in the other tensor
             # arguments, `where(c, x, 0.0)`, translate as they are)
             dtype = torch.result_type(tensors[0], arg)
-        else:
-            val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-            kind = _KINDS.get(type(val))
-            if kind is None or kind <= lowest:
+        elif kind == 2:
+            # a symbolic float is a double in ONNX (see _torch_onnx_internals'
+            # _symbolic_floats_in_double); torch computes `x * (n * 0.7)` in x's dtype,
+            # the number converted to it first, and `torch.full((2,), n / 3)` in the
+            # result's dtype
+            dtype = _float_dtype(node, tensors)
+            if dtype is None:
                 continue
-            dtype = {0: torch.bool, 1: torch.int64, 2: torch.get_default_dtype()}[kind]
+        elif is_tensor and tensors and kind is not None and kind > lowest:
+            dtype = {0: torch.bool, 1: torch.int64}[kind]
+        else:
+            continue  # a Scalar argument of a lower kind: translated as a number already
         with graph.inserting_before(node):
             tensor = graph.call_function(
                 torch.ops.aten.scalar_tensor.default, (arg,), {"dtype": dtype}
             )
-        tensor.meta["val"] = tensors[0].new_zeros((), dtype=dtype)
+        like = tensors[0] if tensors else node.meta["val"]
+        tensor.meta["val"] = like.new_zeros((), dtype=dtype)
         args[position] = tensor
         changed += 1
     if changed:
         node.args = tuple(args)
     return changed
+
+
+def _float_dtype(node: torch.fx.Node, tensors: list[torch.Tensor]) -> torch.dtype | None:
+    """The dtype a symbolic float becomes in ``node``'s computation: that of its
+    tensor operands (the default float dtype for integer or boolean ones), else of its
+    floating result; ``None`` when nothing says (it stays a double)."""
+    if tensors:
+        return torch.result_type(tensors[0], 1.0)
+    out = node.meta.get("val")
+    if isinstance(out, torch.Tensor) and out.dtype.is_floating_point:
+        return out.dtype
+    return None
 
 
 def _tensor_kind(tensor: torch.Tensor) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.symbolic_shapes import (
     GuardOnDataDependentSymNode,
     PendingUnbackedSymbolNotFound,
@@ -244,7 +245,14 @@ class FakeExecutionMixin:
     def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
         """Runs the node's operation through torch (the fake mode must be active)."""
         if node.op == "call_function":
-            return function_variant(node.target, args)(*args, **kwargs)
+            function = function_variant(node.target, args)
+            if any(isinstance(a, torch.SymFloat) for a in pytree.tree_leaves((args, kwargs))):
+                # torch's argument parser only takes a symbolic float
+                # (`torch.arange(0, n * 0.5, 0.5)`) through the Python dispatcher, as
+                # torch.export runs it; otherwise an internal assertion fails
+                with enable_python_dispatcher():
+                    return function(*args, **kwargs)
+            return function(*args, **kwargs)
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         return self._run_leaf_module(node.target, args, kwargs)
