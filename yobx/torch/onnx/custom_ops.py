@@ -260,7 +260,9 @@ def register_translations(registry: Any) -> None:
     lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, attention
     with a boolean mask hiding every key of a query (zeros, as torch), and the
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
-    dimension lowers to, and ``round`` of a dimension.
+    dimension lowers to, ``round`` of a dimension, symbolic floats (``sym_float``,
+    ``truediv``) in double as Python computes them, and nearest resizing with
+    torch's index arithmetic (:mod:`.nearest_resize`).
     """
     from .grouped_mm import grouped_mm_to_onnx
     from .nearest_resize import register_nearest_translations

@@ -10,16 +10,24 @@ is given and ``float(I) / O`` otherwise:
   ``O == I`` and halves when ``O == 2 * I``, even with a scale factor;
 * nearest-exact: ``min(floor(max(scale * (dst + 0.5) - 0.5, 0) + 0.5), I - 1)``, the
   product and the subtraction fused (one rounding) in the 1-d and 3-d kernels, as the
-  compiler built them, not in the 2-d one.
+  compiler built them, and most often not in the 2-d one.
 
 ONNX ``Resize`` (torch_lib's translation) divides by ``O / I`` exactly instead:
 ``F.interpolate(x, size=110)`` of 32 positions, or any scale factor that is not a
 power of two, takes another input position for some outputs, silently (the shapes
 agree). Here each axis is a ``Gather`` of indices computed as torch does; the formula
 was checked against torch on every size up to 130 -> 300 and common scale factors,
-for float16, bfloat16, float32 and float64, and on every axis of the three ranks (``unittests/torch/onnx/
-test_nearest_resize.py``). ``Resize`` stays where it is exact: nearest with power-of-
-two integer scale factors (a U-Net's ``scale_factor=2.0``), the division then exact.
+for float16, bfloat16, float32 and float64, and on every axis of the three ranks
+(``unittests/torch/onnx/test_nearest_resize.py``). ``Resize`` stays where it is
+exact: nearest with power-of-two integer scale factors (a U-Net's
+``scale_factor=2.0``), the division then exact.
+
+One limit is torch's own: where a nearest-exact position is an integer up to one
+float32 rounding (``20.5 * (2 / 41)``), torch's 2-d kernel fuses the multiply-add for
+some pairs of sizes of the other axis and not for others (resizing ``(4, 4)`` to
+``(82, 82)`` takes input column 1 for output column 20, ``(1, 4)`` to ``(1, 82)``
+takes column 0): the export follows the unfused arithmetic there, and may take the
+neighbouring input position on such ties.
 """
 
 from __future__ import annotations
@@ -122,17 +130,17 @@ def _axis_indices(
 def _resized(x, output_size: Any, scales: Sequence[float | None] | None, exact: bool, n: int):
     """``x`` resized along its last ``n`` axes, as torch's nearest kernels do."""
     rank = len(x.shape)
-    if scales is not None and all(s is not None for s in scales) and not exact:
-        if all(_power_of_two(s) for s in scales):
-            # dst / s floored: exact for powers of two, as torch's dst * (1 / s)
-            return _op.Resize(
-                x,
-                None,
-                _op.Constant(value_floats=[1.0] * (rank - n) + [float(s) for s in scales]),
-                mode="nearest",
-                coordinate_transformation_mode="asymmetric",
-                nearest_mode="floor",
-            )
+    given = scales is not None and all(s is not None for s in scales)
+    if given and not exact and all(_power_of_two(s) for s in scales):
+        # dst / s floored: exact for powers of two, as torch's dst * (1 / s)
+        return _op.Resize(
+            x,
+            None,
+            _op.Constant(value_floats=[1.0] * (rank - n) + [float(s) for s in scales]),
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+        )
     compute = ir.DataType.DOUBLE if x.dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
     scales = list(scales) if scales is not None else [None] * n
     in_sizes = [_op.Shape(x, start=rank - n + d, end=rank - n + d + 1) for d in range(n)]
