@@ -203,8 +203,11 @@ def interpolate_scale(b: ProgramBuilder) -> Made:
     v = b.pick(min_rank=3, max_rank=4)
     if v is None:
         return None
-    mode = "nearest" if b.rank(v) == 3 or b.rng.random() < 0.5 else "bilinear"
-    return _one(b, f'F.interpolate({v}, scale_factor=2, mode="{mode}")')
+    linear = "linear" if b.rank(v) == 3 else "bilinear"
+    mode = b.rng.choice(("nearest", "nearest-exact", linear))
+    # scales that are not powers of two pick positions by torch's float32 arithmetic
+    scale = b.rng.choice(("2", "1.5", "0.7", "3", "1.7"))
+    return _one(b, f'F.interpolate({v}, scale_factor={scale}, mode="{mode}")')
 
 
 @idiom()
@@ -213,9 +216,26 @@ def interpolate_size(b: ProgramBuilder) -> Made:
     if v is None:
         return None
     if b.rank(v) == 3:
-        return _one(b, f"F.interpolate({v}, size=2 * {v}.shape[-1])")
+        size = b.rng.choice(
+            (f"2 * {v}.shape[-1]", f"{v}.shape[-1] * 3 // 2 + 1", f"int({v}.shape[-1] * 1.8375)")
+        )
+        mode = b.rng.choice(("nearest", "nearest-exact", "linear"))
+        return _one(b, f'F.interpolate({v}, size={size}, mode="{mode}")')
     size = f"({v}.shape[-2] + 1, {v}.shape[-1] * 2)"
-    return _one(b, f'F.interpolate({v}, size={size}, mode="bilinear", align_corners=False)')
+    if b.rng.random() < 0.5:
+        return _one(b, f'F.interpolate({v}, size={size}, mode="bilinear", align_corners=False)')
+    mode = b.rng.choice(("nearest", "nearest-exact"))
+    return _one(b, f'F.interpolate({v}, size={size}, mode="{mode}")')
+
+
+@idiom(0.5)
+def size_from_a_float(b: ProgramBuilder) -> Made:
+    # a symbolic float (a Python float in eager) truncated to a size: 0.7 * 90 is
+    # 62.99999999999999 in double, 63 in float32
+    v = b.pick()
+    a = b.axis(v)
+    factor = b.rng.choice(("0.7", "1.3", "44100 / 24000"))
+    return _one(b, f"{v}.new_ones(int({v}.shape[{a}] * {factor}) + 1)")
 
 
 @idiom(0.7)
