@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from unittests.torch.tracing.test_tracing_long_tail import (
+    ArangeToAFloat,
     ComplexRotary,
     HalfWrite,
     KeywordForms,
     NumpyConstants,
     OptionalThroughModule,
     RealTensorSizes,
+    SquareGrid,
 )
 
 from ._helpers import export_and_validate
@@ -97,3 +99,54 @@ def test_a_none_output_has_no_onnx_output():
         dynamic_shapes=({0: "b", 1: "s"},),
     )
     assert [o.name for o in result.model_proto.graph.output] == ["output_0"]
+
+
+def test_a_square_root_of_a_size_exports_with_its_check():
+    export_and_validate(SquareGrid(), (torch.randn(2, 16, 3),), dynamic_shapes=({0: "b", 1: "n"},))
+
+
+def test_arange_to_a_symbolic_float_exports():
+    export_and_validate(ArangeToAFloat(), (torch.randn(2, 6),), dynamic_shapes=({1: "n"},))
+
+
+class ComplexFrequencyGrid(torch.nn.Module):
+    """Rotary frequencies of a video transformer in complex form: a complex buffer,
+    expanded over a grid, concatenated, indexed by position and selected."""
+
+    def __init__(self):
+        super().__init__()
+        angles = torch.outer(torch.arange(64.0), torch.linspace(0.1, 1.0, 4))
+        self.register_buffer("freqs", torch.polar(torch.ones_like(angles), angles), False)
+
+    def forward(self, x):
+        b, h, w, _ = x.shape
+        by_row = self.freqs[:h].view(h, 1, -1).expand(h, w, -1)
+        by_column = self.freqs[:w].view(1, w, -1).expand(h, w, -1)
+        grid = torch.cat([by_row, by_column], dim=-1).reshape(h * w, -1)[:, :4]
+        grid = grid[torch.arange(h * w) % (h * w)].unsqueeze(0)
+        first = grid.select(-1, 0).unsqueeze(-1)
+        pairs = torch.view_as_complex(x.float().reshape(b, h * w, -1, 2))
+        return torch.view_as_real(pairs * grid * first).flatten(2)
+
+
+def test_complex_buffers_and_their_moves_export():
+    # the buffer becomes a real initializer of two parts; expand, index, select and
+    # unsqueeze of complex tensors translate (NucleusMoE's rotary frequencies)
+    export_and_validate(
+        ComplexFrequencyGrid(),
+        (torch.randn(2, 3, 5, 8),),
+        dynamic_shapes=({0: "b", 1: "h", 2: "w"},),
+    )
+
+
+class RemainderBySize(torch.nn.Module):
+    """``arange(n) % (n - 1)``: a remainder by a symbolic int (``remainder.Scalar``)."""
+
+    def forward(self, x):
+        n = x.shape[0] * x.shape[1]
+        wrapped = x.flatten()[torch.arange(n) % (n - 1)]
+        return wrapped, torch.arange(x.shape[0]).clamp(max=x.shape[1]) * 1.5
+
+
+def test_a_remainder_by_a_symbolic_int_exports():
+    export_and_validate(RemainderBySize(), (torch.randn(3, 5),), dynamic_shapes=({0: "a", 1: "b"},))

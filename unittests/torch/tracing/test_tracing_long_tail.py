@@ -208,3 +208,42 @@ def test_a_one_token_example_covers_every_sequence_length():
         model, {"x": torch.randn(2, 3, 4), "past": example["past"]}, dynamic_shapes=dynamic
     )
     assert tracer.range_constraints["seq"][0] == 2
+
+
+class SquareGrid(torch.nn.Module):
+    """A patch grid's side from the token count, ``int(n ** 0.5)`` (DiT)."""
+
+    def forward(self, x):
+        side = int(x.shape[1] ** 0.5)
+        return x.reshape(x.shape[0], side, side, x.shape[2]).permute(0, 3, 1, 2)
+
+
+def test_a_size_from_a_square_root_is_checked_at_run_time():
+    # the reshape needs side * side == n, a check with a float power of a size (it
+    # used to raise "no runtime check for FloatPow")
+    _, _, gm = check_trace(
+        SquareGrid(),
+        {"x": torch.randn(2, 16, 3)},
+        {"x": {0: "b", 1: "n"}},
+        other_inputs=[{"x": torch.randn(3, 25, 3)}, {"x": torch.randn(1, 36, 3)}],
+    )
+    with pytest.raises(Exception, match="n=20"):
+        gm(torch.randn(3, 20, 3))
+
+
+class ArangeToAFloat(torch.nn.Module):
+    """``torch.arange`` to a symbolic float (half steps over a length)."""
+
+    def forward(self, x):
+        return x[0, :1] * torch.arange(0, x.shape[1] * 0.5, 0.5)
+
+
+def test_arange_to_a_symbolic_float():
+    # torch's argument parser takes a SymFloat only through the Python dispatcher, as
+    # torch.export runs it (an internal assertion failed before)
+    check_trace(
+        ArangeToAFloat(),
+        {"x": torch.randn(2, 6)},
+        {"x": {1: "n"}},
+        other_inputs=[{"x": torch.randn(2, 9)}, {"x": torch.randn(2, 2)}],
+    )

@@ -278,3 +278,24 @@ def test_a_size_eager_needs_stays_a_specialization_error():
     error says so."""
     with pytest.raises(SpecializationError, match="always 3"):
         trace_module(Fixed(), {"x": torch.randn(2, 3)}, {"x": {1: "d"}})
+
+
+class ContiguousWhenHuge(torch.nn.Module):
+    """diffusers' upsampling: a copy past a number of elements (a kernel's limit)."""
+
+    def forward(self, x):
+        if x.shape[0] * x.shape[1] > 100_000:
+            x = x.contiguous()
+        return x * 2
+
+
+def test_a_side_needing_gigabytes_of_inputs_stays_a_constraint():
+    # the other side needs inputs of gigabytes: not allocated, the decision stays a
+    # constraint (it used to allocate them, 25 GB for AutoencoderKLFlux2)
+    model = ContiguousWhenHuge()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 8, 1024)}, {"x": {0: "b", 1: "h"}})
+    assert any("more than the 256 MB" in note for note in tracer.version_notes), (
+        tracer.version_notes
+    )
+    assert len(tracer.constraints) == 1
+    _check_sizes(model, gm, lambda s: torch.randn(s, s + 1, 1024), [1, 3, 17])

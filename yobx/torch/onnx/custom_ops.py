@@ -257,13 +257,15 @@ def register_translations(registry: Any) -> None:
     ``_grouped_mm`` with offsets (:mod:`.grouped_mm`), the stable sort, ``roll`` by
     shifts computed from sizes, and what torch_lib lacks or gets wrong:
     ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
-    lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, attention
+    lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, moves of
+    complex tensors (:mod:`.complex_ops`), attention
     with a boolean mask hiding every key of a query (zeros, as torch), and the
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
     dimension lowers to, ``round`` of a dimension, symbolic floats (``sym_float``,
     ``truediv``) in double as Python computes them, and nearest resizing with
     torch's index arithmetic (:mod:`.nearest_resize`).
     """
+    from .complex_ops import register_complex_translations
     from .grouped_mm import grouped_mm_to_onnx
     from .nearest_resize import register_nearest_translations
     from .value_checks import gated_to_onnx, value_check_to_onnx
@@ -280,6 +282,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten.sym_numel.default, _sym_numel_to_onnx)
     registry.register_op(torch.ops.aten.masked_select.default, _masked_select_to_onnx)
     registry.register_op(torch.ops.aten.copy.default, _copy_to_onnx)
+    register_complex_translations(registry)
     registry.register_op(torch.ops.aten.scaled_dot_product_attention.default, _attention_to_onnx)
     registry.register_op(round, _round_to_onnx)
     registry.register_op(torch.sym_float, _sym_float_to_onnx)

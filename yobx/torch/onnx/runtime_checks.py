@@ -556,6 +556,30 @@ class _CheckGraph:
             return result
         return _Real(self._op("Pow", [self._real(base).value, self._real(exponent).value]))
 
+    def _truncated(self, number: _Number) -> _Number:
+        """``int(x)``: towards zero, the floor of a positive number and the ceiling
+        of a negative one."""
+        if _constant(number):
+            return fractions.Fraction(math.trunc(number))
+        number = self._exact(number)
+        if isinstance(number, _Exact):
+            floor = self._rounded(number, ceiling=False)
+            ceiling = self._rounded(number, ceiling=True)
+            a, b, scale = self._common(floor, ceiling)
+            negative = self._op("Less", [number.value, self._int(0)])
+            return _Exact(self._op("Where", [negative, b, a]), scale)
+        value = number.value
+        zero = self._real(0).value
+        rounded = self._op(
+            "Where",
+            [
+                self._op("Less", [value, zero]),
+                self._op("Ceil", [value]),
+                self._op("Floor", [value]),
+            ],
+        )
+        return _Exact(self._op("Cast", [rounded], to=ir.DataType.INT64))
+
     def _rounded(self, number: _Number, ceiling: bool) -> _Number:
         if _constant(number):
             return fractions.Fraction(math.ceil(number) if ceiling else math.floor(number))
@@ -696,7 +720,9 @@ _OPERATIONS: tuple = (
     (torch_sympy.FloorDiv, _binary(_CheckGraph._floordiv)),  # CleanDiv too (a subclass)
     ((torch_sympy.Mod, torch_sympy.PythonMod, sympy.Mod), _binary(_CheckGraph._mod)),
     ((torch_sympy.IntTrueDiv, torch_sympy.FloatTrueDiv), _binary(_CheckGraph._truediv)),
-    ((torch_sympy.PowByNatural, sympy.Pow), _binary(_CheckGraph._power)),
+    ((torch_sympy.PowByNatural, torch_sympy.FloatPow, sympy.Pow), _binary(_CheckGraph._power)),
+    (torch_sympy.ToFloat, lambda b, e, a: b._real(a[0]) if not _constant(a[0]) else float(a[0])),
+    (torch_sympy.TruncToInt, lambda b, e, a: b._truncated(a[0])),
     (torch_sympy.CeilToInt, lambda b, e, a: b._rounded(a[0], ceiling=True)),
     (torch_sympy.FloorToInt, lambda b, e, a: b._rounded(a[0], ceiling=False)),
     (tuple(_PYTHON_RELATIONS), _CheckGraph._relation),

@@ -22,6 +22,11 @@ from yobx.torch.tracing.size_search import tensor_like
 
 #: steps tried, in order, to move a dimension away from its example size
 _STEPS = (3, 1, 2, 5, -1, 7, -2, 11)
+#: when none of them is admissible (``side * side == n``: only squares), sizes up to
+#: this many times the example's (and at least up to ``_WIDER_MINIMUM``) are tried,
+#: nearest first, until two are admissible
+_WIDER_FACTOR = 4
+_WIDER_MINIMUM = 64
 
 
 def free_symbols(placeholder_values: Sequence[Any], shape_env: Any) -> list[sympy.Symbol]:
@@ -130,6 +135,8 @@ def size_variants(
     alone: dict[sympy.Symbol, list[int]] = {}
     for symbol in ordered:
         alone[symbol] = [step for step in _STEPS if candidate({symbol: step}) is not None]
+        if not alone[symbol]:
+            alone[symbol] = _wider_steps(base[symbol], lambda step: candidate({symbol: step}))
         if alone[symbol]:
             step = alone[symbol][0]
             variants.append((label(candidate({symbol: step})), candidate({symbol: step})))
@@ -192,6 +199,20 @@ def _dependents(
         dependents = {k: v.xreplace({chosen: solved}) for k, v in dependents.items()}
         dependents[chosen] = solved
     return dependents
+
+
+def _wider_steps(size: int, candidate) -> list[int]:
+    """The first two admissible steps (``candidate(step)`` not None) from ``size`` to
+    the sizes up to ``max(_WIDER_FACTOR * size, _WIDER_MINIMUM)``, nearest first."""
+    bound = max(_WIDER_FACTOR * size, _WIDER_MINIMUM)
+    steps = sorted((s - size for s in range(bound + 1) if s - size not in _STEPS), key=abs)
+    found = []
+    for step in steps:
+        if step != 0 and candidate(step) is not None:
+            found.append(step)
+            if len(found) == 2:
+                break
+    return found
 
 
 def _together(symbols: Sequence[sympy.Symbol], alone: Mapping[Any, list[int]]):

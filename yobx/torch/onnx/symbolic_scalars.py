@@ -47,6 +47,7 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     lowest = min((_tensor_kind(t) for t in tensors), default=None)
     schema = node.target._schema.arguments
     args = list(node.args)
+    tensor_overload = _tensor_overload(node.target)
     changed = 0
     for position, arg in enumerate(args):
         if position >= len(schema):
@@ -71,6 +72,11 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
                 continue
         elif is_tensor and tensors and kind is not None and kind > lowest:
             dtype = {0: torch.bool, 1: torch.int64}[kind]
+        elif not is_tensor and tensors and kind is not None and tensor_overload is not None:
+            # `arange(n) % (n - 1)` is `remainder.Scalar` with a symbolic int, whose
+            # translation makes a constant of it: the `.Tensor` overload takes it as a
+            # 0-d tensor of the dtype torch computes in
+            dtype = torch.result_type(tensors[0], (False, 1, 1.0)[kind])
         else:
             continue  # a Scalar argument of a lower kind: translated as a number already
         with graph.inserting_before(node):
@@ -83,7 +89,17 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
         changed += 1
     if changed:
         node.args = tuple(args)
+        if tensor_overload is not None:
+            node.target = tensor_overload
     return changed
+
+
+def _tensor_overload(target: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``aten.X.Tensor`` for ``aten.X.Scalar`` (same arguments, tensors for the
+    numbers); None for other overloads."""
+    if target._overloadname != "Scalar":
+        return None
+    return getattr(target.overloadpacket, "Tensor", None)
 
 
 def _float_dtype(node: torch.fx.Node, tensors: list[torch.Tensor]) -> torch.dtype | None:

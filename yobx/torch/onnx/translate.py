@@ -232,6 +232,10 @@ def _set_inputs_and_initializers(
             continue
         qualified = lowered.state_names[i - n_user]
         tensor = lowered.state_values[i - n_user]
+        if tensor.is_complex():
+            # a complex buffer (rotary frequencies in polar form) is, as every complex
+            # value of the graph, real in ONNX with a last axis of the two parts
+            tensor = torch.view_as_real(tensor.resolve_conj())
         value.name = qualified
         value.const_value = internals.torch_tensor(tensor, qualified)
         graph.register_initializer(value)

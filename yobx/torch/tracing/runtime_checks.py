@@ -491,6 +491,9 @@ _BINARY = {
     sympy.Mod: operator.mod,
     torch_sympy.PowByNatural: operator.pow,
     torch_sympy.IntTrueDiv: operator.truediv,
+    torch_sympy.FloatTrueDiv: operator.truediv,
+    # (h * w) ** 0.5 of dimensions (DiT's patch grid side)
+    torch_sympy.FloatPow: operator.pow,
     torch_sympy.CeilToInt: math.ceil,
     torch_sympy.FloorToInt: math.floor,
     # int(n * 0.5) and float(n) of a dimension (see symbolic_builtins)

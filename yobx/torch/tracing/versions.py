@@ -32,6 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import itertools
+import math
 import operator
 import time
 from collections.abc import Iterator
@@ -69,6 +70,11 @@ _WITNESS_BUDGET = 10_000
 _OPERATOR_CONDITION_OPS = 12
 #: sizes tried eagerly at most to capture a model from beside a size its example fixes
 _EAGER_TRIES = 6
+#: inputs a version's witness may allocate, in bytes, at least (more when the example
+#: itself is big: 16 times its inputs); diffusers' upsampling makes a tensor contiguous
+#: past 2**31 elements, whose other side needs inputs of 25 GB
+_WITNESS_BYTES = 256 * 2**20
+_WITNESS_BYTES_RATIO = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,8 +286,16 @@ class Versioning:
         """The version of the other side, captured on inputs of the witness's sizes;
         None (and a note) when eager or the trace fails there."""
         inputs = version.tracer.state.inputs
-        leaves_ = _leaves_for(version.tracer.dims, inputs, witness)
         sizes = ", ".join(f"{k}={v}" for k, v in witness.items() if v != _hint(version, k))
+        needed, allowed = _witness_bytes(version.tracer.dims, inputs, witness)
+        if needed > allowed:
+            self._note(
+                fact,
+                f"its other side needs inputs of {_bytes_text(needed)} ({sizes}), more "
+                f"than the {_bytes_text(allowed)} a version's capture may allocate",
+            )
+            return None
+        leaves_ = _leaves_for(version.tracer.dims, inputs, witness)
         error = _run_eagerly(self.root, inputs, leaves_)
         if error is not None:
             self._note(fact, f"eager raises for {sizes} ({error})")
@@ -425,6 +439,9 @@ def example_beyond(tracer: Any, root: Any, facts: list[sympy.Basic]) -> dict | N
     # where both sizes move together, not at the nearest size of `x` alone
     candidates = witnesses(tracer.dims, [sympy.Not(f) for f in facts])
     for witness in itertools.islice(candidates, _EAGER_TRIES):
+        needed, allowed = _witness_bytes(tracer.dims, inputs, witness)
+        if needed > allowed:
+            continue  # inputs too big to allocate (see _WITNESS_BYTES)
         leaves_ = _leaves_for(tracer.dims, inputs, witness)
         if _run_eagerly(root, inputs, leaves_) is None:
             return dict(zip(inputs.arg_names, pytree.tree_unflatten(leaves_, inputs.in_spec)))
@@ -507,8 +524,8 @@ def _hint(version: Version, name: str) -> int:
     return int(dims.hint(dims.by_name[name]))
 
 
-def _leaves_for(dims: Any, inputs: Any, witness: dict[str, int]) -> list[Any]:
-    """The example's leaves with the dynamic sizes of the witness."""
+def _size_function(dims: Any, witness: dict[str, int]):
+    """Maps a size of the example (an int or a SymInt) to its value at the witness."""
     symbols = [sympy.Symbol(name, integer=True) for name in witness]
     values = [witness[s.name] for s in symbols]
 
@@ -519,6 +536,28 @@ def _leaves_for(dims: Any, inputs: Any, witness: dict[str, int]) -> list[Any]:
         expression = dims.user_expression(value.node._expr)
         return int(compile_condition(expression, symbols)(*values))
 
+    return size
+
+
+def _witness_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
+    """The bytes the witness's input tensors take, and the most a capture may
+    allocate for them (see ``_WITNESS_BYTES``)."""
+    size = _size_function(dims, witness)
+    needed = example = 0
+    for leaf, sizes in zip(inputs.leaves, inputs.sizes):
+        if isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
+            needed += math.prod(max(size(d), 0) for d in sizes) * leaf.element_size()
+            example += leaf.numel() * leaf.element_size()
+    return needed, max(_WITNESS_BYTES, _WITNESS_BYTES_RATIO * example)
+
+
+def _bytes_text(count: int) -> str:
+    return f"{count / 2**30:.3g} GB" if count >= 2**30 else f"{count / 2**20:.3g} MB"
+
+
+def _leaves_for(dims: Any, inputs: Any, witness: dict[str, int]) -> list[Any]:
+    """The example's leaves with the dynamic sizes of the witness."""
+    size = _size_function(dims, witness)
     generator = torch.Generator().manual_seed(0)
     new = []
     for leaf, sizes in zip(inputs.leaves, inputs.sizes):
