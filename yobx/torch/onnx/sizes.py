@@ -136,7 +136,9 @@ def size_variants(
     for symbol in ordered:
         alone[symbol] = [step for step in _STEPS if candidate({symbol: step}) is not None]
         if not alone[symbol]:
-            alone[symbol] = _wider_steps(base[symbol], lambda step: candidate({symbol: step}))
+            alone[symbol] = _wider_steps(
+                base[symbol], lambda step, symbol=symbol: candidate({symbol: step})
+            )
         if alone[symbol]:
             step = alone[symbol][0]
             variants.append((label(candidate({symbol: step})), candidate({symbol: step})))
