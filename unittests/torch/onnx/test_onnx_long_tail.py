@@ -15,6 +15,7 @@ from unittests.torch.tracing.test_tracing_long_tail import (
     RealTensorSizes,
     SquareGrid,
 )
+from yobx.torch.onnx import to_onnx
 
 from ._helpers import export_and_validate
 
@@ -150,3 +151,29 @@ class RemainderBySize(torch.nn.Module):
 
 def test_a_remainder_by_a_symbolic_int_exports():
     export_and_validate(RemainderBySize(), (torch.randn(3, 5),), dynamic_shapes=({0: "a", 1: "b"},))
+
+
+class WriteThroughAStridedReshape(torch.nn.Module):
+    """A write through ``y[::2].reshape(-1)``: a view of ``y`` where ``y[::2]`` has one
+    row (``b`` of 2 or 3), a copy otherwise."""
+
+    def forward(self, x, y):
+        w = y[::2].reshape(-1)
+        w[0] = 0.5
+        return x + w.sum()
+
+
+def test_a_write_whose_aliasing_depends_on_the_sizes_is_refused_clearly():
+    with pytest.raises(Exception, match=r"a view at some sizes, a copy at others.*\.clone\(\)"):
+        to_onnx(
+            WriteThroughAStridedReshape(),
+            (torch.randn(2), torch.randn(8, 3)),
+            dynamic_shapes=({0: "s"}, {0: "b"}),
+        )
+    # the same write into a 1-d input is a view at every size: y is updated
+    result = export_and_validate(
+        WriteThroughAStridedReshape(),
+        (torch.randn(2), torch.randn(8)),
+        dynamic_shapes=({0: "s"}, {0: "b"}),
+    )
+    assert [o.name for o in result.model_proto.graph.output][-1] == "y_updated"

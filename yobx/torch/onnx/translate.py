@@ -208,13 +208,22 @@ def _translate_graphs(lowered: LoweredGraph, model: ir.Model, opset: int) -> dic
             else OnnxExportError
         )
         where = f" in subgraph '{module_name}'" if module_name else ""
-        raise error_class(
-            f"no ONNX translation for operator '{target}'{where} ({detail})",
-            origin,
-            target=target,
-        ) from exc
+        message = f"no ONNX translation for operator '{target}'{where} ({detail})"
+        if target in _IN_PLACE_WRITES:
+            message += (
+                ": the model writes in place into a tensor the passes could not prove "
+                "to be its own or a view of an input at every size (a reshape of a "
+                "tensor that is not contiguous is a view at some sizes, a copy at "
+                "others); ONNX has no in-place writes. Write into a `.clone()` (or "
+                "`.contiguous()`) of it, or into the input itself"
+            )
+        raise error_class(message, origin, target=target) from exc
     assert values is not None
     return values
+
+
+#: in-place writes the passes leave when they cannot tell what the target aliases
+_IN_PLACE_WRITES = ("copy_", "index_put_", "fill_", "masked_fill_")
 
 
 def _set_inputs_and_initializers(

@@ -287,6 +287,16 @@ def aten_view_scatter(name: str, node: Node) -> tuple[bool, Scatter | None]:
     return True, factory(node)
 
 
+def keeps_shape(base: Any, result: Any) -> bool:
+    """Whether a reshape's result provably has its input's shape (``y[::2].reshape(-1)``
+    of a 1-d ``y``): torch then returns a view whatever the strides."""
+    if not isinstance(base, torch.Tensor) or not isinstance(result, torch.Tensor):
+        return False
+    if base.dim() != result.dim():
+        return False
+    return all(statically_known_true(a == b) for a, b in zip(base.shape, result.shape))
+
+
 def may_be_view(name: str) -> bool:
     """Reshapes alias their input when its layout allows it, else they copy."""
     return name in _MAYBE_VIEWS

@@ -71,6 +71,7 @@ from ._views import (
     element_scatter,
     is_contiguous,
     is_split,
+    keeps_shape,
     may_be_view,
     scatter_getitem,
     scatter_identity,
@@ -207,7 +208,9 @@ def _classify_aten(node: Node) -> Alias:
     always, scatter = aten_view_scatter(name, node)
     if always or name in _ATEN_ALWAYS_VIEWS:
         return Alias(VIEW, base, scatter, (node,))
-    if name in ("reshape", "flatten", "_reshape_alias") and is_contiguous(example_value(base)):
+    if name in ("reshape", "flatten", "_reshape_alias") and (
+        is_contiguous(example_value(base)) or keeps_shape(example_value(base), example_value(node))
+    ):
         return Alias(VIEW, base, scatter_reshape(True), (node,))
     return _conversion(node, name, base) or MAY_ALIAS_ALIAS
 
@@ -308,7 +311,10 @@ def _classify_by_name(node: Node, name: str) -> Alias:
     if name == "positive":
         return Alias(VIEW, base, scatter_identity)
     if may_be_view(name):
-        if is_contiguous(example_value(base)):
+        base_value = example_value(base)
+        # ravel copies a non-contiguous input whatever its shape (contiguous().view)
+        same_shape = name != "ravel" and keeps_shape(base_value, example_value(node))
+        if is_contiguous(base_value) or same_shape:
             return Alias(VIEW, base, scatter_reshape(False), (node,))
         return MAY_ALIAS_ALIAS
     conversion = _conversion(node, name, base)
