@@ -91,9 +91,9 @@ def test_export_tiny_llm_is_dynamic_by_default(yobx_command, tmp_path):
     # the summary on stdout
     out = result.stdout
     assert re.search(r"^inputs\n  input_ids +int64 +\[batch, seq\]$", out, re.M)
-    assert re.search(r"^  past_key_values_0_0 +float32 +\[batch, 4, past, 8\]$", out, re.M)
+    assert re.search(r"^  past_key_values\.0\.key +float32 +\[batch, 4, past, 8\]$", out, re.M)
     assert re.search(r"^outputs\n  logits +float32 +\[batch, seq, 128\]$", out, re.M)
-    assert re.search(r"^  present_key_values_0_0 +float32 +\[batch, 4, past\+seq, 8\]$", out, re.M)
+    assert re.search(r"^  present\.0\.key +float32 +\[batch, 4, past\+seq, 8\]$", out, re.M)
     assert "dynamic dimensions  batch, seq, past, past+seq" in out
     assert "constraints         none" in out
     assert "  example  " in out and "  batch=5  " in out  # the validation table

@@ -12,11 +12,11 @@ def test_tiny_llm_with_past_key_values():
     result = export_and_validate(model, args, kwargs, dynamic_shapes=dynamic_shapes, min_cases=5)
     dims = onnx_dims(result.model_proto)
     assert dims["input_ids"] == ["batch", "seq"]
-    assert dims["past_key_values_0_0"] == ["batch", 4, "past", 8]
+    assert dims["past_key_values.0.key"] == ["batch", 4, "past", 8]
     assert dims["logits"] == ["batch", "seq", 128]
     # The cache grows by the new tokens: the derived dimension is an expression of
     # the user's names, the same for every layer, key and value.
-    for name in ("present_key_values_0_0", "present_key_values_1_1"):
+    for name in ("present.0.key", "present.1.value"):
         assert dims[name] == ["batch", 4, "past+seq", 8]
     assert result.input_names[0] == "input_ids"
     assert result.output_names[0] == "logits"

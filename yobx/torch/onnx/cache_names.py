@@ -9,6 +9,11 @@ share its name with an input. The convention of Hugging Face's ONNX exports is u
   argument's name is the prefix);
 * a cache in the outputs gives ``present.<layer>.key`` and ``present.<layer>.value``
   (a second cache in the outputs: ``present_1.<layer>.key``...).
+
+The legacy form of a cache, one ``(key, value)`` pair of tensors per layer (the
+``tiny-llm`` demo, older transformers models), follows the same convention when its
+name says what it is: the argument ``past_key_values``, and an output under the key
+``present_key_values``, ``past_key_values`` or ``present``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,30 @@ from ..tracing.inputs import bind_arguments, placeholder_names, register_cache_f
 
 #: prefix of the tensors of a cache in the outputs
 PRESENT = "present"
+#: the argument holding a cache in legacy form, and the output keys that do
+LEGACY_ARGUMENT = "past_key_values"
+LEGACY_OUTPUT_KEYS = ("present_key_values", "past_key_values", "present")
+
+
+def _legacy_pairs(value: Any) -> list[tuple[Any, Any]] | None:
+    """The ``(key, value)`` pairs of a cache in legacy form (a list or tuple of pairs
+    of tensors, one per layer), or None."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    for pair in value:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            return None
+        if not all(isinstance(t, torch.Tensor) for t in pair):
+            return None
+    return [tuple(pair) for pair in value]
+
+
+def _pair_names(pairs: list[tuple[Any, Any]], prefix: str) -> dict[int, str]:
+    return {
+        id(tensor): f"{prefix}.{index}.{kind}"
+        for index, pair in enumerate(pairs)
+        for kind, tensor in zip(("key", "value"), pair)
+    }
 
 
 def _is_cache(value: Any) -> bool:
@@ -69,10 +98,11 @@ def onnx_input_names(
 ) -> dict[str, str]:
     """Input (placeholder) name -> ONNX input name, for the inputs that are in a cache."""
     bound = bind_arguments(model.forward, tuple(args), dict(kwargs))
-    if not any(_caches(value) for value in bound.values()):
+    legacy = _legacy_pairs(bound.get(LEGACY_ARGUMENT))
+    if legacy is None and not any(_caches(value) for value in bound.values()):
         return {}
     register_cache_flattening(list(bound.values()))
-    names: dict[int, str] = {}
+    names: dict[int, str] = {} if legacy is None else _pair_names(legacy, LEGACY_ARGUMENT)
     for arg_name, value in bound.items():
         for cache in _caches(value):
             names.update(cache_tensor_names(cache, arg_name))
@@ -88,7 +118,17 @@ def onnx_input_names(
 def present_names(structure: Any) -> dict[int, str]:
     """``id(tensor) -> "present.<layer>.key"`` for the caches of an output structure."""
     names: dict[int, str] = {}
-    for index, cache in enumerate(_caches(structure)):
+    caches = _caches(structure)
+    if isinstance(structure, Mapping):
+        caches += [
+            pairs
+            for key in LEGACY_OUTPUT_KEYS
+            if (pairs := _legacy_pairs(structure.get(key))) is not None
+        ]
+    for index, cache in enumerate(caches):
         prefix = PRESENT if index == 0 else f"{PRESENT}_{index}"
-        names.update(cache_tensor_names(cache, prefix))
+        if isinstance(cache, list):
+            names.update(_pair_names(cache, prefix))
+        else:
+            names.update(cache_tensor_names(cache, prefix))
     return names
