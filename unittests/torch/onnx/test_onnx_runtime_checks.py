@@ -189,6 +189,10 @@ def test_declared_range_and_torch_check_are_checked():
     assert result.validation.n_checks_fired == len(result.runtime_checks)
     metadata = json.loads(result.model.metadata_props[RUNTIME_CHECKS_KEY])
     assert [m["expression"] for m in metadata] == expressions
+    # a declared range is located at the call declaring it (its dynamic_shapes): the
+    # helper's call of to_onnx
+    declared = [m for m in metadata if m["kind"] == "declared"]
+    assert declared and all("onnx/_helpers.py:" in m["location"] for m in declared)
 
 
 class Ratio(torch.nn.Module):

@@ -59,6 +59,17 @@ def is_internal(filename: str) -> bool:
     return filename.startswith(_STDLIB_DIR) and "site-packages" not in filename
 
 
+def user_location() -> str:
+    """``file:line`` of the first frame outside torch and yobx's torch package (the
+    user's call of ``trace`` or ``to_onnx``), ``""`` when there is none."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not is_internal(frame.f_code.co_filename):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
 def constant_value(val: Any) -> Any:
     """Returns ``val`` if it is a plain Python constant (no tensor, no symbol)."""
     if val is None:

@@ -179,18 +179,24 @@ def describe_source(
 
 
 def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
-    """Declared ranges, and agreement of the inputs sharing a dimension."""
+    """Declared ranges, and agreement of the inputs sharing a dimension; their location
+    is the call that declared them (its ``dynamic_shapes``)."""
+    where = dims.declared_at
     checks = []
     for symbol, (low, high) in dims.declared.items():
         name = dims.render(symbol)
         if symbol not in dims.default_min:
             # the default lower bound is checked only where a decision needs it
             checks.append(
-                RuntimeCheck(sympy.Ge(symbol, low), f"{name} >= {low} (declared)", "", "declared")
+                RuntimeCheck(
+                    sympy.Ge(symbol, low), f"{name} >= {low} (declared)", where, "declared"
+                )
             )
         if high is not None:
             checks.append(
-                RuntimeCheck(sympy.Le(symbol, high), f"{name} <= {high} (declared)", "", "declared")
+                RuntimeCheck(
+                    sympy.Le(symbol, high), f"{name} <= {high} (declared)", where, "declared"
+                )
             )
     for leaf, axis, expected in dims.occurrences:
         symbol = next(iter(expected.free_symbols))
@@ -206,7 +212,7 @@ def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
             RuntimeCheck(
                 sympy.Eq(size, expected),
                 f"{leaf}.size({axis}) == {dims.render(expected)} (declared)",
-                "",
+                where,
                 "declared",
             )
         )

@@ -145,6 +145,9 @@ class SymbolicDimensions:
         self.occurrences: list[tuple[str, int, sympy.Expr]] = []
         #: declared bounds of each symbol, checked when the graph runs
         self.declared: dict[sympy.Symbol, tuple[int, int | None]] = {}
+        #: ``file:line`` of the call declaring them (``trace(..., dynamic_shapes=...)``),
+        #: the location of their checks
+        self.declared_at = ""
         #: symbols whose lower bound is the default one (see :meth:`lowest_bound`)
         self.default_min: set[sympy.Symbol] = set()
         #: names of dimensions without a declared minimum that take the size 1 (their

@@ -29,7 +29,7 @@ from ..quiet_logs import quieted
 from . import shape_rules
 from .constraints import Constraint
 from .decided_layouts import decided_layouts
-from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value
+from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value, user_location
 from .deferred_interrupts import PENDING as PENDING_INTERRUPT
 from .deferred_interrupts import deferred_interrupts, raise_pending_interrupt
 from .errors import SpecializationError, autocast_refused
@@ -577,6 +577,7 @@ class CustomTracer(
 
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()
+        self.dims.declared_at = user_location()
         self.dims.take_one = set(self._take_one)
         self.dims.consult_prover()
         self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode, self.dims.from_real)
