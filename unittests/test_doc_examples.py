@@ -1,14 +1,25 @@
-"""Every ``.. code-block:: python`` of README.rst and ``_doc/*.rst`` runs as written.
+"""Every ``.. code-block:: python`` of README.rst and ``_doc/*.rst`` runs as written,
+and prints what its comments say it prints.
 
 The blocks of one page run in order in one namespace (a page is read as a tutorial:
 a later block may use the model an earlier one built), in a temporary directory (the
 files they write stay there). Each page is a module whose source file holds the blocks
 at their own line numbers, so that an error points at the page's line and code that
 reads its own source (``inspect.getsource``, ``torch.export(strict=True)``) finds it.
+
+A ``print(value)`` whose comment is a Python repr (``# ['batch', 'seq']``,
+``# PassResult('remove_unnecessary_slices', count=4)``, ``# "a message"``) is checked:
+the value's ``repr`` (or ``str``, for a quoted comment) must match it, ``...`` standing
+for anything. Comments that describe (``# every stage, its calls``) are left alone.
+A ``.. code-block:: text`` preceded by the comment ``.. the output of the block above``
+is compared with what the python block before it printed: its lines, in order, each
+matching one printed line (``...`` for anything; runs of spaces and dashes, and
+``file.py:line`` locations, compare equal whatever their length or names).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import os
@@ -28,6 +39,59 @@ _PAGES = [
     ),
 ]
 _BLOCK = re.compile(r"^(\s*)\.\. code-block:: python\s*$")
+_OUTPUT_MARKER = ".. the output of the block above"
+_TEXT_BLOCK = re.compile(r"^\s*\.\. code-block:: text\s*$")
+_PRINT = re.compile(r"^(\s*)print\((.+)\)\s+#\s+(.+)$")
+#: how a comment showing a repr starts: a literal, a quoted text, ``Name(`` or a
+#: constant
+_REPR_START = re.compile(r"""^([\[{('"]|[A-Z]\w*\(|(None|True|False)\b)""")
+
+
+def printed_repr(comment: str) -> str | None:
+    """The repr a ``print`` comment shows (the longest prefix that is a Python
+    expression, ``...`` allowed), or None for a comment that describes."""
+    if not _REPR_START.match(comment):
+        return None
+    for end in range(len(comment), 0, -1):
+        prefix = comment[:end].rstrip()
+        if prefix[-1:] not in ")]}'\"" and prefix not in ("None", "True", "False"):
+            continue
+        try:
+            ast.parse(prefix, mode="eval")
+        except SyntaxError:
+            continue
+        return prefix
+    return None
+
+
+def matches_printed(value: object, expected: str) -> bool:
+    """Whether ``value`` prints as ``expected`` (``...`` matches anything)."""
+    forms = [expected]
+    if expected[0] in "'\"" and expected[-1] == expected[0]:
+        forms.append(expected[1:-1])  # a text, shown quoted (a KeyError prints quoted)
+    for form in forms:
+        pattern = ".*".join(re.escape(part) for part in form.split("..."))
+        if any(re.fullmatch(pattern, text, re.S) for text in (repr(value), str(value))):
+            return True
+    return False
+
+
+def _checked_prints(code: str, first: int, page: str) -> str:
+    """The code with each ``print`` of a repr comment checking its value too."""
+    lines = code.split("\n")
+    for offset, line in enumerate(lines):
+        match = _PRINT.match(line)
+        expected = printed_repr(match.group(3)) if match else None
+        if expected is not None:
+            indent, value = match.group(1), match.group(2)
+            where = f"{page}:{first + offset}"
+            lines[offset] = f"{indent}__doc_printed__({value}, {expected!r}, {where!r})"
+    return "\n".join(lines)
+
+
+def _doc_printed(value: object, expected: str, where: str) -> None:
+    print(value)
+    assert matches_printed(value, expected), f"{where} prints {value!r}, the text says {expected}"
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
@@ -58,6 +122,47 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
     return blocks
 
 
+def expected_outputs(text: str) -> dict[int, str]:
+    """First line of the python block -> the text block marked as its output."""
+    lines = text.splitlines()
+    firsts = [first for first, _ in python_blocks(text)]
+    outputs = {}
+    for index, line in enumerate(lines):
+        if not line.strip().startswith(_OUTPUT_MARKER):
+            continue
+        start = next(i for i in range(index + 1, len(lines)) if lines[i].strip())
+        assert _TEXT_BLOCK.match(lines[start]), f"line {index + 1}: no text block after it"
+        body = []
+        for following in lines[start + 1 :]:
+            if following.strip() and not following.startswith((" ", "\t")):
+                break
+            body.append(following)
+        before = [first for first in firsts if first < index + 1]
+        outputs[before[-1]] = "\n".join(body).strip("\n")
+    return outputs
+
+
+def _normalized(line: str) -> str:
+    line = re.sub(r"\S+\.py:\d+", "FILE:LINE", line.strip())
+    return re.sub(r"-{2,}", "--", re.sub(r"\s+", " ", line))
+
+
+def printed_as_written(printed: str, expected: str) -> str | None:
+    """None when every expected line matches a printed line, in order; else the first
+    expected line that does not."""
+    lines = [_normalized(line) for line in printed.splitlines() if line.strip()]
+    position = 0
+    for wanted in (line for line in expected.splitlines() if line.strip()):
+        parts = _normalized(wanted).split("...")
+        pattern = re.compile(".*".join(re.escape(part) for part in parts))
+        while position < len(lines) and not pattern.fullmatch(lines[position]):
+            position += 1
+        if position == len(lines):
+            return wanted.strip()
+        position += 1
+    return None
+
+
 def test_python_blocks_are_found():
     text = "Intro\n\n.. code-block:: python\n\n    x = 1\n\n    y = x\n\nAfter::\n\n    z\n"
     assert python_blocks(text) == [(5, "x = 1\n\ny = x")]
@@ -66,7 +171,8 @@ def test_python_blocks_are_found():
 @pytest.mark.parametrize("page", _PAGES)
 def test_page_blocks_run_as_written(page, tmp_path, monkeypatch):
     with open(os.path.join(_ROOT, page), encoding="utf-8") as f:
-        blocks = python_blocks(f.read())
+        text = f.read()
+    blocks = python_blocks(text)
     if not blocks:
         pytest.skip(f"{page} has no python block")
     if any("transformers" in code for _, code in blocks):
@@ -84,10 +190,44 @@ def test_page_blocks_run_as_written(page, tmp_path, monkeypatch):
     module.__file__ = str(filename)
     monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.chdir(tmp_path)
+    module.__dict__["__doc_printed__"] = _doc_printed
+    outputs = expected_outputs(text)
     for first, code in blocks:
+        code = _checked_prints(code, first, page)
         compiled = compile("\n" * (first - 1) + code, str(filename), "exec")
-        with contextlib.redirect_stdout(io.StringIO()):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
             try:
                 exec(compiled, module.__dict__)
             except Exception as e:
                 pytest.fail(f"{page}, block at line {first}: {type(e).__name__}: {e}")
+        if first in outputs:
+            missing = printed_as_written(printed.getvalue(), outputs[first])
+            assert missing is None, (
+                f"{page}, block at line {first} does not print {missing!r}; it prints:\n"
+                f"{printed.getvalue()}"
+            )
+
+
+def test_printed_reprs_are_recognised_and_compared():
+    assert printed_repr("['batch', 'seq']: exact at every size") == "['batch', 'seq']"
+    assert printed_repr("PassResult('x', count=4)") == "PassResult('x', count=4)"
+    assert printed_repr("every stage, its calls") is None
+    assert printed_repr("[]: exact at every size") == "[]"
+    assert printed_repr("None: nothing differs") == "None"
+    assert matches_printed(["a", "b", "c"], "['a', ...]")
+    assert not matches_printed(["b"], "['a', ...]")
+    assert matches_printed(KeyError("no key"), "\"'no key'\"")
+
+
+def test_marked_outputs_are_compared_line_by_line():
+    text = (
+        ".. code-block:: python\n\n    print(1)\n\nIt prints:\n\n"
+        f"{_OUTPUT_MARKER}\n\n.. code-block:: text\n\n    a   b\n    x at m.py:3 ...\n\nEnd\n"
+    )
+    assert expected_outputs(text) == {3: "    a   b\n    x at m.py:3 ..."}
+    assert (
+        printed_as_written("a b\nnoise\nx at /tmp/t.py:12 and more", "a   b\nx at m.py:3 ...")
+        is None
+    )
+    assert printed_as_written("x at t.py:1\na b", "a b\nx at m.py:3") == "x at m.py:3"
