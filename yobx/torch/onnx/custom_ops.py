@@ -208,7 +208,8 @@ def _attention_to_onnx(
 
 def _symbolic_math(onnx_op: str):
     """``torch._sym_sqrt`` and friends (``math.sqrt(x.shape[0])``): the ONNX operator
-    on the size converted to float (a SymFloat is a float tensor in torch_lib)."""
+    on the size converted to double (a symbolic float is a Python float, a double in
+    the ONNX model: see ``_torch_onnx_internals._symbolic_floats_in_double``)."""
 
     def translation(x):
         return getattr(_op, onnx_op)(_op.Cast(x, to=onnxscript.DOUBLE.dtype))
@@ -218,10 +219,12 @@ def _symbolic_math(onnx_op: str):
 
 
 def _sym_float_to_onnx(x):
+    # float(n) of a size: a Python float, a double (torch.onnx casts to float32)
     return _op.Cast(x, to=onnxscript.DOUBLE.dtype)
 
 
 def _truediv_to_onnx(x, y):
+    # n / 7 of sizes: Python's true division, in double
     return _op.Div(_op.Cast(x, to=onnxscript.DOUBLE.dtype), _op.Cast(y, to=onnxscript.DOUBLE.dtype))
 
 
