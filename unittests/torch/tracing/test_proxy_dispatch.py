@@ -102,3 +102,19 @@ def test_a_raw_symint_argument_warns_as_in_torch_fx():
     size = SymbolicDimensions().dimension("n", 3)
     with pytest.warns(UserWarning, match="Raw SymInt"):
         CustomTracer().create_arg((1, size))
+
+
+def test_a_proxy_over_a_node_of_another_graph_is_refused_with_its_fix():
+    # the reference project's "simple proxy" test: torch.fx records x.length() in the
+    # tracer's graph, reading a node that graph does not hold (its lint fails); here
+    # the error says what happened and what to do
+    graph = torch.fx.Graph()
+    node = graph.create_node("placeholder", "tx", args=(), kwargs={}, name="txn")
+    tracer = CustomTracer()
+    tracer.graph = torch.fx.Graph(tracer_cls=CustomTracer)
+    x = CustomProxy(node, tracer)
+    with pytest.raises(torch.fx.proxy.TraceError, match="belongs to another graph.*create_proxy"):
+        x.length()
+    # a proxy the tracer creates over its own graph works
+    own = tracer.create_proxy("placeholder", "tx", (), {})
+    assert isinstance(own.length(), CustomProxy)

@@ -208,7 +208,15 @@ class AttributesMixin:
     def _lift(self, node: Node) -> Node:
         """Makes a value of an enclosing graph an input of the subgraph being traced."""
         if not self.state.lift_stack:
-            raise TraceError(f"node {node} belongs to another graph")
+            # recording it here would give a graph reading a node it does not hold
+            # (torch.fx does, and its lint fails); recording it in the node's own
+            # graph would silently leave it out of this trace
+            raise TraceError(
+                f"node {node} belongs to another graph: a proxy of another trace (kept "
+                f"from an earlier call, or built over a node of a graph of its own) was "
+                f"used in this one; pass its value as an input of the traced function, "
+                f"or create the proxy with this tracer (tracer.create_proxy)"
+            )
         lifted = self.state.lift_stack[-1]
         if node not in lifted:
             if node.op == "get_attr":
