@@ -247,3 +247,22 @@ def test_arange_to_a_symbolic_float():
         {"x": {1: "n"}},
         other_inputs=[{"x": torch.randn(2, 9)}, {"x": torch.randn(2, 2)}],
     )
+
+
+class AsTensorWithDevice(torch.nn.Module):
+    """``torch.as_tensor(indices, device=indices.device)`` (TAPAS's index maps)."""
+
+    def forward(self, x):
+        indices = torch.as_tensor(x.long(), device=x.device)
+        sizes = torch.as_tensor([x.shape[0], x.shape[1]], dtype=torch.float32)
+        return x * 2 + indices + sizes.sum()
+
+
+def test_as_tensor_with_a_device():
+    # torch.as_tensor takes no requires_grad: the symbolic variant passed one
+    check_trace(
+        AsTensorWithDevice(),
+        {"x": torch.randn(2, 6)},
+        {"x": {0: "b", 1: "n"}},
+        other_inputs=[{"x": torch.randn(3, 9)}],
+    )

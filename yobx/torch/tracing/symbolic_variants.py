@@ -365,12 +365,14 @@ def _symbolic_tensor(original: Callable) -> Callable:
     """
 
     @functools.wraps(original)
-    def tensor(data, *args, dtype=None, device=None, requires_grad=False, **kwargs):
-        found = None if args or kwargs else _symbolic_scalars(data)
+    def tensor(data, *args, **kwargs):
+        # the arguments are passed on as given: torch.as_tensor takes no requires_grad
+        dtype, device = kwargs.get("dtype"), kwargs.get("device")
+        plain = args or set(kwargs) - {"dtype", "device", "requires_grad"}
+        plain = plain or kwargs.get("requires_grad")
+        found = None if plain else _symbolic_scalars(data)
         if found is None:
-            return original(
-                data, *args, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs
-            )
+            return original(data, *args, **kwargs)
         items, shape = found
         if dtype is None:
             if all(isinstance(i, (bool, torch.SymBool)) for i in items):
