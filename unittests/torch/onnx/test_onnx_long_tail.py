@@ -8,6 +8,7 @@ import torch
 from unittests.torch.tracing.test_tracing_long_tail import (
     ArangeToAFloat,
     ComplexRotary,
+    FourierMixing,
     HalfWrite,
     KeywordForms,
     NumpyConstants,
@@ -177,3 +178,9 @@ def test_a_write_whose_aliasing_depends_on_the_sizes_is_refused_clearly():
         dynamic_shapes=({0: "s"}, {0: "b"}),
     )
     assert [o.name for o in result.model_proto.graph.output][-1] == "y_updated"
+
+
+def test_fft_exports_with_dynamic_dimensions():
+    export_and_validate(
+        FourierMixing(), (torch.randn(2, 7, 8),), dynamic_shapes=({0: "batch", 1: "seq"},)
+    )

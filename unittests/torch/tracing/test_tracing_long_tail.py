@@ -266,3 +266,22 @@ def test_as_tensor_with_a_device():
         {"x": {0: "b", 1: "n"}},
         other_inputs=[{"x": torch.randn(3, 9)}],
     )
+
+
+class FourierMixing(torch.nn.Module):
+    """FNet's token mixing: the real part of a 2-d FFT over sequence and hidden."""
+
+    def forward(self, x):
+        return torch.fft.fftn(x, dim=(1, 2)).real
+
+
+def test_fft_keeps_its_dimensions_dynamic():
+    # torch's C++ meta kernel of the FFTs fixed batch and seq to the example's; the
+    # Python one (torch.export's) keeps them
+    tracer, _, _ = check_trace(
+        FourierMixing(),
+        {"x": torch.randn(2, 7, 8)},
+        {"x": {0: "batch", 1: "seq"}},
+        other_inputs=[{"x": torch.randn(3, 5, 8)}],
+    )
+    assert tracer.constraints == []

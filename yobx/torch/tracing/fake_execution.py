@@ -103,6 +103,18 @@ def _is_convolution(node: Node, module: torch.nn.Module | None) -> bool:
     return isinstance(module, torch.nn.modules.conv._ConvNd)
 
 
+def _needs_python_dispatcher(function: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether torch runs ``function`` on fake tensors as torch.export does only through
+    the Python dispatcher: its argument parser takes a symbolic float
+    (``torch.arange(0, n * 0.5, 0.5)``) only there (an internal assertion fails
+    otherwise), and the FFTs' C++ meta kernels fix every size of their input
+    (FNet's ``torch.fft.fftn``: ``batch == 2`` and ``seq == 7``) where the Python ones
+    keep them symbolic."""
+    if getattr(function, "__module__", None) == "torch._C._fft":
+        return True
+    return any(isinstance(a, torch.SymFloat) for a in pytree.tree_leaves((args, kwargs)))
+
+
 def _fake_value(node: Node) -> Any:
     if "val" not in node.meta:
         raise TraceError(f"node {node.format_node()} has no fake value")
@@ -246,10 +258,7 @@ class FakeExecutionMixin:
         """Runs the node's operation through torch (the fake mode must be active)."""
         if node.op == "call_function":
             function = function_variant(node.target, args)
-            if any(isinstance(a, torch.SymFloat) for a in pytree.tree_leaves((args, kwargs))):
-                # torch's argument parser only takes a symbolic float
-                # (`torch.arange(0, n * 0.5, 0.5)`) through the Python dispatcher, as
-                # torch.export runs it; otherwise an internal assertion fails
+            if _needs_python_dispatcher(function, args, kwargs):
                 with enable_python_dispatcher():
                     return function(*args, **kwargs)
             return function(*args, **kwargs)
