@@ -112,7 +112,14 @@ def _needs_python_dispatcher(function: Any, args: tuple, kwargs: dict) -> bool:
     keep them symbolic."""
     if getattr(function, "__module__", None) == "torch._C._fft":
         return True
-    return any(isinstance(a, torch.SymFloat) for a in pytree.tree_leaves((args, kwargs)))
+    # every call_function node comes here: a look at the arguments and one level of
+    # lists inside them, no pytree flattening
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.SymFloat):
+            return True
+        if type(value) in (list, tuple) and any(isinstance(v, torch.SymFloat) for v in value):
+            return True
+    return False
 
 
 def _fake_value(node: Node) -> Any:
