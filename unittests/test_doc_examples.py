@@ -10,7 +10,12 @@ reads its own source (``inspect.getsource``, ``torch.export(strict=True)``) find
 A ``print(value)`` whose comment is a Python repr (``# ['batch', 'seq']``,
 ``# PassResult('remove_unnecessary_slices', count=4)``, ``# "a message"``) is checked:
 the value's ``repr`` (or ``str``, for a quoted comment) must match it, ``...`` standing
-for anything. Comments that describe (``# every stage, its calls``) are left alone.
+for anything. A ``print`` whose comment is printed text, recognised by a source location
+(``# batch == 0 -> False (bounds)  [model.py:6]``) or a `` ... `` standing for a part
+(``# the inputs break the constraint `seq <= 128` ... seq=200``), is checked the same
+way on ``str(value)``, locations comparing equal whatever the file and line; comment
+lines aligned under it continue it, one line per call when the print runs in a loop.
+Comments that describe (``# every stage, its calls``) are left alone.
 A ``.. code-block:: text`` preceded by the comment ``.. the output of the block above``
 is compared with what the python block before it printed: its lines, in order, each
 matching one printed line (``...`` for anything; runs of spaces and dashes, and
@@ -44,6 +49,7 @@ _TEXT_BLOCK = re.compile(r"^\s*\.\. code-block:: text\s*$")
 _PRINT = re.compile(r"^(\s*)print\((.+)\)\s+#\s+(.+)$")
 #: how a comment showing a repr starts: a literal, a quoted text, ``Name(`` or a
 #: constant
+_LOCATION = re.compile(r"\[[^\[\]\s]+\.py:\d+\]")
 _REPR_START = re.compile(r"""^([\[{('"]|[A-Z]\w*\(|(None|True|False)\b)""")
 
 
@@ -64,24 +70,57 @@ def printed_repr(comment: str) -> str | None:
     return None
 
 
+def printed_text(comment: str) -> str | None:
+    """The text a ``print`` comment shows when it is printed text (it holds a source
+    location ``[file.py:N]`` or a `` ... ``), else None."""
+    comment = comment.strip()
+    if _LOCATION.search(comment) or " ... " in comment or comment.endswith(" ..."):
+        return comment
+    return None
+
+
+def _locations_normalized(text: str) -> str:
+    return _LOCATION.sub("[FILE:LINE]", text)
+
+
 def matches_printed(value: object, expected: str) -> bool:
-    """Whether ``value`` prints as ``expected`` (``...`` matches anything)."""
+    """Whether ``value`` prints as ``expected`` (``...`` matches anything, source
+    locations compare equal whatever their file and line)."""
     forms = [expected]
     if expected[0] in "'\"" and expected[-1] == expected[0]:
         forms.append(expected[1:-1])  # a text, shown quoted (a KeyError prints quoted)
+    texts = [_locations_normalized(text) for text in (repr(value), str(value))]
     for form in forms:
-        pattern = ".*".join(re.escape(part) for part in form.split("..."))
-        if any(re.fullmatch(pattern, text, re.S) for text in (repr(value), str(value))):
+        parts = _locations_normalized(form).split("...")
+        pattern = ".*".join(re.escape(part) for part in parts)
+        if any(re.fullmatch(pattern, text, re.S) for text in texts):
             return True
     return False
 
 
+def _continued(lines: list[str], offset: int, column: int) -> list[str]:
+    """The comment lines right after ``lines[offset]`` whose ``#`` is at ``column``."""
+    following = []
+    for line in lines[offset + 1 :]:
+        if len(line) <= column or line[column] != "#" or line[:column].strip():
+            break
+        following.append(line[column + 1 :].strip())
+    return following
+
+
 def _checked_prints(code: str, first: int, page: str) -> str:
-    """The code with each ``print`` of a repr comment checking its value too."""
+    """The code with each ``print`` of a repr or a printed text comment checking its
+    value too."""
     lines = code.split("\n")
     for offset, line in enumerate(lines):
         match = _PRINT.match(line)
-        expected = printed_repr(match.group(3)) if match else None
+        if match is None:
+            continue
+        expected = printed_repr(match.group(3))
+        if expected is None and printed_text(match.group(3)) is not None:
+            column = line.rindex("#", 0, match.start(3))
+            texts = [match.group(3), *_continued(lines, offset, column)]
+            expected = [printed_text(text) or text for text in texts]
         if expected is not None:
             indent, value = match.group(1), match.group(2)
             where = f"{page}:{first + offset}"
@@ -89,9 +128,23 @@ def _checked_prints(code: str, first: int, page: str) -> str:
     return "\n".join(lines)
 
 
-def _doc_printed(value: object, expected: str, where: str) -> None:
-    print(value)
-    assert matches_printed(value, expected), f"{where} prints {value!r}, the text says {expected}"
+class _DocPrinted:
+    """``print`` checking what it prints: a call with one expected form, or with the
+    lines of a comment, one per call in order (later calls may match any of them)."""
+
+    def __init__(self):
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, value: object, expected: str | list[str], where: str) -> None:
+        print(value)
+        if isinstance(expected, list):
+            count = self.calls[where] = self.calls.get(where, -1) + 1
+            forms = [expected[count]] if count < len(expected) else expected
+        else:
+            forms = [expected]
+        assert any(matches_printed(value, form) for form in forms), (
+            f"{where} prints {value!r}, the text says {' or '.join(forms)}"
+        )
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
@@ -190,7 +243,7 @@ def test_page_blocks_run_as_written(page, tmp_path, monkeypatch):
     module.__file__ = str(filename)
     monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.chdir(tmp_path)
-    module.__dict__["__doc_printed__"] = _doc_printed
+    module.__dict__["__doc_printed__"] = _DocPrinted()
     outputs = expected_outputs(text)
     for first, code in blocks:
         code = _checked_prints(code, first, page)
@@ -231,3 +284,26 @@ def test_marked_outputs_are_compared_line_by_line():
         is None
     )
     assert printed_as_written("x at t.py:1\na b", "a b\nx at m.py:3") == "x at m.py:3"
+
+
+def test_printed_texts_are_recognised_and_compared():
+    assert printed_text("batch == 0 -> False (bounds)  [model.py:6]") is not None
+    assert printed_text("the constraint `seq <= 128` ... seq=200") is not None
+    assert printed_text("every stage, its calls") is None
+    assert matches_printed(
+        "batch >= 1 (range)  [/tmp/x/m.py:12]", "batch >= 1 (range)  [model.py:6]"
+    )
+    assert not matches_printed("batch >= 2 (range)  [m.py:12]", "batch >= 1 (range)  [model.py:6]")
+    code = (
+        "for v in values:\n"
+        "    print(v)  # version 1: s <= 16  [m.py:3]\n"
+        "              # version 2: s > 16  [m.py:3]\n"
+    )
+    checked = _checked_prints(code, 1, "page.rst")
+    assert "'version 2: s > 16  [m.py:3]'" in checked
+    printed = _DocPrinted()
+    with contextlib.redirect_stdout(io.StringIO()):
+        for value in ("version 1: s <= 16  [a.py:4]", "version 2: s > 16  [a.py:4]"):
+            printed(value, ["version 1: s <= 16  [m.py:3]", "version 2: s > 16  [m.py:3]"], "p")
+        with pytest.raises(AssertionError, match="the text says version 1"):
+            printed("version 2: s > 16  [a.py:4]", ["version 1: s <= 16  [m.py:3]"], "q")
