@@ -99,3 +99,45 @@ def test_identities_hold_at_every_size(seed):
             if left.is_number and right.is_number:
                 assert left == right, (lhs, rhs, x, y)
     assert found > 0
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_padding_as_ceiling_keeps_the_value(seed):
+    # random expressions holding paddings to a multiple (`(c - e % c) % c`, `-e % c`)
+    # keep their value once the paddings are written as ceilings, negative values of
+    # `e` included (Python's remainder of a negative number is the padding too)
+    from torch.utils._sympy.functions import Mod
+
+    from yobx.torch.tracing.residues import padding_as_ceiling
+
+    rng = random.Random(seed)
+    symbols = [sympy.Symbol(name, integer=True) for name in RANGES]
+    rewritten = 0
+    for _ in range(40):
+        inner = _expression(rng, symbols, 2)
+        c = sympy.Integer(rng.choice([2, 3, 4, 64]))
+        k = rng.choice([1, 2])
+        kind = rng.choice(["python", "negated", "mod"] if inner.free_symbols else ["python"])
+        if kind == "python":
+            padding = PythonMod(k * c - PythonMod(inner, c), c)
+        elif kind == "negated":
+            padding = PythonMod(-inner, c)
+        else:  # torch's Mod refuses a negative number: only built on an expression
+            padding = Mod(c - Mod(inner, c), c)
+        expr = rng.choice([inner + padding, padding, FloorDiv(inner + padding, c), padding * 2])
+        ceiling = padding_as_ceiling(expr)
+        rewritten += ceiling != expr
+        for values in itertools.product(range(-2, 7), repeat=len(symbols)):
+            at = dict(zip(symbols, values))
+            try:
+                if isinstance(padding, Mod) and inner.xreplace(at) < 0:
+                    continue  # torch's Mod is only defined on non-negative numbers
+                expected = expr.xreplace(at)
+            except ZeroDivisionError:
+                continue
+            try:
+                got = ceiling.xreplace(at)
+            except ZeroDivisionError as e:
+                raise AssertionError((expr, ceiling, at)) from e
+            assert got == expected, (expr, ceiling, at)
+    assert rewritten >= 20  # the others simplified away (`(2*a) % 2` is 0)

@@ -337,3 +337,50 @@ def test_joined_values_are_new_tensors_as_eager_makes():
     for b, n in [(2, 5), (3, 2), (1, 8)]:
         x = torch.randn(b, n, 3)
         assert_same(model(x.clone()), gm(x.clone()))
+
+
+class ChunkedRecurrence(torch.nn.Module):
+    """Chunked linear attention's shape: the sequence padded to a multiple of the chunk
+    size, a state carried from chunk to chunk, the padding cut off at the end."""
+
+    def __init__(self, chunk: int = 4):
+        super().__init__()
+        self.chunk = chunk
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        pad = (self.chunk - seq % self.chunk) % self.chunk
+        chunks = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        chunks = chunks.reshape(batch, -1, self.chunk, width)
+        state = torch.zeros(batch, width)
+        out = torch.zeros_like(chunks)
+        for i in range((seq + pad) // self.chunk):
+            out[:, i] = chunks[:, i].cumsum(1) + state[:, None]
+            state = state * 0.5 + chunks[:, i].sum(1)
+        out = out.reshape(batch, -1, width)[:, :seq]
+        return out.transpose(1, 2).contiguous()
+
+
+def test_padding_to_a_multiple_keeps_the_chunked_loop_one_scan():
+    # `(c - n % c) % c` is written `c*ceil(n/c) - n`: the padded size `n + pad` becomes
+    # `c*ceil(n/c)`, the cut `[:, :seq]` needs no minimum, and the loop over the chunks
+    # is a scan; left as remainders, the cut size was `Min(seq, 4*((seq + (4 - seq % 4)
+    # % 4)//4))`, and the layout questions of `contiguous()` on it (`!= 0`, `> 1`)
+    # became constraints no prover could drop, refusing `seq == 1`, which eager runs
+    model = ChunkedRecurrence()
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 9, 3)}, DIMS)
+    assert tracer.constraints == []
+    assert _scans(graph) == 1 and tracer.versions == []
+    for batch, seq in ((2, 9), (3, 1), (1, 4), (2, 5), (3, 8), (2, 33), (1, 50)):
+        x = torch.randn(batch, seq, 3)
+        assert_same(model(x), gm(x))
+    # an example of one chunk captures the other side from a witness of two or more
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 3, 3)}, DIMS)
+    assert tracer.constraints == []
+    assert [v.when for v in tracer.versions] == [
+        "((seq + 3)//4 == 1)",
+        "((seq + 3)//4 != 1)",
+    ]
+    for batch, seq in ((2, 3), (3, 1), (1, 4), (2, 5), (3, 8), (2, 33)):
+        x = torch.randn(batch, seq, 3)
+        assert_same(model(x), gm(x))

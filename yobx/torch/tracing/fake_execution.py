@@ -239,7 +239,7 @@ class FakeExecutionMixin:
             self.state.in_fake -= 1
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
-        return val
+        return self.dims.canonical(val)
 
     def _decide_squeezed(self, args: tuple, kwargs: dict) -> list[int]:
         """``squeeze`` removes the dimensions of size 1: which ones decides the rank of

@@ -83,3 +83,47 @@ def _plain(expr: sympy.Expr, positive) -> sympy.Expr | None:
     if isinstance(expr, sympy.Pow) and args[1].is_Integer and args[1] >= 0:
         return args[0] ** args[1]
     return None
+
+
+def padding_as_ceiling(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each padding to a multiple written as a ceiling.
+
+    ``(c - n % c) % c`` (how much padding makes ``n`` a multiple of ``c``, and ``-n % c``,
+    the same number) becomes ``c*((n + c - 1) // c) - n``. Both are equal for every
+    integer ``n`` and constant ``c > 0``. The second form cancels against ``n`` in the
+    padded size (``n + pad`` is ``c*((n + c - 1) // c)``), a form torch simplifies
+    (``(n + pad) // c`` is ``(n + c - 1) // c``) and the range prover bounds
+    (``n <= n + pad``). Left as written, chunked attention's sizes grow into
+    ``Min(n, 64*((n + (64 - n % 64) % 64)//64))``, which no prover reduces to ``n``,
+    and every operation on them costs seconds on fake tensors.
+    """
+    if not expr.has(Mod, PythonMod):
+        return expr
+
+    def rewrite(remainder: sympy.Expr) -> sympy.Expr:
+        dividend, divisor = remainder.args
+        if not (divisor.is_Integer and divisor > 0):
+            return remainder
+        padded = _padded(dividend, divisor, python=isinstance(remainder, PythonMod))
+        if padded is None:
+            return remainder
+        return divisor * FloorDiv(padded + divisor - 1, divisor) - padded
+
+    return expr.replace(lambda e: isinstance(e, (Mod, PythonMod)), rewrite)
+
+
+def _padded(dividend: sympy.Expr, divisor: sympy.Integer, python: bool) -> sympy.Expr | None:
+    """``n`` when ``dividend % divisor`` is ``-n % divisor``: ``k*c - n % c`` for a
+    multiple ``k*c`` of the divisor, or ``-n`` itself for Python's remainder (torch's
+    ``Mod`` is only defined on non-negative numbers); None otherwise."""
+    constant, rest = dividend.as_coeff_Add()
+    if (
+        constant.is_Integer
+        and constant % divisor == 0
+        and isinstance(-rest, (Mod, PythonMod))
+        and (-rest).args[1] == divisor
+    ):
+        return (-rest).args[0]
+    if python and constant == 0 and rest.could_extract_minus_sign():
+        return -rest
+    return None

@@ -33,6 +33,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 from .expression_text import pretty
 from .range_proofs import prove_from_ranges
+from .residues import padding_as_ceiling
 from .static_fakes import StaticFakes
 
 
@@ -372,6 +373,18 @@ class SymbolicDimensions:
         if expr is None:
             return None
         return expr.xreplace({s: self._rename.get(self.original(s), s) for s in expr.free_symbols})
+
+    def canonical(self, value: Any) -> Any:
+        """``value``, or the same integer written in a form the provers reduce: a
+        padding to a multiple becomes a ceiling (see
+        :func:`~.residues.padding_as_ceiling`)."""
+        if not isinstance(value, torch.SymInt) or value.node.maybe_as_int() is not None:
+            return value
+        expr = value.node.expr
+        rewritten = padding_as_ceiling(expr)
+        if rewritten is expr or rewritten == expr:
+            return value
+        return self.shape_env.create_symintnode(rewritten, hint=value.node.hint)
 
     def fake_tensor(self, tensor: torch.Tensor, sizes: list[int | torch.SymInt]) -> torch.Tensor:
         """Returns a fake tensor with the dtype and device of ``tensor`` and ``sizes``."""
