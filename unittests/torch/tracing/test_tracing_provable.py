@@ -211,6 +211,27 @@ CASES = {
 }
 
 
+def _whole_blocks(x):
+    # the sequence cut to whole blocks of 4, the blocks summed, the layout changed
+    n = x.shape[1] // 4 * 4
+    blocks = x[:, :n].reshape(x.shape[0], -1, 4, x.shape[2]).sum(2)
+    return blocks.transpose(1, 2).contiguous()
+
+
+def test_a_cut_to_whole_blocks_needs_no_constraint():
+    # `4*(seq//4) <= seq` is beyond torch's bounds (a floor division compared with what
+    # it divides): the cut was `min(seq, 4*(seq//4))`, and the layout questions on it
+    # became relations adopted as constraints, true at every size but unprovable
+    model = _Positional(_whole_blocks, 1)
+    tracer, _, _ = check_trace(
+        model,
+        _named((_randn(2, 9, 3),)),
+        {"a0": {0: "batch", 1: "seq"}},
+        other_inputs=[_named((_randn(b, s, 3),)) for b, s in ((3, 3), (1, 4), (2, 13), (3, 16))],
+    )
+    assert tracer.constraints == []
+
+
 def _named(args):
     return {f"a{i}": value for i, value in enumerate(args)}
 

@@ -27,7 +27,7 @@ from torch.fx.experimental.symbolic_shapes import (
     statically_known_true,
 )
 from torch.fx.proxy import TraceError
-from torch.utils._sympy.functions import Max, Min, Mod, PythonMod
+from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -189,9 +189,11 @@ class SymbolicDimensions:
                 or kwargs.get("axioms") is not None
                 or kwargs.get("unbacked_only")
                 or not isinstance(expr, sympy.logic.boolalg.Boolean)
-                # torch's own bounds handle floor divisions; minima, maxima and
-                # remainders are where its simplifier stops short
-                or not expr.has(Mod, PythonMod, Min, Max, sympy.Min, sympy.Max)
+                # torch's own bounds handle a floor division alone, not how it
+                # compares with what it divides (`4*(n//4) <= n`, a slice to whole
+                # blocks); minima, maxima and remainders are where its simplifier
+                # stops short too
+                or not expr.has(Mod, PythonMod, Min, Max, sympy.Min, sympy.Max, FloorDiv)
                 # long expressions are the strides of contiguity questions, which only
                 # choose a layout; proving them costs more than it brings
                 or sympy.count_ops(expr) > _MAX_PROVED_OPERATIONS
