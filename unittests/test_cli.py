@@ -605,3 +605,15 @@ def test_a_declared_maximum_is_in_the_summary_and_the_metadata(capsys, monkeypat
     assert "dynamic dimensions  batch, seq in [2, 32]" in out, out
     metadata = {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
     assert json.loads(metadata["yobx.dimension_ranges"]) == {"batch": [2, None], "seq": [2, 32]}
+
+
+def test_list_prints_every_tested_architecture_by_family(capsys):
+    from yobx.models.hf_families import KNOWN_TO_EXPORT
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "--list"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for family, names in KNOWN_TO_EXPORT.items():
+        line = next(line for line in out.splitlines() if line.strip().startswith(family + ":"))
+        assert all(name in line for name in names), line

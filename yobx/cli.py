@@ -45,6 +45,24 @@ from yobx.export_command import add_export_arguments, add_narrowing_argument, ru
 _CommandError = CommandError
 
 
+class _ListArchitectures(argparse.Action):
+    """``yobx export --list``: prints the table and exits, as ``--version`` does (the
+    model and the output are not needed)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from yobx.models.hf_families import KNOWN_TO_EXPORT
+
+        lines = ["Hugging Face architectures whose export is tested (yobx export hf:<name>):"]
+        for family, names in KNOWN_TO_EXPORT.items():
+            lines.append(f"  {family + ':':16s} {', '.join(names)}")
+        lines.append("Other architectures of these families build the same inputs and may work.")
+        print("\n".join(lines))  # a listing, on stdout as --version's
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yobx",
@@ -58,13 +76,19 @@ def _parser() -> argparse.ArgumentParser:
         "a built-in demo (tiny-llm, tiny-cnn, tiny-lstm, tiny-gru, transformer-encoder), "
         "module:factory (a module of the current directory, or path/to/file.py:factory) "
         "returning (model, args[, kwargs[, dynamic_shapes]]), or hf:<Architecture> "
-        "(tiny random Hugging Face model, or a real one with --config and --weights)"
+        "(tiny random Hugging Face model of any family, `yobx export --list` shows those "
+        "tested; or a real one with --config and --weights)"
     )
 
     # every command shows the exit statuses in its own --help too
     status = {"epilog": EXIT_STATUS_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
     export = commands.add_parser("export", help="export a model to ONNX", **status)
     export.add_argument("model", help=model_help)
+    export.add_argument(
+        "--list",
+        action=_ListArchitectures,
+        help="print the Hugging Face architectures whose hf: export is tested, by family",
+    )
     add_export_arguments(export)
 
     trace = commands.add_parser("trace", help="print the captured graph and its guards", **status)

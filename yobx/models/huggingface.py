@@ -80,8 +80,14 @@ def _token_inputs(model: torch.nn.Module, config: Any, batch: int, seq: int):
 
 
 def hf_model(architecture: str, batch: int = 2, seq: int = 5):
-    """Returns ``(model, args, kwargs, dynamic_shapes)`` for a tiny random model."""
+    """Returns ``(model, args, kwargs, dynamic_shapes)`` for a tiny random model: token
+    ids and a mask for a text model, the inputs of its family for any other (see
+    :mod:`yobx.models.hf_families`)."""
+    from yobx.models.hf_families import family_of, hf_family_model
+
     model_class = _model_class(architecture)
+    if family_of(model_class) != "text":
+        return hf_family_model(architecture, batch=batch)
     config = tiny_config(architecture)
     with torch.random.fork_rng():
         torch.manual_seed(0)

@@ -1,0 +1,66 @@
+"""hf: for every family: tiny models of vision, audio, speech and encoder-decoder
+architectures get their family's inputs, dynamic where eager runs at other sizes, and
+every architecture of the table ``yobx export --list`` prints exports and validates
+against eager at other sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yobx.models import ModelLoadError, load_model
+from yobx.models.hf_families import KNOWN_TO_EXPORT, family_of, model_class
+
+pytest.importorskip("transformers")
+
+TABLE = [(family, name) for family, names in KNOWN_TO_EXPORT.items() for name in names]
+
+
+@pytest.mark.parametrize(("family", "name"), TABLE, ids=[name for _, name in TABLE])
+def test_every_listed_architecture_exports_and_validates(family, name):
+    pytest.importorskip("onnxruntime")
+    from yobx.torch.onnx import to_onnx
+
+    assert family_of(model_class(name)) == family
+    model, args, kwargs, dynamic_shapes = load_model(f"hf:{name}")
+    result = to_onnx(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, validate=True)
+    report = result.validation
+    assert report.ok, report.format()
+    # the example and at least one other size of the dynamic dimensions
+    assert report.n_checked >= 3, report.format()
+    assert "batch" in result.dynamic_dimensions
+
+
+def test_image_sizes_are_dynamic_only_where_eager_takes_them():
+    # a convolutional network takes any image size; a ViT without position
+    # interpolation takes its training resolution only
+    _, _, kwargs, shapes = load_model("hf:ResNetModel")
+    assert shapes["pixel_values"] == {0: "batch", 2: "height", 3: "width"}
+    _, _, kwargs, shapes = load_model("hf:ViTModel")
+    assert shapes["pixel_values"] == {0: "batch"}
+    assert kwargs["pixel_values"].shape[1:] == (3, 32, 32)
+
+
+def test_family_inputs_are_named_by_their_role():
+    model, _, kwargs, shapes = load_model("hf:T5ForConditionalGeneration")
+    assert set(kwargs) == {"input_ids", "attention_mask", "decoder_input_ids"}
+    assert shapes["decoder_input_ids"] == {0: "batch", 1: "decoder_seq"}
+    _, _, kwargs, shapes = load_model("hf:CLIPModel")
+    # text and images come in batches of their own
+    assert shapes["input_ids"][0] == "text_batch" and shapes["pixel_values"][0] == "batch"
+    assert kwargs["input_ids"].shape[0] != kwargs["pixel_values"].shape[0]
+    _, _, kwargs, shapes = load_model("hf:Speech2TextModel")
+    # Speech2Text takes frames then features; Whisper the other way round, and only
+    # twice its positions in frames (static)
+    assert shapes["input_features"] == {0: "batch", 1: "frames"}
+    _, _, kwargs, shapes = load_model("hf:WhisperModel")
+    assert shapes["input_features"] == {0: "batch"}
+    model, _, kwargs, shapes = load_model("hf:Wav2Vec2Model")
+    assert shapes["input_values"] == {0: "batch", 1: "samples"}
+    with torch.no_grad():
+        model(**kwargs)
+
+
+def test_a_model_without_known_inputs_says_what_to_do():
+    with pytest.raises(ModelLoadError, match=r"takes none of input_ids.*module:factory"):
+        load_model("hf:TimeSeriesTransformerModel")

@@ -1,0 +1,338 @@
+"""Tiny Hugging Face models of every family, with the inputs their task takes.
+
+``hf:<Architecture>`` builds a model of ``transformers`` from its configuration class,
+with small sizes, random weights and nothing downloaded. The inputs follow from the
+names of ``forward``'s parameters, which say the model's family:
+
+=================  ==============================================================
+family             inputs (dynamic dimensions)
+=================  ==============================================================
+``text``           ``input_ids``, ``attention_mask``, ``token_type_ids`` (batch, seq)
+``vision``         ``pixel_values`` (batch, and height, width when eager runs at
+                   another image size)
+``vision-text``    ``input_ids``, ``attention_mask`` (text_batch, seq) and
+                   ``pixel_values`` (image_batch, height, width where eager allows)
+``audio``          ``input_values``: a waveform (batch, samples)
+``speech-seq2seq`` ``input_features`` (batch, and frames where eager allows),
+                   ``decoder_input_ids`` (batch, decoder_seq)
+``text2text``      ``input_ids``, ``attention_mask`` (batch, seq),
+                   ``decoder_input_ids`` (batch, decoder_seq)
+=================  ==============================================================
+
+A dimension is dynamic only when eager PyTorch runs the model at another size of it:
+a ViT without position interpolation takes its training resolution only, so its height
+and width stay static, while a ResNet takes any. :data:`KNOWN_TO_EXPORT` lists, by
+family, the architectures whose export is tested (``yobx export --list`` prints it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+#: small sizes given to any configuration (and sub-configuration) having the key
+_TINY_SIZES: dict[str, Any] = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+    "n_embd": 32,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 64,
+    "n_inner": 37,
+    "d_model": 32,
+    "d_ff": 37,
+    "d_kv": 8,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_decoder_layers": 2,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 37,
+    "decoder_ffn_dim": 37,
+    "head_dim": 8,
+    "projection_dim": 16,
+    "projection_size": 32,
+    "image_size": 32,
+    "patch_size": 8,
+    "embedding_size": 8,
+    "num_mel_bins": 16,
+    "input_feat_per_channel": 16,
+    "max_source_positions": 16,
+    "max_target_positions": 64,
+    # a waveform encoder's feature extractor: two convolutions instead of seven
+    "conv_dim": [16, 16],
+    "conv_stride": [5, 2],
+    "conv_kernel": [10, 3],
+    "num_feat_extract_layers": 2,
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 2,
+    # convolutional stages (ResNet, MobileNet...): two small ones
+    "hidden_sizes": [8, 16],
+    "depths": [1, 1],
+    "num_stages": 2,
+}
+#: keys derived from the number of stages, recomputed by the configuration
+_DERIVED = ("stage_names", "out_features", "out_indices")
+#: special tokens must fall inside the tiny vocabulary
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+#: what each family's forward takes first
+_MAIN_INPUTS = ("input_ids", "pixel_values", "input_values", "input_features")
+
+#: architectures whose export (dynamic dimensions, validated against eager at other
+#: sizes) is tested, by family; ``yobx export --list`` prints this table
+KNOWN_TO_EXPORT: dict[str, list[str]] = {
+    "text": [
+        "BertModel",
+        "GPT2LMHeadModel",
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+    ],
+    "vision": [
+        "ViTModel",
+        "ViTForImageClassification",
+        "DeiTModel",
+        "ResNetModel",
+        "ResNetForImageClassification",
+        "ConvNextModel",
+    ],
+    "vision-text": ["CLIPModel", "SiglipModel"],
+    "audio": ["Wav2Vec2Model", "Wav2Vec2ForCTC", "HubertModel"],
+    "speech-seq2seq": ["WhisperModel", "Speech2TextModel"],
+    "text2text": ["T5Model", "T5ForConditionalGeneration", "BartModel"],
+}
+
+
+def model_class(architecture: str) -> Any:
+    """``transformers.<architecture>``, a model class."""
+    import transformers
+
+    found = getattr(transformers, architecture, None)
+    if found is None or not hasattr(found, "config_class"):
+        raise ValueError(f"transformers has no model architecture named {architecture!r}")
+    return found
+
+
+def family_of(cls: Any) -> str:
+    """The family of a transformers model class, from the parameters of its
+    ``forward`` (see the module's table)."""
+    parameters = set(inspect.signature(cls.forward).parameters)
+    if "input_features" in parameters:
+        return "speech-seq2seq" if "decoder_input_ids" in parameters else "audio-features"
+    if "decoder_input_ids" in parameters and "input_ids" in parameters:
+        return "text2text"
+    if "pixel_values" in parameters:
+        return "vision-text" if "input_ids" in parameters else "vision"
+    if "input_values" in parameters:
+        return "audio"
+    if "input_ids" in parameters:
+        return "text"
+    raise ValueError(
+        f"{cls.__name__}.forward takes none of {', '.join(_MAIN_INPUTS)}: "
+        "hf: does not know which inputs to build; pass a factory returning "
+        "(model, args, kwargs, dynamic_shapes) instead (module:factory)"
+    )
+
+
+def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's ``to_dict()`` with small sizes (sub-configurations too)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = _shrunk(value)
+        elif key in _TINY_SIZES and _same_kind(value, _TINY_SIZES[key]):
+            out[key] = _TINY_SIZES[key]
+        elif key not in _DERIVED:
+            out[key] = value
+    for key in _TOKEN_IDS:
+        if isinstance(out.get(key), int) and out[key] >= _TINY_SIZES["vocab_size"]:
+            out[key] = 0
+    return out
+
+
+def _same_kind(value: Any, tiny: Any) -> bool:
+    if isinstance(tiny, list):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def tiny_config(cls: Any) -> Any:
+    """The configuration of ``cls`` with small sizes, eager attention, no dropout and no
+    cache (the cache is not an input of these models)."""
+    config_class = cls.config_class
+    config = config_class.from_dict(_shrunk(config_class().to_dict()))
+    for sub in (config, *(getattr(config, n, None) for n in ("text_config", "vision_config"))):
+        if sub is None:
+            continue
+        sub._attn_implementation = "eager"
+        if hasattr(sub, "use_cache"):
+            sub.use_cache = False
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout"):
+            if isinstance(getattr(sub, name, None), float):
+                setattr(sub, name, 0.0)
+    return config
+
+
+def _attribute(config: Any, name: str, default: Any = None) -> Any:
+    """``config.name``, else the vision or text sub-configuration's."""
+    for holder in (
+        config,
+        getattr(config, "vision_config", None),
+        getattr(config, "text_config", None),
+    ):
+        value = getattr(holder, name, None) if holder is not None else None
+        if value is not None:
+            return value
+    return default
+
+
+class _Inputs:
+    """Builds a family's inputs at given sizes (a seeded generator per call)."""
+
+    def __init__(self, cls: Any, config: Any, family: str):
+        self.family = family
+        self.parameters = set(inspect.signature(cls.forward).parameters)
+        self.vocab = int(_attribute(config, "vocab_size", 99))
+        self.channels = int(_attribute(config, "num_channels", 3))
+        self.image = int(_attribute(config, "image_size", 32))
+        self.patch = int(_attribute(config, "patch_size", 8))
+        self.mel_bins = int(
+            _attribute(config, "num_mel_bins") or _attribute(config, "input_feat_per_channel", 16)
+        )
+        # Speech2Text takes frames then features, Whisper features (mel bins) then frames
+        self.features_last = _attribute(config, "input_feat_per_channel") is not None
+        sources = None if self.features_last else _attribute(config, "max_source_positions")
+        # Whisper's encoder takes exactly twice its positions in frames
+        self.frames = 2 * int(sources) if sources else 32
+        self.type_vocab = int(_attribute(config, "type_vocab_size", 0) or 0)
+
+    def sizes(self) -> dict[str, int]:
+        """The example's size of each dimension the family has."""
+        sizes = {"batch": 2}
+        if self.family in ("text", "text2text", "vision-text"):
+            sizes["seq"] = 7
+        if self.family in ("vision", "vision-text"):
+            sizes.update(height=self.image, width=self.image)
+        if self.family == "vision-text":
+            sizes.update(text_batch=2, batch=3)
+        if self.family in ("text2text", "speech-seq2seq"):
+            sizes["decoder_seq"] = 5
+        if self.family in ("speech-seq2seq", "audio-features"):
+            sizes["frames"] = self.frames
+        if self.family == "audio":
+            sizes["samples"] = 400
+        return sizes
+
+    def other_sizes(self, sizes: dict[str, int]) -> dict[str, int]:
+        """Other sizes for each dimension: 1.5 times as many tokens, images a patch
+        taller and two wider (not square), 1.3 times the samples or frames."""
+        other = {name: value + 1 for name, value in sizes.items()}
+        if "seq" in sizes:
+            other["seq"] = sizes["seq"] + 4
+        if "height" in sizes:
+            other.update(height=sizes["height"] + self.patch, width=sizes["width"] + 2 * self.patch)
+        if "samples" in sizes:
+            other["samples"] = sizes["samples"] + 123
+        if "frames" in sizes:
+            other["frames"] = sizes["frames"] + 8
+        return other
+
+    def make(self, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(sum(sizes.values()))
+        inputs: dict[str, torch.Tensor] = {}
+        batch = sizes["batch"]
+        if "seq" in sizes:
+            text_batch = sizes.get("text_batch", batch)
+            shape = (text_batch, sizes["seq"])
+            inputs["input_ids"] = torch.randint(3, self.vocab, shape, generator=generator)
+            if "attention_mask" in self.parameters:
+                inputs["attention_mask"] = torch.ones(shape, dtype=torch.int64)
+            if "token_type_ids" in self.parameters and self.type_vocab > 0:
+                inputs["token_type_ids"] = torch.zeros(shape, dtype=torch.int64)
+        if "height" in sizes:
+            shape = (batch, self.channels, sizes["height"], sizes["width"])
+            inputs["pixel_values"] = torch.randn(shape, generator=generator)
+        if "samples" in sizes:
+            inputs["input_values"] = torch.randn((batch, sizes["samples"]), generator=generator)
+        if "frames" in sizes:
+            shape = (batch, self.mel_bins, sizes["frames"])
+            if self.features_last:
+                shape = (batch, sizes["frames"], self.mel_bins)
+            inputs["input_features"] = torch.randn(shape, generator=generator)
+        if "decoder_seq" in sizes:
+            shape = (batch, sizes["decoder_seq"])
+            inputs["decoder_input_ids"] = torch.randint(3, self.vocab, shape, generator=generator)
+        return inputs
+
+    def axes(self) -> dict[str, dict[int, str]]:
+        """Each input's dimensions, named by their role."""
+        text_batch = "text_batch" if self.family == "vision-text" else "batch"
+        return {
+            "input_ids": {0: text_batch, 1: "seq"},
+            "attention_mask": {0: text_batch, 1: "seq"},
+            "token_type_ids": {0: text_batch, 1: "seq"},
+            "pixel_values": {0: "batch", 2: "height", 3: "width"},
+            "input_values": {0: "batch", 1: "samples"},
+            "input_features": {0: "batch", 1 if self.features_last else 2: "frames"},
+            "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
+        }
+
+
+def _runs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception:
+        return False
+    return True
+
+
+def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict, dict]:
+    """``(model, args, kwargs, dynamic_shapes)`` for a tiny random model of any family.
+
+    Each dimension is dynamic when eager runs the model with that dimension alone at
+    another size (the others at the example's); the rest stay static, so that the
+    export never claims a size the model does not take.
+
+    :raises ValueError: unknown architecture, no known inputs, or a model that does not
+        run on the inputs built for its family
+    """
+    cls = model_class(architecture)
+    family = family_of(cls)
+    config = tiny_config(cls)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = cls(config).eval()
+    maker = _Inputs(cls, config, family)
+    sizes = maker.sizes()
+    if "text_batch" in sizes:
+        # texts and images in batches of their own sizes, so that they stay apart
+        sizes.update(text_batch=batch, batch=batch + 1)
+    else:
+        sizes["batch"] = batch
+    kwargs = maker.make(sizes)
+    if not _runs(model, kwargs):
+        try:
+            with torch.no_grad():
+                model(**kwargs)
+        except Exception as e:
+            raise ValueError(
+                f"{architecture} ({family}) does not run on the inputs hf: builds "
+                f"({', '.join(kwargs)}): {type(e).__name__}: {e}; pass a factory "
+                "returning (model, args, kwargs, dynamic_shapes) instead (module:factory)"
+            ) from e
+    other = maker.other_sizes(sizes)
+    dynamic = {name for name in sizes if _runs(model, maker.make({**sizes, name: other[name]}))}
+    axes = maker.axes()
+    dynamic_shapes = {
+        name: {axis: dim for axis, dim in axes[name].items() if dim in dynamic} for name in kwargs
+    }
+    return model, (), kwargs, dynamic_shapes
