@@ -254,3 +254,34 @@ def test_a_version_check_dividing_by_zero_outside_its_version_holds():
     for check in result.runtime_checks:
         if " when " in check.expression:
             assert check.holds({("x", 0): 2, ("x", 1): 3, ("x", 2): 8}), check.expression
+
+
+class EmptyOrNot(torch.nn.Module):
+    """Two versions on ``n``, then a branch on an empty ``x`` each version adopts
+    the non-empty side of."""
+
+    def forward(self, x, y):
+        z = y.sum(dim=0) * 2 if y.shape[0] > 4 else y.sum(dim=0) - 1
+        if x.numel() == 0:
+            return z + 1
+        return z + x.shape[2]
+
+
+def test_a_check_on_an_empty_size_shared_by_every_version_is_in_the_model():
+    # the ONNX model returned the non-empty branch's values at batch=0 (wrong by 2)
+    model = EmptyOrNot()
+    result = to_onnx(
+        model,
+        (torch.randn(2, 4, 3), torch.randn(5, 3)),
+        dynamic_shapes={"x": {0: "batch", 2: "past"}, "y": {0: "n"}},
+    )
+    session = _session(result)
+    for batch, past, n in ((2, 3, 5), (1, 1, 3), (0, 3, 5), (2, 0, 3), (0, 0, 7)):
+        x, y = torch.randn(batch, 4, past), torch.randn(n, 3)
+        try:
+            (got,) = session.run(None, {"x": x.numpy(), "y": y.numpy()})
+        except Exception as e:  # refused: it must name the check, and only at a size 0
+            assert failed_check(str(e)) is not None, str(e)
+            assert 0 in (batch, past), (batch, past, str(e))
+            continue
+        np.testing.assert_allclose(got, model(x, y).numpy(), atol=1e-5)

@@ -299,3 +299,34 @@ def test_a_side_needing_gigabytes_of_inputs_stays_a_constraint():
     )
     assert len(tracer.constraints) == 1
     _check_sizes(model, gm, lambda s: torch.randn(s, s + 1, 1024), [1, 3, 17])
+
+
+class EmptyOrNot(torch.nn.Module):
+    """A branch on a dynamic size (two versions), then one on an empty tensor: every
+    version adopts that ``x`` is not empty (``batch >= 1``, ``past >= 1``)."""
+
+    def forward(self, x, y):
+        z = y.sum(dim=0) * 2 if y.shape[0] > 4 else y.sum(dim=0) - 1
+        if x.numel() == 0:
+            return z + 1
+        return z + x.shape[2]
+
+
+def test_a_check_on_an_empty_size_shared_by_every_version_is_kept():
+    # `batch >= 1` folded to True on the joined graph's symbols (sizes are positive
+    # for sympy), so the joined graph dropped the check, then computed the non-empty
+    # branch on empty inputs: silently wrong at batch=0 or past=0
+    model = EmptyOrNot()
+    tracer, _, gm = trace_module(
+        model,
+        {"x": torch.randn(2, 4, 3), "y": torch.randn(5, 3)},
+        {"x": {0: "batch", 2: "past"}, "y": {0: "n"}},
+    )
+    assert len(tracer.versions) == 2
+    assert {c.expression for c in tracer.checks} >= {"batch >= 1", "past >= 1"}
+    for batch, past, n in ((2, 3, 5), (1, 1, 3), (3, 2, 7)):
+        x, y = torch.randn(batch, 4, past), torch.randn(n, 3)
+        assert_same(model(x, y), gm(x, y))
+    for batch, past, n in ((0, 3, 5), (2, 0, 3)):
+        with pytest.raises(ConstraintViolationError, match=">= 1"):
+            gm(torch.randn(batch, 4, past), torch.randn(n, 3))

@@ -176,7 +176,17 @@ def in_dimensions(dims: Any, condition: sympy.Basic) -> sympy.Basic:
     names = {
         sympy.Symbol(name, integer=True): symint.node._expr for name, symint in dims.by_name.items()
     }
-    return condition.xreplace(names)
+    mapped = condition.xreplace(names)
+    if isinstance(mapped, sympy.logic.boolalg.BooleanAtom) and not isinstance(
+        condition, sympy.logic.boolalg.BooleanAtom
+    ):
+        # The ShapeEnv's symbols are positive (sizes), the user's are not: `batch >= 1`
+        # would fold to True on them, while it is a check on a size of 0, which the
+        # declared range (from 2 by default, not checked so that 0 and 1 still run)
+        # does not exclude. The condition keeps its form, as the capture recorded it.
+        with sympy.evaluate(False):
+            mapped = condition.xreplace(names)
+    return mapped
 
 
 #: ``meta`` key of a version's graph module, of a choice between versions and of the
