@@ -1,9 +1,10 @@
 """Differential fuzzing of CustomTracer with random shape-dependent programs.
 
 Generates ``--count`` programs from seeds ``--seed``, ``--seed + 1``..., traces each with
-string dimension names, compares the graph with eager at three sizes, and prints the
-counts per outcome (correct / refused / narrowed / wrong / eager_failed), per refusal
-category and per narrowing constraint, every ``wrong`` program in full, and with
+string dimension names, compares the graph with eager at three sizes and at sizes of 1
+and 0, and prints the counts per outcome (correct / refused / narrowed / wrong /
+edge_raised / eager_failed), per refusal category and per narrowing constraint, the
+programs whose graph raised at sizes 1 or 0, every ``wrong`` program in full, and with
 ``--show-refused`` the smallest reproducer of each refusal category (shrunk with
 ``--shrink``; compared with ``torch.export.export(dynamic_shapes=Dim.DYNAMIC)`` with
 ``--export``)::
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = collections.Counter()
     refusals: dict[str, list] = collections.defaultdict(list)
     narrowings: dict[str, list] = collections.defaultdict(list)
-    wrong = []
+    wrong, edges = [], []
     checked = skipped = 0
     for seed in range(args.seed, args.seed + args.count):
         outcome = run_program(generate_program(seed, other_sizes=args.sizes - 1), args.sizes)
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             narrowings[outcome.category].append(outcome)
         elif outcome.kind == "wrong":
             wrong.append(outcome)
+        elif outcome.kind == "edge_raised":
+            edges.append(outcome)
     elapsed = time.perf_counter() - begin
 
     print(
@@ -67,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     title = "refusal categories (reason@operator or idiom, kinds of fact)"
     _print_groups(title, refusals, fact=True)
     _print_groups("narrowing constraints", narrowings)
+    if edges:
+        print("\nraised at sizes 0 or 1 (outside the default range, eager runs there):")
+        for outcome in edges:
+            print(f"  seed {outcome.program.seed:4d}  {outcome.message}")
     for outcome in wrong:
         print(f"\n==== WRONG (seed {outcome.program.seed})\n{outcome.report()}")
     if args.show_refused:

@@ -285,3 +285,29 @@ def test_a_check_on_an_empty_size_shared_by_every_version_is_in_the_model():
             assert 0 in (batch, past), (batch, past, str(e))
             continue
         np.testing.assert_allclose(got, model(x, y).numpy(), atol=1e-5)
+
+
+class PinnedAtTwo(torch.nn.Module):
+    """The side ``batch < 3``, captured at batch 2, where batch is the constant 2."""
+
+    def forward(self, x, y):
+        t = y[: x.shape[0]]
+        if x.shape[0] < 3:
+            return t * 2, x * 2
+        return t - 1, x - 1
+
+
+def test_a_version_pinning_a_dimension_to_two_is_checked_in_the_model():
+    model = PinnedAtTwo()
+    y = torch.randn(2, 3)
+    result = to_onnx(model, (torch.randn(8, 3), y), dynamic_shapes={"x": {0: "batch"}, "y": None})
+    session = _session(result)
+    for batch in (8, 3, 2, 1, 0):
+        x = torch.randn(batch, 3)
+        try:
+            got = session.run(None, {"x": x.numpy(), "y": y.numpy()})
+        except Exception as e:  # refused at 1 and 0, naming the check
+            assert batch < 2 and "batch >= 2 when" in (failed_check(str(e)) or ""), str(e)
+            continue
+        for expected, value in zip(model(x, y), got):
+            np.testing.assert_allclose(value, expected.numpy(), atol=1e-6)

@@ -205,3 +205,30 @@ def test_tracer_graph_available_for_slices():
     # another size of the dynamic dimension (the others are static: the graph checks them)
     for x in (X, torch.arange(40, dtype=torch.float32).reshape(2, 4, 5) - 5):
         assert_same(M()(x.clone()), gm(x.clone()))
+
+
+class CutToAnotherSize(torch.nn.Module):
+    """``y[: x.shape[0]]`` on a ``y`` of 2 rows: the whole of ``y`` from batch 2 on."""
+
+    def forward(self, x, y):
+        return y[: x.shape[0]] * 2
+
+
+def test_a_slice_full_only_from_the_default_minimum_stays():
+    # the default range of batch starts at 2, where the slice takes all of y; the
+    # graph runs at batch 1 and 0 too, where it does not: removing it returned 2 rows
+    from yobx.torch.tracing import CustomTracer
+
+    model = CutToAnotherSize()
+    y = torch.randn(2, 3)
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        model,
+        concrete_args={"x": torch.randn(8, 3), "y": y},
+        dynamic_shapes={"x": {0: "batch"}, "y": None},
+    )
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    assert len(_slice_nodes(graph)) == 1
+    for batch in (8, 2, 1, 0):
+        x = torch.randn(batch, 3)
+        assert_same(model(x, y), gm(x, y))

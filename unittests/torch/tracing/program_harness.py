@@ -13,6 +13,11 @@ after the call (programs may write into their inputs). The outcome is one of:
   at: it holds for fewer sizes than the program;
 - ``wrong``: outputs or inputs after the call differ from eager, or the graph raised
   another error at a size eager runs at (the worst outcome: silent wrongness);
+- ``edge_raised``: the graph raised another error than a constraint at a size of 1 or 0
+  (:func:`edge_sizes`), where eager runs: dimensions declared without a minimum take
+  those sizes, which their default range (from 2, as torch.export's) leaves unchecked.
+  A refusal without its reason, not a wrong value (different values there are
+  ``wrong``);
 - ``eager_failed``: the program does not run in eager at the example.
 """
 
@@ -39,7 +44,7 @@ from yobx.torch.tracing import (
 
 from .program_generator import Program
 
-OUTCOMES = ("correct", "refused", "narrowed", "wrong", "eager_failed")
+OUTCOMES = ("correct", "refused", "narrowed", "wrong", "edge_raised", "eager_failed")
 
 #: message fragments of the tracer's refusals -> refusal reason
 _REASONS = (
@@ -141,7 +146,9 @@ def _compare_at_sizes(program, module, run, constraints, sizes, tool) -> Outcome
     checked = skipped = 0
     narrowed: list[tuple[str, str]] = []
     texts = tuple(str(c) for c in constraints)
-    for index, dims in enumerate(program.size_sets[:sizes]):
+    regular = program.size_sets[:sizes]
+    edge_raised: list[tuple[dict, str]] = []
+    for index, dims in enumerate([*regular, *edge_sizes(program)]):
         inputs = program.make_inputs(dims)
         eager_inputs, graph_inputs = _clone(inputs), _clone(inputs)
         try:
@@ -149,9 +156,13 @@ def _compare_at_sizes(program, module, run, constraints, sizes, tool) -> Outcome
         except Exception:
             skipped += 1
             continue
+        edge = index >= len(regular)
         try:
             got = run(**graph_inputs)
         except ConstraintViolationError as e:
+            if edge:
+                skipped += 1  # refused with its reason: allowed outside the default range
+                continue
             if index == 0 or constraint_holds(e.expression, dims):
                 return _wrong(
                     program, "graph refused inputs inside its constraints", e, dims, texts
@@ -162,6 +173,9 @@ def _compare_at_sizes(program, module, run, constraints, sizes, tool) -> Outcome
             if tool == "export" and index > 0:
                 narrowed.append(("export input check", _first_line(e)))
                 continue
+            if edge:
+                edge_raised.append((dims, f"{type(e).__name__}: {_first_line(e)}"))
+                continue
             return _wrong(program, f"graph raised {type(e).__name__}", e, dims, texts)
         checked += 1
         difference = (
@@ -171,10 +185,28 @@ def _compare_at_sizes(program, module, run, constraints, sizes, tool) -> Outcome
         )
         if difference:
             return _wrong(program, difference, None, dims, texts, checked, skipped)
+    if edge_raised:
+        dims, message = edge_raised[0]
+        category = message.split(":")[0]
+        message = f"at sizes {dims}: {message}"
+        return Outcome("edge_raised", program, category, message, "", texts, checked, skipped)
     if narrowed:
         expression, message = narrowed[0]
         return Outcome("narrowed", program, expression, message, "", texts, checked, skipped)
     return Outcome("correct", program, "", "", "", texts, checked, skipped)
+
+
+def edge_sizes(program: Program) -> list[dict[str, int]]:
+    """Sizes of 1 and 0, which the programs are not generated for (eager may refuse
+    them: the size set is then skipped) but dimensions declared without a minimum take:
+    a decode step's one new token, an empty cache. The graph must compute them right or
+    refuse them naming a constraint. Every dimension at 1, then at 0, then the first
+    one alone at 0."""
+    names = list(program.example_dims)
+    if not names:
+        return []
+    first = {**program.example_dims, names[0]: 0}
+    return [dict.fromkeys(names, 1), dict.fromkeys(names, 0), first]
 
 
 def _unchecked_constraint(constraints, dims: dict[str, int]) -> str | None:

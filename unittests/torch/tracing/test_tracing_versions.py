@@ -330,3 +330,31 @@ def test_a_check_on_an_empty_size_shared_by_every_version_is_kept():
     for batch, past, n in ((0, 3, 5), (2, 0, 3)):
         with pytest.raises(ConstraintViolationError, match=">= 1"):
             gm(torch.randn(batch, 4, past), torch.randn(n, 3))
+
+
+class PinnedAtTwo(torch.nn.Module):
+    """The side ``batch < 3`` of a decision, captured at batch 2: with the default range
+    (from 2), batch is the constant 2 there, while 1 and 0 take that side too."""
+
+    def forward(self, x, y):
+        t = y[: x.shape[0]]
+        if x.shape[0] < 3:
+            return t * 2, x * 2
+        return t - 1, x - 1
+
+
+def test_a_version_pinning_a_dimension_to_two_refuses_one_and_zero():
+    # the version computed batch 1 as batch 2 (y's 2 rows instead of 1), silently
+    model = PinnedAtTwo()
+    y = torch.randn(2, 3)
+    tracer, _, gm = trace_module(
+        model, {"x": torch.randn(8, 3), "y": y}, {"x": {0: "batch"}, "y": None}
+    )
+    assert len(tracer.versions) == 2
+    assert any(c.expression == "batch >= 2 when (batch < 3)" for c in tracer.checks)
+    for batch in (8, 3, 2):
+        x = torch.randn(batch, 3)
+        assert_same(model(x, y), gm(x, y))
+    for batch in (1, 0):
+        with pytest.raises(ConstraintViolationError, match="batch >= 2 when"):
+            gm(torch.randn(batch, 3), y)

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 from torch.fx import Graph, Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import map_arg
 
 from ..node_text import describe
 from ._indexing import apply_step, plan_index, scatter_step
+from ._sizes import true_at_every_size
 from ._targets import aten, copy_node, example_value, fetch_attr, is_tensor, module_of
 from .aliasing import (
     MAY_ALIAS,
@@ -531,7 +531,7 @@ class InplaceWalk:
             return value
         extra = val.dim() if view_rank is None else max(0, val.dim() - view_rank)
         for size in val.shape[:extra]:
-            if statically_known_true(size != 1):
+            if true_at_every_size(size != 1):
                 break
             value = self.graph.call_method("squeeze", (value, 0))
         return value

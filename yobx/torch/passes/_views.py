@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from torch.fx import Graph, Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._indexing import basic_index_steps, scatter_steps
+from ._sizes import true_at_every_size
 from ._targets import aten, example_value
 
 # scatter(graph, view_node, base_value, new_view_value) -> new base value
@@ -181,9 +181,9 @@ def is_contiguous(val: Any) -> bool:
         return False
     expected: Any = 1
     for size, stride in zip(reversed(val.shape), reversed(val.stride())):
-        if statically_known_true(size == 1):
+        if true_at_every_size(size == 1):
             continue
-        if not statically_known_true(stride == expected):
+        if not true_at_every_size(stride == expected):
             return False
         expected = expected * size
     return True
@@ -294,7 +294,7 @@ def keeps_shape(base: Any, result: Any) -> bool:
         return False
     if base.dim() != result.dim():
         return False
-    return all(statically_known_true(a == b) for a, b in zip(base.shape, result.shape))
+    return all(true_at_every_size(a == b) for a, b in zip(base.shape, result.shape))
 
 
 def may_be_view(name: str) -> bool:

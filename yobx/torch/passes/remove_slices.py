@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 from torch.fx import Graph, Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._indexing import is_full_slice
 from ._side_effects import writes_in
+from ._sizes import true_at_every_size
 from ._targets import INT64_MAX, aten, callable_name, example_value, is_tensor, recompile_owner
 from .aliasing import FRESH, changes_metadata, classify, mutates_container, writes
 from .erase import erase_with_inputs
@@ -58,7 +58,7 @@ def _covers(stop: Any, base: Node, dim: int) -> bool:
     bound = example_value(stop)
     if not isinstance(bound, (int, torch.SymInt)) or isinstance(bound, bool):
         return False
-    return statically_known_true(bound >= val.shape[dim])
+    return true_at_every_size(bound >= val.shape[dim])
 
 
 def _full_slice(item: Any, base: Node, dim: int) -> bool:
@@ -134,7 +134,7 @@ def _covers_exactly(length: Any, base: Node, dim: Any) -> bool:
     bound = example_value(length)
     if not isinstance(bound, (int, torch.SymInt)) or isinstance(bound, bool):
         return False
-    return statically_known_true(bound == val.shape[dim])
+    return true_at_every_size(bound == val.shape[dim])
 
 
 def _is_clone(node: Node) -> bool:
@@ -169,7 +169,7 @@ def _redundant_copy(node: Node, has_inplace: bool) -> Node | None:
             return None
         if (dval.dtype, dval.device, dval.dim()) != (sval.dtype, sval.device, sval.dim()):
             return None
-        if all(statically_known_true(a == b) for a, b in zip(dval.shape, sval.shape)):
+        if all(true_at_every_size(a == b) for a, b in zip(dval.shape, sval.shape)):
             return src
     return None
 
@@ -190,7 +190,7 @@ def _same_layout(dst: Any, src: Any) -> bool:
     if (dst.dtype, dst.device, dst.dim()) != (src.dtype, src.device, src.dim()):
         return False
     pairs = [*zip(dst.shape, src.shape), *zip(dst.stride(), src.stride())]
-    return all(statically_known_true(a == b) for a, b in pairs)
+    return all(true_at_every_size(a == b) for a, b in pairs)
 
 
 def _filled_fresh_tensor(node: Node) -> tuple[Node, Node] | None:

@@ -57,9 +57,11 @@ from .runtime_checks import (
     condition_in_sizes,
     declared_checks,
     insert_condition,
+    insert_runtime_checks,
     insert_shape_checks,
 )
 from .size_search import compile_condition, constants_of, holds, moves, tensor_like
+from .symbolic import DEFAULT_MIN
 
 #: candidate sizes tried at most to find a witness for one decision (conditions compile
 #: to Python: a few microseconds per candidate, 30 for hundreds of operations)
@@ -216,6 +218,8 @@ class Versioning:
         self.trace_arguments = trace_arguments
         self.notes: list[str] = []
         self.count = 1
+        #: the versions the last join chose between
+        self.joined: list[Version] = []
         first = tracer._version_tracer([])
         # the first capture keeps its own state; the tracer becomes the joined one
         for name in ("dims", "refinements", "shape_rules", "guards", "state", "traced_model"):
@@ -334,6 +338,7 @@ class Versioning:
         # an output computed by one version is returned by every branch (a number
         # another version folded to a constant is returned as that constant)
         self.computed = sorted(set().union(*(_computed_positions(v) for v in leaves(tree))))
+        self.joined = leaves(tree)
         graph = self._router(tree, operands, holder, root=True)
         return graph, holder
 
@@ -400,6 +405,10 @@ class Versioning:
         if self.tracer.runtime_checks:
             inputs = first.tracer.state.inputs
             sizes = {n: s for n, s in zip(inputs.names, inputs.sizes) if s is not None}
+            # each version checks its own constraints; a dimension a version pins to 2
+            # is checked here, where 1 and 0 reach the choice between versions
+            pinned = pinned_checks(first, self.joined)
+            insert_runtime_checks(graph, first.tracer.dims, pinned, sizes)
             insert_shape_checks(graph, sizes)
 
 
@@ -524,6 +533,41 @@ def version_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck
                     check,
                     condition=sympy.Or(sympy.Not(path), check.condition),
                     expression=f"{check.expression} when {version.when}",
+                )
+            )
+    return checks + pinned_checks(first, versions)
+
+
+def pinned_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]:
+    """Checks that a dimension is at least 2 where a version's conditions and the
+    default range pin it to 2 (``n < 3``, ``(n + 1)//2 == 1`` with ``n`` from 2), on the
+    symbols of the ``first`` capture, checked when the version's conditions select it.
+
+    Such a capture takes the dimension for the constant 2, while its conditions also
+    select 1 and 0, which the default range leaves unchecked (so that the other
+    versions run there): without the check, the version computes sizes 1 and 0 as 2."""
+    dims = first.tracer.dims
+    checks = []
+    for version in versions:
+        own = version.tracer.dims
+        path = sympy.And(*(in_dimensions(dims, c.condition) for c in version.conditions))
+        for name, symint in own.by_name.items():
+            symbol = symint.node._expr
+            bounds = own.shape_env.var_to_range.get(symbol)
+            if (
+                symbol not in own.default_min
+                or name not in dims.by_name
+                or bounds is None
+                or not bounds.lower == bounds.upper == DEFAULT_MIN
+            ):
+                continue
+            at_least = sympy.Ge(dims.by_name[name].node._expr, DEFAULT_MIN)
+            checks.append(
+                RuntimeCheck(
+                    sympy.Or(sympy.Not(path), at_least),
+                    f"{name} >= {DEFAULT_MIN} when {version.when}",
+                    version.conditions[-1].location if version.conditions else "",
+                    "range",
                 )
             )
     return checks
