@@ -15,6 +15,7 @@ family             inputs (dynamic dimensions)
 ``audio``          ``input_values``: a waveform (batch, samples)
 ``speech-seq2seq`` ``input_features`` (batch, and frames where eager allows),
                    ``decoder_input_ids`` (batch, decoder_seq)
+``audio-features`` ``input_features`` alone (an encoder of speech features)
 ``text2text``      ``input_ids``, ``attention_mask`` (batch, seq),
                    ``decoder_input_ids`` (batch, decoder_seq)
 =================  ==============================================================
@@ -194,6 +195,11 @@ def _attribute(config: Any, name: str, default: Any = None) -> Any:
     return default
 
 
+def _first(value: Any) -> int:
+    """A size given as a number or as ``(height, width)``: the first one."""
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
 class _Inputs:
     """Builds a family's inputs at given sizes (a seeded generator per call)."""
 
@@ -202,8 +208,8 @@ class _Inputs:
         self.parameters = set(inspect.signature(cls.forward).parameters)
         self.vocab = int(_attribute(config, "vocab_size", 99))
         self.channels = int(_attribute(config, "num_channels", 3))
-        self.image = int(_attribute(config, "image_size", 32))
-        self.patch = int(_attribute(config, "patch_size", 8))
+        self.image = _first(_attribute(config, "image_size", 32))
+        self.patch = _first(_attribute(config, "patch_size", 8))
         self.mel_bins = int(
             _attribute(config, "num_mel_bins") or _attribute(config, "input_feat_per_channel", 16)
         )
@@ -319,16 +325,15 @@ def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict
     else:
         sizes["batch"] = batch
     kwargs = maker.make(sizes)
-    if not _runs(model, kwargs):
-        try:
-            with torch.no_grad():
-                model(**kwargs)
-        except Exception as e:
-            raise ValueError(
-                f"{architecture} ({family}) does not run on the inputs hf: builds "
-                f"({', '.join(kwargs)}): {type(e).__name__}: {e}; pass a factory "
-                "returning (model, args, kwargs, dynamic_shapes) instead (module:factory)"
-            ) from e
+    try:
+        with torch.no_grad():
+            model(**kwargs)
+    except Exception as e:
+        raise ValueError(
+            f"{architecture} ({family}) does not run on the inputs hf: builds "
+            f"({', '.join(kwargs)}): {type(e).__name__}: {e}; pass a factory "
+            "returning (model, args, kwargs, dynamic_shapes) instead (module:factory)"
+        ) from e
     other = maker.other_sizes(sizes)
     dynamic = {name for name in sizes if _runs(model, maker.make({**sizes, name: other[name]}))}
     axes = maker.axes()
