@@ -45,7 +45,12 @@ def true_at_every_size(claim: Any) -> bool:
     for s in expr.free_symbols - set(relaxed):
         if s in shape_env.var_to_range:
             ranges[s] = shape_env.var_to_range[s]
-    answer = shape_env._maybe_evaluate_static(
-        expr.xreplace(plain), var_to_range=tuple(ranges.items())
-    )
+    try:
+        answer = shape_env._maybe_evaluate_static(
+            expr.xreplace(plain), var_to_range=tuple(ranges.items())
+        )
+    except AssertionError:
+        # torch looks some symbols up in the ShapeEnv's own ranges (a replacement
+        # reached through another symbol): not shown, the pass keeps the node
+        return False
     return answer is not None and bool(answer)
