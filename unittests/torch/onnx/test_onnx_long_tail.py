@@ -184,3 +184,39 @@ def test_fft_exports_with_dynamic_dimensions():
     export_and_validate(
         FourierMixing(), (torch.randn(2, 7, 8),), dynamic_shapes=({0: "batch", 1: "seq"},)
     )
+
+
+class WriteThroughContiguous(torch.nn.Module):
+    """``contiguous()`` of every other column is the view itself where one column
+    remains (and a copy elsewhere): the write reaches ``t`` only there."""
+
+    def forward(self, x):
+        t = x + 1
+        w = t[:, ::2].contiguous()
+        w.mul_(2)
+        return t * 3
+
+
+def test_a_write_kept_by_the_passes_is_refused_not_dropped():
+    # the ONNX model computed `mul` into a copy and returned t unchanged: wrong by
+    # 2x at x.shape[1] == 1 (found by fuzz_onnx comparing at size 1), where eager's
+    # contiguous() returned the view and the write reached t
+    model = WriteThroughContiguous()
+    x = torch.randn(2, 5)
+    with pytest.raises(Exception, match=r"in place.*\n.*w.mul_\(2\)"):
+        to_onnx(model, (x,), dynamic_shapes=({0: "batch", 1: "n"},))
+    # the graph module keeps the write, and eager's aliasing with it (at n=1, the side
+    # of `(n + 1)//2 == 1` captured at n=2 refuses, naming its check)
+    from yobx.torch.tracing import ConstraintViolationError, CustomTracer
+
+    tracer = CustomTracer()
+    graph = tracer.trace(model, concrete_args={"x": x}, dynamic_shapes={"x": {0: "b", 1: "n"}})
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for n in (5, 1, 2, 4):
+        x = torch.randn(2, n)
+        try:
+            got = gm(x)
+        except ConstraintViolationError:
+            assert n == 1
+            continue
+        torch.testing.assert_close(got, model(x))
