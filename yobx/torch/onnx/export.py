@@ -313,7 +313,7 @@ def _refuse_kept_writes(captured: Any) -> None:
     lines = "\n".join(f"  - {reason}" for reason in reasons)
     raise OnnxExportError(
         f"the model writes in place into tensors that may share storage with others, "
-        f"and ONNX has no in-place writes ({len(refused)} found):\n{lines}\n"
+        f"and ONNX has no in-place writes ({len(reasons)} found):\n{lines}\n"
         "a reshape or a `contiguous()` of a tensor that is not contiguous is a view at "
         "some sizes, a copy at others: write into a `.clone()` of it (a copy at every "
         "size), or into the tensor itself"
