@@ -7,7 +7,10 @@ get small random values: ties between experts would be broken differently by eac
 runtime), and inputs ``input_ids`` and ``attention_mask`` of
 shape (2, 7) with dynamic batch and sequence. Each path captures at that size and is
 compared with eager at another one (3, 11); the cache is off (``use_cache=False``), the
-output compared is ``logits`` (or ``last_hidden_state``)::
+output compared is ``logits`` (or ``last_hidden_state``). A model of another family
+(vision, audio, speech, encoder-decoder, vision-text) gets ``hf:``'s configuration,
+inputs and dynamic dimensions instead (:func:`yobx.models.hf_families.hf_family_case`:
+a dimension is dynamic where eager runs the model with it at another size)::
 
     python _scripts/sweep_transformers.py [--task causal-lm] [--limit N] [--timeout S]
                                           [--only PATHS] [NAME ...]
@@ -81,15 +84,34 @@ def architectures(task: str) -> list[tuple[str, str]]:
     from transformers.models.auto import modeling_auto
 
     mapping = getattr(modeling_auto, TASKS[task])
-    result = []
+    result, seen = [], set()
     for model_type, names in mapping.items():
         for name in names if isinstance(names, (list, tuple)) else [names]:
-            result.append((model_type, name))
+            # several model types share a class (one line per class)
+            if name not in seen:
+                seen.add(name)
+                result.append((model_type, name))
     return result
 
 
 def build(model_type: str, name: str):
-    """The tiny model (eval mode, output as one tensor) and its example inputs."""
+    """``(model, example, other, dims)``: the tiny model (eval mode, output as one
+    tensor), its keyword inputs at the example's sizes and at other ones, and each
+    input's dynamic dimensions by name. A text model gets ``input_ids`` and
+    ``attention_mask``; a model of another family (vision, audio, encoder-decoder...)
+    gets the inputs and dynamic dimensions of ``hf:`` (:mod:`yobx.models.hf_families`).
+    """
+    import transformers
+
+    from yobx.models.hf_families import family_of, hf_family_case
+
+    if family_of(getattr(transformers, name)) != "text":
+        model, example, dims, other = hf_family_case(name)
+        return _first_output(model, list(example)), example, other, dims
+    return _build_text(model_type, name)
+
+
+def _build_text(model_type: str, name: str):
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -116,24 +138,43 @@ def build(model_type: str, name: str):
                 parameter.normal_(std=0.02)
     vocab = min(int(getattr(config, "vocab_size", 128) or 128), 128)
 
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask):
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-            for key in ("logits", "last_hidden_state"):
-                if key in out and out[key] is not None:
-                    return out[key]
-            return out[0]
-
-    def inputs(batch: int, seq: int) -> tuple:
+    def inputs(batch: int, seq: int) -> dict:
         generator = torch.Generator().manual_seed(batch * 100 + seq)
         ids = torch.randint(3, vocab, (batch, seq), generator=generator)
-        return ids, torch.ones(batch, seq, dtype=torch.int64)
+        return {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.int64)}
 
-    return Logits(), inputs
+    dims = {0: "batch", 1: "seq"}
+    wrapped = _first_output(model, ["input_ids", "attention_mask"], use_cache=False)
+    return wrapped, inputs(*EXAMPLE), inputs(*OTHER), {"input_ids": dims, "attention_mask": dims}
+
+
+def _first_output(model, names: list[str], **fixed):
+    """A module taking ``names`` as parameters (so that every exporter sees them by
+    name) that returns the model's ``logits``, else ``last_hidden_state``, else its
+    first output."""
+    import torch
+
+    def first(out):
+        for key in ("logits", "last_hidden_state"):
+            if key in out and out[key] is not None:
+                return out[key]
+        return out[0]
+
+    namespace = {"first": first}
+    parameters = ", ".join(names)
+    passed = ", ".join(f"{n}={n}" for n in names)
+    exec(
+        f"def forward(self, {parameters}):\n    return first(self.model({passed}, **self.fixed))\n",
+        namespace,
+    )
+    wrapper = type(
+        "FirstOutput",
+        (torch.nn.Module,),
+        {"forward": namespace["forward"]},
+    )()
+    wrapper.model = model
+    wrapper.fixed = fixed
+    return wrapper
 
 
 def _close(expected, got) -> bool:
@@ -145,37 +186,31 @@ def _close(expected, got) -> bool:
     )
 
 
-def _run_path(path: str, model, inputs) -> str:
+def _run_path(path: str, model, example: dict, other: dict, dims: dict) -> str:
     import torch
 
-    example, other = inputs(*EXAMPLE), inputs(*OTHER)
     with torch.no_grad():
-        expected = model(*other)
-    dims = {0: "batch", 1: "seq"}
+        expected = model(**other)
     if path == "export":
         from torch.export import Dim
 
-        dynamic = {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}
-        program = torch.export.export(model, example, dynamic_shapes=(dynamic, dynamic))
+        dynamic = {n: {a: Dim.DYNAMIC for a in axes} for n, axes in dims.items()}
+        program = torch.export.export(model, (), example, dynamic_shapes=dynamic)
         with torch.no_grad():
-            got = program.module()(*other)
+            got = program.module()(**other)
     elif path == "yobx":
         from yobx.torch.tracing import CustomTracer
 
         tracer = CustomTracer()
-        graph = tracer.trace(
-            model,
-            concrete_args={"input_ids": example[0], "attention_mask": example[1]},
-            dynamic_shapes={"input_ids": dims, "attention_mask": dims},
-        )
+        graph = tracer.trace(model, concrete_args=dict(example), dynamic_shapes=dims)
         with torch.no_grad():
-            got = torch.fx.GraphModule(tracer.traced_model, graph)(*other)
+            got = torch.fx.GraphModule(tracer.traced_model, graph)(**other)
     else:
-        got = _run_onnx(path, model, example, other)
+        got = _run_onnx(path, model, example, other, dims)
     return "ok" if _close(expected, got) else "WRONG"
 
 
-def _run_onnx(path: str, model, example: tuple, other: tuple):
+def _run_onnx(path: str, model, example: dict, other: dict, dims: dict):
     """The first output of the ONNX model on ``other``; saved to a file first, so that
     models past 2 GB (their weights in external data) run too."""
     import tempfile
@@ -183,24 +218,23 @@ def _run_onnx(path: str, model, example: tuple, other: tuple):
     import onnxruntime
     import torch
 
-    dims = {0: "batch", 1: "seq"}
     with tempfile.TemporaryDirectory() as folder:
         filename = os.path.join(folder, "model.onnx")
         if path == "yobx-onnx":
             from yobx.torch.onnx import to_onnx
 
-            to_onnx(model, example, dynamic_shapes=(dims, dims), filename=filename)
+            to_onnx(model, (), example, dynamic_shapes=dims, filename=filename)
         else:
             from torch.export import Dim
 
-            dynamic = {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}
+            dynamic = {n: {a: Dim.DYNAMIC for a in axes} for n, axes in dims.items()}
             program = torch.onnx.export(
-                model, example, dynamic_shapes=(dynamic, dynamic), dynamo=True, verbose=False
+                model, (), kwargs=example, dynamic_shapes=dynamic, dynamo=True, verbose=False
             )
             program.save(filename, external_data=True)
         session = onnxruntime.InferenceSession(filename, providers=["CPUExecutionProvider"])
-        names = [i.name for i in session.get_inputs()]
-        feeds = {n: t.numpy() for n, t in zip(names, other)}
+        names = {i.name for i in session.get_inputs()}
+        feeds = {n: t.numpy() for n, t in other.items() if n in names}
         return session.run(None, feeds)[0]
 
 
@@ -215,10 +249,10 @@ def _child(model_type: str, name: str, paths: list[str], queue) -> None:
     torch.set_num_threads(int(os.environ.get("SWEEP_THREADS", "1")))
     results = {}
     try:
-        model, inputs = build(model_type, name)
+        model, example, other, dims = build(model_type, name)
         with torch.no_grad():
-            model(*inputs(*EXAMPLE))
-            model(*inputs(*OTHER))
+            model(**example)
+            model(**other)
     except Exception as e:
         queue.put(("eager", f"fail: {_first_line(e)}"))
         return
@@ -226,7 +260,7 @@ def _child(model_type: str, name: str, paths: list[str], queue) -> None:
     for path in paths:
         start = time.perf_counter()
         try:
-            status = _run_path(path, model, inputs)
+            status = _run_path(path, model, example, other, dims)
         except Exception as e:
             status = f"fail: {_first_line(e)}"
             if os.environ.get("SWEEP_TRACEBACK"):

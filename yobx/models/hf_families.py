@@ -311,6 +311,19 @@ def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict
     :raises ValueError: unknown architecture, no known inputs, or a model that does not
         run on the inputs built for its family
     """
+    model, kwargs, dynamic_shapes, _other = hf_family_case(architecture, batch=batch)
+    return model, (), kwargs, dynamic_shapes
+
+
+def hf_family_case(
+    architecture: str, batch: int = 2
+) -> tuple[Any, dict[str, torch.Tensor], dict, dict[str, torch.Tensor]]:
+    """``(model, kwargs, dynamic_shapes, other_kwargs)``: :func:`hf_family_model`'s
+    model and example, and inputs where every dynamic dimension has another size (the
+    sizes a check of the export compares at; static ones keep the example's).
+
+    :raises ValueError: as :func:`hf_family_model`
+    """
     cls = model_class(architecture)
     family = family_of(cls)
     config = tiny_config(cls)
@@ -340,4 +353,7 @@ def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict
     dynamic_shapes = {
         name: {axis: dim for axis, dim in axes[name].items() if dim in dynamic} for name in kwargs
     }
-    return model, (), kwargs, dynamic_shapes
+    other_kwargs = maker.make(
+        {name: other[name] if name in dynamic else size for name, size in sizes.items()}
+    )
+    return model, kwargs, dynamic_shapes, other_kwargs
