@@ -105,10 +105,22 @@ def build(model_type: str, name: str):
 
     from yobx.models.hf_families import family_of, hf_family_case
 
-    if family_of(getattr(transformers, name)) != "text":
-        model, example, dims, other = hf_family_case(name)
-        return _first_output(model, list(example)), example, other, dims
-    return _build_text(model_type, name)
+    if family_of(getattr(transformers, name)) == "text":
+        import torch
+
+        try:
+            case = _build_text(model_type, name)
+            with torch.no_grad():
+                case[0](**case[1])
+                case[0](**case[2])
+            return case
+        except Exception:
+            # the generic sizes do not fit this configuration (layer types listed per
+            # layer, a padding index beyond the vocabulary...): hf:'s, shrunk from the
+            # configuration's own values, may
+            pass
+    model, example, dims, other = hf_family_case(name)
+    return _first_output(model, list(example)), example, other, dims
 
 
 def _build_text(model_type: str, name: str):

@@ -42,5 +42,5 @@ def sweep():
 @pytest.mark.parametrize(("name", "path"), list(SUBSET))
 def test_architecture_is_exact_at_another_size(sweep, name, path):
     model_type = next(t for t, n in sweep.architectures("causal-lm") if n == name)
-    model, inputs = sweep.build(model_type, name)
-    assert sweep._run_path(path, model, inputs) == "ok", SUBSET[name, path]
+    model, example, other, dims = sweep.build(model_type, name)
+    assert sweep._run_path(path, model, example, other, dims) == "ok", SUBSET[name, path]

@@ -77,6 +77,16 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
         "inputs' sizes: onnxruntime then returns wrong values outside them instead of "
         "failing with an error naming the constraint",
     )
+    export.add_argument(
+        "--task",
+        choices=("feature-extraction", "text-generation"),
+        default=None,
+        help="with hf:<Architecture>: 'feature-extraction' (default) exports the model's "
+        "outputs without a cache; 'text-generation' exports one generation step with its "
+        "cache (past_key_values.<layer>.key|value in, present.<layer>.key|value out), "
+        "which serves prefill and decode; --validate then also checks that greedy "
+        "generation with onnxruntime gives model.generate's tokens",
+    )
     add_narrowing_argument(export)
     export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
     export.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
@@ -139,7 +149,9 @@ def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
         if source is not None:
             # only the headers are read: a bad source fails before the export
             dtype = dominant_dtype(open_weight_source(source))
-        return load_model(options.model, config=options.config, dtype=dtype)
+        return load_model(
+            options.model, config=options.config, dtype=dtype, task=getattr(options, "task", None)
+        )
     except (ModelLoadError, WeightSourceError) as exc:
         raise CommandError(str(exc)) from exc
 
@@ -212,6 +224,9 @@ def run_export(options: argparse.Namespace) -> int:
         _run_stage("validation", result.validate, model, args, kwargs)
         _report(result.stages[-1])
         status = 0 if result.validation.ok else EXIT_MISMATCH
+        if getattr(options, "task", None) == "text-generation":
+            same = _run_stage("generation", _same_generation, result, model, kwargs)
+            status = status or (0 if same else EXIT_MISMATCH)
     if options.profile:
         from yobx.torch.chrome_trace import write_stage_profile
 
@@ -220,6 +235,38 @@ def run_export(options: argparse.Namespace) -> int:
     if status:
         print("yobx: error: validation failed", file=sys.stderr)
     return status
+
+
+def _same_generation(result: Any, model: Any, kwargs: dict, new_tokens: int = 8) -> bool:
+    """Greedy generation with the exported step and onnxruntime against
+    ``model.generate(do_sample=False)``, from prompts of one and of several tokens;
+    prints the verdict."""
+    import numpy as np
+    import torch
+
+    from yobx.torch.onnx.generate import generate
+
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    same = True
+    for seq in (1, 4):
+        ids = kwargs["input_ids"][:, :1].repeat(1, seq) + torch.arange(seq)
+        with torch.no_grad():
+            expected = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+            ).numpy()
+        got = generate(result, ids, new_tokens, eos_token_id=eos)
+        agree = expected.shape == got.shape and bool(np.array_equal(expected, got))
+        same = same and agree
+        verdict = "the same tokens as" if agree else "OTHER tokens than"
+        print(
+            f"yobx: generation: prompts of {seq} token(s), {new_tokens} new: {verdict} "
+            "model.generate",
+            file=sys.stderr,
+        )
+    return same
 
 
 def warn_about_constraints(result: Any) -> None:

@@ -89,15 +89,23 @@ def _import_module(module_name: str) -> Any:
             sys.path.remove(cwd)
 
 
-def _load_hf(name: str, config: str | None, dtype: Any) -> tuple[Any, tuple, dict, Any]:
+def _load_hf(
+    name: str, config: str | None, dtype: Any, task: str | None = None
+) -> tuple[Any, tuple, dict, Any]:
     architecture = name[3:]
     try:
         import transformers  # noqa: F401
     except ImportError as exc:
         raise ModelLoadError(f"{name}: transformers is not installed") from exc
-    from yobx.models.huggingface import hf_model, hf_model_from_config
+    from yobx.models.huggingface import TASKS, hf_generation_model, hf_model, hf_model_from_config
 
+    if task not in (None, *TASKS):
+        raise ModelLoadError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
+    if task == "text-generation" and config is not None:
+        raise ModelLoadError("--task text-generation builds a tiny model: leave out --config")
     try:
+        if task == "text-generation":
+            return _normalize(hf_generation_model(architecture), name)
         if config is None:
             return _normalize(hf_model(architecture), name)
         return _normalize(hf_model_from_config(architecture, config, dtype=dtype), name)
@@ -108,7 +116,7 @@ def _load_hf(name: str, config: str | None, dtype: Any) -> tuple[Any, tuple, dic
 
 
 def load_model(
-    name: str, config: str | None = None, dtype: Any = None
+    name: str, config: str | None = None, dtype: Any = None, task: str | None = None
 ) -> tuple[Any, tuple, dict, Any]:
     """Returns ``(model, args, kwargs, dynamic_shapes)`` for a model name.
 
@@ -122,16 +130,21 @@ def load_model(
         the model is built from it with its parameters on the meta device, to be
         exported and given its weights afterwards
     :param dtype: with ``config``, the dtype of the parameters (the checkpoint's)
+    :param task: with ``hf:<Architecture>``, ``feature-extraction`` (the default: the
+        model's inputs, no cache) or ``text-generation`` (one step with its cache, see
+        :func:`yobx.models.huggingface.hf_generation_model`)
     :raises ModelLoadError: unknown name, missing module or factory, failing factory
     """
     if config is not None and not name.startswith("hf:"):
         raise ModelLoadError(
             f"a configuration applies to hf:<Architecture> models, not to {name!r}"
         )
+    if task is not None and not name.startswith("hf:"):
+        raise ModelLoadError(f"a task applies to hf:<Architecture> models, not to {name!r}")
     if name in DEMOS:
         return _normalize(DEMOS[name](), f"demo {name!r}")
     if name.startswith("hf:"):
-        return _load_hf(name, config, dtype)
+        return _load_hf(name, config, dtype, task)
     if ":" in name:
         module_name, _, attribute = name.rpartition(":")
         module = _import_module(module_name)

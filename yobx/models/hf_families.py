@@ -60,6 +60,8 @@ _TINY_SIZES: dict[str, Any] = {
     "encoder_ffn_dim": 37,
     "decoder_ffn_dim": 37,
     "head_dim": 8,
+    # GPT-J's rotary part of a head: within the tiny head (32 / 4)
+    "rotary_dim": 8,
     "projection_dim": 16,
     "projection_size": 32,
     "image_size": 32,
@@ -83,6 +85,15 @@ _TINY_SIZES: dict[str, Any] = {
 }
 #: keys derived from the number of stages, recomputed by the configuration
 _DERIVED = ("stage_names", "out_features", "out_indices")
+#: numbers of layers, whose per-layer lists are cut with them
+_LAYER_COUNTS = (
+    "num_hidden_layers",
+    "num_layers",
+    "n_layer",
+    "num_decoder_layers",
+    "encoder_layers",
+    "decoder_layers",
+)
 #: special tokens must fall inside the tiny vocabulary
 _TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 #: what each family's forward takes first
@@ -156,6 +167,17 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
     for key in _TOKEN_IDS:
         if isinstance(out.get(key), int) and out[key] >= _TINY_SIZES["vocab_size"]:
             out[key] = 0
+    # a value per layer (`layer_types`, Gemma3n's `intermediate_size`): the first ones,
+    # as many as the layers kept
+    counts = {
+        values[key]: out[key]
+        for key in _LAYER_COUNTS
+        if isinstance(values.get(key), int) and isinstance(out.get(key), int)
+    }
+    for key, value in out.items():
+        kept = counts.get(len(value)) if isinstance(value, (list, tuple)) else None
+        if kept is not None and kept < len(value) and value is values.get(key):
+            out[key] = type(value)(value[:kept])
     return out
 
 

@@ -6,6 +6,7 @@ Nothing is downloaded: the configuration is created in code with small sizes.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +94,73 @@ def hf_model(architecture: str, batch: int = 2, seq: int = 5):
         torch.manual_seed(0)
         model = model_class(config).eval()
     return _token_inputs(model, config, batch, seq)
+
+
+#: what ``--task`` may ask of ``hf:``: the model's own inputs and outputs
+#: (``feature-extraction``, the default), or one step of generation with its cache
+TASKS = ("feature-extraction", "text-generation")
+
+
+def hf_generation_model(
+    architecture: str, batch: int = 2, seq: int = 3, past: int = 5
+) -> tuple[Any, tuple, dict, dict]:
+    """``(model, args, kwargs, dynamic_shapes)`` for one step of generation of a tiny
+    random decoder: ``input_ids`` (``batch``, ``seq``), ``attention_mask`` over the
+    cache and the new tokens (``batch``, ``total``: ``past + seq``) and
+    the cache (argument ``cache``, ``past_key_values`` before transformers 5), a
+    ``DynamicCache`` of ``past`` positions (``batch``, ``past``), whose tensors the
+    ONNX model takes as ``past_key_values.<layer>.key|value``. The exported step serves
+    the prefill (``past = 0``) and the decode
+    (``seq = 1``) alike; it returns ``logits`` and the updated cache (``present.*``),
+    which :func:`yobx.torch.onnx.generate.generate` feeds back.
+
+    :raises ValueError: the architecture is not a decoder with a cache
+    """
+    import transformers
+
+    model_class = _model_class(architecture)
+    parameters = inspect.signature(model_class.forward).parameters
+    # transformers 5 renamed the argument (past_key_values still goes through **kwargs)
+    argument = "cache" if "cache" in parameters else "past_key_values"
+    if argument not in parameters:
+        raise ValueError(
+            f"{architecture} takes no past_key_values: text-generation needs a decoder "
+            "with a cache (an architecture ...ForCausalLM)"
+        )
+    config = tiny_config(architecture)
+    config.use_cache = True
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = model_class(config).eval()
+    cache = transformers.DynamicCache(config=config)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    generator = torch.Generator().manual_seed(2)
+    layers = config.num_hidden_layers
+    for layer in range(layers):
+        shape = (batch, heads, past, head_dim)
+        keys, values = (torch.randn(shape, generator=generator) for _ in "kv")
+        cache.update(keys, values, layer)
+    kwargs = {
+        "input_ids": torch.randint(3, config.vocab_size, (batch, seq), generator=generator),
+        "attention_mask": torch.ones((batch, past + seq), dtype=torch.int64),
+        argument: cache,
+    }
+    try:
+        with torch.no_grad():
+            model(**kwargs)
+    except Exception as e:
+        raise ValueError(
+            f"{architecture} does not run one step with a DynamicCache of {layers} "
+            f"layers of (batch, {heads}, past, {head_dim}): {type(e).__name__}: {e}"
+        ) from e
+    cache_dims = [[{0: "batch", 2: "past"}] * layers] * 2
+    dynamic_shapes = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        argument: cache_dims,
+    }
+    return model, (), kwargs, dynamic_shapes
 
 
 @contextlib.contextmanager

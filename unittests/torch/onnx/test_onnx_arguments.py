@@ -96,8 +96,8 @@ def test_decode_step_cache_names_do_not_collide(architecture):
         "input_ids",
         "attention_mask",
         "past_key_values.0.key",
-        "past_key_values.1.key",
         "past_key_values.0.value",
+        "past_key_values.1.key",
         "past_key_values.1.value",
     ]
     assert result.output_names == [

@@ -6,6 +6,7 @@ exact inside the constraints, a ConstraintViolationError outside.
 """
 
 import pickle
+import re
 import warnings
 
 import pytest
@@ -262,12 +263,21 @@ def test_other_formula_is_kept_as_written():
         {"x": torch.randn(2, 3, 4, 5)},
         {"x": {2: "h", 3: "w"}},
         [{"x": torch.randn(2, 3, 1, 7)}],
+        tracer_kwargs={"narrowing": "constraints"},
     )
     # decided from the default ranges (h, w >= 2), but wrong for h == w == 1: checked
     assert _kinds(tracer) == [("h*w != 1", "other")]
     with pytest.raises(ConstraintViolationError, match=r"h\*w != 1"):
         gm(torch.randn(2, 3, 1, 1))
     assert gm(torch.randn(2, 3, 1, 3)).shape == (2, 3)
+    # by default, the side h == w == 1 is a version of its own
+    tracer, _, gm = check_trace(
+        Pooled(),
+        {"x": torch.randn(2, 3, 4, 5)},
+        {"x": {2: "h", 3: "w"}},
+        [{"x": torch.randn(2, 3, *size)} for size in [(1, 1), (1, 7), (3, 1), (0, 4)]],
+    )
+    assert tracer.constraints == [] and len(tracer.versions) == 2
 
 
 def test_every_needed_constraint_is_listed_once():
@@ -323,6 +333,7 @@ def test_default_lower_bound_is_checked_only_where_needed():
             }
         },
         [{"x": torch.randn(1, 4)}],
+        tracer_kwargs={"narrowing": "constraints"},
     )
     assert _kinds(tracer) == [("batch >= 1", "range"), ("seq >= 2", "range")]
     with pytest.raises(ConstraintViolationError, match="batch >= 1"):
@@ -339,6 +350,26 @@ def test_default_lower_bound_is_checked_only_where_needed():
     )
     assert tracer.constraints == []
     assert gm(torch.randn(0, 5)).shape == (0, 5)
+
+
+def test_sides_below_the_default_minimum_become_versions():
+    # a decision the default range [2, inf] settles (`x.shape[0] == 0 -> False`,
+    # `x.shape[1] > 1 -> True`) has its other side at 0 or 1: captured as versions,
+    # no constraint refuses an empty batch or a single token
+    x = torch.randn(3, 5)
+    sizes = [(0, 5), (3, 1), (1, 1), (0, 0), (1, 0), (0, 1), (2, 2)]
+    tracer, _, gm = check_trace(
+        EmptyOrOne(),
+        {"x": x},
+        {"x": {0: "batch", 1: "seq"}},
+        [{"x": torch.randn(*size)} for size in sizes],
+    )
+    assert tracer.constraints == [] and tracer.version_notes == []
+    assert [re.sub(r"\s+\[[^]]*\]", "", str(v)) for v in tracer.versions] == [
+        "version 1: batch >= 1 and seq >= 2",
+        "version 2: batch >= 1 and seq < 2",
+        "version 3: batch < 1",
+    ]
 
 
 def test_declared_bounds_and_shared_dimensions_are_checked():
@@ -505,6 +536,7 @@ def test_a_decision_repeated_in_every_layer_is_relied_on_once_and_checked():
         {"x": torch.randn(2, 7, 4)},
         {"x": {0: "batch", 1: "seq"}},
         [{"x": torch.randn(3, 2, 4)}, {"x": torch.randn(1, 64, 4)}],
+        tracer_kwargs={"narrowing": "constraints"},
     )
     # each decision is recorded where it is made; the constraint it needs, once
     decisions = [g for g in tracer.guards if g.expression == "seq > 1"]
@@ -513,6 +545,16 @@ def test_a_decision_repeated_in_every_layer_is_relied_on_once_and_checked():
     assert len([c for c in tracer.constraints if c.expression == "seq >= 2"]) == 1
     with pytest.raises(ConstraintViolationError, match="seq >= 2"):
         gm(torch.randn(2, 1, 4))
+    with pytest.raises(ConstraintViolationError, match="seq <= 64"):
+        gm(torch.randn(2, 65, 4))
+    # by default, the side seq == 1 is a version: one, however many layers ask
+    tracer, _, gm = check_trace(
+        RepeatedDecision(),
+        {"x": torch.randn(2, 7, 4)},
+        {"x": {0: "batch", 1: "seq"}},
+        [{"x": torch.randn(3, 1, 4)}, {"x": torch.randn(1, 64, 4)}],
+    )
+    assert len(tracer.versions) == 2
     with pytest.raises(ConstraintViolationError, match="seq <= 64"):
         gm(torch.randn(2, 65, 4))
 

@@ -316,11 +316,13 @@ def test_a_check_on_an_empty_size_shared_by_every_version_is_kept():
     # `batch >= 1` folded to True on the joined graph's symbols (sizes are positive
     # for sympy), so the joined graph dropped the check, then computed the non-empty
     # branch on empty inputs: silently wrong at batch=0 or past=0
+    # (with a budget of two versions, the empty sides stay checks)
     model = EmptyOrNot()
     tracer, _, gm = trace_module(
         model,
         {"x": torch.randn(2, 4, 3), "y": torch.randn(5, 3)},
         {"x": {0: "batch", 2: "past"}, "y": {0: "n"}},
+        tracer_kwargs={"max_versions": 2},
     )
     assert len(tracer.versions) == 2
     assert {c.expression for c in tracer.checks} >= {"batch >= 1", "past >= 1"}
@@ -330,6 +332,21 @@ def test_a_check_on_an_empty_size_shared_by_every_version_is_kept():
     for batch, past, n in ((0, 3, 5), (2, 0, 3)):
         with pytest.raises(ConstraintViolationError, match=">= 1"):
             gm(torch.randn(batch, 4, past), torch.randn(n, 3))
+
+
+def test_empty_sides_are_versions_of_their_own():
+    # without a budget, each empty side is captured (at size 0) on each side of the
+    # branch on `n`: the graph is exact on empty inputs instead of refusing them
+    model = EmptyOrNot()
+    tracer, _, gm = trace_module(
+        model,
+        {"x": torch.randn(2, 4, 3), "y": torch.randn(5, 3)},
+        {"x": {0: "batch", 2: "past"}, "y": {0: "n"}},
+    )
+    assert tracer.constraints == [] and tracer.version_notes == []
+    for batch, past, n in ((2, 3, 5), (0, 3, 5), (2, 0, 3), (0, 0, 7), (1, 1, 1), (3, 0, 0)):
+        x, y = torch.randn(batch, 4, past), torch.randn(n, 3)
+        assert_same(model(x, y), gm(x, y))
 
 
 class PinnedAtTwo(torch.nn.Module):

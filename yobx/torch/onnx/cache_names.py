@@ -6,7 +6,8 @@ share its name with an input. The convention of Hugging Face's ONNX exports is u
 
 * an input cache passed as argument ``past_key_values`` gives the inputs
   ``past_key_values.<layer>.key`` and ``past_key_values.<layer>.value`` (the
-  argument's name is the prefix);
+  argument's name is the prefix, except transformers 5's ``cache``, which keeps the
+  convention's ``past_key_values``);
 * a cache in the outputs gives ``present.<layer>.key`` and ``present.<layer>.value``
   (a second cache in the outputs: ``present_1.<layer>.key``...).
 
@@ -28,6 +29,9 @@ from yobx.torch.pytree_paths import flatten_with_paths
 
 from ..tracing.inputs import bind_arguments, placeholder_names, register_cache_flattening
 
+#: the prefix of an input cache whose argument has another name: transformers 5
+#: calls it ``cache``, runtimes and Hugging Face's exports ``past_key_values``
+_INPUT_PREFIXES = {"cache": "past_key_values"}
 #: prefix of the tensors of a cache in the outputs
 PRESENT = "present"
 #: the argument holding a cache in legacy form, and the output keys that do
@@ -105,7 +109,7 @@ def onnx_input_names(
     names: dict[int, str] = {} if legacy is None else _pair_names(legacy, LEGACY_ARGUMENT)
     for arg_name, value in bound.items():
         for cache in _caches(value):
-            names.update(cache_tensor_names(cache, arg_name))
+            names.update(cache_tensor_names(cache, _INPUT_PREFIXES.get(arg_name, arg_name)))
     leaves_with_path = flatten_with_paths(list(bound.values()))
     flat_names = placeholder_names(list(bound), [path for path, _ in leaves_with_path])
     return {

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -325,6 +326,10 @@ def _pass_counts(captured: Any) -> dict[str, int]:
     return {name: int(result) for name, result in captured.passes.items()}
 
 
+#: the name of a cache's tensor: ``<prefix>.<layer>.key|value``
+_LAYER_TENSOR = re.compile(r"^(.+)\.(\d+)\.(key|value)$")
+
+
 def _rename_cache_inputs(model_ir: ir.Model, model: Any, args: tuple, kwargs: Any) -> None:
     """The tensors of a cache input are ``past_key_values.<layer>.key|value``."""
     from yobx.torch.onnx.cache_names import onnx_input_names
@@ -336,6 +341,31 @@ def _rename_cache_inputs(model_ir: ir.Model, model: Any, args: tuple, kwargs: An
             if renamed[value.name] in outputs:
                 raise OnnxExportError(f"input name {renamed[value.name]!r} is also an output")
             value.name = renamed[value.name]
+    _interleave_layers(model_ir.graph.inputs)
+
+
+def _interleave_layers(values: Any) -> None:
+    """A cache's tensors one layer after another (``past_key_values.0.key``,
+    ``past_key_values.0.value``, ``past_key_values.1.key``...), as Hugging Face's ONNX
+    exports and runtimes list them; pytree flattens a DynamicCache keys first. The
+    other values keep their places; the cache's tensors fill the places its tensors
+    had, in the new order."""
+    matches = [_LAYER_TENSOR.match(v.name) for v in values]
+    positions = [i for i, match in enumerate(matches) if match]
+
+    def rank(i: int) -> tuple:
+        prefix, layer, kind = matches[i].groups()  # type: ignore[union-attr]
+        return prefix, int(layer), kind == "value"
+
+    ranked = sorted(positions, key=rank)
+    if ranked == positions:
+        return
+    order = list(range(len(values)))
+    for position, source in zip(positions, ranked):
+        order[position] = source
+    reordered = [values[i] for i in order]
+    values.clear()
+    values.extend(reordered)
 
 
 def _keep_argument_names(model_ir: ir.Model, graph_module: torch.fx.GraphModule) -> None:

@@ -43,7 +43,7 @@ from yobx.torch.tracing.static_fakes import StaticFakes
 from yobx.torch.tracing.symbolic import static_fake
 from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
 from yobx.torch.tracing.symbolic_variants import function_variant
-from yobx.torch.tracing.versions import DIMENSIONS_KEY
+from yobx.torch.tracing.versions import CONDITION_KEY, DIMENSIONS_KEY
 
 #: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
 SOURCE_NODE_KEY = "yobx_source_node"
@@ -255,7 +255,10 @@ class _LoweringInterpreter(torch.fx.Interpreter):
             if isinstance(pred, torch.SymBool) and None not in lowered:
                 # versions of a capture, each lowered on its own example
                 outer = self._node.meta[DIMENSIONS_KEY]
-                return record_cond(pred, (true_fn, false_fn), lowered, tuple(operands), outer)
+                condition = self._node.meta.get(CONDITION_KEY)
+                return record_cond(
+                    pred, (true_fn, false_fn), lowered, tuple(operands), outer, condition
+                )
             return _lower_cond(*args, lowered=self._branch_interpreter)
         if isinstance(target, ScanCCOp):
             return _lower_scan(*args, lowered=self._branch_interpreter)

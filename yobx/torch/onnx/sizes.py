@@ -125,7 +125,9 @@ def size_variants(
                 return None
             assignment[symbol] = value
         for symbol, expression in dependents.items():
-            value = expression.xreplace(assignment)
+            # an expression that is one symbol gives the assigned number itself (a Python
+            # int); one the conditions pin is a number (`past` 0 on an empty cache)
+            value = sympy.sympify(sympy.sympify(expression).xreplace(assignment))
             if not value.is_Integer or not _in_range(shape_env, symbol, int(value)):
                 return None
             assignment[symbol] = int(value)

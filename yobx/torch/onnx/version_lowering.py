@@ -33,6 +33,7 @@ def record_cond(
     lowered: tuple[Any, Any],
     operands: tuple,
     outer_dims: Any,
+    condition: sympy.Basic | None = None,
 ) -> Any:
     """Records ``cond(pred, lowered[0], lowered[1], ...)`` in the active make_fx.
 
@@ -42,6 +43,8 @@ def record_cond(
     :param lowered: their :class:`~yobx.torch.onnx.lowering.LoweredGraph`
     :param operands: the cond's operands (the joined graph's inputs)
     :param outer_dims: the dimensions of the joined graph's capture
+    :param condition: the choice's condition as the versions wrote it (see
+        :data:`~yobx.torch.tracing.versions.CONDITION_KEY`), ``pred``'s by default
     :return: the cond's outputs, tracked by make_fx
     """
     mode = proxy_tensor.get_proxy_mode()
@@ -65,9 +68,16 @@ def record_cond(
     proxy_args = pytree.tree_map(mode.tracer.unwrap_proxy, args)
     out_proxy = mode.tracer.create_proxy("call_function", cond, proxy_args, {})
     shape_env = pred.node.shape_env
+    condition = pred.node.expr if condition is None else condition
+    # what each side pins: its version's sizes, and the choice's condition itself
+    # (the side `past < 1` has an empty cache, whichever versions it holds)
+    pinned = [
+        {**_pinned_by(condition, outer_dims), **_pinned(branches[0], outer_dims)},
+        {**_pinned_by(sympy.Not(condition), outer_dims), **_pinned(branches[1], outer_dims)},
+    ]
     with proxy_tensor.disable_proxy_modes_tracing():
         outputs = [
-            _merged_output(a, b, branches, outer_dims, shape_env)
+            _merged_output(a, b, branches, outer_dims, shape_env, pinned)
             for a, b in zip(_output_values(true_graph), _output_values(false_graph))
         ]
     return proxy_tensor.track_tensor_tree(
@@ -139,9 +149,14 @@ def _output_values(graph_module: torch.fx.GraphModule) -> list[Any]:
     ]
 
 
-def _merged_output(a: Any, b: Any, branches: tuple, outer_dims: Any, shape_env: Any) -> Any:
+def _merged_output(
+    a: Any, b: Any, branches: tuple, outer_dims: Any, shape_env: Any, pinned: list[dict]
+) -> Any:
     """A fake value of the joined graph for an output the versions give as ``a`` and
-    ``b`` (each a fake value of its own capture)."""
+    ``b`` (each a fake value of its own capture); ``pinned``: the dimensions each side
+    has at one size. A size both sides give alike, once those are put in (``past +
+    seq`` and ``seq`` where ``past`` is 0), keeps its expression; any other is a fresh
+    size."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise NotImplementedError("a cond between versions returns tensors")
     if a.dim() != b.dim() or a.dtype != b.dtype:
@@ -150,8 +165,13 @@ def _merged_output(a: Any, b: Any, branches: tuple, outer_dims: Any, shape_env: 
     for size_a, size_b in zip(a.shape, b.shape):
         outer_a = _in_outer(size_a, branches[0], outer_dims)
         outer_b = _in_outer(size_b, branches[1], outer_dims)
-        if outer_a is not None and outer_a == outer_b:
+        if outer_a is None or outer_b is None:
+            sizes.append(shape_env.create_unbacked_symint())
+        elif outer_a == outer_b or outer_a.xreplace(pinned[1]) == outer_b:
+            # `past + seq` and, in the version of an empty cache (past = 0), `seq`
             sizes.append(_symint(outer_a, shape_env))
+        elif outer_b.xreplace(pinned[0]) == outer_a:
+            sizes.append(_symint(outer_b, shape_env))
         else:
             sizes.append(shape_env.create_unbacked_symint())
     fake_mode = outer_dims.fake_mode
@@ -168,6 +188,40 @@ def _in_outer(size: Any, branch: torch.fx.GraphModule, outer_dims: Any) -> sympy
     if user is None or any(s.name not in outer_dims.by_name for s in user.free_symbols):
         return None
     return in_dimensions(outer_dims, user)
+
+
+def _pinned(branch: torch.fx.GraphModule, outer_dims: Any) -> dict[sympy.Expr, int]:
+    """The joined graph's dimensions a version has at one size (its capture's range
+    of it is a single value: ``past`` is 0 in the version of an empty cache), written
+    with the joined graph's symbols; the version runs only for inputs of that size."""
+    dims = branch.meta.get(DIMENSIONS_KEY)
+    if dims is None or dims is outer_dims:
+        return {}  # a choice between versions: nothing pinned for all of them
+    pinned = {}
+    for name, symint in dims.by_name.items():
+        if name not in outer_dims.by_name:
+            continue
+        low, high = dims.range_of(sympy.sympify(symint.node.expr))
+        if low == high:
+            outer = in_dimensions(outer_dims, sympy.Symbol(name, integer=True))
+            pinned[outer] = int(low)
+    return pinned
+
+
+def _pinned_by(condition: sympy.Basic, outer_dims: Any) -> dict[sympy.Expr, int]:
+    """The dimension ``condition`` pins to one size, counting from the lowest size the
+    graph accepts (0 for a dimension declared without ``min``): ``past < 1`` pins
+    ``past`` to 0."""
+    if not isinstance(condition, (sympy.Lt, sympy.Le, sympy.Eq)):
+        return {}
+    symbol, bound = condition.lhs, condition.rhs
+    if not symbol.is_Symbol or not bound.is_Integer:
+        return {}
+    if isinstance(condition, sympy.Eq):
+        return {symbol: int(bound)}
+    low = 0 if symbol in outer_dims.default_min else outer_dims.range_of(symbol)[0]
+    high = int(bound) - (1 if isinstance(condition, sympy.Lt) else 0)
+    return {symbol: int(low)} if high == low else {}
 
 
 def _symint(expr: sympy.Expr, shape_env: Any) -> Any:

@@ -43,8 +43,9 @@ class AdoptedFact:
     constraint: Constraint
     condition: sympy.Basic
     #: what needed it: ``"branch"`` (the model's own Python deciding, ``if x.shape[2] >
-    #: 16``), ``"operator"`` (a kernel's guard) or ``"number"`` (a Python number needed
-    #: from a size, ``int(seq // 2)``)
+    #: 16``), ``"operator"`` (a kernel's guard), ``"number"`` (a Python number needed
+    #: from a size, ``int(seq // 2)``) or ``"default-bound"`` (a decision the default
+    #: range ``[2, inf]`` settled, which does not hold at sizes 0 or 1)
     origin: str = "operator"
 
 
@@ -281,7 +282,7 @@ class Refinements:
                 continue
             names = tuple(dims.symbols_of(form))
             constraint = Constraint(expression, kind, location, names)
-            self.adopted.append(AdoptedFact(constraint, form))
+            self.adopted.append(AdoptedFact(constraint, form, "default-bound"))
 
     def _relied_key(self, build: Callable | None, operands: list, value) -> tuple | None:
         """A call of :meth:`rely_on_default_bounds` and what its result depends on

@@ -151,9 +151,10 @@ class SymbolicDimensions:
         self.declared_at = ""
         #: symbols whose lower bound is the default one (see :meth:`lowest_bound`)
         self.default_min: set[sympy.Symbol] = set()
-        #: names of dimensions without a declared minimum that take the size 1 (their
-        #: example's size, or the example's of the capture this one stands in for)
-        self.take_one: set[str] = set()
+        #: names of dimensions without a declared minimum that take a size below the
+        #: default minimum, 1 or 0, and the smallest (their example's size, or the
+        #: example's of the capture this one stands in for)
+        self.small_sizes: dict[str, int] = {}
         #: symbols introduced by a divisibility (``dim == 2*k``): k -> its value
         #: as an expression of the other symbols (``(dim - r) // m``)
         self.definitions: dict[sympy.Symbol, sympy.Expr] = {}
@@ -245,11 +246,12 @@ class SymbolicDimensions:
             self._record(symint.node.expr, source, 1, 0)
             return symint
         low = DEFAULT_MIN if min_value is None else int(min_value)
-        if min_value is None and policy != "strict" and (hint == 1 or name in self.take_one):
-            # a decode step's one new token: the dimension takes 1 too, and a decision
-            # on `seq == 1` gets versions (the tracer captures from another size first,
-            # the range kept)
-            low = 1
+        smallest = min(hint, self.small_sizes.get(name, hint))
+        if min_value is None and policy != "strict" and smallest < DEFAULT_MIN:
+            # a decode step's one new token, a prefill's empty cache: the dimension
+            # takes that size too, and a decision on `seq == 1` gets versions (the
+            # tracer captures from another size first, the range kept)
+            low = max(0, smallest)
         high = max_value
         if high is not None and (high in (int_oo, sympy.oo) or high >= 2**62):
             high = None
@@ -261,7 +263,8 @@ class SymbolicDimensions:
                 f"Dim({name!r}, min=..., max=...) accordingly (dynamic dimensions start "
                 f"at {DEFAULT_MIN} unless min= says otherwise)"
             )
-        symbol, symint = self.new_symbol(name, hint, low, high)
+        # sympy takes a positive symbol as never 0 (`s == 0` folds to False)
+        symbol, symint = self.new_symbol(name, hint, low, high, positive=True if low else None)
         if min_value is None:
             self.default_min.add(symbol)
         self.policies[symbol] = policy

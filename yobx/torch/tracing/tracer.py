@@ -61,7 +61,7 @@ from .proxies import (
 from .refinement import Refinements
 from .runtime_checks import RuntimeCheck, graph_checks
 from .state_writes import StateWrites, writes_in_place
-from .symbolic import Guard, SymbolicDimensions
+from .symbolic import DEFAULT_MIN, Guard, SymbolicDimensions
 from .symbolic_memo import memoized_symbolic_arithmetic
 from .torch_frames import cheap_uninteresting_files
 from .trace_state import TraceState
@@ -208,9 +208,9 @@ class CustomTracer(
         self.version_notes: list[str] = []
         #: the decisions a version's trace stands on (assumed when it starts)
         self._path_conditions: list = []
-        # dimensions taking the size 1 in the capture a trace from other sizes stands
-        # in for (see _trace_from_other_size)
-        self._take_one: set[str] = set()
+        # dimensions taking a size below 2 (1 or 0) in the capture a trace from other
+        # sizes stands in for (see _trace_from_other_size)
+        self._small_sizes: dict[str, int] = {}
         self._version_constraints: list[Constraint] | None = None
         self._version_checks: list[RuntimeCheck] | None = None
         self.proxy_buffer_attributes = True
@@ -355,8 +355,8 @@ class CustomTracer(
         from .versions import covers, example_beyond, example_sizes
 
         sizes, facts, locations = example_sizes(self.dims), [error.fact], [error.location]
-        # a dimension the example has at 1 keeps its range [1, ...] at other sizes
-        self._take_one = {n for n, size in sizes.items() if size == 1}
+        # a dimension the example has at 1 (or 0) keeps its range [1, ...] at other sizes
+        self._small_sizes = {n: size for n, size in sizes.items() if size < DEFAULT_MIN}
         try:
             while len(facts) <= self.max_versions:
                 example = example_beyond(self, root, facts)
@@ -380,7 +380,7 @@ class CustomTracer(
                     raise error
                 return graph
         finally:
-            self._take_one = set()
+            self._small_sizes = {}
         raise error
 
     def _trace_with_versions(
@@ -558,7 +558,7 @@ class CustomTracer(
         child = type(self)(**self._init_kwargs)
         child.narrowing = "constraints"
         child._path_conditions = list(path)
-        child._take_one = set(self._take_one)
+        child._small_sizes = dict(self._small_sizes)
         return child
 
     def _assume_path(self) -> None:
@@ -578,7 +578,7 @@ class CustomTracer(
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()
         self.dims.declared_at = user_location()
-        self.dims.take_one = set(self._take_one)
+        self.dims.small_sizes = dict(self._small_sizes)
         self.dims.consult_prover()
         self.shape_rules = shape_rules.ShapeRules(self.dims.fake_mode, self.dims.from_real)
         self._check_shape_rules = shape_rules.check_enabled()

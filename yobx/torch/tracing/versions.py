@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import heapq
 import itertools
 import math
 import operator
@@ -70,6 +71,10 @@ _WITNESS_BUDGET = 10_000
 #: model) beyond which its other side is not looked for: reshapes of windowed attention
 #: check products of padded sizes whose other side eager refuses anyway
 _OPERATOR_CONDITION_OPS = 12
+#: the origin of a decision the default range [2, inf] settled (see
+#: :meth:`~.refinement.Refinements.rely_on_default_bounds`): its other side is at a
+#: size of 0 or 1, which serving passes (one token, an empty cache, a batch of one)
+_DEFAULT_BOUND = "default-bound"
 #: sizes tried eagerly at most to capture a model from beside a size its example fixes
 _EAGER_TRIES = 6
 #: inputs a version's witness may allocate, in bytes, at least (more when the example
@@ -194,6 +199,10 @@ def in_dimensions(dims: Any, condition: sympy.Basic) -> sympy.Basic:
 #: ``meta`` key of a version's graph module, of a choice between versions and of the
 #: ``cond`` choosing: the dimensions of the capture its sizes are written with
 DIMENSIONS_KEY = "yobx_dimensions"
+#: ``meta`` key of the ``cond`` choosing between versions: its condition, in the
+#: symbols of the joined graph's dimensions, as the versions wrote it (the joined
+#: graph's ranges, from 2, would fold ``past >= 1`` to True)
+CONDITION_KEY = "yobx_version_condition"
 
 
 class Versioning:
@@ -229,60 +238,101 @@ class Versioning:
         self.first = Version(0, [], first, graph, example)
 
     def run(self) -> Split | Version:
-        """The decision tree of the versions (the first capture alone when none)."""
-        tree = self._expand(self.first)
+        """The decision tree of the versions (the first capture alone when none).
+
+        The other sides are captured best first, while the budgets last: sides where a
+        dimension declared without ``min`` takes a size below 2 (a decode step's
+        single token, a prefill's empty cache, a batch of one: the decisions the
+        default range settled) before the other sides (a mask longer than the cache,
+        which only an unusual caller passes), and nearer the example first (a
+        version's own decisions before those its captures meet in turn)."""
+        splits: dict[int, list[tuple[int, VersionCondition, Version]]] = {}
+        pending: list[tuple[tuple[int, int], int, Version, int]] = []
+        counter = itertools.count()
+
+        def look_at(version: Version, unusual: int) -> None:
+            splits[id(version)] = []
+            adopted = version.tracer.refinements.adopted
+            for position, fact in enumerate(adopted):
+                rank = (unusual + (fact.origin != _DEFAULT_BOUND), len(version.conditions))
+                heapq.heappush(pending, (rank, next(counter), version, position))
+
+        look_at(self.first, 0)
+        while pending:
+            (unusual, _), _, version, position = heapq.heappop(pending)
+            found = self._side(version, position, splits[id(version)])
+            if found is not None:
+                splits[id(version)].append(found)
+                look_at(found[2], unusual)
+        for version_splits in splits.values():
+            version_splits.sort(key=lambda split: split[0])
+
+        def subtree(version: Version) -> Split | Version:
+            # the version itself is on the side of its trace of each choice it makes
+            version.conditions = [*version.conditions, *(c for _, c, _ in splits[id(version)])]
+            tree: Split | Version = version
+            for _, condition, other in reversed(splits[id(version)]):
+                tree = Split(condition, tree, subtree(other))
+            return tree
+
+        tree = subtree(self.first)
         for index, version in enumerate(leaves(tree), start=1):
             version.index = index
         return tree
 
     # capturing
 
-    def _expand(self, version: Version) -> Split | Version:
-        """The subtree of ``version``: each of its undecided decisions whose other side
-        can be captured becomes a choice, in the order the trace made them."""
+    def _side(
+        self, version: Version, position: int, taken: list[tuple[int, VersionCondition, Version]]
+    ) -> tuple[int, VersionCondition, Version] | None:
+        """The other side of the decision at ``position`` among those ``version``
+        adopted: ``(position, the version's side, the version capturing the other)``,
+        or None when it has none, the budgets are spent, or its capture fails (then a
+        note says why). ``taken``: the choices of ``version`` made so far."""
         dims = version.tracer.dims
-        adopted = list(version.tracer.refinements.adopted)
-        splits: list[tuple[VersionCondition, Split | Version]] = []
-        for position, fact in enumerate(adopted):
-            if fact.constraint.kind == "value":
-                continue  # a dimension fixed to one size: no other side to capture
-            if any(dims.policy_of(s) == STRICT for s in fact.condition.free_symbols):
-                continue  # a named Dim stays strict
-            user = dims.user_expression(fact.condition)
-            if fact.origin == "operator" and sympy.count_ops(user) > _OPERATOR_CONDITION_OPS:
-                continue  # an operator's requirement on padded products (see above)
-            path = [c.condition for c in version.conditions]
-            # the version is on the side of the choices it made before this fact
-            sides = [*path, *(c.condition for c, _ in splits)]
-            if sides and _implied(user, sympy.And(*sides)):
-                continue  # what the version's conditions imply: no other side
-            negation = sympy.Not(user)
-            location = fact.constraint.location
-            if self.count >= self.tracer.max_versions:
-                self._note(fact, f"beyond the budget of {self.tracer.max_versions} versions")
-                continue
-            if time.perf_counter() > self.deadline:
-                self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
-                continue
-            earlier = [dims.user_expression(f.condition) for f in adopted[:position]]
+        adopted = version.tracer.refinements.adopted
+        fact = adopted[position]
+        if fact.constraint.kind == "value":
+            return None  # a dimension fixed to one size: no other side to capture
+        if any(dims.policy_of(s) == STRICT for s in fact.condition.free_symbols):
+            return None  # a named Dim stays strict
+        user = dims.user_expression(fact.condition)
+        if fact.origin in ("operator", _DEFAULT_BOUND) and (
+            sympy.count_ops(user) > _OPERATOR_CONDITION_OPS
+        ):
+            return None  # an operator's requirement on padded products (see above)
+        path = [c.condition for c in version.conditions]
+        # the version is on the side of the choices it made before (the earlier ones
+        # in the trace are the sides it was captured on)
+        before = [c for p, c, _ in taken if p < position]
+        sides = [*path, *(c.condition for c in before)]
+        if sides and _implied(user, sympy.And(*sides)):
+            return None  # what the version's conditions imply: no other side
+        negation = sympy.Not(user)
+        location = fact.constraint.location
+        if self.count >= self.tracer.max_versions:
+            self._note(fact, f"beyond the budget of {self.tracer.max_versions} versions")
+            return None
+        if time.perf_counter() > self.deadline:
+            self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
+            return None
+        earlier = [dims.user_expression(f.condition) for f in adopted[:position]]
+        # sizes that keep the example's later decisions too come first: a prefill
+        # (`past == 0`) whose mask still spans `past + seq`, not a longer one
+        later = [dims.user_expression(f.condition) for f in adopted[position + 1 :]]
+        witness = self._witness(version, [*path, *earlier, *later, negation])
+        if witness is None and later:
             witness = self._witness(version, [*path, *earlier, negation])
-            if witness is None:
-                self._note(fact, "no size inside the declared ranges takes the other side")
-                continue
-            taken = [c for c, _ in splits]
-            side = VersionCondition(negation, pretty(negation), location)
-            other = self._capture(version, witness, [*version.conditions, *taken, side], fact)
-            if other is None:
-                continue
-            self.count += 1
-            version.routed.append(fact)
-            splits.append((VersionCondition(user, pretty(user), location), self._expand(other)))
-        # the version itself is on the side of its trace of each choice it makes
-        version.conditions = [*version.conditions, *(c for c, _ in splits)]
-        tree: Split | Version = version
-        for condition, other in reversed(splits):
-            tree = Split(condition, tree, other)
-        return tree
+        if witness is None:
+            self._note(fact, "no size inside the declared ranges takes the other side")
+            return None
+        side = VersionCondition(negation, pretty(negation), location)
+        other = self._capture(version, witness, [*version.conditions, *before, side], fact)
+        if other is None:
+            return None
+        self.count += 1
+        version.routed.append(fact)
+        return position, VersionCondition(user, pretty(user), location), other
 
     def _note(self, fact: Any, why: str) -> None:
         note = f"`{fact.constraint}` stays a constraint: {why}"
@@ -374,6 +424,7 @@ class Versioning:
         cond.meta["stack_trace"] = f"  version choice: {tree.condition}\n"
         # the sizes of the joined graph, to which the ONNX lowering maps the versions'
         cond.meta[DIMENSIONS_KEY] = first.tracer.dims
+        cond.meta[CONDITION_KEY] = condition
         outputs = [
             graph.call_function(operator.getitem, (cond, i)) for i in range(len(self.computed))
         ]
@@ -413,21 +464,38 @@ class Versioning:
 
 
 def find_witness(dims: Any, conditions: list[sympy.Basic]) -> dict[str, int] | None:
-    """Sizes of the user's dimensions (by name) inside their declared ranges where
-    every condition (in the user's names) holds, near the example of ``dims``, the
-    last condition's dimensions moved first; None when the search finds none."""
-    return next(witnesses(dims, conditions), None)
+    """Sizes of the user's dimensions (by name) inside the ranges the graph accepts
+    where every condition (in the user's names) holds, near the example of ``dims``,
+    the last condition's dimensions moved first; None when the search finds none.
+
+    Sizes inside the declared ranges come first. When there are none, a dimension
+    declared without ``min`` counts from 0, not from torch.export's default 2: the
+    graph accepts one token and an empty cache, so a decision the default range
+    settled (`cache.numel() == 0 -> False`) has its other side there, and that side
+    becomes a version (a prefill beside a decode step) instead of a constraint
+    refusing it. (Sizes 0 and 1 come last because a capture there is the more fragile:
+    an empty slice's length can no longer be told from the sizes.)"""
+    found = next(witnesses(dims, conditions), None)
+    if found is None:
+        found = next(witnesses(dims, conditions, from_zero=True), None)
+    return found
 
 
-def witnesses(dims: Any, conditions: list[sympy.Basic]) -> Iterator[dict[str, int]]:
+def witnesses(
+    dims: Any, conditions: list[sympy.Basic], from_zero: bool = False
+) -> Iterator[dict[str, int]]:
     """Every witness :func:`find_witness` would find, nearest first, within the search
-    budget."""
+    budget; inside the declared ranges only unless ``from_zero`` (then a dimension
+    declared without ``min`` starts at 0)."""
     names = list(dims.by_name)
     symbols = [sympy.Symbol(name, integer=True) for name in names]
     base = {s: int(dims.hint(dims.by_name[n])) for n, s in zip(names, symbols)}
     bounds = []
     for name, symbol in zip(names, symbols):
-        low, high = dims.declared.get(dims.by_name[name].node._expr, (0, None))
+        expr = dims.by_name[name].node._expr
+        low, high = dims.declared.get(expr, (0, None))
+        if from_zero and expr in dims.default_min:
+            low = 0
         bounds.append(sympy.Ge(symbol, low))
         if high is not None:
             bounds.append(sympy.Le(symbol, high))
@@ -653,6 +721,8 @@ def _implied(condition: sympy.Basic, path: sympy.Basic) -> bool:
     """``condition`` follows from the equalities of ``path`` by substitution: a
     dimension equal to another replaced by it, then an expression equal to a number
     replaced by it (a check that no size can break, nor validation exercise)."""
+    if condition in sympy.And.make_args(path):
+        return True  # a decision the version was captured on, met again
     facts = [f for f in sympy.And.make_args(path) if isinstance(f, sympy.Eq)]
     renames = {}
     for fact in facts:

@@ -1,0 +1,160 @@
+"""Greedy generation with an exported decode step, run by onnxruntime.
+
+An export for generation is checked by what it generates: :func:`generate` runs the
+ONNX model of one step with its cache (inputs ``input_ids``, ``attention_mask`` and
+``position_ids`` where the model takes them, ``past_key_values.<layer>.key|value``;
+outputs ``logits`` and ``present.<layer>.key|value``, see
+:mod:`yobx.torch.onnx.cache_names`) in a loop: the prompt first with an empty cache
+(prefill), then one token at a time (decode), each step's ``present`` tensors becoming
+the next step's ``past_key_values``. The tokens are the argmax of the last position's
+logits, as ``model.generate(do_sample=False)`` picks them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: the input name of a cache's tensor, and the output name it comes back as
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_PRESENT = "present.{layer}.{kind}"
+
+_ONNX_TO_NUMPY = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(bfloat16)": np.float32,
+}
+
+
+class GenerationError(ValueError):
+    """The ONNX model is not a decode step :func:`generate` can run."""
+
+
+def _session(model: Any) -> Any:
+    import onnxruntime
+
+    if isinstance(model, onnxruntime.InferenceSession):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        source: Any = os.fspath(model)
+    else:  # an onnx.ModelProto, an onnx_ir.Model or an ExportResult
+        proto = getattr(model, "model_proto", model)
+        if hasattr(proto, "graph") and not hasattr(proto, "SerializeToString"):
+            import onnx_ir as ir
+
+            proto = ir.serde.serialize_model(proto)
+        source = proto.SerializeToString()
+    return onnxruntime.InferenceSession(source, providers=["CPUExecutionProvider"])
+
+
+def _empty_cache(session: Any, batch: int) -> dict[str, np.ndarray]:
+    """The cache inputs of the prefill: each ``(batch, heads, 0, head_dim)``, the static
+    sizes read from the model's inputs."""
+    cache = {}
+    for value in session.get_inputs():
+        if not _PAST.match(value.name):
+            continue
+        shape = list(value.shape)
+        if len(shape) != 4 or not all(isinstance(d, int) for d in (shape[1], shape[3])):
+            raise GenerationError(
+                f"cache input {value.name!r} has shape {shape}: generate needs "
+                "(batch, heads, past, head_dim) with static heads and head_dim"
+            )
+        dtype = _ONNX_TO_NUMPY.get(value.type)
+        if dtype is None:
+            raise GenerationError(f"cache input {value.name!r} has type {value.type}")
+        cache[value.name] = np.zeros((batch, shape[1], 0, shape[3]), dtype=dtype)
+    return cache
+
+
+def generate(
+    model: Any,
+    input_ids: Any,
+    max_new_tokens: int,
+    attention_mask: Any = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+) -> np.ndarray:
+    """Greedy decoding with an exported decode step and onnxruntime.
+
+    :param model: the decode step's ONNX model: a file name, an
+        ``onnxruntime.InferenceSession``, an ``onnx.ModelProto``, an ``onnx_ir.Model``
+        or the :class:`~yobx.torch.onnx.ExportResult` of :func:`~yobx.torch.onnx.to_onnx`
+    :param input_ids: the prompts, ``(batch, seq)`` integers (numpy or torch)
+    :param max_new_tokens: how many tokens to add at most
+    :param attention_mask: ``(batch, seq)``, 0 on padding (left padding); all ones by
+        default
+    :param eos_token_id: a token (or tokens) ending a sequence: once a row emitted it,
+        it gets ``pad_token_id`` afterwards, and the loop stops when every row did
+    :param pad_token_id: what finished rows get (``eos_token_id`` by default)
+    :return: ``(batch, seq + new)``: the prompts followed by the generated tokens
+    :raises GenerationError: the model lacks ``input_ids``, ``logits`` or a cache
+    """
+    session = _session(model)
+    names = {value.name for value in session.get_inputs()}
+    outputs = [value.name for value in session.get_outputs()]
+    if "input_ids" not in names or "logits" not in outputs:
+        raise GenerationError(
+            f"generate needs a model taking input_ids and returning logits; it takes "
+            f"{sorted(names)} and returns {outputs}"
+        )
+    ids = np.asarray(_numpy(input_ids), dtype=np.int64)
+    batch = ids.shape[0]
+    mask = (
+        np.ones(ids.shape, dtype=np.int64)
+        if attention_mask is None
+        else np.asarray(_numpy(attention_mask), dtype=np.int64)
+    )
+    cache = _empty_cache(session, batch)
+    if not cache:
+        raise GenerationError(
+            "the model takes no past_key_values.<layer>.key|value inputs: export the "
+            "step with its cache (a DynamicCache in past_key_values) to generate with it"
+        )
+    eos = set() if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
+    pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
+    finished = np.zeros(batch, dtype=bool)
+    tokens, step = ids, ids
+    past = 0
+    for _ in range(max_new_tokens):
+        feeds = {"input_ids": step, **cache}
+        if "attention_mask" in names:
+            feeds["attention_mask"] = mask
+        if "position_ids" in names:
+            # positions count the tokens the mask keeps (left padding shifts them);
+            # padding gets 1, as transformers' generate gives it
+            positions = np.where(mask == 0, 1, np.cumsum(mask, axis=1) - 1)
+            feeds["position_ids"] = positions[:, past:]
+        results = dict(zip(outputs, session.run(None, feeds)))
+        chosen = results["logits"][:, -1, :].argmax(axis=-1).astype(np.int64)
+        chosen = np.where(finished, pad, chosen)
+        tokens = np.concatenate([tokens, chosen[:, None]], axis=1)
+        finished |= np.isin(chosen, list(eos))
+        if finished.all():
+            break
+        past += step.shape[1]
+        cache = _next_cache(cache, results)
+        step = chosen[:, None]
+        mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+    return tokens
+
+
+def _next_cache(cache: dict[str, np.ndarray], results: dict[str, np.ndarray]) -> dict:
+    """Each ``present.<layer>.<kind>`` output as the next ``past_key_values`` input."""
+    following = {}
+    for name in cache:
+        layer, kind = _PAST.match(name).groups()  # type: ignore[union-attr]
+        present = _PRESENT.format(layer=layer, kind=kind)
+        if present not in results:
+            raise GenerationError(f"the model takes {name!r} but returns no {present!r}")
+        following[name] = results[present]
+    return following
+
+
+def _numpy(value: Any) -> Any:
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
