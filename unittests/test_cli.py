@@ -261,6 +261,11 @@ def test_hf_config_and_sharded_weights(yobx_command, tmp_path):
         (("export", "tiny-cnn", "--config", "c.json", "-o", "x.onnx"), "--config builds"),
         (("export", "tiny-cnn", "--weights", "w.bin", "-o", "x.onnx"), "expected a .safetensors"),
         (("trace", "no-such-model"), "unknown model"),
+        (("export", "tiny-cnn", "--task", "text-generation", "-o", "x.onnx"), "a task applies"),
+        (
+            ("export", "hf:ViTModel", "--task", "text-generation", "-o", "x.onnx"),
+            "ViTModel takes no past_key_values",
+        ),
     ],
     ids=[
         "unknown",
@@ -271,6 +276,8 @@ def test_hf_config_and_sharded_weights(yobx_command, tmp_path):
         "config-without-weights",
         "bad-weights",
         "trace-unknown",
+        "task-of-a-demo",
+        "generation-without-cache",
     ],
 )
 def test_bad_input_exits_with_one_line(args, message, capsys, monkeypatch, tmp_path):
@@ -469,6 +476,63 @@ def test_inspect_exit_statuses(yobx_command, user_directory):
     unknown = yobx_command("inspect", "no-such-model", cwd=user_directory)
     assert unknown.returncode == 2
     assert "unknown model 'no-such-model'" in unknown.stderr
+
+
+def test_text_generation_exports_the_step_with_its_cache_and_checks_generate(capsys, tmp_path):
+    output = tmp_path / "step.onnx"
+    argv = ["export", "hf:LlamaForCausalLM", "--task", "text-generation", "-o", str(output)]
+    status = main([*argv, "--validate"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert re.search(r"past_key_values\.0\.key\s+float32\s+\[batch, 2, past, 8\]", captured.out)
+    assert re.search(r"present\.0\.key\s+float32\s+\[batch, 2, past\+seq, 8\]", captured.out)
+    verdicts = [line for line in captured.err.splitlines() if "generation:" in line]
+    assert verdicts == [
+        "yobx: generation: prompts of 1 token(s), 8 new: the same tokens as model.generate",
+        "yobx: generation: prompts of 4 token(s), 8 new: the same tokens as model.generate",
+    ]
+
+
+def _saved_llama(directory):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from yobx.models.huggingface import tiny_config
+
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        model = transformers.LlamaForCausalLM(tiny_config("LlamaForCausalLM")).eval()
+    model.save_pretrained(str(directory))
+    return directory
+
+
+def test_a_checkpoint_directory_or_a_cached_model_id_exports_with_its_weights(
+    capsys, monkeypatch, tmp_path
+):
+    checkpoint = _saved_llama(tmp_path / "checkpoint")
+    status = main(["export", f"hf:{checkpoint}", "-o", str(tmp_path / "a.onnx"), "--validate"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert f"checkpoint {checkpoint} (LlamaForCausalLM)" in captured.err
+    # the same files as a model id of the local Hugging Face cache (offline)
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--tiny--llama" / "snapshots" / "0123abcd"
+    snapshot.parent.mkdir(parents=True)
+    checkpoint.rename(snapshot)
+    (cache / "models--tiny--llama" / "refs").mkdir()
+    (cache / "models--tiny--llama" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    status = main(["export", "hf:tiny/llama", "-o", str(tmp_path / "b.onnx"), "--validate"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "(LlamaForCausalLM)" in captured.err
+    # a model id missing from the cache: bad input, saying that nothing is downloaded
+    status = main(["export", "hf:tiny/missing", "-o", str(tmp_path / "c.onnx")])
+    err = capsys.readouterr().err
+    assert status == 2 and "not in the local Hugging Face cache" in err, err
+    assert "yobx downloads nothing" in err
 
 
 def test_export_profile_is_written(capsys, tmp_path):

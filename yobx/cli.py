@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
         "module:factory (a module of the current directory, or path/to/file.py:factory) "
         "returning (model, args[, kwargs[, dynamic_shapes]]), or hf:<Architecture> "
         "(tiny random Hugging Face model of any family, `yobx export --list` shows those "
-        "tested; or a real one with --config and --weights)"
+        "tested; or a real one with --config and --weights), hf:<directory> (written by "
+        "save_pretrained) or hf:<org/name> (from the local Hugging Face cache, offline)"
     )
 
     # every command shows the exit statuses in its own --help too

@@ -131,6 +131,30 @@ def _config_next_to(weights: str, model: str) -> str:
     return config
 
 
+def _checkpoint(options: argparse.Namespace) -> None:
+    """``hf:<directory>`` or ``hf:<model id>`` (in the local cache): the architecture
+    its config.json names, built from that configuration with the directory's weights
+    (as ``hf:<Architecture> --config DIR --weights DIR``)."""
+    from yobx.models.hf_checkpoints import CheckpointNotFoundError, resolve_checkpoint
+
+    if not options.model.startswith("hf:"):
+        return
+    try:
+        architecture, directory = resolve_checkpoint(options.model[3:])
+    except CheckpointNotFoundError as exc:
+        raise CommandError(str(exc)) from exc
+    if directory is None:
+        return
+    if options.weights or options.config:
+        raise CommandError(
+            f"{options.model} is a checkpoint: its config.json and weights are used, "
+            "leave out --config and --weights"
+        )
+    print(f"yobx: checkpoint {directory} ({architecture})", file=sys.stderr)
+    options.model = f"hf:{architecture}"
+    options.weights, options.config = [directory], directory
+
+
 def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
     from yobx.models import ModelLoadError, load_model
     from yobx.torch.onnx.weight_sources import (
@@ -139,6 +163,7 @@ def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
         open_weight_source,
     )
 
+    _checkpoint(options)
     source = _weights_source(options.weights)
     if options.config is not None and source is None:
         raise CommandError("--config builds the model without weights: give --weights")

@@ -105,8 +105,9 @@ def hf_generation_model(
     architecture: str, batch: int = 2, seq: int = 3, past: int = 5
 ) -> tuple[Any, tuple, dict, dict]:
     """``(model, args, kwargs, dynamic_shapes)`` for one step of generation of a tiny
-    random decoder: ``input_ids`` (``batch``, ``seq``), ``attention_mask`` over the
-    cache and the new tokens (``batch``, ``total``: ``past + seq``) and
+    random decoder: ``input_ids`` and ``position_ids`` where the model takes them
+    (``batch``, ``seq``), ``attention_mask`` over the cache and the new tokens
+    (``batch``, ``total``: ``past + seq``) and
     the cache (argument ``cache``, ``past_key_values`` before transformers 5), a
     ``DynamicCache`` of ``past`` positions (``batch``, ``past``), whose tensors the
     ONNX model takes as ``past_key_values.<layer>.key|value``. The exported step serves
@@ -146,6 +147,10 @@ def hf_generation_model(
         "attention_mask": torch.ones((batch, past + seq), dtype=torch.int64),
         argument: cache,
     }
+    if "position_ids" in parameters:
+        # given, not computed from the cache's length: a left-padded prompt's positions
+        # start after its padding (generate computes them from the mask)
+        kwargs["position_ids"] = torch.arange(past, past + seq).repeat(batch, 1)
     try:
         with torch.no_grad():
             model(**kwargs)
@@ -159,7 +164,9 @@ def hf_generation_model(
         "input_ids": {0: "batch", 1: "seq"},
         "attention_mask": {0: "batch", 1: "total"},
         argument: cache_dims,
+        "position_ids": {0: "batch", 1: "seq"},
     }
+    dynamic_shapes = {name: dynamic_shapes[name] for name in kwargs}
     return model, (), kwargs, dynamic_shapes
 
 

@@ -1,6 +1,9 @@
 """Never narrow: an undecided decision on dynamic dimensions gets both sides captured
 (versions), and the graph chooses between them from the input sizes."""
 
+import itertools
+import re
+
 import pytest
 import torch
 from torch.export import Dim
@@ -315,8 +318,9 @@ class EmptyOrNot(torch.nn.Module):
 def test_a_check_on_an_empty_size_shared_by_every_version_is_kept():
     # `batch >= 1` folded to True on the joined graph's symbols (sizes are positive
     # for sympy), so the joined graph dropped the check, then computed the non-empty
-    # branch on empty inputs: silently wrong at batch=0 or past=0
-    # (with a budget of two versions, the empty sides stay checks)
+    # branch on empty inputs: silently wrong at batch=0 or past=0. With a budget of two
+    # versions, some empty sides stay checks: every input is refused by a check or
+    # exact, never wrong
     model = EmptyOrNot()
     tracer, _, gm = trace_module(
         model,
@@ -325,13 +329,19 @@ def test_a_check_on_an_empty_size_shared_by_every_version_is_kept():
         tracer_kwargs={"max_versions": 2},
     )
     assert len(tracer.versions) == 2
-    assert {c.expression for c in tracer.checks} >= {"batch >= 1", "past >= 1"}
-    for batch, past, n in ((2, 3, 5), (1, 1, 3), (3, 2, 7)):
+    # the check one version needs, kept in the joined graph with its version's condition
+    assert any(re.match(r"(batch|past) >= 1 when", c.expression) for c in tracer.checks)
+    refused = 0
+    for batch, past, n in itertools.product((0, 1, 2), (0, 1, 3), (3, 5)):
         x, y = torch.randn(batch, 4, past), torch.randn(n, 3)
-        assert_same(model(x, y), gm(x, y))
-    for batch, past, n in ((0, 3, 5), (2, 0, 3)):
-        with pytest.raises(ConstraintViolationError, match=">= 1"):
-            gm(torch.randn(batch, 4, past), torch.randn(n, 3))
+        try:
+            got = gm(x, y)
+        except ConstraintViolationError as e:
+            assert ">= 1" in str(e) or "n >= 5" in str(e), str(e)
+            refused += 1
+            continue
+        assert_same(model(x, y), got)
+    assert refused > 0
 
 
 def test_empty_sides_are_versions_of_their_own():

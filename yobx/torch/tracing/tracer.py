@@ -355,7 +355,7 @@ class CustomTracer(
         from .versions import covers, example_beyond, example_sizes
 
         sizes, facts, locations = example_sizes(self.dims), [error.fact], [error.location]
-        # a dimension the example has at 1 (or 0) keeps its range [1, ...] at other sizes
+        # a dimension the example has at 1 (or 0) keeps its range from there at other sizes
         self._small_sizes = {n: size for n, size in sizes.items() if size < DEFAULT_MIN}
         try:
             while len(facts) <= self.max_versions:

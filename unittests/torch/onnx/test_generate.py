@@ -1,0 +1,89 @@
+"""An export for generation generates what the model generates: one ONNX graph of a
+decode step with its cache serves the prefill (empty cache) and the decode (one
+token), and greedy decoding with it in onnxruntime gives ``model.generate``'s tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+from yobx.models.huggingface import hf_generation_model
+from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.generate import GenerationError, generate
+
+
+@pytest.fixture(scope="module")
+def exported():
+    model, args, kwargs, dynamic_shapes = hf_generation_model("LlamaForCausalLM")
+    result = to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    return model, result
+
+
+def _expected(model, ids, mask, new_tokens):
+    with torch.no_grad():
+        return model.generate(
+            ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False
+        ).numpy()
+
+
+def test_inputs_and_outputs_follow_the_hugging_face_convention(exported):
+    _, result = exported
+    assert result.input_names == [
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "past_key_values.0.key",
+        "past_key_values.0.value",
+        "past_key_values.1.key",
+        "past_key_values.1.value",
+    ]
+    assert result.output_names[:3] == ["logits", "present.0.key", "present.1.key"]
+    shapes = {v.name: [str(d) for d in v.shape] for v in result.model.graph.outputs}
+    assert shapes["present.0.key"][2] == "past+seq"
+    # nothing refuses a prefill (past = 0) or a decode step (seq = 1)
+    checked = {c.expression.split(" when ")[0] for c in result.runtime_checks}
+    assert not checked & {"past >= 1", "seq >= 2", "seq != 1", "total >= 2"}, checked
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(2, 4), (1, 1), (3, 2)])
+def test_greedy_generation_gives_the_model_s_tokens(exported, batch, seq):
+    model, result = exported
+    ids = torch.randint(3, 99, (batch, seq), generator=torch.Generator().manual_seed(seq))
+    mask = torch.ones_like(ids)
+    eos = model.generation_config.eos_token_id
+    expected = _expected(model, ids, mask, 10)
+    got = generate(result, ids, 10, eos_token_id=eos)
+    np.testing.assert_array_equal(expected, got)
+
+
+def test_left_padded_prompts_give_the_model_s_tokens(exported):
+    # positions start after the padding: generate computes them from the mask, as
+    # transformers' generate does, and the exported step takes them as an input
+    model, result = exported
+    ids = torch.tensor([[0, 0, 17, 42, 5], [23, 8, 61, 9, 30]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    expected = _expected(model, ids, mask, 8)
+    got = generate(result, ids, 8, attention_mask=mask, eos_token_id=None)
+    np.testing.assert_array_equal(expected, got)
+
+
+def test_a_model_without_a_cache_is_refused_with_what_to_do():
+    model, _, kwargs, dynamic_shapes = _no_cache_model()
+    result = to_onnx(model, (), kwargs, dynamic_shapes=dynamic_shapes)
+    with pytest.raises(GenerationError, match="export the step with its cache"):
+        generate(result, kwargs["input_ids"], 3)
+
+
+def _no_cache_model():
+    from yobx.models.huggingface import hf_model
+
+    return hf_model("LlamaForCausalLM")
+
+
+def test_an_architecture_without_a_cache_is_refused():
+    with pytest.raises(ValueError, match="takes no past_key_values"):
+        hf_generation_model("ViTModel")
