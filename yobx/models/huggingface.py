@@ -6,6 +6,7 @@ Nothing is downloaded: the configuration is created in code with small sizes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -153,7 +154,8 @@ def hf_generation_model(
         kwargs["position_ids"] = torch.arange(past, past + seq).repeat(batch, 1)
     try:
         with torch.no_grad():
-            model(**kwargs)
+            # on a copy: the step appends its keys and values to the cache it is given
+            model(**copy.deepcopy(kwargs))
     except Exception as e:
         raise ValueError(
             f"{architecture} does not run one step with a DynamicCache of {layers} "

@@ -87,3 +87,14 @@ def _no_cache_model():
 def test_an_architecture_without_a_cache_is_refused():
     with pytest.raises(ValueError, match="takes no past_key_values"):
         hf_generation_model("ViTModel")
+
+
+def test_the_example_is_one_consistent_step():
+    # the eager check of the example runs on a copy: a step appends to its cache, and
+    # the example would then hold a mask shorter than the cache and the new tokens
+    _, _, kwargs, dynamic_shapes = hf_generation_model("LlamaForCausalLM", batch=2, seq=3, past=5)
+    cache = kwargs["cache"]
+    assert [tuple(layer.keys.shape) for layer in cache.layers] == [(2, 2, 5, 8)] * 2
+    assert kwargs["attention_mask"].shape == (2, 8) and kwargs["input_ids"].shape == (2, 3)
+    assert kwargs["position_ids"].tolist() == [[5, 6, 7], [5, 6, 7]]
+    assert dynamic_shapes["cache"] == [[{0: "batch", 2: "past"}] * 2] * 2
