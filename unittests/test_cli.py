@@ -479,8 +479,12 @@ def test_inspect_exit_statuses(yobx_command, user_directory):
 
 
 def test_text_generation_exports_the_step_with_its_cache_and_checks_generate(capsys, tmp_path):
+    # a checkpoint: the model is built on the meta device, its versions (prefill,
+    # decode) captured without eager runs, the weights streamed in, then generate
+    # compared with model.generate (the tiny random model: test_generate.py)
+    checkpoint = _saved_llama(tmp_path / "checkpoint")
     output = tmp_path / "step.onnx"
-    argv = ["export", "hf:LlamaForCausalLM", "--task", "text-generation", "-o", str(output)]
+    argv = ["export", f"hf:{checkpoint}", "--task", "text-generation", "-o", str(output)]
     status = main([*argv, "--validate"])
     captured = capsys.readouterr()
     assert status == 0, captured.err

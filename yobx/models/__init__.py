@@ -101,11 +101,10 @@ def _load_hf(
 
     if task not in (None, *TASKS):
         raise ModelLoadError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
-    if task == "text-generation" and config is not None:
-        raise ModelLoadError("--task text-generation builds a tiny model: leave out --config")
     try:
         if task == "text-generation":
-            return _normalize(hf_generation_model(architecture), name)
+            model = hf_generation_model(architecture, config_path=config, dtype=dtype)
+            return _normalize(model, name)
         if config is None:
             return _normalize(hf_model(architecture), name)
         return _normalize(hf_model_from_config(architecture, config, dtype=dtype), name)

@@ -103,19 +103,29 @@ TASKS = ("feature-extraction", "text-generation")
 
 
 def hf_generation_model(
-    architecture: str, batch: int = 2, seq: int = 3, past: int = 5
+    architecture: str,
+    batch: int = 2,
+    seq: int = 3,
+    past: int = 5,
+    config_path: str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[Any, tuple, dict, dict]:
     """``(model, args, kwargs, dynamic_shapes)`` for one step of generation of a tiny
     random decoder: ``input_ids`` and ``position_ids`` where the model takes them
     (``batch``, ``seq``), ``attention_mask`` over the cache and the new tokens
-    (``batch``, ``total``: ``past + seq``) and
-    the cache (argument ``cache``, ``past_key_values`` before transformers 5), a
-    ``DynamicCache`` of ``past`` positions (``batch``, ``past``), whose tensors the
-    ONNX model takes as ``past_key_values.<layer>.key|value``. The exported step serves
-    the prefill (``past = 0``) and the decode
-    (``seq = 1``) alike; it returns ``logits`` and the updated cache (``present.*``),
-    which :func:`yobx.torch.onnx.generate.generate` feeds back.
+    (``batch``, ``total``: ``past + seq``) and the cache (argument ``cache``,
+    ``past_key_values`` before transformers 5), a ``DynamicCache`` of ``past``
+    positions (``batch``, ``past``), whose tensors the ONNX model takes as
+    ``past_key_values.<layer>.key|value``. The exported step serves the prefill
+    (``past = 0``) and the decode (``seq = 1``) alike; it returns ``logits`` and the
+    updated cache (``present.*``), which :func:`yobx.torch.onnx.generate.generate`
+    feeds back.
 
+    :param config_path: a ``config.json`` (or its directory): the model of that
+        configuration, its parameters on the meta device (the weights are applied to
+        the export, as :func:`hf_model_from_config` does); a tiny random one by default
+    :param dtype: with ``config_path``, the dtype of the floating parameters and of
+        the cache
     :raises ValueError: the architecture is not a decoder with a cache
     """
     import transformers
@@ -129,11 +139,15 @@ def hf_generation_model(
             f"{architecture} takes no past_key_values: text-generation needs a decoder "
             "with a cache (an architecture ...ForCausalLM)"
         )
-    config = tiny_config(architecture)
+    if config_path is None:
+        config = tiny_config(architecture)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = model_class(config).eval()
+    else:
+        model = _meta_model(model_class, config_path, dtype)
+    config = model.config
     config.use_cache = True
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = model_class(config).eval()
     cache = transformers.DynamicCache(config=config)
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -141,7 +155,7 @@ def hf_generation_model(
     layers = config.num_hidden_layers
     for layer in range(layers):
         shape = (batch, heads, past, head_dim)
-        keys, values = (torch.randn(shape, generator=generator) for _ in "kv")
+        keys, values = (torch.randn(shape, generator=generator, dtype=dtype) for _ in "kv")
         cache.update(keys, values, layer)
     kwargs = {
         "input_ids": torch.randint(3, config.vocab_size, (batch, seq), generator=generator),
@@ -153,9 +167,10 @@ def hf_generation_model(
         # start after its padding (generate computes them from the mask)
         kwargs["position_ids"] = torch.arange(past, past + seq).repeat(batch, 1)
     try:
-        with torch.no_grad():
-            # on a copy: the step appends its keys and values to the cache it is given
-            model(**copy.deepcopy(kwargs))
+        if config_path is None:  # a model on the meta device cannot run
+            with torch.no_grad():
+                # on a copy: the step appends its keys and values to the cache it is given
+                model(**copy.deepcopy(kwargs))
     except Exception as e:
         raise ValueError(
             f"{architecture} does not run one step with a DynamicCache of {layers} "
@@ -170,6 +185,21 @@ def hf_generation_model(
     }
     dynamic_shapes = {name: dynamic_shapes[name] for name in kwargs}
     return model, (), kwargs, dynamic_shapes
+
+
+def _meta_model(model_class: Any, config_path: str, dtype: torch.dtype | None) -> Any:
+    """The model of ``config_path`` with its parameters on the meta device (eager
+    attention, the reference implementation)."""
+    import os
+
+    from yobx.torch.onnx.weights import empty_weights
+
+    if not os.path.exists(config_path):
+        raise ValueError(f"configuration {config_path!r} does not exist")
+    config = model_class.config_class.from_pretrained(config_path)
+    config._attn_implementation = "eager"
+    with empty_weights(), _default_dtype(dtype):
+        return model_class(config).eval()
 
 
 @contextlib.contextmanager
@@ -206,18 +236,7 @@ def hf_model_from_config(
     :param config_path: a ``config.json`` or a directory holding one
     :param dtype: the dtype of the floating parameters (the checkpoint's)
     """
-    import os
-
-    from yobx.torch.onnx.weights import empty_weights
-
-    model_class = _model_class(architecture)
-    if not os.path.exists(config_path):
-        raise ValueError(f"configuration {config_path!r} does not exist")
-    config = model_class.config_class.from_pretrained(config_path)
-    # Eager attention is the reference implementation; the cache object is not an
-    # input or output of the exported model.
-    config._attn_implementation = "eager"
-    config.use_cache = False
-    with empty_weights(), _default_dtype(dtype):
-        model = model_class(config).eval()
-    return _token_inputs(model, config, batch, seq)
+    model = _meta_model(_model_class(architecture), config_path, dtype)
+    # the cache object is not an input or output of the exported model
+    model.config.use_cache = False
+    return _token_inputs(model, model.config, batch, seq)

@@ -693,13 +693,18 @@ def _leaves_for(dims: Any, inputs: Any, witness: dict[str, int]) -> list[Any]:
 
 
 def _run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
-    """Runs the model on the witness's inputs; the error's summary when it raises.
+    """Runs the model on the witness's inputs; the error's summary when it raises
+    (None, as if it ran, for a model whose parameters are on the meta device).
 
     The model is left as it was: its buffers keep their values (a model may update
     them) and its modules their attributes (Swin sets its window size in ``forward``
     from the input's size).
     """
     module = root if isinstance(root, torch.nn.Module) else None
+    if module is not None and any(p.is_meta for p in module.parameters()):
+        # a model exported before its weights (the meta device) cannot run: the
+        # version's capture, on fake tensors, is the only check of that side
+        return None
     saved = {n: b.detach().clone() for n, b in module.named_buffers()} if module else {}
     try:
         with torch.no_grad(), contextlib.ExitStack() as stack:
