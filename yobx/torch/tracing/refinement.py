@@ -35,6 +35,12 @@ from .dynamic_shapes import AUTO, DYNAMIC, STRICT
 from .errors import DataDependentError, SpecializationError, StrictDimensionError
 from .symbolic import SymbolicDimensions, expression_of
 
+#: :attr:`AdoptedFact.origin` of a decision the default range ``[2, inf]`` settled and
+#: that does not hold at sizes 0 or 1 (see :meth:`Refinements.rely_on_default_bounds`):
+#: its other side is at a size serving passes (one token, an empty cache, a batch of
+#: one), which versions capture first
+DEFAULT_BOUND = "default-bound"
+
 
 @dataclasses.dataclass(frozen=True)
 class AdoptedFact:
@@ -282,7 +288,7 @@ class Refinements:
                 continue
             names = tuple(dims.symbols_of(form))
             constraint = Constraint(expression, kind, location, names)
-            self.adopted.append(AdoptedFact(constraint, form, "default-bound"))
+            self.adopted.append(AdoptedFact(constraint, form, DEFAULT_BOUND))
 
     def _relied_key(self, build: Callable | None, operands: list, value) -> tuple | None:
         """A call of :meth:`rely_on_default_bounds` and what its result depends on

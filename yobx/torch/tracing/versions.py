@@ -52,6 +52,7 @@ from .errors import exception_summary
 from .expression_text import pretty
 from .inputs import NO_EXAMPLE
 from .module_state import preserved_modules
+from .refinement import DEFAULT_BOUND
 from .runtime_checks import (
     RuntimeCheck,
     assumed_checks,
@@ -71,10 +72,6 @@ _WITNESS_BUDGET = 10_000
 #: model) beyond which its other side is not looked for: reshapes of windowed attention
 #: check products of padded sizes whose other side eager refuses anyway
 _OPERATOR_CONDITION_OPS = 12
-#: the origin of a decision the default range [2, inf] settled (see
-#: :meth:`~.refinement.Refinements.rely_on_default_bounds`): its other side is at a
-#: size of 0 or 1, which serving passes (one token, an empty cache, a batch of one)
-_DEFAULT_BOUND = "default-bound"
 #: sizes tried eagerly at most to capture a model from beside a size its example fixes
 _EAGER_TRIES = 6
 #: inputs a version's witness may allocate, in bytes, at least (more when the example
@@ -254,7 +251,7 @@ class Versioning:
             splits[id(version)] = []
             adopted = version.tracer.refinements.adopted
             for position, fact in enumerate(adopted):
-                rank = (unusual + (fact.origin != _DEFAULT_BOUND), len(version.conditions))
+                rank = (unusual + (fact.origin != DEFAULT_BOUND), len(version.conditions))
                 heapq.heappush(pending, (rank, next(counter), version, position))
 
         look_at(self.first, 0)
@@ -297,7 +294,7 @@ class Versioning:
         if any(dims.policy_of(s) == STRICT for s in fact.condition.free_symbols):
             return None  # a named Dim stays strict
         user = dims.user_expression(fact.condition)
-        if fact.origin in ("operator", _DEFAULT_BOUND) and (
+        if fact.origin in ("operator", DEFAULT_BOUND) and (
             sympy.count_ops(user) > _OPERATOR_CONDITION_OPS
         ):
             return None  # an operator's requirement on padded products (see above)
