@@ -24,11 +24,14 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import TraceError
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._sympy.functions import FloorDiv, Mod
 
 from ..node_text import operation_name
+from ..passes._side_effects import writes
 from . import shape_rules
 from .errors import TracingError, exception_summary
+from .shape_rules._strides import decided_contiguity
 from .symbolic import Guard
 from .symbolic_variants import function_variant
 
@@ -80,6 +83,30 @@ def _is_squeeze(node: Node) -> bool:
     if node.op == "call_method":
         return node.target in ("squeeze", "squeeze_")
     return node.op == "call_function" and node.target in (torch.squeeze, torch.Tensor.squeeze)
+
+
+def _copy_when_layout_undecided(node: Node, args: tuple, kwargs: dict) -> Any:
+    """``x.contiguous()`` returns ``x`` when it is contiguous, a copy otherwise: the
+    same values either way. When the ranges of the dimensions do not settle it (a
+    transposed attention output is contiguous at ``seq == 1`` only), a contiguous copy
+    (the fake value to continue with), rather than a decision on the sizes that would
+    narrow the capture to the example's; torch.export does the same
+    (``is_contiguous_or_false``). ``None`` when the call is no such case."""
+    if node.op == "call_method":
+        if node.target != "contiguous":
+            return None
+    elif not (node.op == "call_function" and node.target is torch.Tensor.contiguous):
+        return None
+    x = args[0] if args else None
+    memory_format = kwargs.get("memory_format", args[1] if len(args) > 1 else None)
+    memory_format = torch.contiguous_format if memory_format is None else memory_format
+    if not isinstance(x, torch.Tensor) or not any(
+        isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride())
+    ):
+        return None
+    if decided_contiguity(x, memory_format) is not None:
+        return None
+    return x.clone(memory_format=memory_format)
 
 
 def _squeezed_dims(x: torch.Tensor, args: tuple, kwargs: dict) -> list[int]:
@@ -184,6 +211,13 @@ class FakeExecutionMixin:
                 args, kwargs = (args[0], dims), {}
         guards_before = len(self.shape_env.guards)
         known = self.dims.snapshot()
+        with self.fake_mode, torch.no_grad():
+            copy = _copy_when_layout_undecided(node, args, kwargs)
+        if copy is not None:
+            self.state.layout_copies[StorageWeakRef(copy.untyped_storage())] = self.location()
+            return self.dims.canonical(copy)
+        if self.state.layout_copies:
+            self._refuse_write_into_layout_copy(node)
         self.state.in_fake += 1
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
         # the only caller, installed it (no proxy reaches fake kernels anyway)
@@ -199,10 +233,13 @@ class FakeExecutionMixin:
                 # The fake convolution picks a memory format (strides only) by asking
                 # the example's batch size (`batch < 16`): decided without recording
                 # anything, so that this choice never narrows what is known about the
-                # dimensions.
+                # dimensions. Nor does torch's computation when it only checks a rule:
+                # the rule's value is the one kept, and what torch decides on its way
+                # there (a reshape inside matmul being a view at `seq == 1`) is no
+                # decision of the capture, as it is not without the check.
                 quiet = (
                     self.shape_env.suppress_guards()
-                    if _is_convolution(node, module)
+                    if _is_convolution(node, module) or val is not NotImplemented
                     else contextlib.nullcontext()
                 )
                 knowledge_before = self.shape_rules.what_is_known()
@@ -240,6 +277,24 @@ class FakeExecutionMixin:
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return self.dims.canonical(val)
+
+    def _refuse_write_into_layout_copy(self, node: Node) -> None:
+        """An in-place write into what ``x.contiguous()`` returned, when the sizes did
+        not settle whether that is ``x`` itself: eager writes into ``x`` at some sizes
+        and not at others."""
+        for written in writes(node):
+            value = _fake_value(written)
+            if not isinstance(value, torch.Tensor):
+                continue
+            where = self.state.layout_copies.get(StorageWeakRef(value.untyped_storage()))
+            if where is not None:
+                raise TracingError.at(
+                    self.location(),
+                    f"{operation_name(node)} writes into the result of `contiguous()` at "
+                    f"{where}, which is its input itself at some sizes and a copy at "
+                    "others (the input's strides decide): write into a `.clone()` "
+                    "instead, or into the input directly",
+                )
 
     def _decide_squeezed(self, args: tuple, kwargs: dict) -> list[int]:
         """``squeeze`` removes the dimensions of size 1: which ones decides the rank of
