@@ -1,8 +1,9 @@
 """The package's imports point down the layers, without cycles, and load lazily.
 
 Layers, bottom to top: ``ops`` and ``passes``, ``tracing``, ``onnx`` and ``models``,
-``inspect``, the command line. Every import counts, also those inside functions: a
-function-level import still makes the lower layer depend on the higher one.
+``inspect`` and the integrations with other libraries, the command line. Every import
+counts, also those inside functions: a function-level import still makes the lower
+layer depend on the higher one.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ LAYERS = {
     "yobx.torch.onnx": 2,
     "yobx.models": 2,
     "yobx.torch.inspect": 3,
+    "yobx.integrations": 3,
     "yobx.cli": 4,
     "yobx.export_command": 4,
     "yobx.inspect_command": 4,

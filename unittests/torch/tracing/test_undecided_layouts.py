@@ -1,6 +1,7 @@
 """``x.contiguous()`` where the sizes do not settle whether ``x`` is contiguous: a copy,
-not a decision narrowing the capture (a decode step traced from one new token), and a
-write into that copy is refused (it reaches ``x`` at some sizes only)."""
+not a decision narrowing the capture (a decode step traced from one new token); a
+write into that copy (it reaches ``x`` at some sizes only) makes the layout a decision
+again, each side captured."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 import torch
 
 from unittests.torch.tracing._helpers import check_trace
-from yobx.torch.onnx import to_onnx
-from yobx.torch.tracing import TracingError
+from yobx.torch.onnx import OnnxExportError, to_onnx
+from yobx.torch.tracing import SpecializationError
 
 
 class AttentionStep(torch.nn.Module):
@@ -83,10 +84,26 @@ def test_the_onnx_step_from_one_token_runs_prefill_and_decode():
             np.testing.assert_allclose(e.numpy(), g, atol=1e-5)
 
 
-def test_a_write_into_the_copy_is_refused_at_the_users_line():
-    with pytest.raises(TracingError, match=r"add_.*contiguous\(\).*test_undecided_layouts.py"):
+@pytest.mark.parametrize("seq", [1, 4])
+def test_a_write_into_the_copy_decides_the_layout(seq):
+    """Written into, the result's layout matters: it becomes a decision, each side
+    captured (at ``seq == 1`` the write reaches ``y``). ONNX, where every write is
+    functional, refuses the write that is a view at some sizes only, saying what to
+    write instead."""
+    model = WritesIntoContiguousOfTransposed()
+    others = [{"x": torch.randn(3, s, 3)} for s in (1, 2, 5)]
+    dims = {"x": {0: "batch", 1: "seq"}}
+    check_trace(model, {"x": torch.randn(2, seq, 3)}, dims, other_inputs=others)
+    refused = (OnnxExportError, SpecializationError)
+    with pytest.raises(refused, match="a view at some sizes, a copy at others|add_' needs"):
+        to_onnx(model, kwargs={"x": torch.randn(2, seq, 3)}, dynamic_shapes=dims)
+
+
+def test_a_write_into_the_copy_without_versions_names_the_decision():
+    with pytest.raises(SpecializationError, match=r"add_' needs `seq == 1`"):
         check_trace(
             WritesIntoContiguousOfTransposed(),
             {"x": torch.randn(2, 1, 3)},
             {"x": {0: "batch", 1: "seq"}},
+            tracer_kwargs={"narrowing": "constraints"},
         )

@@ -62,6 +62,9 @@ from yobx.torch.quiet_logs import quieted
 
 #: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
 _TWO_GB = 2**31
+#: the metadata key of an ONNX input naming the placeholder it feeds (its target): the
+#: input's name may differ (a cache's tensors, dimensions renamed, a builtin's name)
+PLACEHOLDER_KEY = "yobx.placeholder"
 
 
 @dataclasses.dataclass
@@ -140,6 +143,17 @@ class ExportResult:
         tracer = getattr(self._captured, "tracer", None)
         notes = list(getattr(tracer, "version_notes", []) or [])
         return [self.version_fallback, *notes] if self.version_fallback else notes
+
+    @property
+    def input_placeholders(self) -> dict[str, str]:
+        """ONNX input name -> the placeholder (its target in :attr:`graph_module`)
+        it feeds: the flat position of the input among the model's arguments, which
+        :func:`yobx.torch.tracing.inputs.placeholder_names` lists."""
+        return {
+            value.name: value.meta[PLACEHOLDER_KEY]
+            for value in self.model.graph.inputs
+            if PLACEHOLDER_KEY in value.meta
+        }
 
     @property
     def n_graph_nodes(self) -> int:
@@ -483,6 +497,8 @@ def _translate(
         for node in captured.graph_module.graph.nodes
         if node.op == "placeholder" and node.name in by_name
     }
+    for target, value in inputs.items():
+        value.meta[PLACEHOLDER_KEY] = target
     _rename_cache_inputs(ir_model, model, args, kwargs)
     _keep_argument_names(ir_model, captured.graph_module)
     renamer = DimensionRenamer(dict(captured.dimension_names), captured.shape_env)

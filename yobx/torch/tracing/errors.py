@@ -66,6 +66,15 @@ class SpecializationError(TracingError):
     fact = None
 
 
+class LayoutAliasNeeded(TracingError):
+    """A write into what ``x.contiguous()`` returned, traced as a copy where the sizes
+    did not settle whether it is ``x`` itself, while at the example's sizes it is:
+    :meth:`CustomTracer.trace` captures again, deciding that call's layout
+    (:attr:`copy_location`, the user's ``file:line`` of the ``contiguous()``)."""
+
+    copy_location = ""
+
+
 class UndecidableError(TracingError):
     """A decision on dimensions can be neither proved nor adopted."""
 

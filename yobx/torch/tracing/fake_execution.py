@@ -30,7 +30,7 @@ from torch.utils._sympy.functions import FloorDiv, Mod
 from ..node_text import operation_name
 from ..passes._side_effects import writes
 from . import shape_rules
-from .errors import TracingError, exception_summary
+from .errors import LayoutAliasNeeded, TracingError, exception_summary
 from .shape_rules._strides import decided_contiguity
 from .symbolic import Guard
 from .symbolic_variants import function_variant
@@ -211,10 +211,15 @@ class FakeExecutionMixin:
                 args, kwargs = (args[0], dims), {}
         guards_before = len(self.shape_env.guards)
         known = self.dims.snapshot()
-        with self.fake_mode, torch.no_grad():
-            copy = _copy_when_layout_undecided(node, args, kwargs)
+        copy = None
+        if self.location() not in self.aliased_layouts:
+            with self.fake_mode, torch.no_grad():
+                copy = _copy_when_layout_undecided(node, args, kwargs)
         if copy is not None:
-            self.state.layout_copies[StorageWeakRef(copy.untyped_storage())] = self.location()
+            self.state.layout_copies[StorageWeakRef(copy.untyped_storage())] = (
+                self.location(),
+                args[0],
+            )
             return self.dims.canonical(copy)
         if self.state.layout_copies:
             self._refuse_write_into_layout_copy(node)
@@ -281,20 +286,32 @@ class FakeExecutionMixin:
     def _refuse_write_into_layout_copy(self, node: Node) -> None:
         """An in-place write into what ``x.contiguous()`` returned, when the sizes did
         not settle whether that is ``x`` itself: eager writes into ``x`` at some sizes
-        and not at others."""
+        and not at others. Whether it is a copy becomes a decision here (a fact of the
+        capture, whose other side a version captures); the example's ``x`` being
+        contiguous is refused (the trace went on with a copy)."""
         for written in writes(node):
             value = _fake_value(written)
             if not isinstance(value, torch.Tensor):
                 continue
-            where = self.state.layout_copies.get(StorageWeakRef(value.untyped_storage()))
-            if where is not None:
-                raise TracingError.at(
+            found = self.state.layout_copies.get(StorageWeakRef(value.untyped_storage()))
+            if found is None:
+                continue
+            where, source = found
+            guards_before, known = len(self.shape_env.guards), self.dims.snapshot()
+            with self.fake_mode:
+                contiguous = source.is_contiguous()
+            if len(self.shape_env.guards) > guards_before:
+                self._new_guards(guards_before, node, known)
+            if contiguous:
+                error = LayoutAliasNeeded.at(
                     self.location(),
                     f"{operation_name(node)} writes into the result of `contiguous()` at "
-                    f"{where}, which is its input itself at some sizes and a copy at "
-                    "others (the input's strides decide): write into a `.clone()` "
-                    "instead, or into the input directly",
+                    f"{where}, which is its input itself at the example's sizes and a "
+                    "copy at others (the input's strides decide): write into a "
+                    "`.clone()` instead, or into the input directly",
                 )
+                error.copy_location = where
+                raise error
 
     def _decide_squeezed(self, args: tuple, kwargs: dict) -> list[int]:
         """``squeeze`` removes the dimensions of size 1: which ones decides the rank of

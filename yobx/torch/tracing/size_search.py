@@ -142,6 +142,26 @@ def moves(
                 yield {first: a, second: b}
 
 
+def co_moved(base: Mapping[str, int], changes: Mapping[str, int]) -> dict[str, int] | None:
+    """``base`` with ``changes``, and every other size that is the sum of two sizes
+    of ``base`` (one of them changed) moved with them: ``total`` (6) of ``past`` (5)
+    and ``seq`` (1) becomes 7 when ``seq`` becomes 2. A model relates its inputs'
+    sizes so (a mask over the cache and the new tokens) before its code says so: an
+    example at other sizes must keep the relation for eager to run. None when no
+    other size moves. A coincidence (``batch`` 2 of ``seq + seq``) costs one eager
+    run that fails."""
+    changed = {name for name, value in changes.items() if value != base[name]}
+    moved = {**base, **changes}
+    for name, value in base.items():
+        if name in changed:
+            continue
+        for a, b in itertools.combinations_with_replacement(sorted(base), 2):
+            if name not in (a, b) and {a, b} & changed and base[a] + base[b] == value:
+                moved[name] = moved[a] + moved[b]
+                break
+    return moved if any(moved[n] != base[n] for n in base if n not in changed) else None
+
+
 def tensor_like(example: torch.Tensor, shape: Sequence[int], generator) -> torch.Tensor:
     """A tensor of ``shape`` whose values look like ``example``'s."""
     if example.numel() == 0:

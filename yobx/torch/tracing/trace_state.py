@@ -55,9 +55,9 @@ class TraceState:
     #: with the user's ``file:line``: a read folded into a constant leaves no node
     layout_reads: list[tuple[Node, str]] = dataclasses.field(default_factory=list)
     #: the storages of the copies ``x.contiguous()`` gave where the sizes did not settle
-    #: whether it returns ``x`` itself (see fake_execution), with the user's ``file:line``:
-    #: a write into one would reach ``x`` at some sizes only
-    layout_copies: dict[Any, str] = dataclasses.field(default_factory=dict)
+    #: whether it returns ``x`` itself (see fake_execution), with the user's ``file:line``
+    #: and ``x``: a write into one would reach ``x`` at some sizes only
+    layout_copies: dict[Any, tuple[str, Any]] = dataclasses.field(default_factory=dict)
     #: depth of fake executions in progress (> 0: torch runs an operation on fake
     #: values, module calls and attribute reads are torch's, not the user's)
     in_fake: int = 0

@@ -32,7 +32,7 @@ from .decided_layouts import decided_layouts
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value, user_location
 from .deferred_interrupts import PENDING as PENDING_INTERRUPT
 from .deferred_interrupts import deferred_interrupts, raise_pending_interrupt
-from .errors import SpecializationError, autocast_refused
+from .errors import LayoutAliasNeeded, SpecializationError, autocast_refused
 from .fake_execution import FakeExecutionMixin
 from .fx_isolation import fx_tracing_per_thread
 from .graph_finish import GraphFinishMixin, _CallableModule, graph_fingerprint
@@ -211,6 +211,9 @@ class CustomTracer(
         # dimensions taking a size below 2 (1 or 0) in the capture a trace from other
         # sizes stands in for (see _trace_from_other_size)
         self._small_sizes: dict[str, int] = {}
+        #: the ``file:line`` of the ``contiguous()`` calls whose layout the example
+        #: decides: a write into their result needs it (see fake_execution)
+        self.aliased_layouts: set[str] = set()
         self._version_constraints: list[Constraint] | None = None
         self._version_checks: list[RuntimeCheck] | None = None
         self.proxy_buffer_attributes = True
@@ -336,6 +339,17 @@ class CustomTracer(
         """
         _check_traceable(root)
         arguments = (dynamic_shapes, remove_inplace, update_model_with_callable, verbose)
+        while True:
+            try:
+                return self._trace_or_from_other_size(root, concrete_args, arguments)
+            except LayoutAliasNeeded as error:
+                # a contiguous() traced as a copy is written into where it is its input
+                # itself: captured again, that call's layout decided by the example
+                if error.copy_location in self.aliased_layouts:
+                    raise
+                self.aliased_layouts.add(error.copy_location)
+
+    def _trace_or_from_other_size(self, root, concrete_args, arguments: tuple):
         try:
             return self._trace_with_versions(root, concrete_args, *arguments)
         except SpecializationError as error:
@@ -559,6 +573,7 @@ class CustomTracer(
         child.narrowing = "constraints"
         child._path_conditions = list(path)
         child._small_sizes = dict(self._small_sizes)
+        child.aliased_layouts = set(self.aliased_layouts)
         return child
 
     def _assume_path(self) -> None:

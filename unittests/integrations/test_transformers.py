@@ -1,0 +1,194 @@
+"""yobx as a backend of ``transformers.exporters``: ``export`` and
+``export_for_generation`` through ``YobxExporter``, the exported model run by
+transformers' ONNX runner, compared with eager at other sizes, its greedy tokens with
+``model.generate``, and saved then loaded with ``ExportedModel``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers.exporters")
+
+from transformers.exporters import ExportedModel  # noqa: E402
+
+from yobx.integrations.transformers import (  # noqa: E402
+    YobxExportConfig,
+    YobxExporter,
+    greedy_generate,
+)
+from yobx.models.huggingface import tiny_config  # noqa: E402
+
+
+def _model(architecture: str, **overrides):
+    config = tiny_config(architecture)
+    config.use_cache = True
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return getattr(transformers, architecture)(config).eval()
+
+
+def _prompt(vocab: int, batch: int, seq: int, padded: bool = True):
+    generator = torch.Generator().manual_seed(batch * 10 + seq)
+    ids = torch.randint(3, vocab, (batch, seq), generator=generator)
+    mask = torch.ones((batch, seq), dtype=torch.int64)
+    if padded and batch > 1:
+        mask[0, :2] = 0  # left padding, as generate pads
+    return ids, mask
+
+
+@pytest.mark.parametrize(
+    ("architecture", "output"),
+    [("BertModel", "last_hidden_state"), ("LlamaForCausalLM", "logits")],
+)
+def test_export_runs_at_other_sizes_like_the_model(architecture, output):
+    model = _model(architecture, use_cache=False)
+    ids, mask = _prompt(model.config.vocab_size, 2, 5, padded=False)
+    exported = YobxExporter().export(model, {"input_ids": ids, "attention_mask": mask}, {})
+    assert list(exported.components) == ["model"]
+    names = [value.name for value in exported.program.graph.inputs]
+    assert names == ["input_ids", "attention_mask"]
+    for batch, seq in [(2, 5), (3, 9), (1, 2)]:
+        ids, mask = _prompt(model.config.vocab_size, batch, seq)
+        with torch.no_grad():
+            expected = getattr(model(input_ids=ids, attention_mask=mask), output)
+        got = getattr(exported(input_ids=ids, attention_mask=mask), output)
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def llama_for_generation():
+    model = _model("LlamaForCausalLM")
+    ids, mask = _prompt(model.config.vocab_size, 2, 5)
+    exported = YobxExporter().export_for_generation(
+        model, {"input_ids": ids, "attention_mask": mask}, YobxExportConfig()
+    )
+    return model, exported
+
+
+def test_generation_components_take_the_runner_s_names(llama_for_generation):
+    _, exported = llama_for_generation
+    assert list(exported.components) == ["prefill", "decode"]
+    decode = exported.components["decode"].program.graph
+    assert [v.name for v in decode.inputs] == [
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "cache.layers.0.keys",
+        "cache.layers.0.values",
+        "cache.layers.1.keys",
+        "cache.layers.1.values",
+    ]
+    assert [v.name for v in decode.outputs][:3] == ["logits", "present.0.key", "present.0.value"]
+    # one graph for one token and for several: the sequence stays dynamic
+    assert decode.inputs[0].shape[1] == "seq"
+    assert decode.inputs[3].shape[2] == "past"
+
+
+def test_the_decode_step_runs_several_tokens_on_a_cache(llama_for_generation):
+    model, exported = llama_for_generation
+    ids, mask = _prompt(model.config.vocab_size, 2, 4, padded=False)
+    with torch.no_grad():
+        prefill = model(input_ids=ids, attention_mask=mask)
+    new = torch.randint(3, model.config.vocab_size, (2, 3))
+    inputs = {
+        "input_ids": new,
+        "attention_mask": torch.ones((2, 7), dtype=torch.int64),
+        "position_ids": torch.arange(4, 7).repeat(2, 1),
+    }
+    got = exported.runners["decode"](cache=copy.deepcopy(prefill.past_key_values), **inputs)
+    with torch.no_grad():
+        expected = model(cache=prefill.past_key_values, **inputs)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
+    key = got.past_key_values.layers[1].keys
+    torch.testing.assert_close(key, expected.past_key_values.layers[1].keys)
+
+
+# Qwen2 and Gemma generate through to_onnx in unittests/torch/onnx/test_generate.py
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "GPT2LMHeadModel"])
+def test_greedy_tokens_are_the_model_s(architecture, llama_for_generation):
+    if architecture == "LlamaForCausalLM":
+        model, exported = llama_for_generation
+    else:
+        model = _model(architecture)
+        ids, mask = _prompt(model.config.vocab_size, 2, 5)
+        exported = YobxExporter().export_for_generation(
+            model, {"input_ids": ids, "attention_mask": mask}, YobxExportConfig()
+        )
+    for batch in (1, 2):
+        ids, mask = _prompt(model.config.vocab_size, batch, 6)
+        expected = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False
+        )
+        got = greedy_generate(exported, ids, mask, max_new_tokens=8)
+        assert torch.equal(got, expected), (architecture, batch)
+
+
+def test_saved_and_loaded_it_generates_the_same(llama_for_generation, tmp_path):
+    model, exported = llama_for_generation
+    exported.save_pretrained(tmp_path)
+    assert {"prefill.onnx", "decode.onnx", "export.json", "config.json"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
+    loaded = ExportedModel.from_pretrained(tmp_path)
+    assert loaded.export_format == "yobx"
+    ids, mask = _prompt(model.config.vocab_size, 2, 6)
+    expected = greedy_generate(exported, ids, mask, max_new_tokens=5)
+    assert torch.equal(greedy_generate(loaded, ids, mask, max_new_tokens=5), expected)
+
+
+def test_a_model_without_a_cache_generates_by_running_the_sequence_again():
+    model = _model("LlamaForCausalLM", use_cache=False)
+    ids, mask = _prompt(model.config.vocab_size, 2, 5)
+    exported = YobxExporter().export_for_generation(
+        model, {"input_ids": ids, "attention_mask": mask}, YobxExportConfig()
+    )
+    expected = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False
+    )
+    assert torch.equal(greedy_generate(exported, ids, mask, max_new_tokens=4), expected)
+
+
+def test_the_saved_structure_is_transformers_own_after_a_yobx_trace():
+    """A trace registers yobx's flattening of DynamicCache when nobody did: the exporter
+    puts transformers' back, whose structure ``from_pretrained`` reads."""
+    import torch.utils._pytree as pytree
+    from transformers.cache_utils import DynamicCache
+    from transformers.exporters.exporter_dynamo import _pytree_flatten
+
+    from yobx.torch.tracing.inputs import register_cache_flattening
+
+    pytree._deregister_pytree_node(DynamicCache)
+    register_cache_flattening()
+    assert pytree.SUPPORTED_NODES[DynamicCache].flatten_fn is not _pytree_flatten
+    model = _model("LlamaForCausalLM")
+    ids, mask = _prompt(model.config.vocab_size, 1, 3, padded=False)
+    exported = YobxExporter().export(model, {"input_ids": ids, "attention_mask": mask}, {})
+    assert pytree.SUPPORTED_NODES[DynamicCache].flatten_fn is _pytree_flatten
+    assert "transformers.cache_utils:DynamicCache" in exported.components["model"].metadata.out_spec
+
+
+def test_bad_configurations_say_what_to_do():
+    with pytest.raises(ValueError, match="optimize must be one of"):
+        YobxExportConfig(optimize="fast")
+    with pytest.raises(ValueError, match="narrowing"):
+        YobxExportConfig(narrowing="none")
+
+    class FxQuantizer:
+        quantizes_fx_graph = True
+
+    with pytest.raises(ValueError, match="quantizes the FX graph"):
+        YobxExportConfig(quantizer=FxQuantizer())
+
+
+def test_greedy_generate_needs_generation_components():
+    model = _model("LlamaForCausalLM", use_cache=False)
+    ids, mask = _prompt(model.config.vocab_size, 1, 3, padded=False)
+    exported = YobxExporter().export(model, {"input_ids": ids, "attention_mask": mask}, {})
+    with pytest.raises(ValueError, match="'decode'"):
+        greedy_generate(exported, ids, mask)

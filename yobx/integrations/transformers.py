@@ -1,0 +1,385 @@
+"""yobx as a backend of ``transformers.exporters``.
+
+transformers 5 ships an export API common to its backends: an exporter
+(:class:`transformers.exporters.HfExporter`) exports a model from its forward kwargs
+(``export``) or one component per stage of generation (``export_for_generation``), and
+the :class:`transformers.exporters.ExportedModel` it returns runs, saves
+(``save_pretrained``) and loads (``from_pretrained``) the exported graphs through the
+runner registered for its format. Importing this module registers
+:class:`YobxExporter` under ``export_format="yobx"`` with transformers' own ONNX runner
+(:class:`~transformers.exporters.runners.runner_onnx.OnnxModelRunner`): the programs are
+``onnx_ir`` models produced by :func:`yobx.torch.onnx.to_onnx`, run by onnxruntime::
+
+    import yobx.integrations.transformers  # registers the backend
+    from transformers.exporters import ExportedModel
+    from yobx.integrations.transformers import YobxExporter, YobxExportConfig
+
+    exported = YobxExporter().export(model, inputs, YobxExportConfig())
+    exported(**inputs).logits                  # onnxruntime
+    exported.save_pretrained("exported")       # model.onnx, its metadata, the config
+    ExportedModel.from_pretrained("exported")  # (after importing this module)
+
+What differs from transformers' ``OnnxExporter``:
+
+* the dimensions are dynamic by default and named by their role (``batch``, ``seq``,
+  ``past``, ``total`` for a mask over the cache and the new tokens, ``height``...), and
+  a decision on them is never narrowed to the example: the model keeps both sides
+  (``narrowing="versions"``), and checks the constraints it assumes of its inputs'
+  sizes (``runtime_checks``);
+* ``export_for_generation`` captures the ``decode`` component from two new tokens
+  (``multi_token_decode=True`` by default): the same graph runs one token or several
+  on a cache, a decision on a single token kept as a version at ``seq == 1``; from a
+  one-token example, the sequence stays dynamic too where the model's code allows it
+  (a ``contiguous()`` of the attention output is no decision).
+
+The ONNX inputs take the names transformers' runner binds (the path of each tensor in
+the forward kwargs: ``input_ids``, ``cache.layers.0.keys``...), and the outputs come
+in the order of the model's output structure, which the runner rebuilds (a
+``CausalLMOutputWithPast`` holding a ``DynamicCache``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import onnx_ir as ir
+import torch
+import torch.utils._pytree as pytree
+from transformers.exporters.auto import register_backend
+from transformers.exporters.base import HfExporter
+from transformers.exporters.configs import ExportConfigMixin, ExportFormat
+from transformers.exporters.exporter_dynamo import (
+    _pytree_flatten,
+    is_cache_object,
+    patch_model_config,
+    register_cache_pytrees_for_model,
+    register_pytree_node,
+)
+from transformers.exporters.exporter_onnx import OnnxExporter
+from transformers.exporters.metadata import (
+    ExportMetadata,
+    build_export_metadata,
+    record_output_structure,
+)
+from transformers.exporters.runners.runner_onnx import OnnxModelRunner
+from transformers.exporters.utils import get_leaf_tensors, prepare_for_export
+
+from yobx.torch.onnx.export import to_onnx
+from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
+from yobx.torch.pytree_paths import flatten_with_paths
+from yobx.torch.tracing.inputs import bind_arguments, placeholder_names
+
+#: the format this backend registers, the ``export_format`` of its configuration
+EXPORT_FORMAT = "yobx"
+
+#: the role of each axis of the inputs transformers models take, by input name: the
+#: name of the dynamic dimension (an axis not listed stays static)
+INPUT_ROLES: dict[str, dict[int, str]] = {
+    "input_ids": {0: "batch", 1: "seq"},
+    "inputs_embeds": {0: "batch", 1: "seq"},
+    "token_type_ids": {0: "batch", 1: "seq"},
+    "position_ids": {0: "batch", 1: "seq"},
+    "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
+    "decoder_attention_mask": {0: "batch", 1: "decoder_seq"},
+    "pixel_values": {0: "batch", 2: "height", 3: "width"},
+    "pixel_mask": {0: "batch", 1: "height", 2: "width"},
+    "input_values": {0: "batch", 1: "samples"},
+    "input_features": {0: "batch"},
+}
+#: the axes of the keys and values of a cache: (batch, heads, past, head_dim)
+CACHE_ROLES = {0: "batch", 2: "past"}
+
+
+@dataclasses.dataclass
+class YobxExportConfig(ExportConfigMixin):
+    """The configuration of :class:`YobxExporter`.
+
+    :param dynamic: dynamic dimensions named by their role (:data:`INPUT_ROLES`, the
+        keys and values of a cache ``batch`` and ``past``, an attention mask ``seq``,
+        or ``total`` when the inputs hold a cache); ``False``: every size static
+    :param dynamic_shapes: the dimensions as :func:`yobx.torch.onnx.to_onnx` takes them
+        (per forward kwarg, ``{axis: name or Dim}``), instead of the roles
+    :param opset_version: the ONNX opset (yobx's default when None)
+    :param optimize: ``"default"`` (a standard ONNX model) or ``"ort"`` (onnxruntime's
+        fused operators)
+    :param runtime_checks: the model checks the constraints it assumes of its inputs'
+        sizes (see :func:`~yobx.torch.onnx.to_onnx`)
+    :param narrowing: ``"versions"`` (a decision on a dynamic size keeps both sides)
+        or ``"constraints"`` (the example's side, checked)
+    :param quantizer: a quantizer of the converted ONNX model (transformers'
+        ``OnnxRuntimeQuantizer``...); the quantizers of the FX graph do not apply
+    """
+
+    export_format: ExportFormat | str = EXPORT_FORMAT
+    dynamic: bool = True
+    dynamic_shapes: dict[str, Any] | None = None
+    opset_version: int | None = None
+    optimize: str = "default"
+    runtime_checks: bool = True
+    narrowing: str = "versions"
+    quantizer: Any = None
+
+    def __post_init__(self):
+        if self.optimize not in OPTIMIZE_LEVELS:
+            raise ValueError(f"optimize must be one of {OPTIMIZE_LEVELS}, got {self.optimize!r}")
+        if self.narrowing not in ("versions", "constraints"):
+            raise ValueError(
+                f"narrowing must be 'versions' or 'constraints', got {self.narrowing!r}"
+            )
+        if self.quantizer is not None and getattr(self.quantizer, "quantizes_fx_graph", False):
+            raise ValueError(
+                f"{type(self.quantizer).__name__} quantizes the FX graph, which yobx does "
+                "not export through: use a quantizer of the ONNX model "
+                "(transformers.exporters.OnnxRuntimeQuantizer)"
+            )
+
+
+class YobxExporter(HfExporter):
+    """Exports a transformers model to ONNX with :func:`yobx.torch.onnx.to_onnx`, as a
+    backend of ``transformers.exporters`` (see the module's documentation)::
+
+        exported = YobxExporter().export(model, {"input_ids": ids}, YobxExportConfig())
+        components = YobxExporter().export_for_generation(
+            model, {"input_ids": ids, "attention_mask": mask}, YobxExportConfig()
+        )
+    """
+
+    export_format = EXPORT_FORMAT
+    config_class = YobxExportConfig
+    program_suffix = ".onnx"
+    requires_trust_remote_code = False
+    required_packages = ["torch", "onnx", "onnxscript", "onnxruntime"]
+
+    def export_program(
+        self,
+        model: Any,
+        sample_inputs: MutableMapping[str, Any],
+        config: YobxExportConfig,
+    ) -> tuple[ir.Model, ExportMetadata]:
+        """One ONNX graph of ``model`` called with ``sample_inputs`` (forward kwargs)."""
+        if config.quantizer is not None:
+            config.quantizer.validate_environment(ExportFormat.ONNX)
+        model, sample_inputs, output_flags = prepare_for_export(model, sample_inputs)
+        _register_transformers_pytrees(model)
+        with torch.no_grad(), patch_model_config(model, output_flags):
+            # eager first, on a copy: a step appends to the cache it is given, and the
+            # outputs give the structure the runner rebuilds
+            outputs = model(**copy.deepcopy(dict(sample_inputs)))
+            result = to_onnx(
+                model,
+                kwargs=copy.deepcopy(dict(sample_inputs)),
+                dynamic_shapes=_dynamic_shapes(sample_inputs, config),
+                opset=config.opset_version,
+                optimize=config.optimize,
+                runtime_checks=config.runtime_checks,
+                narrowing=config.narrowing,
+            )
+        program = result.model
+        _name_inputs_as_runner_binds(program, result.input_placeholders, model, sample_inputs)
+        spec = pytree.tree_flatten(((), dict(sample_inputs)))[1]
+        shim = types.SimpleNamespace(call_spec=types.SimpleNamespace(in_spec=spec, out_spec=spec))
+        metadata = build_export_metadata(model, sample_inputs, shim, self.required_packages)
+        record_output_structure(metadata, outputs)
+        _order_outputs_as_runner_reads(program, pytree.tree_leaves(outputs))
+        if config.quantizer is not None:
+            program = config.quantizer.quantize(program, sample_inputs, ExportFormat.ONNX)
+        return program, metadata
+
+    def export_for_generation(
+        self,
+        model: Any,
+        sample_inputs: MutableMapping[str, Any],
+        config: Any,
+        *,
+        generation_config: Any = None,
+        multi_token_decode: bool = True,
+    ) -> Any:
+        """transformers' ``export_for_generation``, the ``decode`` component captured
+        from two new tokens by default (``multi_token_decode``): its graph runs one
+        token or several on a cache, and the decisions a single token would take
+        (``if q_length == 1``) keep both sides (a version at ``seq == 1``)."""
+        return super().export_for_generation(
+            model,
+            sample_inputs,
+            config,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+        )
+
+    @classmethod
+    def save_program(cls, program: ir.Model, path) -> None:
+        """The graph, its weights in ``<name>.onnx.data`` beside it (transformers'
+        ONNX layout)."""
+        OnnxExporter.save_program(program, path)
+
+    @classmethod
+    def program_files(cls, filename: str) -> list[str]:
+        return OnnxExporter.program_files(filename)
+
+    @classmethod
+    def load_program(cls, path) -> ir.Model:
+        return OnnxExporter.load_program(path)
+
+
+def _register_transformers_pytrees(model: Any) -> None:
+    """transformers' flattening of its caches, which the saved output structure names
+    (``from_pretrained`` reads it back with it): it replaces yobx's registration of
+    ``DynamicCache`` if a trace made one earlier (yobx traces with either)."""
+    import torch.fx._pytree as fx_pytree
+    from transformers.cache_utils import DynamicCache
+
+    node = pytree.SUPPORTED_NODES.get(DynamicCache)
+    if node is not None and node.flatten_fn is not _pytree_flatten:
+        pytree._deregister_pytree_node(DynamicCache)
+        fx_pytree.SUPPORTED_NODES.pop(DynamicCache, None)
+        register_pytree_node(DynamicCache)
+    register_cache_pytrees_for_model(model)
+
+
+def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
+    """The dynamic dimensions of the export: the config's, or named by their role."""
+    if config.dynamic_shapes is not None:
+        return config.dynamic_shapes
+    if not config.dynamic:
+        return None
+    holds_cache = any(is_cache_object(value) for value in inputs.values())
+    shapes: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            roles = dict(INPUT_ROLES.get(name, {}))
+            if name == "attention_mask" and value.dim() == 2:
+                roles = {0: "batch", 1: "total" if holds_cache else "seq"}
+            if name == "position_ids" and value.dim() == 3:  # (sections, batch, seq)
+                roles = {1: "batch", 2: "seq"}
+            shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
+        elif is_cache_object(value):
+            shapes[name] = [
+                CACHE_ROLES if isinstance(leaf, torch.Tensor) and leaf.dim() == 4 else {}
+                for leaf in pytree.tree_leaves(value)
+            ]
+        else:
+            shapes[name] = None
+    return shapes
+
+
+def _name_inputs_as_runner_binds(
+    program: ir.Model, placeholders: dict[str, str], model: Any, inputs: Mapping[str, Any]
+) -> None:
+    """Renames the ONNX inputs after the path of their tensor in the forward kwargs
+    (``get_leaf_tensors``), the names transformers' runner binds."""
+    bound = bind_arguments(model.forward, (), dict(inputs))
+    leaves = flatten_with_paths(list(bound.values()))
+    targets = placeholder_names(list(bound), [path for path, _ in leaves])
+    leaf_of_target = {target: leaf for target, (_, leaf) in zip(targets, leaves)}
+    path_of_leaf = {id(tensor): path for path, tensor in get_leaf_tensors(dict(inputs)).items()}
+    for value in program.graph.inputs:
+        leaf = leaf_of_target.get(placeholders.get(value.name, ""))
+        if id(leaf) not in path_of_leaf:
+            raise ValueError(
+                f"ONNX input {value.name!r} is no tensor of the forward kwargs "
+                f"({', '.join(path_of_leaf.values())}): transformers' runner could not "
+                "feed it"
+            )
+        value.name = path_of_leaf[id(leaf)]
+
+
+def _order_outputs_as_runner_reads(program: ir.Model, leaves: list[Any]) -> None:
+    """The model's outputs last, in the order of its output structure: the runner
+    reads the last ``n`` outputs (``n`` tensors in the structure); the final values of
+    mutated buffers, which yobx appends, go first."""
+    n = sum(isinstance(leaf, torch.Tensor) for leaf in leaves)
+    outputs = program.graph.outputs
+    if len(outputs) < n:
+        raise ValueError(
+            f"the ONNX model has {len(outputs)} outputs, the model's output holds {n} "
+            "tensors: transformers' runner could not rebuild it"
+        )
+    if len(outputs) > n:
+        reordered = [*outputs[n:], *outputs[:n]]
+        outputs.clear()
+        outputs.extend(reordered)
+
+
+def greedy_generate(
+    exported: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 8,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> torch.Tensor:
+    """Greedy generation with the components of ``export_for_generation``
+    (``prefill`` then ``decode`` steps, run by their runners): the prompt followed by
+    the new tokens, as ``model.generate(do_sample=False)`` returns them.
+
+    Positions follow the mask as transformers' ``generate`` computes them (a
+    left-padded prompt starts after its padding); a sequence that produced
+    ``eos_token_id`` continues with ``pad_token_id``.
+
+    :raises ValueError: ``exported`` has no ``prefill`` and ``decode`` components
+    """
+    missing = {"prefill", "decode"} - set(exported.components)
+    if missing:
+        raise ValueError(
+            f"greedy_generate needs the components 'prefill' and 'decode' of "
+            f"export_for_generation, {sorted(missing)} missing from {list(exported.components)}"
+        )
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    runners = exported.runners
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    outputs = _run(runners["prefill"], input_ids, attention_mask, positions)
+    # a model configured without a cache (use_cache=False) runs the whole sequence again
+    cached = _cache_argument(runners["decode"]) is not None
+    tokens, finished = input_ids, torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    for step in range(max_new_tokens):
+        new = outputs.logits[:, -1].argmax(-1)
+        if eos_token_id is not None:
+            if pad_token_id is not None:
+                new = torch.where(finished, torch.tensor(pad_token_id), new)
+            finished |= new == eos_token_id
+        tokens = torch.cat([tokens, new[:, None]], dim=1)
+        if step + 1 == max_new_tokens or bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(new), 1))], 1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+        if cached:
+            step_inputs = (new[:, None], attention_mask, positions[:, -1:], outputs)
+        else:
+            step_inputs = (tokens, attention_mask, positions)
+        outputs = _run(runners["decode"], *step_inputs)
+    return tokens
+
+
+def _cache_argument(runner: Any) -> str | None:
+    """The forward kwarg holding the cache the component was exported with."""
+    for name, described in runner.metadata.kwargs.items():
+        if described.get("container", "").endswith("Cache"):
+            return name
+    return None
+
+
+def _run(runner: Any, ids: Any, mask: Any, positions: Any, previous: Any = None) -> Any:
+    """One step: the inputs the component was exported with, the cache of the
+    previous step's outputs."""
+    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    inputs = {name: value for name, value in inputs.items() if name in runner.metadata.kwargs}
+    argument = _cache_argument(runner)
+    if previous is not None and argument is not None:
+        inputs[argument] = previous.past_key_values
+    return runner(**inputs)
+
+
+def register() -> None:
+    """Registers :class:`YobxExporter` and transformers' ONNX runner under
+    ``export_format="yobx"`` (done when this module is imported)."""
+    register_backend(YobxExporter, OnnxModelRunner)
+
+
+register()
+
+__all__ = ["EXPORT_FORMAT", "YobxExportConfig", "YobxExporter", "greedy_generate", "register"]
