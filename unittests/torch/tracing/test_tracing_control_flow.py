@@ -132,6 +132,30 @@ def test_nested_vmap():
     )
 
 
+class NestedVmapClosingOverTheModel(torch.nn.Module):
+    """A mask built by a vmap in a vmap whose function reads a tensor the model
+    computed (transformers' masks close over the padding mask so)."""
+
+    def forward(self, x):
+        positive = x.sum() > 0
+
+        def inner(q, kv):
+            return (kv <= q) & positive
+
+        mask = torch.vmap(torch.vmap(inner, in_dims=(None, 0)), in_dims=(0, None))
+        n = x.shape[0]
+        return torch.where(mask(torch.arange(n), torch.arange(n)), x[:, None], 0.0)
+
+
+def test_nested_vmap_reads_a_value_of_the_model():
+    check_trace(
+        NestedVmapClosingOverTheModel(),
+        {"x": torch.ones(5)},
+        {"x": {0: "seq"}},
+        other_inputs=[{"x": torch.ones(7)}, {"x": -torch.ones(3)}],
+    )
+
+
 class MixedCat(torch.nn.Module):
     def __init__(self):
         super().__init__()

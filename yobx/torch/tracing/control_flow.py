@@ -113,6 +113,9 @@ def trace_subgraph(tracer, fn: Callable, inputs: list[Any], prefix: str):
         output = graph.output(tuple(tracer.create_arg(v) for v in flat))
         vals = [n.meta["val"] for n in output.args[0]]
     graph.lint()
+    # a value of a graph enclosing the enclosing one (a vmap in a vmap closing over a
+    # tensor of the model) is an input of the enclosing graph too
+    lifted = [n if n.graph is tracer.graph else tracer._lift(n) for n in lifted]
     return graph, lifted, vals, spec
 
 
