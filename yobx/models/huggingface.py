@@ -176,7 +176,9 @@ def hf_generation_model(
             f"{architecture} does not run one step with a DynamicCache of {layers} "
             f"layers of (batch, {heads}, past, {head_dim}): {type(e).__name__}: {e}"
         ) from e
-    cache_dims = [[{0: "batch", 2: "past"}] * layers] * 2
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    cache_dims = cache_dynamic_shapes(cache, {0: "batch", 2: "past"})
     dynamic_shapes = {
         "input_ids": {0: "batch", 1: "seq"},
         "attention_mask": {0: "batch", 1: "total"},

@@ -76,7 +76,40 @@ def test_callable_root():
     assert tracer.traced_model is not None
 
 
-def test_dynamic_cache_input():
+@pytest.fixture
+def yobx_cache_flattening():
+    """yobx's flattening of DynamicCache (``[keys, values]``) for the test, whichever
+    was registered (transformers' exporters register theirs), restored after."""
+    transformers = pytest.importorskip("transformers")
+    import torch.fx._pytree as fx_pytree
+    import torch.utils._pytree as pytree
+
+    from yobx.torch.tracing.inputs import register_cache_flattening
+
+    cls = transformers.cache_utils.DynamicCache
+    saved = pytree.SUPPORTED_NODES.get(cls)
+    serialized = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
+    spec = fx_pytree.SUPPORTED_NODES.get(cls)
+    if saved is not None:
+        pytree._deregister_pytree_node(cls)
+        fx_pytree.SUPPORTED_NODES.pop(cls, None)
+    register_cache_flattening()
+    yield
+    pytree._deregister_pytree_node(cls)
+    fx_pytree.SUPPORTED_NODES.pop(cls, None)
+    if saved is not None:
+        pytree.register_pytree_node(
+            cls,
+            saved.flatten_fn,
+            saved.unflatten_fn,
+            serialized_type_name=serialized.serialized_type_name if serialized else None,
+            flatten_with_keys_fn=saved.flatten_with_keys_fn,
+        )
+        if spec is not None:
+            fx_pytree.SUPPORTED_NODES[cls] = spec
+
+
+def test_dynamic_cache_input(yobx_cache_flattening):
     transformers = pytest.importorskip("transformers")
     cache_utils = transformers.cache_utils
 

@@ -62,14 +62,15 @@ def decode_inputs(config: Any):
 def _decode_case(name: str, architecture: str, **values: Any) -> ArchitectureCase:
     config = _decoder_config(architecture, **values)
     model = hf_model(architecture, config)
-    cache_dims = {0: "batch", 2: "past"}
-    layers = config.num_hidden_layers
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    sizes = {"batch": 2, "seq": 3, "past": 5, "total": 8}
+    cache = decode_inputs(config)(sizes)["past_key_values"]
     dims = {
         "input_ids": {0: "batch", 1: "seq"},
         "attention_mask": {0: "batch", 1: "total"},
-        "past_key_values": [[cache_dims] * layers, [cache_dims] * layers],
+        "past_key_values": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
     }
-    sizes = {"batch": 2, "seq": 3, "past": 5, "total": 8}
     others = [
         {"batch": 3, "seq": 4, "past": 7, "total": 11},
         {"batch": 4, "seq": 2, "past": 12, "total": 14},

@@ -375,6 +375,22 @@ def register_cache_flattening(values: Any = None) -> None:
     fx_pytree.register_pytree_flatten_spec(cls, lambda cache, spec: flatten(cache)[0])
 
 
+def cache_dynamic_shapes(cache: Any, axes: dict[int, Any]) -> Any:
+    """The ``dynamic_shapes`` entry of a ``transformers`` cache: ``axes`` for each of
+    its keys and values (4-d, ``{0: "batch", 2: "past"}``), ``{}`` for its other
+    tensors, in the structure its pytree flattening has now: yobx's (``[keys,
+    values]``, one list per kind) or transformers' exporters' (one tensor after the
+    other, layer by layer), which replaces it once ``transformers.exporters`` exported
+    a model in the process."""
+    register_cache_flattening([cache])
+    node = pytree.SUPPORTED_NODES.get(type(cache))
+    children = node.flatten_fn(cache)[0] if node is not None else cache
+    return pytree.tree_map(
+        lambda leaf: dict(axes) if isinstance(leaf, torch.Tensor) and leaf.dim() == 4 else {},
+        children,
+    )
+
+
 def _check_plain_layers(cache: Any) -> None:
     import transformers.cache_utils as cache_utils
 

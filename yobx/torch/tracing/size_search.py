@@ -162,6 +162,19 @@ def co_moved(base: Mapping[str, int], changes: Mapping[str, int]) -> dict[str, i
     return moved if any(moved[n] != base[n] for n in base if n not in changed) else None
 
 
+def co_moved_inside(dims: Any, base: Mapping[str, int], changes: Mapping[str, int]) -> Any:
+    """:func:`co_moved` when it stays inside the declared ranges of ``dims`` (a
+    tracer's :class:`~.symbolic.SymbolicDimensions`), else None."""
+    moved = co_moved(base, changes)
+    if moved is None:
+        return None
+    for name, size in moved.items():
+        low, high = dims.declared.get(dims.by_name[name].node._expr, (0, None))
+        if size < low or (high is not None and size > high):
+            return None
+    return moved
+
+
 def tensor_like(example: torch.Tensor, shape: Sequence[int], generator) -> torch.Tensor:
     """A tensor of ``shape`` whose values look like ``example``'s."""
     if example.numel() == 0:

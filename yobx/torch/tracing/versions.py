@@ -63,7 +63,7 @@ from .runtime_checks import (
     insert_shape_checks,
 )
 from .size_search import (
-    co_moved,
+    co_moved_inside,
     compile_condition,
     constants_of,
     holds,
@@ -533,7 +533,8 @@ def example_beyond(tracer: Any, root: Any, facts: list[sympy.Basic]) -> dict | N
         # the sizes the model relates move together first (a mask over the cache and
         # the new tokens): a model may run at sizes breaking the relation (a longer
         # mask sliced), but the capture there would not be the example's
-        for sizes in (_co_moved_inside(tracer.dims, witness), witness):
+        moved = co_moved_inside(tracer.dims, example_sizes(tracer.dims), witness)
+        for sizes in (moved, witness):
             if sizes is None:
                 continue
             needed, allowed = _witness_bytes(tracer.dims, inputs, sizes)
@@ -543,19 +544,6 @@ def example_beyond(tracer: Any, root: Any, facts: list[sympy.Basic]) -> dict | N
             if _run_eagerly(root, inputs, leaves_) is None:
                 return dict(zip(inputs.arg_names, pytree.tree_unflatten(leaves_, inputs.in_spec)))
     return None  # eager needs the example's side: the dimension is a constant
-
-
-def _co_moved_inside(dims: Any, witness: dict[str, int]) -> dict[str, int] | None:
-    """:func:`~.size_search.co_moved` of the example's sizes, when it stays inside
-    the declared ranges."""
-    moved = co_moved(example_sizes(dims), witness)
-    if moved is None:
-        return None
-    for name, size in moved.items():
-        low, high = dims.declared.get(dims.by_name[name].node._expr, (0, None))
-        if size < low or (high is not None and size > high):
-            return None
-    return moved
 
 
 def example_sizes(dims: Any) -> dict[str, int]:
