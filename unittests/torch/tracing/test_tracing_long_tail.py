@@ -285,3 +285,25 @@ def test_fft_keeps_its_dimensions_dynamic():
         other_inputs=[{"x": torch.randn(3, 5, 8)}],
     )
     assert tracer.constraints == []
+
+
+class NormalizedByLastRow(torch.nn.Module):
+    """A position embedding normalized by its last row (``y / y[:, -1:]``, as detection
+    models write it): the slice's size is 1, or 0 when the rows are, which torch's
+    size-oblivious broadcasting cannot tell from the rows' count."""
+
+    def forward(self, x):
+        rows = torch.ones(x.shape[0], 4 * (x.shape[1] // 8), 3)
+        y = rows.cumsum(1)
+        return y / (y[:, -1:, :] + 1e-6)
+
+
+def test_broadcasting_a_slice_of_one_row_is_a_decision():
+    others = [{"x": torch.randn(3, w)} for w in (16, 40, 8, 5)]
+    tracer, _, _ = check_trace(
+        NormalizedByLastRow(),
+        {"x": torch.randn(2, 32)},
+        {"x": {0: "batch", 1: "width"}},
+        other_inputs=others,
+    )
+    assert len(tracer.versions) == 2  # rows > 0, and no rows at all (width < 8)

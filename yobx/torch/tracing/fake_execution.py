@@ -272,10 +272,14 @@ class FakeExecutionMixin:
                 f"{operation_name(node)} needs a decision on",
             ) from e
         except Exception as e:
-            raise TracingError.at(
-                self.location(),
-                f"{operation_name(node)} failed on fake tensors with {exception_summary(e)}",
-            ) from e
+            retry = self._broadcast_decided(e, args, kwargs)
+            if retry is None:
+                raise TracingError.at(
+                    self.location(),
+                    f"{operation_name(node)} failed on fake tensors with {exception_summary(e)}",
+                ) from e
+            with self.fake_mode:
+                val = self._dispatch_fake(node, *retry)
         finally:
             torch._C._set_grad_enabled(grad_mode)
             self.state.in_fake -= 1
@@ -312,6 +316,51 @@ class FakeExecutionMixin:
                 )
                 error.copy_location = where
                 raise error
+
+    def _broadcast_decided(self, error: Exception, args: tuple, kwargs: dict) -> Any:
+        """torch's broadcasting decides ``size == 1`` size-obliviously (never, unless
+        the ranges prove it), then needs equal sizes: ``x / x[:, -1:]`` fails where the
+        slice's size (``Max(0, n - Max(0, n - 1))``: 1, or 0 when ``n`` is) is not
+        provably ``n`` nor 1. Each size of the operands that may be 1 and is not
+        provably the size it meets becomes a decision (``== 1``, with the example's
+        answer, a version capturing the other side). Returns ``(args, kwargs)`` with
+        the operands decided to broadcast given a literal 1 there (fake tensors: only
+        their sizes matter), or None when there is nothing to decide."""
+        if not (isinstance(error, RuntimeError) and "must match the size" in str(error)):
+            return None
+        leaves = pytree.tree_leaves((args, kwargs))
+        shapes = [t.shape for t in leaves if isinstance(t, torch.Tensor)]
+        ones: dict[Any, set[int]] = {}
+        for axis in range(1, max((len(shape) for shape in shapes), default=0) + 1):
+            sizes = [shape[-axis] for shape in shapes if len(shape) >= axis]
+            for size in sizes:
+                if not isinstance(size, torch.SymInt) or size.node.maybe_as_int() is not None:
+                    continue
+                if all(self.dims.decide(size == other) is True for other in sizes):
+                    continue
+                if self.dims.decide(size == 1) is None and self.decide(
+                    size == 1, "broadcasting: the dimension's size is 1"
+                ):
+                    ones.setdefault(size.node.expr, set()).add(axis)
+        if not ones:
+            return None
+
+        def with_ones(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            sizes = {a: t.shape[-a] for a in range(1, t.dim() + 1)}
+            axes = {
+                a
+                for a, size in sizes.items()
+                if isinstance(size, torch.SymInt) and a in ones.get(size.node.expr, ())
+            }
+            if not axes:
+                return t
+            shape = [1 if t.dim() - i in axes else d for i, d in enumerate(t.shape)]
+            with self.fake_mode:
+                return torch.empty(shape, dtype=t.dtype, device=t.device)
+
+        return pytree.tree_map(with_ones, (args, kwargs))
 
     def _decide_squeezed(self, args: tuple, kwargs: dict) -> list[int]:
         """``squeeze`` removes the dimensions of size 1: which ones decides the rank of
