@@ -81,6 +81,8 @@ _WITNESS_BUDGET = 10_000
 _OPERATOR_CONDITION_OPS = 12
 #: sizes tried eagerly at most to capture a model from beside a size its example fixes
 _EAGER_TRIES = 6
+#: the witnesses a version's side is captured from, in turn, until eager runs there
+_SIDE_TRIES = 3
 #: inputs a version's witness may allocate, in bytes, at least (more when the example
 #: itself is big: 16 times its inputs); diffusers' upsampling makes a tensor contiguous
 #: past 2**31 elements, whose other side needs inputs of 25 GB
@@ -264,7 +266,7 @@ class Versioning:
         look_at(self.first, 0)
         while pending:
             (unusual, _), _, version, position = heapq.heappop(pending)
-            found = self._side(version, position, splits[id(version)])
+            found = self._side(version, position, splits[id(version)], unusual)
             if found is not None:
                 splits[id(version)].append(found)
                 look_at(found[2], unusual)
@@ -287,12 +289,20 @@ class Versioning:
     # capturing
 
     def _side(
-        self, version: Version, position: int, taken: list[tuple[int, VersionCondition, Version]]
+        self,
+        version: Version,
+        position: int,
+        taken: list[tuple[int, VersionCondition, Version]],
+        unusual: int = 1,
     ) -> tuple[int, VersionCondition, Version] | None:
         """The other side of the decision at ``position`` among those ``version``
         adopted: ``(position, the version's side, the version capturing the other)``,
         or None when it has none, the budgets are spent, or its capture fails (then a
-        note says why). ``taken``: the choices of ``version`` made so far."""
+        note says why). ``taken``: the choices of ``version`` made so far; ``unusual``:
+        how many decisions the default ranges did not settle lead to ``version``
+        (none: the other side of a default-bound decision is a size every caller
+        passes, a prefill's empty cache or a decode's single token, captured beyond
+        the time budget, within the budget of versions)."""
         dims = version.tracer.dims
         adopted = version.tracer.refinements.adopted
         fact = adopted[position]
@@ -317,22 +327,30 @@ class Versioning:
         if self.count >= self.tracer.max_versions:
             self._note(fact, f"beyond the budget of {self.tracer.max_versions} versions")
             return None
-        if time.perf_counter() > self.deadline:
+        usual = unusual == 0 and fact.origin == DEFAULT_BOUND
+        if time.perf_counter() > self.deadline and not usual:
             self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
             return None
         earlier = [dims.user_expression(f.condition) for f in adopted[:position]]
         # sizes that keep the example's later decisions too come first: a prefill
         # (`past == 0`) whose mask still spans `past + seq`, not a longer one
         later = [dims.user_expression(f.condition) for f in adopted[position + 1 :]]
-        witness = self._witness(version, [*path, *earlier, *later, negation])
-        if witness is None and later:
-            witness = self._witness(version, [*path, *earlier, negation])
-        if witness is None:
+        candidates = self._witnesses(version, [*path, *earlier, *later, negation])
+        if not candidates and later:
+            candidates = self._witnesses(version, [*path, *earlier, negation])
+        if not candidates:
             self._note(fact, "no size inside the declared ranges takes the other side")
             return None
         side = VersionCondition(negation, pretty(negation), location)
-        other = self._capture(version, witness, [*version.conditions, *before, side], fact)
-        if other is None:
+        notes = len(self.notes)
+        for witness in candidates:
+            # the nearest sizes may be where eager fails (an empty sequence where the
+            # model reshapes by -1): the next ones may take the side
+            other = self._capture(version, witness, [*version.conditions, *before, side], fact)
+            if other is not None:
+                del self.notes[notes:]
+                break
+        else:
             return None
         self.count += 1
         version.routed.append(fact)
@@ -343,10 +361,15 @@ class Versioning:
         if note not in self.notes:  # versions meet the same decisions
             self.notes.append(note)
 
-    def _witness(self, version: Version, conditions: list[sympy.Basic]) -> dict | None:
-        """Sizes of the user's dimensions inside the declared ranges where every
-        condition holds, near the version's example; None when the search finds none."""
-        return find_witness(version.tracer.dims, conditions)
+    def _witnesses(self, version: Version, conditions: list[sympy.Basic]) -> list[dict]:
+        """Up to :data:`_SIDE_TRIES` sizes of the user's dimensions where every
+        condition holds, near the version's example, as :func:`find_witness` orders
+        them (inside the declared ranges, then from 0)."""
+        dims = version.tracer.dims
+        found = list(itertools.islice(witnesses(dims, conditions), _SIDE_TRIES))
+        if not found:
+            found = list(itertools.islice(witnesses(dims, conditions, True), _SIDE_TRIES))
+        return found
 
     def _capture(
         self, version: Version, witness: dict, path: list[VersionCondition], fact: Any

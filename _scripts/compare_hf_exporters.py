@@ -1,0 +1,210 @@
+"""Side by side: transformers' own ``OnnxExporter`` and yobx's backend
+(:class:`yobx.integrations.transformers.YobxExporter`) exporting every causal-LM
+architecture of the installed transformers for generation.
+
+Each architecture is built tiny (the configuration of ``sweep_transformers.py``, cache
+on), and each exporter runs ``export_for_generation`` from a left-padded prompt of
+(2, 5) tokens (``OnnxExporter`` with ``OnnxConfig(dynamic=True)``, yobx with its
+defaults). Then, on the exported components run by transformers' runners:
+
+* ``equal``: the ``prefill`` component's logits against eager at two other sizes,
+  prompts of (3, 7) and (1, 3) tokens;
+* ``gen``: the tokens of a greedy loop over ``prefill`` and ``decode``
+  (:func:`~yobx.integrations.transformers.greedy_generate`) against
+  ``model.generate(do_sample=False)``, 8 new tokens from a left-padded prompt of
+  (2, 6) tokens;
+* the time of ``export_for_generation``.
+
+::
+
+    python _scripts/compare_hf_exporters.py [--timeout S] [--limit N] [NAME ...]
+
+Every architecture runs in a forked process; a line each, then the counts, the median
+ratio of export times (yobx / OnnxExporter, over the architectures both export) and
+the architectures one exports and the other does not. Statuses: ``ok``, ``WRONG``
+(values differ), ``fail``, ``-`` (not reached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import statistics
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sweep_transformers import TINY, _first_line, architectures, run_forked
+
+EXPORTERS = ("onnx", "yobx")
+
+
+def build_generator(model_type: str, name: str):
+    """The tiny model of ``name`` (eval mode, cache on, eager attention off: the
+    configuration's default implementation)."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    accepted = inspect.signature(config_class.__init__).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    kwargs = {k: v for k, v in TINY.items() if k in accepted or (takes_kwargs and v is not None)}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    kwargs["use_cache"] = True
+    config = config_class(**kwargs)
+    for name_ in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(config, name_, None)
+        if isinstance(value, int) and value >= 128:
+            setattr(config, name_, 0)
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2 and not parameter.any():
+                parameter.normal_(std=0.02)  # routers at zero tie every expert
+    return model
+
+
+def prompt(vocab: int, batch: int, seq: int, padded: bool):
+    import torch
+
+    generator = torch.Generator().manual_seed(batch * 100 + seq)
+    ids = torch.randint(3, vocab, (batch, seq), generator=generator)
+    mask = torch.ones((batch, seq), dtype=torch.int64)
+    if padded:
+        mask[0, :2] = 0
+    return ids, mask
+
+
+def _exporter(kind: str):
+    if kind == "onnx":
+        from transformers.exporters import OnnxConfig, OnnxExporter
+
+        return OnnxExporter(), OnnxConfig(dynamic=True)
+    from yobx.integrations.transformers import YobxExportConfig, YobxExporter
+
+    return YobxExporter(), YobxExportConfig()
+
+
+def _prefill_equal(model, exported, vocab: int) -> str:
+    import torch
+
+    runner = exported.runners["prefill"]
+    for batch, seq in ((3, 7), (1, 3)):
+        ids, mask = prompt(vocab, batch, seq, padded=False)
+        positions = torch.arange(seq).repeat(batch, 1)
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        inputs = {k: v for k, v in inputs.items() if k in runner.metadata.kwargs}
+        with torch.no_grad():
+            expected = model(**inputs).logits
+        got = runner(**inputs).logits
+        if got.shape != expected.shape or not torch.allclose(got, expected, atol=1e-3, rtol=1e-3):
+            return "WRONG"
+    return "ok"
+
+
+def _same_tokens(model, exported, vocab: int) -> str:
+    import torch
+
+    from yobx.integrations.transformers import greedy_generate
+
+    ids, mask = prompt(vocab, 2, 6, padded=True)
+    expected = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False
+    )
+    got = greedy_generate(exported, ids, mask, max_new_tokens=8)
+    return "ok" if torch.equal(got, expected) else "WRONG"
+
+
+def _child(model_type: str, name: str, paths: list[str], queue) -> None:
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("SWEEP_THREADS", "1")))
+    try:
+        model = build_generator(model_type, name)
+        vocab = min(int(model.config.vocab_size), 128)
+        ids, mask = prompt(vocab, 2, 5, padded=True)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+    except Exception as e:
+        queue.put(("eager", f"fail: {_first_line(e)}"))
+        return
+    queue.put(("eager", "ok"))
+    for kind in paths:
+        start = time.perf_counter()
+        try:
+            exporter, config = _exporter(kind)
+            exported = exporter.export_for_generation(
+                model, {"input_ids": ids, "attention_mask": mask}, config
+            )
+        except Exception as e:
+            cause = e.__cause__ or e
+            queue.put((kind, f"fail: {_first_line(cause)}", time.perf_counter() - start))
+            continue
+        seconds = time.perf_counter() - start
+        checks = []
+        for check in (_prefill_equal, _same_tokens):
+            try:
+                checks.append(check(model, exported, vocab))
+            except Exception as e:
+                checks.append(f"fail: {_first_line(e)}")
+        queue.put((kind, "|".join(["ok", *checks]), seconds))
+
+
+def _cells(result: tuple) -> list[str]:
+    status = result[0]
+    if status.startswith("fail") or status in ("-", "timeout", "crash"):
+        return [status.split(":")[0], "-", "-", "-"]
+    exported, equal, tokens = (s.split(":")[0] for s in status.split("|"))
+    return [exported, equal, tokens, f"{result[1]:.1f}"]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="class names (default: every causal LM)")
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    todo = [(t, n) for t, n in architectures("causal-lm") if not args.names or n in args.names]
+    if args.limit:
+        todo = todo[: args.limit]
+    header = " ".join(f"{k}:{c:7s}" for k in EXPORTERS for c in ("export", "equal", "gen", "s"))
+    print(f"{'architecture':36s} {'eager':6s} {header}", flush=True)
+    table = []
+    for model_type, name in todo:
+        paths = list(EXPORTERS)
+        results = run_forked(_child, (model_type, name, paths), paths, args.timeout)
+        cells = {k: _cells(results[k]) for k in EXPORTERS}
+        table.append((name, results["eager"][0].split(":")[0], cells))
+        row = " ".join(f"{c:12s}" for k in EXPORTERS for c in cells[k])
+        print(f"{name:36s} {table[-1][1]:6s} {row}", flush=True)
+        for kind in EXPORTERS:
+            if results[kind][0].startswith("fail"):
+                print(f"    {kind}: {results[kind][0][6:]}", flush=True)
+    ran = [(n, c) for n, e, c in table if e == "ok"]
+    print(f"\n{len(table)} architectures, {len(ran)} generate eagerly")
+    for kind in EXPORTERS:
+        counts = [sum(c[kind][i] == "ok" for _, c in ran) for i in range(3)]
+        print(f"  {kind:5s} exported {counts[0]}, equal {counts[1]}, same tokens {counts[2]}")
+    both = [c for _, c in ran if c["onnx"][0] == "ok" and c["yobx"][0] == "ok"]
+    if both:
+        ratios = [float(c["yobx"][3]) / float(c["onnx"][3]) for c in both]
+        print(f"  export time yobx / OnnxExporter: median {statistics.median(ratios):.2f}")
+    for theirs, ours in (("onnx", "yobx"), ("yobx", "onnx")):
+        lost = [n for n, c in ran if c[theirs][0] == "ok" and c[ours][0] != "ok"]
+        print(f"{theirs} exports, {ours} not ({len(lost)}): {', '.join(lost)}")
+        wrong = [n for n, c in ran if c[theirs][0] == "ok" and "ok" not in c[theirs][1:3]]
+        print(f"{theirs} exported but wrong (equal or tokens) ({len(wrong)}): {', '.join(wrong)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
