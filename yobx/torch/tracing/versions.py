@@ -749,11 +749,25 @@ def _run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
         return exception_summary(exc)
     finally:
         if module is not None:
+            _restore_buffers(module, saved)
+    return None
+
+
+def _restore_buffers(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Puts the buffers' values back; an interrupt landing in it makes it run again
+    (the model is never left half restored), then is raised."""
+    interrupt = None
+    while True:
+        try:
             with torch.no_grad():
                 for name, buffer in module.named_buffers():
                     if name in saved:
                         buffer.copy_(saved[name])
-    return None
+            break
+        except KeyboardInterrupt as exc:
+            interrupt = interrupt or exc
+    if interrupt is not None:
+        raise interrupt
 
 
 def _implied(condition: sympy.Basic, path: sympy.Basic) -> bool:
