@@ -28,12 +28,10 @@ conditions in the user's dimension names and the source lines,
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import heapq
 import itertools
-import math
 import operator
 import time
 from collections.abc import Iterator
@@ -51,7 +49,6 @@ from .dynamic_shapes import STRICT
 from .errors import exception_summary
 from .expression_text import pretty
 from .inputs import NO_EXAMPLE
-from .module_state import preserved_modules
 from .refinement import DEFAULT_BOUND
 from .runtime_checks import (
     RuntimeCheck,
@@ -68,9 +65,9 @@ from .size_search import (
     constants_of,
     holds,
     moves,
-    tensor_like,
 )
 from .symbolic import DEFAULT_MIN
+from .witness_inputs import bytes_text, leaves_for, run_eagerly, witness_bytes
 
 #: candidate sizes tried at most to find a witness for one decision (conditions compile
 #: to Python: a few microseconds per candidate, 30 for hundreds of operations)
@@ -83,11 +80,6 @@ _OPERATOR_CONDITION_OPS = 12
 _EAGER_TRIES = 6
 #: the witnesses a version's side is captured from, in turn, until eager runs there
 _SIDE_TRIES = 3
-#: inputs a version's witness may allocate, in bytes, at least (more when the example
-#: itself is big: 16 times its inputs); diffusers' upsampling makes a tensor contiguous
-#: past 2**31 elements, whose other side needs inputs of 25 GB
-_WITNESS_BYTES = 256 * 2**20
-_WITNESS_BYTES_RATIO = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,16 +370,16 @@ class Versioning:
         None (and a note) when eager or the trace fails there."""
         inputs = version.tracer.state.inputs
         sizes = ", ".join(f"{k}={v}" for k, v in witness.items() if v != _hint(version, k))
-        needed, allowed = _witness_bytes(version.tracer.dims, inputs, witness)
+        needed, allowed = witness_bytes(version.tracer.dims, inputs, witness)
         if needed > allowed:
             self._note(
                 fact,
-                f"its other side needs inputs of {_bytes_text(needed)} ({sizes}), more "
-                f"than the {_bytes_text(allowed)} a version's capture may allocate",
+                f"its other side needs inputs of {bytes_text(needed)} ({sizes}), more "
+                f"than the {bytes_text(allowed)} a version's capture may allocate",
             )
             return None
-        leaves_ = _leaves_for(version.tracer.dims, inputs, witness)
-        error = _run_eagerly(self.root, inputs, leaves_)
+        leaves_ = leaves_for(version.tracer.dims, inputs, witness)
+        error = run_eagerly(self.root, inputs, leaves_)
         if error is not None:
             self._note(fact, f"eager raises for {sizes} ({error})")
             return None
@@ -560,11 +552,11 @@ def example_beyond(tracer: Any, root: Any, facts: list[sympy.Basic]) -> dict | N
         for sizes in (moved, witness):
             if sizes is None:
                 continue
-            needed, allowed = _witness_bytes(tracer.dims, inputs, sizes)
+            needed, allowed = witness_bytes(tracer.dims, inputs, sizes)
             if needed > allowed:
-                continue  # inputs too big to allocate (see _WITNESS_BYTES)
-            leaves_ = _leaves_for(tracer.dims, inputs, sizes)
-            if _run_eagerly(root, inputs, leaves_) is None:
+                continue  # inputs too big to allocate (see witness_inputs.WITNESS_BYTES)
+            leaves_ = leaves_for(tracer.dims, inputs, sizes)
+            if run_eagerly(root, inputs, leaves_) is None:
                 return dict(zip(inputs.arg_names, pytree.tree_unflatten(leaves_, inputs.in_spec)))
     return None  # eager needs the example's side: the dimension is a constant
 
@@ -678,96 +670,6 @@ def pinned_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]
 def _hint(version: Version, name: str) -> int:
     dims = version.tracer.dims
     return int(dims.hint(dims.by_name[name]))
-
-
-def _size_function(dims: Any, witness: dict[str, int]):
-    """Maps a size of the example (an int or a SymInt) to its value at the witness."""
-    symbols = [sympy.Symbol(name, integer=True) for name in witness]
-    values = [witness[s.name] for s in symbols]
-
-    def size(value: Any) -> int:
-        if isinstance(value, int):
-            return value
-        # the size as declared (`w`), not as the ShapeEnv rewrote it since (`h`)
-        expression = dims.user_expression(value.node._expr)
-        return int(compile_condition(expression, symbols)(*values))
-
-    return size
-
-
-def _witness_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
-    """The bytes the witness's input tensors take, and the most a capture may
-    allocate for them (see ``_WITNESS_BYTES``)."""
-    size = _size_function(dims, witness)
-    needed = example = 0
-    for leaf, sizes in zip(inputs.leaves, inputs.sizes):
-        if isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
-            needed += math.prod(max(size(d), 0) for d in sizes) * leaf.element_size()
-            example += leaf.numel() * leaf.element_size()
-    return needed, max(_WITNESS_BYTES, _WITNESS_BYTES_RATIO * example)
-
-
-def _bytes_text(count: int) -> str:
-    return f"{count / 2**30:.3g} GB" if count >= 2**30 else f"{count / 2**20:.3g} MB"
-
-
-def _leaves_for(dims: Any, inputs: Any, witness: dict[str, int]) -> list[Any]:
-    """The example's leaves with the dynamic sizes of the witness."""
-    size = _size_function(dims, witness)
-    generator = torch.Generator().manual_seed(0)
-    new = []
-    for leaf, sizes in zip(inputs.leaves, inputs.sizes):
-        if isinstance(sizes, torch.SymInt):
-            new.append(size(sizes))
-        elif isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
-            new.append(tensor_like(leaf, [size(d) for d in sizes], generator))
-        else:
-            new.append(leaf)
-    return new
-
-
-def _run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
-    """Runs the model on the witness's inputs; the error's summary when it raises
-    (None, as if it ran, for a model whose parameters are on the meta device).
-
-    The model is left as it was: its buffers keep their values (a model may update
-    them) and its modules their attributes (Swin sets its window size in ``forward``
-    from the input's size).
-    """
-    module = root if isinstance(root, torch.nn.Module) else None
-    if module is not None and any(p.is_meta for p in module.parameters()):
-        # a model exported before its weights (the meta device) cannot run: the
-        # version's capture, on fake tensors, is the only check of that side
-        return None
-    saved = {n: b.detach().clone() for n, b in module.named_buffers()} if module else {}
-    try:
-        with torch.no_grad(), contextlib.ExitStack() as stack:
-            if module is not None:
-                stack.enter_context(preserved_modules(module))
-            inputs.call(root, leaves_)
-    except Exception as exc:
-        return exception_summary(exc)
-    finally:
-        if module is not None:
-            _restore_buffers(module, saved)
-    return None
-
-
-def _restore_buffers(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
-    """Puts the buffers' values back; an interrupt landing in it makes it run again
-    (the model is never left half restored), then is raised."""
-    interrupt = None
-    while True:
-        try:
-            with torch.no_grad():
-                for name, buffer in module.named_buffers():
-                    if name in saved:
-                        buffer.copy_(saved[name])
-            break
-        except KeyboardInterrupt as exc:
-            interrupt = interrupt or exc
-    if interrupt is not None:
-        raise interrupt
 
 
 def _implied(condition: sympy.Basic, path: sympy.Basic) -> bool:
