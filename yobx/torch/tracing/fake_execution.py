@@ -85,18 +85,19 @@ def _is_squeeze(node: Node) -> bool:
     return node.op == "call_function" and node.target in (torch.squeeze, torch.Tensor.squeeze)
 
 
-def _copy_when_layout_undecided(node: Node, args: tuple, kwargs: dict) -> Any:
+def _is_contiguous_call(node: Node) -> bool:
+    if node.op == "call_method":
+        return node.target == "contiguous"
+    return node.op == "call_function" and node.target is torch.Tensor.contiguous
+
+
+def _copy_when_layout_undecided(args: tuple, kwargs: dict) -> Any:
     """``x.contiguous()`` returns ``x`` when it is contiguous, a copy otherwise: the
     same values either way. When the ranges of the dimensions do not settle it (a
     transposed attention output is contiguous at ``seq == 1`` only), a contiguous copy
     (the fake value to continue with), rather than a decision on the sizes that would
     narrow the capture to the example's; torch.export does the same
     (``is_contiguous_or_false``). ``None`` when the call is no such case."""
-    if node.op == "call_method":
-        if node.target != "contiguous":
-            return None
-    elif not (node.op == "call_function" and node.target is torch.Tensor.contiguous):
-        return None
     x = args[0] if args else None
     memory_format = kwargs.get("memory_format", args[1] if len(args) > 1 else None)
     memory_format = torch.contiguous_format if memory_format is None else memory_format
@@ -211,18 +212,17 @@ class FakeExecutionMixin:
                 args, kwargs = (args[0], dims), {}
         guards_before = len(self.shape_env.guards)
         known = self.dims.snapshot()
-        copy = None
-        if self.location() not in self.aliased_layouts:
+        if _is_contiguous_call(node) and self.location() not in self.aliased_layouts:
             with self.fake_mode, torch.no_grad():
-                copy = _copy_when_layout_undecided(node, args, kwargs)
-        if copy is not None:
-            self.state.layout_copies[StorageWeakRef(copy.untyped_storage())] = (
-                self.location(),
-                args[0],
-            )
-            return self.dims.canonical(copy)
+                copy = _copy_when_layout_undecided(args, kwargs)
+            if copy is not None:
+                self.state.layout_copies[StorageWeakRef(copy.untyped_storage())] = (
+                    self.location(),
+                    args[0],
+                )
+                return self.dims.canonical(copy)
         if self.state.layout_copies:
-            self._refuse_write_into_layout_copy(node)
+            self._decide_write_into_layout_copy(node)
         self.state.in_fake += 1
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
         # the only caller, installed it (no proxy reaches fake kernels anyway)
@@ -273,13 +273,17 @@ class FakeExecutionMixin:
             ) from e
         except Exception as e:
             retry = self._broadcast_decided(e, args, kwargs)
-            if retry is None:
+            try:
+                if retry is None:
+                    raise
+                with self.fake_mode:
+                    val = self._dispatch_fake(node, *retry)
+            except Exception as again:
                 raise TracingError.at(
                     self.location(),
-                    f"{operation_name(node)} failed on fake tensors with {exception_summary(e)}",
-                ) from e
-            with self.fake_mode:
-                val = self._dispatch_fake(node, *retry)
+                    f"{operation_name(node)} failed on fake tensors with "
+                    f"{exception_summary(again)}",
+                ) from again
         finally:
             torch._C._set_grad_enabled(grad_mode)
             self.state.in_fake -= 1
@@ -287,12 +291,14 @@ class FakeExecutionMixin:
             self._new_guards(guards_before, node, known)
         return self.dims.canonical(val)
 
-    def _refuse_write_into_layout_copy(self, node: Node) -> None:
+    def _decide_write_into_layout_copy(self, node: Node) -> None:
         """An in-place write into what ``x.contiguous()`` returned, when the sizes did
         not settle whether that is ``x`` itself: eager writes into ``x`` at some sizes
         and not at others. Whether it is a copy becomes a decision here (a fact of the
-        capture, whose other side a version captures); the example's ``x`` being
-        contiguous is refused (the trace went on with a copy)."""
+        capture, whose other side a version captures); when the example's ``x`` is
+        contiguous, the trace went on with a copy where eager has ``x`` itself:
+        :class:`LayoutAliasNeeded` makes the tracer capture again, that ``contiguous()``
+        deciding its layout from the example."""
         for written in writes(node):
             value = _fake_value(written)
             if not isinstance(value, torch.Tensor):
