@@ -100,9 +100,17 @@ def _prefill_equal(model, exported, vocab: int) -> str:
         positions = torch.arange(seq).repeat(batch, 1)
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
         inputs = {k: v for k, v in inputs.items() if k in runner.metadata.kwargs}
-        with torch.no_grad():
-            expected = model(**inputs).logits
-        got = runner(**inputs).logits
+        if "cache" in runner.metadata.kwargs:
+            # an empty cache of its own for each (the step fills the one it is given)
+            from transformers import DynamicCache
+
+            with torch.no_grad():
+                expected = model(**inputs, cache=DynamicCache(config=model.config)).logits
+            got = runner(**inputs, cache=DynamicCache(config=model.config)).logits
+        else:
+            with torch.no_grad():
+                expected = model(**inputs).logits
+            got = runner(**inputs).logits
         if got.shape != expected.shape or not torch.allclose(got, expected, atol=1e-3, rtol=1e-3):
             return "WRONG"
     return "ok"

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import types
 from collections.abc import Mapping, MutableMapping
 from typing import Any
@@ -169,8 +170,9 @@ class YobxExporter(HfExporter):
             # eager first, on a copy: a step appends to the cache it is given, and the
             # outputs give the structure the runner rebuilds
             outputs = model(**copy.deepcopy(dict(sample_inputs)))
+            tensors = _output_names(outputs)
             result = to_onnx(
-                model,
+                _TensorOutputs(model),
                 kwargs=copy.deepcopy(dict(sample_inputs)),
                 dynamic_shapes=_dynamic_shapes(sample_inputs, config),
                 opset=config.opset_version,
@@ -180,6 +182,7 @@ class YobxExporter(HfExporter):
             )
         program = result.model
         _name_inputs_as_runner_binds(program, result.input_placeholders, model, sample_inputs)
+        _name_outputs(program, tensors)
         spec = pytree.tree_flatten(((), dict(sample_inputs)))[1]
         shim = types.SimpleNamespace(call_spec=types.SimpleNamespace(in_spec=spec, out_spec=spec))
         metadata = build_export_metadata(model, sample_inputs, shim, self.required_packages)
@@ -223,6 +226,78 @@ class YobxExporter(HfExporter):
     @classmethod
     def load_program(cls, path) -> ir.Model:
         return OnnxExporter.load_program(path)
+
+
+class _TensorOutputs(torch.nn.Module):
+    """The model returning the tensors of its output, in the order transformers'
+    runner rebuilds the output from (the order its pytree flattening lists them):
+    the graph's outputs, whatever holds them (a cache whose layers keep a length as
+    an int, which the tracer holds as a symbolic value, no tensor)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        return tuple(tensor for _, tensor in _output_tensors(self.model(**kwargs)))
+
+
+def _output_tensors(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    """``(path, tensor)`` for the tensors of an output structure, in the order of
+    transformers' pytree flattening (mappings by key, objects by attribute, sequences
+    in order); the path names the ONNX output (``logits``, ``cache.layers.0.keys``)."""
+    from yobx.torch.tracing.proxies import CustomProxy, _ScalarProxy
+
+    if isinstance(value, CustomProxy):
+        return [] if isinstance(value, _ScalarProxy) else [(path or "output", value)]
+    if isinstance(value, torch.Tensor):
+        return [(path or "output", value)]
+    if isinstance(value, (list, tuple)):
+        items = [(str(i), item) for i, item in enumerate(value)]
+    elif isinstance(value, Mapping):
+        items = [(str(k), item) for k, item in value.items()]
+    elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
+        items = list(vars(value).items())
+    else:
+        return []
+    found = []
+    for key, item in items:
+        found.extend(_output_tensors(item, f"{path}.{key}" if path else key))
+    return found
+
+
+def _output_names(outputs: Any) -> list[str]:
+    """The paths of the tensors of the model's output, checked to be in the order
+    transformers' runner rebuilds it from (its pytree flattening)."""
+    found = _output_tensors(outputs)
+    expected = [id(t) for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    if [id(t) for _, t in found] != expected:
+        raise ValueError(
+            f"the tensors of {type(outputs).__name__} are not found in the order its "
+            f"pytree flattening gives them ({len(found)} found, {len(expected)} leaves): "
+            "transformers' runner could not rebuild the output"
+        )
+    return [name for name, _ in found]
+
+
+def _name_outputs(program: ir.Model, names: list[str]) -> None:
+    """The ONNX outputs named after their tensor's path in the model's output, a
+    ``present.<layer>.key`` for a cache's keys as Hugging Face's exports name them
+    (the mutated buffers, which yobx appends, keep their names)."""
+    inputs = {value.name: value for value in program.graph.inputs}
+    for value, name in zip(program.graph.outputs, names):
+        if any(value is input_value for input_value in inputs.values()):
+            continue  # an input returned as it is keeps the input's name
+        match = _CACHE_TENSOR.match(name)
+        name = f"present.{match[1]}.{_KINDS[match[2]]}" if match else name
+        # a tensor the model returns beside its input of that path (a cache's
+        # sliding window), as transformers' exporter names them
+        value.name = f"output.{name}" if name in inputs else name
+
+
+#: a tensor of a cache in the output, the Hugging Face name of which is present.<i>.<kind>
+_CACHE_TENSOR = re.compile(r"^(?:past_key_values|cache)\.layers\.(\d+)\.(keys|values)$")
+_KINDS = {"keys": "key", "values": "value"}
 
 
 def _register_transformers_pytrees(model: Any) -> None:
@@ -332,7 +407,7 @@ def greedy_generate(
         attention_mask = torch.ones_like(input_ids)
     runners = exported.runners
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-    outputs = _run(runners["prefill"], input_ids, attention_mask, positions)
+    outputs = _run(runners["prefill"], input_ids, attention_mask, positions, config=exported.config)
     # a model configured without a cache (use_cache=False) runs the whole sequence again
     cached = _cache_argument(runners["decode"]) is not None
     tokens, finished = input_ids, torch.zeros(input_ids.shape[0], dtype=torch.bool)
@@ -363,14 +438,22 @@ def _cache_argument(runner: Any) -> str | None:
     return None
 
 
-def _run(runner: Any, ids: Any, mask: Any, positions: Any, previous: Any = None) -> Any:
+def _run(
+    runner: Any, ids: Any, mask: Any, positions: Any, previous: Any = None, config: Any = None
+) -> Any:
     """One step: the inputs the component was exported with, the cache of the
-    previous step's outputs."""
+    previous step's outputs, or a new one for the first step when the component
+    takes one (a sliding-window layer's tensors are inputs even when it is empty)."""
     inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     inputs = {name: value for name, value in inputs.items() if name in runner.metadata.kwargs}
     argument = _cache_argument(runner)
-    if previous is not None and argument is not None:
-        inputs[argument] = previous.past_key_values
+    if argument is not None:
+        if previous is not None:
+            inputs[argument] = previous.past_key_values
+        elif runner.metadata.kwargs[argument]["container"] == "DynamicCache":
+            from transformers import DynamicCache
+
+            inputs[argument] = DynamicCache(config=config)
     return runner(**inputs)
 
 
