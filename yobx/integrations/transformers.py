@@ -22,7 +22,7 @@ runner registered for its format. Importing this module registers
 What differs from transformers' ``OnnxExporter``:
 
 * the dimensions are dynamic by default and named by their role (``batch``, ``seq``,
-  ``past``, ``total`` for a mask over the cache and the new tokens, ``height``...), and
+  ``past``, ``total`` for a mask over the cache and the new tokens...), and
   a decision on them is never narrowed to the example: the model keeps both sides
   (``narrowing="versions"``), and checks the constraints it assumes of its inputs'
   sizes (``runtime_checks``);
@@ -69,28 +69,15 @@ from transformers.exporters.metadata import (
 from transformers.exporters.runners.runner_onnx import OnnxModelRunner
 from transformers.exporters.utils import get_leaf_tensors, prepare_for_export
 
+from yobx.models.roles import ROLE_AXES
 from yobx.torch.onnx.export import to_onnx
 from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
 from yobx.torch.pytree_paths import flatten_with_paths
-from yobx.torch.tracing.inputs import bind_arguments, placeholder_names
+from yobx.torch.tracing.inputs import bind_arguments, cache_dynamic_shapes, placeholder_names
 
 #: the format this backend registers, the ``export_format`` of its configuration
 EXPORT_FORMAT = "yobx"
 
-#: the role of each axis of the inputs transformers models take, by input name: the
-#: name of the dynamic dimension (an axis not listed stays static)
-INPUT_ROLES: dict[str, dict[int, str]] = {
-    "input_ids": {0: "batch", 1: "seq"},
-    "inputs_embeds": {0: "batch", 1: "seq"},
-    "token_type_ids": {0: "batch", 1: "seq"},
-    "position_ids": {0: "batch", 1: "seq"},
-    "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
-    "decoder_attention_mask": {0: "batch", 1: "decoder_seq"},
-    "pixel_values": {0: "batch", 2: "height", 3: "width"},
-    "pixel_mask": {0: "batch", 1: "height", 2: "width"},
-    "input_values": {0: "batch", 1: "samples"},
-    "input_features": {0: "batch"},
-}
 #: the axes of the keys and values of a cache: (batch, heads, past, head_dim)
 CACHE_ROLES = {0: "batch", 2: "past"}
 
@@ -99,9 +86,10 @@ CACHE_ROLES = {0: "batch", 2: "past"}
 class YobxExportConfig(ExportConfigMixin):
     """The configuration of :class:`YobxExporter`.
 
-    :param dynamic: dynamic dimensions named by their role (:data:`INPUT_ROLES`, the
-        keys and values of a cache ``batch`` and ``past``, an attention mask ``seq``,
-        or ``total`` when the inputs hold a cache); ``False``: every size static
+    :param dynamic: dynamic dimensions named by their role
+        (``yobx.models.roles.ROLE_AXES``; the keys and values of a cache ``batch`` and
+        ``past``, an attention mask ``seq``, or ``total`` when the inputs hold a
+        cache); ``False``: every size static
     :param dynamic_shapes: the dimensions as :func:`yobx.torch.onnx.to_onnx` takes them
         (per forward kwarg, ``{axis: name or Dim}``), instead of the roles
     :param opset_version: the ONNX opset (yobx's default when None)
@@ -325,17 +313,14 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
     shapes: dict[str, Any] = {}
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
-            roles = dict(INPUT_ROLES.get(name, {}))
+            roles = dict(ROLE_AXES.get(name, {}))
             if name == "attention_mask" and value.dim() == 2:
                 roles = {0: "batch", 1: "total" if holds_cache else "seq"}
             if name == "position_ids" and value.dim() == 3:  # (sections, batch, seq)
                 roles = {1: "batch", 2: "seq"}
             shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
         elif is_cache_object(value):
-            shapes[name] = [
-                CACHE_ROLES if isinstance(leaf, torch.Tensor) and leaf.dim() == 4 else {}
-                for leaf in pytree.tree_leaves(value)
-            ]
+            shapes[name] = cache_dynamic_shapes(value, CACHE_ROLES)
         else:
             shapes[name] = None
     return shapes
