@@ -192,3 +192,19 @@ def test_greedy_generate_needs_generation_components():
     exported = YobxExporter().export(model, {"input_ids": ids, "attention_mask": mask}, {})
     with pytest.raises(ValueError, match="'decode'"):
         greedy_generate(exported, ids, mask)
+
+
+def test_an_onnx_quantizer_of_transformers_applies():
+    from transformers.exporters import OnnxRuntimeDynamicConfig, OnnxRuntimeQuantizer
+
+    model = _model("BertModel", use_cache=False)
+    ids, mask = _prompt(model.config.vocab_size, 2, 7, padded=False)
+    config = YobxExportConfig(quantizer=OnnxRuntimeQuantizer(OnnxRuntimeDynamicConfig()))
+    exported = YobxExporter().export(model, {"input_ids": ids, "attention_mask": mask}, config)
+    assert "MatMulInteger" in {node.op_type for node in exported.program.graph}
+    ids, mask = _prompt(model.config.vocab_size, 3, 9, padded=False)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    got = exported(input_ids=ids, attention_mask=mask).last_hidden_state
+    # int8 weights and activations
+    torch.testing.assert_close(got, expected, atol=0.1, rtol=0.1)
