@@ -154,6 +154,18 @@ def _is_mod(expr: sympy.Basic) -> bool:
 
 
 def _normalize_equation(fact: sympy.Basic, positive) -> sympy.Basic:
+    cancelled = sympy.expand(fact.lhs - fact.rhs)
+    if cancelled.free_symbols < fact.free_symbols:
+        # a term on both sides: `seq + 5 == past + seq` is `past == 5`, a value (a
+        # dimension declared dynamic made a constant is then said so, not adopted as
+        # a relation that fixes it silently)
+        fact = type(fact)(cancelled, 0)
+        if not isinstance(fact, (sympy.Eq, sympy.Ne)):
+            return fact
+        if len(cancelled.free_symbols) == 1:
+            solved = _solve_single(sympy.Eq(cancelled, 0))
+            if solved is not None and solved.is_Integer:
+                fact = type(fact)(next(iter(cancelled.free_symbols)), solved)
     diff = fact.lhs - fact.rhs
     floors = {
         f: (f.args[0] - Mod(*f.args)) / f.args[1]
