@@ -28,7 +28,6 @@ the architectures one exports and the other does not. Statuses: ``ok``, ``WRONG`
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import statistics
 import sys
@@ -38,36 +37,33 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sweep_transformers import TINY, _first_line, architectures, run_forked
+from sweep_transformers import (
+    _first_line,
+    architectures,
+    quiet_child,
+    run_forked,
+    spread_zero_matrices,
+    tiny_kwargs,
+)
 
 EXPORTERS = ("onnx", "yobx")
 
 
 def build_generator(model_type: str, name: str):
-    """The tiny model of ``name`` (eval mode, cache on, eager attention off: the
-    configuration's default implementation)."""
+    """The tiny model of ``name`` (eval mode, cache on, the configuration's default
+    attention implementation)."""
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    config_class = CONFIG_MAPPING[model_type]
-    accepted = inspect.signature(config_class.__init__).parameters
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    kwargs = {k: v for k, v in TINY.items() if k in accepted or (takes_kwargs and v is not None)}
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    kwargs["use_cache"] = True
-    config = config_class(**kwargs)
+    kwargs = {**tiny_kwargs(CONFIG_MAPPING[model_type]), "use_cache": True}
+    config = CONFIG_MAPPING[model_type](**kwargs)
     for name_ in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, name_, None)
         if isinstance(value, int) and value >= 128:
             setattr(config, name_, 0)
     torch.manual_seed(0)
-    model = getattr(transformers, name)(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2 and not parameter.any():
-                parameter.normal_(std=0.02)  # routers at zero tie every expert
-    return model
+    return spread_zero_matrices(getattr(transformers, name)(config).eval())
 
 
 def prompt(vocab: int, batch: int, seq: int, padded: bool):
@@ -130,13 +126,7 @@ def _same_tokens(model, exported, vocab: int) -> str:
 
 
 def _child(model_type: str, name: str, paths: list[str], queue) -> None:
-    warnings.filterwarnings("ignore")
-    import logging
-
-    logging.disable(logging.CRITICAL)
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("SWEEP_THREADS", "1")))
+    quiet_child()
     try:
         model = build_generator(model_type, name)
         vocab = min(int(model.config.vocab_size), 128)

@@ -123,17 +123,45 @@ def build(model_type: str, name: str):
     return _first_output(model, list(example)), example, other, dims
 
 
+def tiny_kwargs(config_class) -> dict:
+    """The sizes of :data:`TINY` the configuration class takes (all of them when its
+    ``__init__`` takes ``**kwargs``), without the ``None`` ones."""
+    accepted = inspect.signature(config_class.__init__).parameters
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    return {k: v for k, v in TINY.items() if v is not None and (k in accepted or takes_kwargs)}
+
+
+def spread_zero_matrices(model):
+    """``model`` with its all-zero matrices given small random values: a router
+    initialised to zeros ties every expert, and eager and onnxruntime break the ties
+    of topk differently, which says nothing of the export."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2 and not parameter.any():
+                parameter.normal_(std=0.02)
+    return model
+
+
+def quiet_child() -> None:
+    """A forked child: no warnings nor logs, one core (``SWEEP_THREADS``) so that the
+    machine's other core stays free for the rest."""
+    warnings.filterwarnings("ignore")
+    import logging
+
+    import torch
+
+    logging.disable(logging.CRITICAL)
+    torch.set_num_threads(int(os.environ.get("SWEEP_THREADS", "1")))
+
+
 def _build_text(model_type: str, name: str):
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    config_class = CONFIG_MAPPING[model_type]
-    accepted = inspect.signature(config_class.__init__).parameters
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    kwargs = {k: v for k, v in TINY.items() if k in accepted or (takes_kwargs and v is not None)}
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    config = config_class(**kwargs)
+    config = CONFIG_MAPPING[model_type](**tiny_kwargs(CONFIG_MAPPING[model_type]))
     for attribute in ("text_config", "decoder"):
         sub = getattr(config, attribute, None)
         if sub is not None and hasattr(sub, "hidden_size"):
@@ -141,13 +169,7 @@ def _build_text(model_type: str, name: str):
                 if value is not None and hasattr(sub, key):
                     setattr(sub, key, value)
     torch.manual_seed(0)
-    model = getattr(transformers, name)(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2 and not parameter.any():
-                # a router initialised to zeros ties every expert: eager and onnxruntime
-                # break the ties of topk differently, which says nothing of the export
-                parameter.normal_(std=0.02)
+    model = spread_zero_matrices(getattr(transformers, name)(config).eval())
     vocab = min(int(getattr(config, "vocab_size", 128) or 128), 128)
 
     def inputs(batch: int, seq: int) -> dict:
@@ -256,14 +278,9 @@ def _run_onnx(path: str, model, example: dict, other: dict, dims: dict):
 
 
 def _child(model_type: str, name: str, paths: list[str], queue) -> None:
-    warnings.filterwarnings("ignore")
-    import logging
-
-    logging.disable(logging.CRITICAL)
+    quiet_child()
     import torch
 
-    # one core per sweep: the machine's other core stays free for the rest
-    torch.set_num_threads(int(os.environ.get("SWEEP_THREADS", "1")))
     results = {}
     try:
         model, example, other, dims = build(model_type, name)

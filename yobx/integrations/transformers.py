@@ -47,6 +47,7 @@ import types
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 import torch
 import torch.utils._pytree as pytree
@@ -71,6 +72,7 @@ from transformers.exporters.utils import get_leaf_tensors, prepare_for_export
 
 from yobx.models.roles import ROLE_AXES
 from yobx.torch.onnx.export import to_onnx
+from yobx.torch.onnx.generate import end_tokens, mask_positions, next_tokens
 from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
 from yobx.torch.pytree_paths import flatten_with_paths
 from yobx.torch.tracing.inputs import bind_arguments, cache_dynamic_shapes, placeholder_names
@@ -175,7 +177,7 @@ class YobxExporter(HfExporter):
         shim = types.SimpleNamespace(call_spec=types.SimpleNamespace(in_spec=spec, out_spec=spec))
         metadata = build_export_metadata(model, sample_inputs, shim, self.required_packages)
         record_output_structure(metadata, outputs)
-        _order_outputs_as_runner_reads(program, pytree.tree_leaves(outputs))
+        _order_outputs_as_runner_reads(program, len(tensors))
         if config.quantizer is not None:
             program = config.quantizer.quantize(program, sample_inputs, ExportFormat.ONNX)
         return program, metadata
@@ -272,9 +274,9 @@ def _name_outputs(program: ir.Model, names: list[str]) -> None:
     """The ONNX outputs named after their tensor's path in the model's output, a
     ``present.<layer>.key`` for a cache's keys as Hugging Face's exports name them
     (the mutated buffers, which yobx appends, keep their names)."""
-    inputs = {value.name: value for value in program.graph.inputs}
+    inputs = {value.name for value in program.graph.inputs}
     for value, name in zip(program.graph.outputs, names):
-        if any(value is input_value for input_value in inputs.values()):
+        if value.is_graph_input():
             continue  # an input returned as it is keeps the input's name
         match = _CACHE_TENSOR.match(name)
         name = f"present.{match[1]}.{_KINDS[match[2]]}" if match else name
@@ -314,8 +316,8 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
             roles = dict(ROLE_AXES.get(name, {}))
-            if name == "attention_mask" and value.dim() == 2:
-                roles = {0: "batch", 1: "total" if holds_cache else "seq"}
+            if name == "attention_mask" and holds_cache and value.dim() == 2:
+                roles = {0: "batch", 1: "total"}  # over the cache and the new tokens
             if name == "position_ids" and value.dim() == 3:  # (sections, batch, seq)
                 roles = {1: "batch", 2: "seq"}
             shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
@@ -347,11 +349,10 @@ def _name_inputs_as_runner_binds(
         value.name = path_of_leaf[id(leaf)]
 
 
-def _order_outputs_as_runner_reads(program: ir.Model, leaves: list[Any]) -> None:
+def _order_outputs_as_runner_reads(program: ir.Model, n: int) -> None:
     """The model's outputs last, in the order of its output structure: the runner
     reads the last ``n`` outputs (``n`` tensors in the structure); the final values of
     mutated buffers, which yobx appends, go first."""
-    n = sum(isinstance(leaf, torch.Tensor) for leaf in leaves)
     outputs = program.graph.outputs
     if len(outputs) < n:
         raise ValueError(
@@ -378,7 +379,8 @@ def greedy_generate(
 
     Positions follow the mask as transformers' ``generate`` computes them (a
     left-padded prompt starts after its padding); a sequence that produced
-    ``eos_token_id`` continues with ``pad_token_id``.
+    ``eos_token_id`` continues with ``pad_token_id`` (the end token by default), as
+    with :func:`yobx.torch.onnx.generate.generate`, whose steps it shares.
 
     :raises ValueError: ``exported`` has no ``prefill`` and ``decode`` components
     """
@@ -390,20 +392,18 @@ def greedy_generate(
         )
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
+    eos, pad = end_tokens(eos_token_id, pad_token_id)
     runners = exported.runners
-    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    positions = torch.from_numpy(mask_positions(attention_mask.numpy()))
     outputs = _run(runners["prefill"], input_ids, attention_mask, positions, config=exported.config)
     # a model configured without a cache (use_cache=False) runs the whole sequence again
     cached = _cache_argument(runners["decode"]) is not None
-    tokens, finished = input_ids, torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    tokens, finished = input_ids, np.zeros(input_ids.shape[0], dtype=bool)
     for step in range(max_new_tokens):
-        new = outputs.logits[:, -1].argmax(-1)
-        if eos_token_id is not None:
-            if pad_token_id is not None:
-                new = torch.where(finished, torch.tensor(pad_token_id), new)
-            finished |= new == eos_token_id
+        chosen, finished = next_tokens(outputs.logits.numpy(), finished, eos, pad)
+        new = torch.from_numpy(chosen)
         tokens = torch.cat([tokens, new[:, None]], dim=1)
-        if step + 1 == max_new_tokens or bool(finished.all()):
+        if step + 1 == max_new_tokens or finished.all():
             break
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(new), 1))], 1)
         positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)

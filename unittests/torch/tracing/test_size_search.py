@@ -57,3 +57,17 @@ def test_a_disjunct_dividing_by_zero_leaves_the_other_one_deciding():
     # outside a disjunction, a division by zero still breaks the condition
     alone = compile_condition(sympy.Eq(PythonMod(m, windows), 0), [n, m])
     assert not holds(alone, [11, 3])
+
+
+def test_co_moved_keeps_a_sum_of_the_example_sizes():
+    from yobx.torch.tracing.size_search import co_moved
+
+    base = {"past": 5, "seq": 1, "total": 6, "heads": 3}
+    # total is past + seq in the example: it follows seq
+    assert co_moved(base, {"seq": 2}) == {"past": 5, "seq": 2, "total": 7, "heads": 3}
+    # with a coincidence (past == heads + seq), every relation of the example holds
+    moved = co_moved({**base, "heads": 4}, {"seq": 2})
+    assert moved["seq"] == 2 and moved["total"] == moved["past"] + moved["seq"]
+    assert moved["past"] == moved["heads"] + moved["seq"]
+    # nothing is a sum of the moved size with another: no other example
+    assert co_moved({"a": 3, "b": 10}, {"a": 4}) is None

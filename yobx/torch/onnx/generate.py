@@ -116,8 +116,7 @@ def generate(
             "the model takes no past_key_values.<layer>.key|value inputs: export the "
             "step with its cache (a DynamicCache in past_key_values) to generate with it"
         )
-    eos = set() if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
-    pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
+    eos, pad = end_tokens(eos_token_id, pad_token_id)
     finished = np.zeros(batch, dtype=bool)
     tokens, step = ids, ids
     past = 0
@@ -128,13 +127,10 @@ def generate(
         if "position_ids" in names:
             # positions count the tokens the mask keeps (left padding shifts them);
             # padding gets 1, as transformers' generate gives it
-            positions = np.where(mask == 0, 1, np.cumsum(mask, axis=1) - 1)
-            feeds["position_ids"] = positions[:, past:]
+            feeds["position_ids"] = mask_positions(mask)[:, past:]
         results = dict(zip(outputs, session.run(None, feeds)))
-        chosen = results["logits"][:, -1, :].argmax(axis=-1).astype(np.int64)
-        chosen = np.where(finished, pad, chosen)
+        chosen, finished = next_tokens(results["logits"], finished, eos, pad)
         tokens = np.concatenate([tokens, chosen[:, None]], axis=1)
-        finished |= np.isin(chosen, list(eos))
         if finished.all():
             break
         past += step.shape[1]
@@ -142,6 +138,29 @@ def generate(
         step = chosen[:, None]
         mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
     return tokens
+
+
+def end_tokens(eos_token_id: Any, pad_token_id: int | None) -> tuple[set, int]:
+    """The tokens ending a sequence, and what a finished row gets afterwards
+    (``pad_token_id``, else the smallest end token, else 0)."""
+    eos = set() if eos_token_id is None else set(np.atleast_1d(eos_token_id).tolist())
+    return eos, pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
+
+
+def mask_positions(mask: np.ndarray) -> np.ndarray:
+    """The positions of the tokens of a left-padded mask, as transformers' generate
+    computes them: counted from the first token kept, 1 on padding."""
+    return np.where(mask == 0, 1, np.cumsum(mask, axis=1) - 1)
+
+
+def next_tokens(
+    logits: np.ndarray, finished: np.ndarray, eos: set, pad: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy choice of the last position of ``logits`` for each row (``pad`` for
+    a finished row), and the rows finished after it."""
+    chosen = logits[:, -1, :].argmax(axis=-1).astype(np.int64)
+    chosen = np.where(finished, pad, chosen)
+    return chosen, finished | np.isin(chosen, list(eos))
 
 
 def _next_cache(cache: dict[str, np.ndarray], results: dict[str, np.ndarray]) -> dict:
