@@ -497,6 +497,36 @@ def test_text_generation_exports_the_step_with_its_cache_and_checks_generate(cap
     ]
 
 
+def test_text2text_generation_exports_an_encoder_and_a_decoder_step(capsys, tmp_path):
+    # a checkpoint written by save_pretrained, with weights large enough for the
+    # tokens to vary: both graphs written, generation compared with model.generate
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from yobx.models.hf_seq2seq import hf_seq2seq_generation
+
+    model = hf_seq2seq_generation("T5ForConditionalGeneration")["decoder"][0].model
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    model.save_pretrained(str(tmp_path / "t5"))
+    output = tmp_path / "t5.onnx"
+    argv = ["export", f"hf:{tmp_path / 't5'}", "--task", "text2text-generation", "-o"]
+    status = main([*argv, str(output), "--validate"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert (tmp_path / "t5.encoder.onnx").exists() and (tmp_path / "t5.decoder.onnx").exists()
+    assert re.search(
+        r"past_key_values\.1\.encoder\.key\s+float32\s+\[batch, 4, cross_past, 8\]", captured.out
+    )
+    assert "yobx: generation: 8 new tokens: the same tokens as model.generate" in captured.err
+    assert isinstance(transformers.T5Config.from_pretrained(str(tmp_path / "t5")).d_kv, int)
+    refused = main(["export", "hf:LlamaForCausalLM", "--task", "text2text-generation", "-o", "x"])
+    assert refused == 2
+    assert "not an encoder-decoder model" in capsys.readouterr().err
+
+
 def _saved_llama(directory):
     transformers = pytest.importorskip("transformers")
     import torch

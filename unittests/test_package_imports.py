@@ -34,6 +34,7 @@ LAYERS = {
     "yobx.integrations": 3,
     "yobx.cli": 4,
     "yobx.export_command": 4,
+    "yobx.seq2seq_command": 4,
     "yobx.inspect_command": 4,
     "yobx.cli_support": 4,
     "yobx.__main__": 4,

@@ -79,13 +79,16 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
     )
     export.add_argument(
         "--task",
-        choices=("feature-extraction", "text-generation"),
+        choices=("feature-extraction", "text-generation", "text2text-generation"),
         default=None,
         help="with hf:<Architecture>: 'feature-extraction' (default) exports the model's "
         "outputs without a cache; 'text-generation' exports one generation step with its "
         "cache (past_key_values.<layer>.key|value in, present.<layer>.key|value out), "
-        "which serves prefill and decode; --validate then also checks that greedy "
-        "generation with onnxruntime gives model.generate's tokens",
+        "which serves prefill and decode; 'text2text-generation' exports an "
+        "encoder-decoder model (T5, BART, Whisper) as FILE's stem + .encoder.onnx and "
+        ".decoder.onnx (the decoder's step with its self- and cross-attention caches); "
+        "--validate then also checks that greedy generation with onnxruntime gives "
+        "model.generate's tokens",
     )
     add_narrowing_argument(export)
     export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
@@ -213,6 +216,10 @@ def run_export(options: argparse.Namespace) -> int:
             check_opset(options.opset)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+    if getattr(options, "task", None) == "text2text-generation":
+        from yobx.seq2seq_command import run_seq2seq_export
+
+        return run_seq2seq_export(options)
     model, args, kwargs, declared = _load(options)
     dynamic_shapes = resolve_dynamic_shapes(options, model, args, kwargs, declared)
 

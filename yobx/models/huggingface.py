@@ -40,7 +40,7 @@ def tiny_config(architecture: str) -> Any:
     defaults = config_class()
     overrides = {k: v for k, v in _TINY.items() if hasattr(defaults, k)}
     # Special token ids of the full-size vocabulary fall outside the tiny one.
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         value = getattr(defaults, name, None)
         if isinstance(value, int) and value >= _TINY["vocab_size"]:
             overrides[name] = 0

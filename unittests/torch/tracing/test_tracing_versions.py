@@ -385,3 +385,23 @@ def test_a_version_pinning_a_dimension_to_two_refuses_one_and_zero():
     for batch in (1, 0):
         with pytest.raises(ConstraintViolationError, match="batch >= 2 when"):
             gm(torch.randn(batch, 3), y)
+
+
+class ChunkCount(torch.nn.Module):
+    """The number of pieces of ``chunk`` is ``ceil(n / ceil(n / 3))``, which torch
+    computes dividing by ``ceil(n / 3)`` after deciding, from the default range, that it
+    is not 0; at ``n = 0`` it is 0 and torch returns 3 empty pieces instead."""
+
+    def forward(self, x):
+        pieces = x.chunk(3, 0)
+        return x * len(pieces), x.new_ones(len(pieces)), pieces[-1] + 1
+
+
+def test_a_quotient_torch_decides_is_not_zero_gets_a_version_at_zero():
+    # the choice between the counts divided by zero at n = 0 (ZeroDivisionError)
+    model = ChunkCount()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(5, 3)}, {"x": {0: "n"}})
+    assert any(c.expression == "n < 1" for v in tracer.versions for c in v.conditions)
+    for n in (5, 0, 1, 2, 3, 4, 7, 9):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))

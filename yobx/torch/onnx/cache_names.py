@@ -11,6 +11,12 @@ share its name with an input. The convention of Hugging Face's ONNX exports is u
 * a cache in the outputs gives ``present.<layer>.key`` and ``present.<layer>.value``
   (a second cache in the outputs: ``present_1.<layer>.key``...).
 
+An encoder-decoder model's cache (``EncoderDecoderCache``: the decoder's
+self-attention cache and the cross-attention cache of the encoder's keys and values)
+follows Optimum's convention: ``past_key_values.<layer>.decoder.key`` (self-attention)
+and ``past_key_values.<layer>.encoder.key`` (cross-attention), ``present.<layer>.decoder.key``
+and ``present.<layer>.encoder.key`` in the outputs.
+
 The legacy form of a cache, one ``(key, value)`` pair of tensors per layer (the
 ``tiny-llm`` demo, older transformers models), follows the same convention when its
 name says what it is: the argument ``past_key_values``, and an output under the key
@@ -69,9 +75,16 @@ def _is_cache(value: Any) -> bool:
     )
 
 
+def _is_encoder_decoder_cache(value: Any) -> bool:
+    return _is_cache(getattr(value, "self_attention_cache", None)) and _is_cache(
+        getattr(value, "cross_attention_cache", None)
+    )
+
+
 def _caches(value: Any) -> list[Any]:
-    """The caches found in a structure, in pytree order."""
-    if _is_cache(value):
+    """The caches found in a structure, in pytree order: a cache, or an encoder-decoder
+    cache (its two caches under one prefix, :func:`cache_tensor_names` tells them apart)."""
+    if _is_cache(value) or _is_encoder_decoder_cache(value):
         return [value]
     found = []
     if isinstance(value, Mapping):
@@ -88,12 +101,22 @@ def _caches(value: Any) -> list[Any]:
 
 
 def cache_tensor_names(cache: Any, prefix: str) -> dict[int, str]:
-    """``id(tensor) -> "<prefix>.<layer>.key"`` (or ``.value``) for a cache."""
+    """``id(tensor) -> "<prefix>.<layer>.key"`` (or ``.value``) for a cache;
+    ``"<prefix>.<layer>.decoder.key"`` and ``"<prefix>.<layer>.encoder.key"`` for the
+    self- and cross-attention caches of an encoder-decoder cache."""
+    if _is_encoder_decoder_cache(cache):
+        parts = (
+            ("decoder.", cache.self_attention_cache),
+            ("encoder.", cache.cross_attention_cache),
+        )
+    else:
+        parts = (("", cache),)
     names = {}
-    for index, layer in enumerate(cache.layers):
-        for kind, tensor in (("key", layer.keys), ("value", layer.values)):
-            if isinstance(tensor, torch.Tensor):
-                names[id(tensor)] = f"{prefix}.{index}.{kind}"
+    for part, layers in parts:
+        for index, layer in enumerate(layers.layers):
+            for kind, tensor in (("key", layer.keys), ("value", layer.values)):
+                if isinstance(tensor, torch.Tensor):
+                    names[id(tensor)] = f"{prefix}.{index}.{part}{kind}"
     return names
 
 

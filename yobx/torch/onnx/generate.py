@@ -8,19 +8,27 @@ outputs ``logits`` and ``present.<layer>.key|value``, see
 (prefill), then one token at a time (decode), each step's ``present`` tensors becoming
 the next step's ``past_key_values``. The tokens are the argmax of the last position's
 logits, as ``model.generate(do_sample=False)`` picks them.
+
+An encoder-decoder model (T5, BART, Whisper) is exported as two graphs (see
+:mod:`yobx.models.hf_seq2seq`): the encoder, run once, and the decoder's step, whose
+cache holds the decoder's own keys and values and the cross-attention's keys and values
+of the encoder's output (empty at the first step, where the step computes them).
+:func:`generate_seq2seq` runs them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-#: the input name of a cache's tensor, and the output name it comes back as
-_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+#: the input name of a cache's tensor, and the output name it comes back as (an
+#: encoder-decoder's: ``past_key_values.<layer>.decoder.key`` for self-attention,
+#: ``.encoder.key`` for cross-attention)
+_PAST = re.compile(r"^past_key_values\.(\d+)\.((?:decoder\.|encoder\.)?(?:key|value))$")
 _PRESENT = "present.{layer}.{kind}"
 
 _ONNX_TO_NUMPY = {
@@ -137,6 +145,73 @@ def generate(
         cache = _next_cache(cache, results)
         step = chosen[:, None]
         mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+    return tokens
+
+
+def generate_seq2seq(
+    encoder: Any,
+    decoder: Any,
+    inputs: Mapping[str, Any],
+    max_new_tokens: int,
+    decoder_start_token_id: int,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+) -> np.ndarray:
+    """Greedy decoding of an encoder-decoder model exported as an encoder and a
+    decoder step (:func:`yobx.models.hf_seq2seq.hf_seq2seq_generation`), with
+    onnxruntime, as ``model.generate(do_sample=False)`` does it.
+
+    :param encoder: the encoder's ONNX model (any form :func:`generate` takes): it
+        takes ``inputs`` and returns the encoder's output first
+    :param decoder: the decoder step's ONNX model: ``decoder_input_ids``,
+        ``encoder_hidden_states``, ``attention_mask`` (the encoder's, where it takes
+        one) and ``past_key_values.<layer>.decoder|encoder.key|value``; it returns
+        ``logits`` and ``present.<layer>.decoder|encoder.key|value``
+    :param inputs: the encoder's inputs by name (``input_ids`` and ``attention_mask``,
+        or ``input_features``), numpy or torch
+    :param max_new_tokens: how many tokens to add at most
+    :param decoder_start_token_id: the token every decoded sequence starts with
+    :param eos_token_id: see :func:`generate`
+    :param pad_token_id: see :func:`generate`
+    :return: ``(batch, 1 + new)``: the start token followed by the generated tokens
+    :raises GenerationError: the models are not an encoder and a decoder step
+    """
+    encoder_session, session = _session(encoder), _session(decoder)
+    feeds = {n: _numpy(v) for n, v in inputs.items()}
+    encoder_names = [value.name for value in encoder_session.get_inputs()]
+    missing = [n for n in encoder_names if n not in feeds]
+    if missing:
+        raise GenerationError(f"the encoder takes {missing}, which inputs does not give")
+    hidden = encoder_session.run(None, {n: feeds[n] for n in encoder_names})[0]
+    names = {value.name for value in session.get_inputs()}
+    outputs = [value.name for value in session.get_outputs()]
+    needed = {"decoder_input_ids", "encoder_hidden_states"}
+    if not needed <= names or "logits" not in outputs:
+        raise GenerationError(
+            f"generate_seq2seq needs a decoder step taking {sorted(needed)} and returning "
+            f"logits; it takes {sorted(names)} and returns {outputs}"
+        )
+    batch = hidden.shape[0]
+    step_feeds = {"encoder_hidden_states": hidden}
+    if "attention_mask" in names:
+        mask = feeds.get("attention_mask")
+        step_feeds["attention_mask"] = (
+            np.ones(hidden.shape[:2], dtype=np.int64) if mask is None else mask
+        )
+    cache = _empty_cache(session, batch)
+    eos, pad = end_tokens(eos_token_id, pad_token_id)
+    finished = np.zeros(batch, dtype=bool)
+    tokens = step = np.full((batch, 1), decoder_start_token_id, dtype=np.int64)
+    for _ in range(max_new_tokens):
+        results = dict(
+            zip(outputs, session.run(None, {"decoder_input_ids": step, **step_feeds, **cache}))
+        )
+        chosen, finished = next_tokens(results["logits"], finished, eos, pad)
+        tokens = np.concatenate([tokens, chosen[:, None]], axis=1)
+        if finished.all():
+            break
+        cache = _next_cache(cache, results)
+        step = chosen[:, None]
     return tokens
 
 

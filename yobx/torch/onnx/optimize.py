@@ -160,11 +160,30 @@ def _tolerant_folding_pass(**kwargs: Any) -> ir.passes.InPlacePass:
     return TolerantFoldConstantsPass(**kwargs)
 
 
+def _identity_for_passed_inputs(model: ir.Model) -> None:
+    """Gives each function output that is one of the function's inputs an ``Identity``
+    of its own (a version returning a cache tensor it was given, unchanged).
+
+    onnx_ir's ``InlinePass`` (1.1) inlines such a function into an ``If`` branch by
+    making the caller's value the branch's output; when that value is already the
+    output of another branch (nested versions), it raises "already an output of a
+    different graph".
+    """
+    for function in model.functions.values():
+        inputs = {id(value) for value in function.inputs}
+        for index, output in enumerate(function.outputs):
+            if id(output) in inputs:
+                node = ir.node("Identity", inputs=[output])
+                function.append(node)
+                function.outputs[index] = node.outputs[0]
+
+
 def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
     """Optimizes ``model`` in place: inlining, constant folding, rewrite rules, dead
     code, constants lifted to initializers, common subexpressions, names."""
     from onnxscript.optimizer import _constant_folding
 
+    _identity_for_passed_inputs(model)
     passes = [
         common_passes.InlinePass(),
         ir.passes.PassManager(

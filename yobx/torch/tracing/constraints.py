@@ -300,6 +300,8 @@ def as_range(fact: sympy.Basic, bounds: tuple) -> sympy.Basic | None:
     min, max), the fact holds exactly from the new bound on, which is verified at the
     bound and just outside it.
     """
+    if isinstance(fact, sympy.Ne) and 0 in (fact.lhs, fact.rhs):
+        fact = _at_least_one(fact.lhs + fact.rhs)
     if not isinstance(fact, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
         return None
     if (
@@ -319,6 +321,17 @@ def as_range(fact: sympy.Basic, bounds: tuple) -> sympy.Basic | None:
     if high != math.inf and holds(high) and not holds(high + 1):
         return sympy.Le(symbol, high)
     return None
+
+
+def _at_least_one(expr: sympy.Expr) -> sympy.Basic | None:
+    """``expr != 0`` as ``expr >= 1`` where they are equivalent for every size: an
+    integer expression of one dimension that never decreases and is not negative at 0
+    (``chunk``'s ``(n + 2) // 3 != 0`` is ``(n + 2) // 3 >= 1``); None otherwise."""
+    if len(expr.free_symbols) != 1 or not expr.is_integer or not _non_decreasing(expr):
+        return None
+    (symbol,) = expr.free_symbols
+    at_zero = expr.xreplace({symbol: sympy.Integer(0)})
+    return sympy.Ge(expr, 1) if at_zero.is_number and at_zero >= 0 else None
 
 
 def _non_decreasing(expr: sympy.Expr, constant: bool = False) -> bool:

@@ -193,6 +193,11 @@ class DecisionsMixin:
         self.guards.append(Guard(expression, decided, reason, location))
         return decided
 
+    def _rely_on_default_bounds(self, condition: sympy.Basic, value: bool) -> None:
+        """A condition torch decided inside an operator from the ranges alone (see
+        :attr:`SymbolicDimensions.on_default_bound_division`), judged as a decision."""
+        self.refinements.rely_on_default_bounds(_itself, [condition], value, self.location())
+
     def _assume(self, fact: torch.SymBool | sympy.Basic) -> None:
         """Makes ``fact`` known to the ShapeEnv (its guard is not judged again)."""
         if isinstance(fact, sympy.Basic):

@@ -156,6 +156,21 @@ def _fake_value(node: Node) -> Any:
     return node.meta["val"]
 
 
+#: the operations returning a number of pieces computed from sizes: ``chunk``, and
+#: ``split`` by a size (by a list of sizes, the list says how many)
+_CHUNKING, _SPLITTING = frozenset({"chunk", "unsafe_chunk"}), frozenset({"split", "unsafe_split"})
+
+
+def _splits_into_pieces(node: Node) -> bool:
+    if node.op not in ("call_method", "call_function"):
+        return False
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if target in _SPLITTING:
+        size = node.kwargs.get("split_size", node.args[1] if len(node.args) > 1 else None)
+        return not isinstance(size, (list, tuple))
+    return target in _CHUNKING
+
+
 class FakeExecutionMixin:
     """The fake value of each node, and the decisions taken while computing it.
 
@@ -227,6 +242,12 @@ class FakeExecutionMixin:
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
         # the only caller, installed it (no proxy reaches fake kernels anyway)
         grad_mode = torch.is_grad_enabled()
+        if _splits_into_pieces(node):
+            # how many pieces there are rests on a quotient torch decides is not 0
+            # (see SymbolicDimensions.on_default_bound_division); elsewhere (a reshape
+            # to `d // 2` rows) such a decision changes nothing at 0 and would only
+            # cost a version
+            self.dims.on_default_bound_division = self._rely_on_default_bounds
         try:
             # Fake values carry no autograd history: recording it costs time, and a
             # rule's output must not be a leaf that requires grad (in-place ops on it
@@ -287,6 +308,7 @@ class FakeExecutionMixin:
         finally:
             torch._C._set_grad_enabled(grad_mode)
             self.state.in_fake -= 1
+            self.dims.on_default_bound_division = None
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return self.dims.canonical(val)

@@ -317,14 +317,16 @@ def _sizes(name: str, tensor: torch.Tensor, axes: dict, dims: SymbolicDimensions
 
 
 def register_cache_flattening(values: Any = None) -> None:
-    """Registers ``transformers.DynamicCache`` with torch's pytree if nobody did.
+    """Registers ``transformers.DynamicCache`` (and ``EncoderDecoderCache``, a pair of
+    them: the decoder's self-attention cache and the cross-attention cache) with
+    torch's pytree if nobody did.
 
     Tracing flattens inputs with pytree and the traced GraphModule flattens them again
     when called, so the registration has to outlive the trace: it is done once, only
-    when a DynamicCache is seen, and only if transformers has not registered one.
+    when such a cache is seen, and only if transformers has not registered one.
 
     :param values: the inputs about to be flattened: nothing is done unless one of them
-        holds a DynamicCache; ``None`` registers whenever transformers is importable
+        holds a cache; ``None`` registers whenever transformers is importable
     """
     # Values holding a DynamicCache imply its module was imported: tracing does not
     # pay for importing transformers (seconds) when it was not.
@@ -336,11 +338,19 @@ def register_cache_flattening(values: Any = None) -> None:
             import transformers.cache_utils as cache_utils
         except ImportError:  # pragma: no cover - transformers is optional
             return
+    classes = (cache_utils.DynamicCache, cache_utils.EncoderDecoderCache)
+    if all(cls in pytree.SUPPORTED_NODES for cls in classes):
+        return
+    if values is not None and not any(isinstance(v, classes) for v in _walk(values)):
+        return
+    if cache_utils.DynamicCache not in pytree.SUPPORTED_NODES:
+        _register_dynamic_cache(cache_utils)
+    if cache_utils.EncoderDecoderCache not in pytree.SUPPORTED_NODES:
+        _register_encoder_decoder_cache(cache_utils.EncoderDecoderCache)
+
+
+def _register_dynamic_cache(cache_utils: Any) -> None:
     cls = cache_utils.DynamicCache
-    if cls in pytree.SUPPORTED_NODES:
-        return
-    if values is not None and not any(isinstance(v, cls) for v in _walk(values)):
-        return
 
     def flatten(cache):
         _check_plain_layers(cache)
@@ -363,12 +373,31 @@ def register_cache_flattening(values: Any = None) -> None:
             cache.layers.append(layer)
         return cache
 
+    _register(cls, flatten, unflatten, flatten_with_keys)
+
+
+def _register_encoder_decoder_cache(cls: type) -> None:
+    # rebuilt by its constructor, which decides from the cross-attention cache's length
+    # whether the decoder computes the encoder's keys and values (an empty one, the
+    # first step) or reads them: a decision on sizes, so one graph serves both steps
+    parts = ("self_attention_cache", "cross_attention_cache")
+
+    def flatten(cache):
+        return [getattr(cache, part) for part in parts], None
+
+    def flatten_with_keys(cache):
+        return [(pytree.MappingKey(part), getattr(cache, part)) for part in parts], None
+
+    _register(cls, flatten, lambda children, context: cls(*children), flatten_with_keys)
+
+
+def _register(cls: type, flatten: Callable, unflatten: Callable, with_keys: Callable) -> None:
     pytree.register_pytree_node(
         cls,
         flatten,
         unflatten,
         serialized_type_name=f"{cls.__module__}.{cls.__name__}",
-        flatten_with_keys_fn=flatten_with_keys,
+        flatten_with_keys_fn=with_keys,
     )
     import torch.fx._pytree as fx_pytree
 

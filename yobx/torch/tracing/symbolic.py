@@ -165,6 +165,11 @@ class SymbolicDimensions:
         self._rename: dict[sympy.Symbol, sympy.Expr] = {}
         self._twins: dict[sympy.Symbol, sympy.Symbol] = {}
         self._originals: dict[sympy.Symbol, sympy.Symbol] = {}
+        #: called with ``(condition, value)`` when torch decides, from the ranges alone,
+        #: whether a floor division of sizes is 0 and the answer rests on the default
+        #: lower bound (see :meth:`consult_prover`); None: such decisions are not
+        #: reported (the tracer sets it while torch splits a tensor into pieces)
+        self.on_default_bound_division: Callable[[sympy.Basic, bool], None] | None = None
 
     def consult_prover(self) -> None:
         """Lets torch's own static decisions use :meth:`prove` when it finds no answer.
@@ -182,11 +187,30 @@ class SymbolicDimensions:
         answers: dict[sympy.Basic, Any] = {}
         version = [None]
 
+        reported: set[sympy.Basic] = set()
+
         def maybe_evaluate_static(expr, **kwargs):
             result = original(expr, **kwargs)
+            if result is not None:
+                if (
+                    self.on_default_bound_division is not None
+                    and result in (sympy.true, sympy.false)
+                    and expr not in reported
+                    and not kwargs
+                    and _quotient_is_zero(expr)
+                    and expr.free_symbols & self.default_min
+                ):
+                    # `chunk` decides `(n + 2) // 3 == 0 -> False` inside torch with
+                    # the default range, then divides by that quotient (the number of
+                    # pieces): at n = 0 the graph would divide by zero. Reported, the
+                    # decision gets a version at that size as any other decision the
+                    # default range settles. Other static decisions (a product of sizes
+                    # is not 0: an empty tensor's fast path) change no shape
+                    reported.add(expr)
+                    self.on_default_bound_division(expr, bool(result))
+                return result
             if (
-                result is not None
-                or kwargs.get("var_to_range") is not None
+                kwargs.get("var_to_range") is not None
                 or kwargs.get("axioms") is not None
                 or kwargs.get("unbacked_only")
                 or not isinstance(expr, sympy.logic.boolalg.Boolean)
@@ -647,3 +671,12 @@ def _finite(value: Any) -> int | float:
 
 def _identifier(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _quotient_is_zero(expr: sympy.Basic) -> bool:
+    """Whether ``expr`` asks if a floor division is 0 (``(n + 2) // 3 == 0``)."""
+    return (
+        isinstance(expr, (sympy.Eq, sympy.Ne))
+        and 0 in (expr.lhs, expr.rhs)
+        and isinstance(expr.lhs + expr.rhs, FloorDiv)
+    )
