@@ -121,6 +121,11 @@ def _load(name: str):
 
 def _export(options: argparse.Namespace) -> int:
     check_writable(options.output)
+    if getattr(options, "task", None) == "text2text-generation":
+        from yobx.seq2seq_command import run_seq2seq_export
+
+        # two graphs, an encoder and a decoder step: their own command
+        return run_seq2seq_export(options)
     return run_export(options)
 
 

@@ -206,9 +206,8 @@ def _run_stage(label: str, function, *args, **kwargs):
         raise CommandError(error_message(exc, f"{label} failed: "), EXIT_FAILURE) from exc
 
 
-def run_export(options: argparse.Namespace) -> int:
-    """Runs ``yobx export``; returns the exit status."""
-    start = time.perf_counter()
+def check_opset_option(options: argparse.Namespace) -> None:
+    """Refuses an ``--opset`` yobx cannot export to, before anything is loaded."""
     if options.opset is not None:
         from yobx.torch.onnx.export import check_opset
 
@@ -216,10 +215,12 @@ def run_export(options: argparse.Namespace) -> int:
             check_opset(options.opset)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-    if getattr(options, "task", None) == "text2text-generation":
-        from yobx.seq2seq_command import run_seq2seq_export
 
-        return run_seq2seq_export(options)
+
+def run_export(options: argparse.Namespace) -> int:
+    """Runs ``yobx export``; returns the exit status."""
+    start = time.perf_counter()
+    check_opset_option(options)
     model, args, kwargs, declared = _load(options)
     dynamic_shapes = resolve_dynamic_shapes(options, model, args, kwargs, declared)
 

@@ -59,6 +59,7 @@ def run_seq2seq_export(options: argparse.Namespace) -> int:
         _checkpoint,
         _report,
         _run_stage,
+        check_opset_option,
         print_summary,
         warn_about_constraints,
     )
@@ -66,6 +67,7 @@ def run_seq2seq_export(options: argparse.Namespace) -> int:
     from yobx.torch.onnx import to_onnx
 
     start = time.perf_counter()
+    check_opset_option(options)
     if not options.model.startswith("hf:"):
         raise CommandError("--task text2text-generation applies to hf: models")
     if options.static:
@@ -116,32 +118,13 @@ def same_generation(results: dict, model: Any, inputs: dict, new_tokens: int = 8
     """Greedy generation over the two exported graphs with onnxruntime against
     ``model.generate`` (greedy search alone: no forced nor suppressed tokens), on the
     example's encoder inputs; prints the verdict."""
-    import copy
-
     import numpy as np
-    import torch
-    from transformers import GenerationConfig
 
+    from yobx.models.hf_seq2seq import greedy_reference
     from yobx.torch.onnx.generate import generate_seq2seq
 
     config = model.generation_config
-    greedy = GenerationConfig(
-        max_new_tokens=new_tokens,
-        do_sample=False,
-        decoder_start_token_id=config.decoder_start_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
-    plain = copy.deepcopy(config)
-    for name in ("forced_bos_token_id", "forced_eos_token_id", "suppress_tokens"):
-        setattr(plain, name, None)
-    plain.begin_suppress_tokens = None
-    kept, model.generation_config = model.generation_config, plain
-    try:
-        with torch.no_grad():
-            expected = model.generate(**inputs, generation_config=greedy).numpy()
-    finally:
-        model.generation_config = kept
+    expected = greedy_reference(model, inputs, new_tokens).numpy()
     got = generate_seq2seq(
         results["encoder"],
         results["decoder"],

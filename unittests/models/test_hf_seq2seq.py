@@ -10,7 +10,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from yobx.models.hf_seq2seq import CROSS_PAST, PAST, hf_seq2seq_generation
+from yobx.models.hf_seq2seq import (
+    CROSS_PAST,
+    PAST,
+    greedy_reference,
+    hf_seq2seq_generation,
+)
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.generate import GenerationError, generate_seq2seq
 
@@ -34,23 +39,7 @@ def _export(architecture: str) -> tuple[dict, torch.nn.Module]:
 
 
 def _expected(model: torch.nn.Module, inputs: dict) -> np.ndarray:
-    from transformers import GenerationConfig
-
-    config = model.generation_config
-    # greedy search alone, as generate_seq2seq does it: no forced tokens, no suppressed
-    # ones (BART forces its end token at the last position, Whisper suppresses some)
-    greedy = GenerationConfig(
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        decoder_start_token_id=config.decoder_start_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
-    for name in ("forced_bos_token_id", "forced_eos_token_id", "suppress_tokens"):
-        setattr(model.generation_config, name, None)
-    model.generation_config.begin_suppress_tokens = None
-    with torch.no_grad():
-        return model.generate(**inputs, generation_config=greedy).numpy()
+    return greedy_reference(model, inputs, NEW_TOKENS).numpy()
 
 
 def test_greedy_generation_of_a_text_encoder_decoder():

@@ -227,3 +227,32 @@ def _decoder_shapes(inputs: dict) -> dict:
     if "attention_mask" in inputs:
         shapes["attention_mask"] = {0: "batch", 1: ENCODER_SEQ}
     return shapes
+
+
+def greedy_reference(model: Any, inputs: dict, new_tokens: int) -> torch.Tensor:
+    """``model.generate``'s tokens with greedy search alone, as
+    :func:`yobx.torch.onnx.generate.generate_seq2seq` decodes: no forced tokens (BART
+    forces its end token at the last position) and no suppressed ones (Whisper's); the
+    model's generation config is left as it was."""
+    import copy
+
+    from transformers import GenerationConfig
+
+    config = model.generation_config
+    greedy = GenerationConfig(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        decoder_start_token_id=config.decoder_start_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    plain = copy.deepcopy(config)
+    for name in ("forced_bos_token_id", "forced_eos_token_id", "suppress_tokens"):
+        setattr(plain, name, None)
+    plain.begin_suppress_tokens = None
+    model.generation_config = plain
+    try:
+        with torch.no_grad():
+            return model.generate(**inputs, generation_config=greedy)
+    finally:
+        model.generation_config = config
