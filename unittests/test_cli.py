@@ -527,6 +527,55 @@ def test_text2text_generation_exports_an_encoder_and_a_decoder_step(capsys, tmp_
     assert "not an encoder-decoder model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("architecture", "task"),
+    [
+        ("GPT2LMHeadModel", "text-generation"),
+        ("T5ForConditionalGeneration", "text2text-generation"),
+        ("WhisperForConditionalGeneration", "text2text-generation"),
+        ("BertModel", None),
+        ("ViTForImageClassification", None),
+    ],
+)
+def test_the_task_defaults_from_the_architecture(capsys, architecture, task):
+    pytest.importorskip("transformers")
+    import argparse
+
+    from yobx.export_command import choose_task
+
+    options = argparse.Namespace(model=f"hf:{architecture}", task=None, weights=None, config=None)
+    choose_task(options)
+    assert options.task == task
+    said = capsys.readouterr().err
+    assert (f"yobx: task {task}, the default for {architecture}" in said) == (task is not None)
+    asked = argparse.Namespace(model="hf:GPT2LMHeadModel", task="feature-extraction")
+    choose_task(asked)
+    assert asked.task == "feature-extraction"
+
+
+def test_a_default_generation_task_the_cache_cannot_serve_exports_the_outputs(capsys):
+    # Cohere2's sliding-window layers are no plain DynamicCache: by default, its outputs
+    # without the cache, said so; asked for, a clear refusal
+    pytest.importorskip("transformers")
+    import argparse
+
+    from yobx.cli_support import CommandError
+    from yobx.export_command import _load, choose_task
+
+    options = argparse.Namespace(
+        model="hf:Cohere2ForCausalLM", task=None, weights=None, config=None
+    )
+    choose_task(options)
+    model, args, kwargs, _ = _load(options)
+    assert options.task == "feature-extraction" and "cache" not in kwargs
+    assert "exporting hf:Cohere2ForCausalLM without its cache" in capsys.readouterr().err
+    asked = argparse.Namespace(
+        model="hf:Cohere2ForCausalLM", task="text-generation", weights=None, config=None
+    )
+    with pytest.raises(CommandError, match="DynamicSlidingWindowLayer"):
+        _load(asked)
+
+
 def _saved_llama(directory):
     transformers = pytest.importorskip("transformers")
     import torch

@@ -39,7 +39,12 @@ from yobx.cli_support import (
     error_message,
     resolve_dynamic_shapes,
 )
-from yobx.export_command import add_export_arguments, add_narrowing_argument, run_export
+from yobx.export_command import (
+    add_export_arguments,
+    add_narrowing_argument,
+    choose_task,
+    run_export,
+)
 
 # kept for callers of the previous private names
 _CommandError = CommandError
@@ -121,6 +126,7 @@ def _load(name: str):
 
 def _export(options: argparse.Namespace) -> int:
     check_writable(options.output)
+    choose_task(options)
     if getattr(options, "task", None) == "text2text-generation":
         from yobx.seq2seq_command import run_seq2seq_export
 

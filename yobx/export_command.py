@@ -81,14 +81,15 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
         "--task",
         choices=("feature-extraction", "text-generation", "text2text-generation"),
         default=None,
-        help="with hf:<Architecture>: 'feature-extraction' (default) exports the model's "
+        help="with hf:<Architecture>: 'feature-extraction' exports the model's "
         "outputs without a cache; 'text-generation' exports one generation step with its "
         "cache (past_key_values.<layer>.key|value in, present.<layer>.key|value out), "
         "which serves prefill and decode; 'text2text-generation' exports an "
         "encoder-decoder model (T5, BART, Whisper) as FILE's stem + .encoder.onnx and "
         ".decoder.onnx (the decoder's step with its self- and cross-attention caches); "
         "--validate then also checks that greedy generation with onnxruntime gives "
-        "model.generate's tokens",
+        "model.generate's tokens. Default: from the architecture, text-generation for a "
+        "causal LM, text2text-generation for an encoder-decoder, else feature-extraction",
     )
     add_narrowing_argument(export)
     export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
@@ -177,11 +178,45 @@ def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
         if source is not None:
             # only the headers are read: a bad source fails before the export
             dtype = dominant_dtype(open_weight_source(source))
-        return load_model(
-            options.model, config=options.config, dtype=dtype, task=getattr(options, "task", None)
-        )
+        task = getattr(options, "task", None)
+        try:
+            return load_model(options.model, config=options.config, dtype=dtype, task=task)
+        except ModelLoadError as exc:
+            if task != "text-generation" or not getattr(options, "task_by_default", False):
+                raise
+            # a causal LM whose cache is not a plain DynamicCache (sliding windows...):
+            # its outputs without the cache, said so, rather than nothing
+            print(
+                f"yobx: warning: {exc}; exporting {options.model} without its cache "
+                "(--task feature-extraction)",
+                file=sys.stderr,
+            )
+            options.task = "feature-extraction"
+            return load_model(options.model, config=options.config, dtype=dtype)
     except (ModelLoadError, WeightSourceError) as exc:
         raise CommandError(str(exc)) from exc
+
+
+def choose_task(options: argparse.Namespace) -> None:
+    """Sets ``options.task`` from the architecture when ``--task`` was not given (see
+    :func:`yobx.models.huggingface.default_task`), and says which on stderr."""
+    if getattr(options, "task", None) is not None or not options.model.startswith("hf:"):
+        return
+    _checkpoint(options)
+    try:
+        from yobx.models.huggingface import default_task
+
+        task = default_task(options.model[3:])
+    except Exception:
+        return  # not a transformers architecture: loading the model says so
+    if task == "feature-extraction":
+        return
+    options.task, options.task_by_default = task, True
+    print(
+        f"yobx: task {task}, the default for {options.model[3:]} (--task "
+        "feature-extraction exports the model's outputs without a cache)",
+        file=sys.stderr,
+    )
 
 
 def _run_stage(label: str, function, *args, **kwargs):

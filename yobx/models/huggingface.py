@@ -102,6 +102,33 @@ def hf_model(architecture: str, batch: int = 2, seq: int = 5):
 TASKS = ("feature-extraction", "text-generation")
 
 
+def default_task(architecture: str) -> str:
+    """The task an architecture is exported for when none is asked: generation with
+    the cache for a causal language model (``text-generation``) or an encoder-decoder
+    one (``text2text-generation``: T5, BART, Whisper...), the model's own inputs and
+    outputs for any other (``feature-extraction``), as transformers' auto mappings
+    classify them."""
+    from transformers.models.auto import modeling_auto
+
+    def listed(mapping: str) -> bool:
+        names = getattr(modeling_auto, mapping, {}).values()
+        return any(
+            architecture == n or (isinstance(n, (list, tuple)) and architecture in n) for n in names
+        )
+
+    seq2seq = listed("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES") or listed(
+        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"
+    )
+    config_class = _model_class(architecture).config_class
+    if seq2seq and getattr(config_class(), "is_encoder_decoder", False):
+        return "text2text-generation"
+    if listed("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"):
+        parameters = inspect.signature(_model_class(architecture).forward).parameters
+        if "cache" in parameters or "past_key_values" in parameters:
+            return "text-generation"
+    return "feature-extraction"
+
+
 def hf_generation_model(
     architecture: str,
     batch: int = 2,
