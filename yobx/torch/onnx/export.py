@@ -340,8 +340,9 @@ def _pass_counts(captured: Any) -> dict[str, int]:
     return {name: int(result) for name, result in captured.passes.items()}
 
 
-#: the name of a cache's tensor: ``<prefix>.<layer>.key|value``
-_LAYER_TENSOR = re.compile(r"^(.+)\.(\d+)\.(key|value)$")
+#: the name of a cache's tensor: ``<prefix>.<layer>.key|value``, or an encoder-decoder
+#: cache's ``<prefix>.<layer>.decoder|encoder.key|value``
+_LAYER_TENSOR = re.compile(r"^(.+)\.(\d+)\.(decoder\.|encoder\.)?(key|value)$")
 
 
 def _rename_cache_inputs(model_ir: ir.Model, model: Any, args: tuple, kwargs: Any) -> None:
@@ -360,16 +361,17 @@ def _rename_cache_inputs(model_ir: ir.Model, model: Any, args: tuple, kwargs: An
 
 def _interleave_layers(values: Any) -> None:
     """A cache's tensors one layer after another (``past_key_values.0.key``,
-    ``past_key_values.0.value``, ``past_key_values.1.key``...), as Hugging Face's ONNX
-    exports and runtimes list them; pytree flattens a DynamicCache keys first. The
-    other values keep their places; the cache's tensors fill the places its tensors
-    had, in the new order."""
+    ``past_key_values.0.value``, ``past_key_values.1.key``...; an encoder-decoder's
+    ``.0.decoder.key``, ``.0.decoder.value``, ``.0.encoder.key``, ``.0.encoder.value``,
+    ``.1.decoder.key``...), as Hugging Face's ONNX exports and runtimes list them;
+    pytree flattens a DynamicCache keys first. The other values keep their places; the
+    cache's tensors fill the places its tensors had, in the new order."""
     matches = [_LAYER_TENSOR.match(v.name) for v in values]
     positions = [i for i, match in enumerate(matches) if match]
 
     def rank(i: int) -> tuple:
-        prefix, layer, kind = matches[i].groups()  # type: ignore[union-attr]
-        return prefix, int(layer), kind == "value"
+        prefix, layer, part, kind = matches[i].groups()  # type: ignore[union-attr]
+        return prefix, int(layer), part == "encoder.", kind == "value"
 
     ranked = sorted(positions, key=rank)
     if ranked == positions:
