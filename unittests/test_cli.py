@@ -554,8 +554,9 @@ def test_the_task_defaults_from_the_architecture(capsys, architecture, task):
 
 
 def test_a_default_generation_task_the_cache_cannot_serve_exports_the_outputs(capsys):
-    # Cohere2's sliding-window layers are no plain DynamicCache: by default, its outputs
-    # without the cache, said so; asked for, a clear refusal
+    # FalconH1's cache layers hold linear attention states beside the keys and values,
+    # which no flattening of a DynamicCache describes: by default, its outputs without
+    # the cache, said so; asked for, a clear refusal
     pytest.importorskip("transformers")
     import argparse
 
@@ -563,16 +564,16 @@ def test_a_default_generation_task_the_cache_cannot_serve_exports_the_outputs(ca
     from yobx.export_command import _load, choose_task
 
     options = argparse.Namespace(
-        model="hf:Cohere2ForCausalLM", task=None, weights=None, config=None
+        model="hf:FalconH1ForCausalLM", task=None, weights=None, config=None
     )
     choose_task(options)
     model, args, kwargs, _ = _load(options)
     assert options.task == "feature-extraction" and "cache" not in kwargs
-    assert "exporting hf:Cohere2ForCausalLM without its cache" in capsys.readouterr().err
+    assert "exporting hf:FalconH1ForCausalLM without its cache" in capsys.readouterr().err
     asked = argparse.Namespace(
-        model="hf:Cohere2ForCausalLM", task="text-generation", weights=None, config=None
+        model="hf:FalconH1ForCausalLM", task="text-generation", weights=None, config=None
     )
-    with pytest.raises(CommandError, match="DynamicSlidingWindowLayer"):
+    with pytest.raises(CommandError, match="LinearAttentionAndFullAttentionLayer"):
         _load(asked)
 
 

@@ -105,3 +105,46 @@ def test_the_example_is_one_consistent_step():
     # one entry per tensor of the cache, in the structure of its pytree flattening
     entries = pytree.tree_leaves(dynamic_shapes["cache"], is_leaf=lambda x: isinstance(x, dict))
     assert entries == [{0: "batch", 2: "past"}] * 4
+
+
+def test_a_sliding_window_cache_generates_until_its_window_is_full():
+    # Cohere2's sliding-window layers count the positions they saw
+    # (`cumulative_length`, which their masks read): the keys' length until the
+    # window is full, then unknown; the step is exact until then and refuses after
+    import transformers
+
+    from yobx.models.huggingface import tiny_config
+
+    config = tiny_config("Cohere2ForCausalLM")
+    config.sliding_window = 12
+    config.use_cache = True
+    torch.manual_seed(0)
+    model = transformers.Cohere2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    assert any(layer.is_sliding for layer in transformers.DynamicCache(config=config).layers)
+    generator = torch.Generator().manual_seed(0)
+    cache = transformers.DynamicCache(config=config)
+    for layer in range(config.num_hidden_layers):
+        keys, values = (torch.randn(2, 2, 3, 8, generator=generator) for _ in "kv")
+        cache.update(keys, values, layer)
+    kwargs = {
+        "input_ids": torch.randint(3, 99, (2, 2), generator=generator),
+        "attention_mask": torch.ones(2, 5, dtype=torch.int64),
+        "cache": cache,
+    }
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    shapes = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
+    }
+    result = to_onnx(model, (), kwargs, dynamic_shapes=shapes)
+    ids = torch.randint(3, 99, (2, 4), generator=generator)
+    # 4 + 6 tokens: the cache holds at most 9 when the last one is chosen
+    got = generate(result, ids, 6, eos_token_id=None)
+    assert (got == _expected(model, ids, torch.ones_like(ids), 6)).all()
+    with pytest.raises(Exception, match=r"yobx check failed: torch._check\(past < 11\)"):
+        generate(result, ids, 10, eos_token_id=None)

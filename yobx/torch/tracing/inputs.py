@@ -353,27 +353,57 @@ def _register_dynamic_cache(cache_utils: Any) -> None:
     cls = cache_utils.DynamicCache
 
     def flatten(cache):
-        _check_plain_layers(cache)
-        return [[lay.keys for lay in cache.layers], [lay.values for lay in cache.layers]], None
+        # the context: None for a cache of plain layers, else each layer's sliding
+        # window (None for a plain layer)
+        windows = _layer_windows(cache)
+        context = None if all(w is None for w in windows) else tuple(windows)
+        keys, values = [lay.keys for lay in cache.layers], [lay.values for lay in cache.layers]
+        return [keys, values], context
 
     def flatten_with_keys(cache):
-        keys, values = flatten(cache)[0]
+        (keys, values), context = flatten(cache)
         return [
             (pytree.MappingKey("key_cache"), keys),
             (pytree.MappingKey("value_cache"), values),
-        ], None
+        ], context
 
     def unflatten(children, context):
         cache = cls()
-        for k, v in zip(*children):
-            layer = cache_utils.DynamicLayer()
-            layer.dtype, layer.device = k.dtype, k.device
+        windows = context or [None] * len(children[0])
+        for k, v, window in zip(*children, windows):
+            if window is None:
+                layer = cache_utils.DynamicLayer()
+            else:
+                layer = _sliding_layer(cache_utils, k, window)
+            layer.dtype, layer.device = getattr(k, "dtype", None), getattr(k, "device", None)
             layer.keys, layer.values = k, v
             layer.is_initialized = True
             cache.layers.append(layer)
         return cache
 
     _register(cls, flatten, unflatten, flatten_with_keys)
+
+
+def _sliding_layer(cache_utils: Any, keys: torch.Tensor, window: int) -> Any:
+    """A sliding-window layer holding ``keys``. How many positions it has seen
+    (``cumulative_length``, which its masks read) is no tensor: it is the keys' length
+    until the window is full, after which the keys stop growing and the count is lost.
+    The graph is exact until then and checks it."""
+    layer = cache_utils.DynamicSlidingWindowLayer(window)
+    if not isinstance(keys, torch.Tensor) or keys.dim() < 2:
+        return layer  # a stand-in of the structure (naming the outputs), not a cache
+    length = keys.shape[-2]
+    if not isinstance(length, int):
+        # while tracing (a traced size): a check of the graph, which the exported model
+        # keeps; rebuilt from real tensors, a full layer's count is the best known
+        torch._check(
+            length < window - 1,
+            f"a sliding-window cache layer holds {window - 1} positions at most, and its "
+            f"count of positions seen is only known before it is full: the exported step "
+            f"takes fewer than {window - 1}",
+        )
+    layer.cumulative_length = length
+    return layer
 
 
 def _register_encoder_decoder_cache(cls: type) -> None:
@@ -420,15 +450,22 @@ def cache_dynamic_shapes(cache: Any, axes: dict[int, Any]) -> Any:
     )
 
 
-def _check_plain_layers(cache: Any) -> None:
+def _layer_windows(cache: Any) -> list[int | None]:
+    """The sliding window of each layer of a DynamicCache (None for a plain layer)."""
     import transformers.cache_utils as cache_utils
 
+    windows = []
     for layer in cache.layers:
-        if type(layer) is not cache_utils.DynamicLayer:
+        if type(layer) is cache_utils.DynamicLayer:
+            windows.append(None)
+        elif type(layer) is cache_utils.DynamicSlidingWindowLayer and not layer.record_past:
+            windows.append(int(layer.sliding_window))
+        else:
             raise TypeError(
-                f"only DynamicCache made of DynamicLayer can be flattened, "
-                f"found {type(layer).__name__}"
+                f"only DynamicCache made of DynamicLayer and DynamicSlidingWindowLayer can "
+                f"be flattened, found {type(layer).__name__}"
             )
+    return windows
 
 
 def _walk(values: Any):
