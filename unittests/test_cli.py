@@ -533,8 +533,8 @@ def test_text2text_generation_exports_an_encoder_and_a_decoder_step(capsys, tmp_
         ("GPT2LMHeadModel", "text-generation"),
         ("T5ForConditionalGeneration", "text2text-generation"),
         ("WhisperForConditionalGeneration", "text2text-generation"),
-        ("BertModel", None),
-        ("ViTForImageClassification", None),
+        ("BertModel", "feature-extraction"),
+        ("ViTForImageClassification", "feature-extraction"),
     ],
 )
 def test_the_task_defaults_from_the_architecture(capsys, architecture, task):
@@ -547,10 +547,37 @@ def test_the_task_defaults_from_the_architecture(capsys, architecture, task):
     choose_task(options)
     assert options.task == task
     said = capsys.readouterr().err
-    assert (f"yobx: task {task}, the default for {architecture}" in said) == (task is not None)
+    generation = task != "feature-extraction"
+    assert (f"yobx: task {task}, the default for {architecture}" in said) == generation
     asked = argparse.Namespace(model="hf:GPT2LMHeadModel", task="feature-extraction")
     choose_task(asked)
     assert asked.task == "feature-extraction"
+
+
+@pytest.mark.parametrize(
+    ("architecture", "task", "kind"),
+    [
+        ("ViTForImageClassification", "image-classification", "feature-extraction"),
+        ("Wav2Vec2ForCTC", "automatic-speech-recognition", "feature-extraction"),
+        ("WhisperForConditionalGeneration", "automatic-speech-recognition", "text2text-generation"),
+        ("BertModel", "image-classification", None),
+        ("LlamaForCausalLM", "automatic-speech-recognition", None),
+    ],
+)
+def test_a_task_is_checked_against_the_architecture(architecture, task, kind):
+    pytest.importorskip("transformers")
+    import argparse
+
+    from yobx.cli_support import CommandError
+    from yobx.export_command import choose_task
+
+    options = argparse.Namespace(model=f"hf:{architecture}", task=task, weights=None, config=None)
+    if kind is None:
+        with pytest.raises(CommandError, match=f"{architecture} does not do {task}"):
+            choose_task(options)
+    else:
+        choose_task(options)
+        assert options.task == kind
 
 
 def test_a_default_generation_task_the_cache_cannot_serve_exports_the_outputs(capsys):

@@ -79,7 +79,13 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
     )
     export.add_argument(
         "--task",
-        choices=("feature-extraction", "text-generation", "text2text-generation"),
+        choices=(
+            "feature-extraction",
+            "text-generation",
+            "text2text-generation",
+            "image-classification",
+            "automatic-speech-recognition",
+        ),
         default=None,
         help="with hf:<Architecture>: 'feature-extraction' exports the model's "
         "outputs without a cache; 'text-generation' exports one generation step with its "
@@ -88,8 +94,11 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
         "encoder-decoder model (T5, BART, Whisper) as FILE's stem + .encoder.onnx and "
         ".decoder.onnx (the decoder's step with its self- and cross-attention caches); "
         "--validate then also checks that greedy generation with onnxruntime gives "
-        "model.generate's tokens. Default: from the architecture, text-generation for a "
-        "causal LM, text2text-generation for an encoder-decoder, else feature-extraction",
+        "model.generate's tokens; 'image-classification' and "
+        "'automatic-speech-recognition' export the model's outputs (a speech "
+        "encoder-decoder's: text2text-generation), checked to be what the architecture "
+        "does. Default: from the architecture, text-generation for a causal LM, "
+        "text2text-generation for an encoder-decoder, else feature-extraction",
     )
     add_narrowing_argument(export)
     export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
@@ -198,25 +207,32 @@ def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
 
 
 def choose_task(options: argparse.Namespace) -> None:
-    """Sets ``options.task`` from the architecture when ``--task`` was not given (see
-    :func:`yobx.models.huggingface.default_task`), and says which on stderr."""
-    if getattr(options, "task", None) is not None or not options.model.startswith("hf:"):
-        return
-    _checkpoint(options)
-    try:
-        from yobx.models.huggingface import default_task
+    """Sets ``options.task`` to what the asked task exports of an ``hf:`` architecture
+    (see :func:`yobx.models.huggingface.export_kind`); without ``--task``, from the
+    architecture, said on stderr when it is a generation task.
 
-        task = default_task(options.model[3:])
-    except Exception:
-        return  # not a transformers architecture: loading the model says so
-    if task == "feature-extraction":
-        return
-    options.task, options.task_by_default = task, True
-    print(
-        f"yobx: task {task}, the default for {options.model[3:]} (--task "
-        "feature-extraction exports the model's outputs without a cache)",
-        file=sys.stderr,
-    )
+    :raises CommandError: the architecture does not serve the asked task
+    """
+    asked = getattr(options, "task", None)
+    if not options.model.startswith("hf:"):
+        return  # load_model refuses a task for any other model
+    _checkpoint(options)
+    from yobx.models.huggingface import export_kind
+
+    try:
+        task = export_kind(options.model[3:], asked)
+    except ValueError as exc:
+        if asked is None:
+            return  # not a transformers architecture: loading the model says so
+        raise CommandError(str(exc)) from exc
+    options.task = task
+    if asked is None and task != "feature-extraction":
+        options.task_by_default = True
+        print(
+            f"yobx: task {task}, the default for {options.model[3:]} (--task "
+            "feature-extraction exports the model's outputs without a cache)",
+            file=sys.stderr,
+        )
 
 
 def _run_stage(label: str, function, *args, **kwargs):

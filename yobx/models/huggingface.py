@@ -102,31 +102,70 @@ def hf_model(architecture: str, batch: int = 2, seq: int = 5):
 TASKS = ("feature-extraction", "text-generation")
 
 
-def default_task(architecture: str) -> str:
-    """The task an architecture is exported for when none is asked: generation with
-    the cache for a causal language model (``text-generation``) or an encoder-decoder
-    one (``text2text-generation``: T5, BART, Whisper...), the model's own inputs and
-    outputs for any other (``feature-extraction``), as transformers' auto mappings
-    classify them."""
+#: the tasks ``yobx export --task`` takes beside ``feature-extraction`` (the model's
+#: own inputs and outputs), and transformers' auto mappings of the architectures
+#: serving each
+TASK_MAPPINGS = {
+    "text-generation": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
+    "text2text-generation": (
+        "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    ),
+    "image-classification": ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",),
+    "automatic-speech-recognition": (
+        "MODEL_FOR_CTC_MAPPING_NAMES",
+        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    ),
+}
+#: every task ``yobx export --task`` takes
+HF_TASKS = ("feature-extraction", *TASK_MAPPINGS)
+
+
+def _serves(architecture: str, task: str) -> bool:
     from transformers.models.auto import modeling_auto
 
-    def listed(mapping: str) -> bool:
-        names = getattr(modeling_auto, mapping, {}).values()
-        return any(
-            architecture == n or (isinstance(n, (list, tuple)) and architecture in n) for n in names
-        )
+    for mapping in TASK_MAPPINGS[task]:
+        for names in getattr(modeling_auto, mapping, {}).values():
+            if architecture in (names if isinstance(names, (list, tuple)) else [names]):
+                return True
+    return False
 
-    seq2seq = listed("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES") or listed(
-        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"
-    )
-    config_class = _model_class(architecture).config_class
-    if seq2seq and getattr(config_class(), "is_encoder_decoder", False):
-        return "text2text-generation"
-    if listed("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"):
-        parameters = inspect.signature(_model_class(architecture).forward).parameters
-        if "cache" in parameters or "past_key_values" in parameters:
+
+def export_kind(architecture: str, task: str | None = None) -> str:
+    """What ``task`` exports of ``architecture``: ``feature-extraction`` (the model's
+    own inputs and outputs), ``text-generation`` (one step with its cache) or
+    ``text2text-generation`` (an encoder graph and a decoder step).
+
+    Without a task, the architecture decides, as transformers' auto mappings classify
+    it: a causal language model taking a cache is exported for ``text-generation``, an
+    encoder-decoder one (T5, BART, Whisper) for ``text2text-generation``, any other
+    model for its outputs. ``image-classification`` and ``automatic-speech-recognition``
+    (CTC) are the model's outputs, checked to be what the architecture does; a speech
+    encoder-decoder's ``automatic-speech-recognition`` is its ``text2text-generation``.
+
+    :raises ValueError: an unknown task, or one the architecture does not serve
+    """
+    if task not in (None, *HF_TASKS):
+        raise ValueError(f"unknown task {task!r}: expected one of {', '.join(HF_TASKS)}")
+    model_class = _model_class(architecture)
+    encoder_decoder = getattr(model_class.config_class(), "is_encoder_decoder", False)
+    if task is None:
+        if encoder_decoder and _serves(architecture, "text2text-generation"):
+            return "text2text-generation"
+        parameters = inspect.signature(model_class.forward).parameters
+        takes_cache = "cache" in parameters or "past_key_values" in parameters
+        if takes_cache and _serves(architecture, "text-generation"):
             return "text-generation"
-    return "feature-extraction"
+        return "feature-extraction"
+    if task in ("image-classification", "automatic-speech-recognition"):
+        if not _serves(architecture, task):
+            raise ValueError(
+                f"{architecture} does not do {task}: transformers' "
+                f"{' or '.join(TASK_MAPPINGS[task])} does not list it"
+            )
+        speech_seq2seq = encoder_decoder and task == "automatic-speech-recognition"
+        return "text2text-generation" if speech_seq2seq else "feature-extraction"
+    return task
 
 
 def hf_generation_model(
