@@ -112,8 +112,11 @@ def test_the_decode_step_runs_several_tokens_on_a_cache(llama_for_generation):
 # Qwen2 and Gemma generate through to_onnx in unittests/torch/onnx/test_generate.py;
 # GPT-2 with sdpa attention decides `q_length == 1` and reshapes by -1 (eager fails at
 # seq == 0, the nearest size of the single-token side)
+# Cohere2's sliding-window layers keep their count of positions seen as an int, which
+# transformers' flattening holds as a constant of the example: it follows the keys
 @pytest.mark.parametrize(
-    ("architecture", "attention"), [("LlamaForCausalLM", "eager"), ("GPT2LMHeadModel", "sdpa")]
+    ("architecture", "attention"),
+    [("LlamaForCausalLM", "eager"), ("GPT2LMHeadModel", "sdpa"), ("Cohere2ForCausalLM", "sdpa")],
 )
 def test_greedy_tokens_are_the_model_s(architecture, attention, llama_for_generation):
     if architecture == "LlamaForCausalLM":

@@ -75,7 +75,12 @@ from yobx.torch.onnx.export import to_onnx
 from yobx.torch.onnx.generate import end_tokens, mask_positions, next_tokens
 from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
 from yobx.torch.pytree_paths import flatten_with_paths
-from yobx.torch.tracing.inputs import bind_arguments, cache_dynamic_shapes, placeholder_names
+from yobx.torch.tracing.inputs import (
+    bind_arguments,
+    cache_dynamic_shapes,
+    count_from_keys,
+    placeholder_names,
+)
 
 #: the format this backend registers, the ``export_format`` of its configuration
 EXPORT_FORMAT = "yobx"
@@ -229,6 +234,17 @@ class _TensorOutputs(torch.nn.Module):
         self.model = model
 
     def forward(self, **kwargs):
+        from yobx.torch.tracing.proxies import CustomProxy
+
+        for value in kwargs.values():
+            if isinstance(value, (CustomProxy, torch.Tensor)):
+                continue
+            # transformers' flattening keeps a sliding-window layer's count of positions
+            # seen as a constant of the example: it follows the keys here instead
+            for layer in getattr(value, "layers", None) or ():
+                sliding = getattr(layer, "is_sliding", False)
+                if sliding and getattr(layer, "keys", None) is not None:
+                    count_from_keys(layer)
         return tuple(tensor for _, tensor in _output_tensors(self.model(**kwargs)))
 
 

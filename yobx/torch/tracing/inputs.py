@@ -385,17 +385,28 @@ def _register_dynamic_cache(cache_utils: Any) -> None:
 
 
 def _sliding_layer(cache_utils: Any, keys: torch.Tensor, window: int) -> Any:
-    """A sliding-window layer holding ``keys``. How many positions it has seen
-    (``cumulative_length``, which its masks read) is no tensor: it is the keys' length
-    until the window is full, after which the keys stop growing and the count is lost.
-    The graph is exact until then and checks it."""
+    """A sliding-window layer holding ``keys`` (see :func:`count_from_keys`)."""
     layer = cache_utils.DynamicSlidingWindowLayer(window)
-    if not isinstance(keys, torch.Tensor) or keys.dim() < 2:
-        return layer  # a stand-in of the structure (naming the outputs), not a cache
-    length = keys.shape[-2]
+    layer.keys = keys
+    if isinstance(keys, torch.Tensor) and keys.dim() >= 2:
+        count_from_keys(layer)
+    # else: a stand-in of the structure (naming the outputs), not a cache
+    return layer
+
+
+def count_from_keys(layer: Any) -> None:
+    """Sets the count of positions a sliding-window layer saw (``cumulative_length``,
+    which its masks read) from its keys' length.
+
+    The count is no tensor: it is the keys' length until the window is full, after
+    which the keys stop growing and the count is lost. While tracing, a check of the
+    graph says so (``past < window - 1``): the exported step is exact until the window
+    is full, and refuses the step after, naming the check. Rebuilt from real tensors, a
+    full layer's count is the best known.
+    """
+    window = int(layer.sliding_window)
+    length = layer.keys.shape[-2]
     if not isinstance(length, int):
-        # while tracing (a traced size): a check of the graph, which the exported model
-        # keeps; rebuilt from real tensors, a full layer's count is the best known
         torch._check(
             length < window - 1,
             f"a sliding-window cache layer holds {window - 1} positions at most, and its "
@@ -403,7 +414,6 @@ def _sliding_layer(cache_utils: Any, keys: torch.Tensor, window: int) -> Any:
             f"takes fewer than {window - 1}",
         )
     layer.cumulative_length = length
-    return layer
 
 
 def _register_encoder_decoder_cache(cls: type) -> None:
