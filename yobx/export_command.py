@@ -193,8 +193,9 @@ def _load(options: argparse.Namespace) -> tuple[Any, tuple, dict, Any]:
         except ModelLoadError as exc:
             if task != "text-generation" or not getattr(options, "task_by_default", False):
                 raise
-            # a causal LM whose cache is not a plain DynamicCache (sliding windows...):
-            # its outputs without the cache, said so, rather than nothing
+            # a causal LM whose cache layers are neither plain nor sliding-window ones
+            # (linear-attention states...): its outputs without the cache, said so,
+            # rather than nothing
             print(
                 f"yobx: warning: {exc}; exporting {options.model} without its cache "
                 "(--task feature-extraction)",

@@ -108,13 +108,11 @@ def hf_seq2seq_generation(
     args, kwargs, dynamic_shapes)`` for :func:`~yobx.torch.onnx.to_onnx`: ``encoder``
     (``input_ids`` and ``attention_mask`` of ``encoder_seq`` tokens, or Whisper's
     ``input_features``) and ``decoder`` (a step of ``seq`` tokens on a cache of
-    ``past`` positions and a cross-attention cache of the encoder's length).
+    ``past`` positions and a cross-attention cache of the encoder's length). The
+    example's caches are made by running the model (their shapes are the model's own).
 
     :param architecture: a transformers class (``T5ForConditionalGeneration``,
         ``BartForConditionalGeneration``, ``WhisperForConditionalGeneration``...)
-    The example's caches are made by running the model (their shapes are the
-    model's own).
-
     :param model: the model (a checkpoint loaded with ``from_pretrained``); by
         default a tiny one with random weights
     :raises ValueError: the architecture is not an encoder-decoder model with a cache
