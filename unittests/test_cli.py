@@ -581,9 +581,8 @@ def test_a_task_is_checked_against_the_architecture(architecture, task, kind):
 
 
 def test_a_default_generation_task_the_cache_cannot_serve_exports_the_outputs(capsys):
-    # FalconH1's cache layers hold linear attention states beside the keys and values,
-    # which no flattening of a DynamicCache describes: by default, its outputs without
-    # the cache, said so; asked for, a clear refusal
+    # Qwen3-Next's cache has linear-attention layers, which take no keys and values:
+    # by default, its outputs without the cache, said so; asked for, a clear refusal
     pytest.importorskip("transformers")
     import argparse
 
@@ -591,16 +590,16 @@ def test_a_default_generation_task_the_cache_cannot_serve_exports_the_outputs(ca
     from yobx.export_command import _load, choose_task
 
     options = argparse.Namespace(
-        model="hf:FalconH1ForCausalLM", task=None, weights=None, config=None
+        model="hf:Qwen3NextForCausalLM", task=None, weights=None, config=None
     )
     choose_task(options)
     model, args, kwargs, _ = _load(options)
     assert options.task == "feature-extraction" and "cache" not in kwargs
-    assert "exporting hf:FalconH1ForCausalLM without its cache" in capsys.readouterr().err
+    assert "exporting hf:Qwen3NextForCausalLM without its cache" in capsys.readouterr().err
     asked = argparse.Namespace(
-        model="hf:FalconH1ForCausalLM", task="text-generation", weights=None, config=None
+        model="hf:Qwen3NextForCausalLM", task="text-generation", weights=None, config=None
     )
-    with pytest.raises(CommandError, match="LinearAttentionAndFullAttentionLayer"):
+    with pytest.raises(CommandError, match="LinearAttentionLayer"):
         _load(asked)
 
 

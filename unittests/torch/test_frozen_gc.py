@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import weakref
 
 import pytest
 import torch
@@ -17,25 +16,48 @@ class _Cycle:
         self.me = self
 
 
-def test_older_objects_frozen_then_back_and_collected_as_usual():
-    assert gc.get_freeze_count() == 0
-    old = _Cycle()
-    alive = weakref.ref(old)
-    with older_objects_frozen():
-        assert gc.get_freeze_count() > 0
-        del old
-        gc.collect()
-        # frozen: a full collection does not reach it
-        assert alive() is not None
-        new = _Cycle()
-        new_alive = weakref.ref(new)
-        del new
-        gc.collect()
-        # made inside the block: collected as usual
-        assert new_alive() is None
-    assert gc.get_freeze_count() == 0
+_FROZEN_THEN_BACK = """
+import gc, weakref
+from yobx.torch.frozen_gc import older_objects_frozen
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+assert gc.get_freeze_count() == 0
+old = Cycle()
+alive = weakref.ref(old)
+with older_objects_frozen():
+    assert gc.get_freeze_count() > 0
+    del old
     gc.collect()
-    assert alive() is None
+    # frozen: a full collection does not reach it
+    assert alive() is not None
+    new = Cycle()
+    new_alive = weakref.ref(new)
+    del new
+    gc.collect()
+    # made inside the block: collected as usual
+    assert new_alive() is None
+assert gc.get_freeze_count() == 0
+gc.collect()
+assert alive() is None
+print("ok")
+"""
+
+
+def test_older_objects_frozen_then_back_and_collected_as_usual():
+    # In a process of its own: full collections of a test worker that ran hundreds of
+    # captures crashed three times in about a dozen CI runs (a segmentation fault
+    # inside gc.collect, here and once at a worker's exit), which is still to be
+    # understood; what this test checks is the freezing, not that process's objects
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FROZEN_THEN_BACK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_unfrozen_after_an_error():

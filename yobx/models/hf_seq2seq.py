@@ -84,7 +84,16 @@ class Seq2SeqDecoderStep(torch.nn.Module):
         cache: Any,
         attention_mask: torch.Tensor | None = None,
     ) -> dict[str, Any]:
+        from transformers.cache_utils import EncoderDecoderCache
+
         kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+        # built again from its two caches: its constructor decides from the
+        # cross-attention cache's length whether the step computes the encoder's keys
+        # and values (the first step) or reads them, a decision on sizes the tracer
+        # captures both sides of; a flattening keeping that decision as a constant of
+        # the example (transformers' exporters') would read an empty cache at the
+        # first step
+        cache = EncoderDecoderCache(cache.self_attention_cache, cache.cross_attention_cache)
         out = self.model(
             encoder_outputs=(encoder_hidden_states,),
             decoder_input_ids=decoder_input_ids,
@@ -211,16 +220,26 @@ def _decoder_inputs(
 
 
 def _decoder_shapes(inputs: dict) -> dict:
-    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+    from yobx.torch.tracing.inputs import structure_dynamic_shapes
 
     cache = inputs["cache"]
+    cross = {
+        id(tensor)
+        for layer in cache.cross_attention_cache.layers
+        for tensor in (layer.keys, layer.values)
+    }
+
+    def axes_of(tensor: torch.Tensor) -> dict:
+        if tensor.dim() != 4:
+            return {}
+        return {0: "batch", 2: CROSS_PAST if id(tensor) in cross else PAST}
+
     shapes = {
         "decoder_input_ids": {0: "batch", 1: SEQ},
         "encoder_hidden_states": {0: "batch", 1: ENCODER_SEQ},
-        "cache": [
-            cache_dynamic_shapes(cache.self_attention_cache, {0: "batch", 2: PAST}),
-            cache_dynamic_shapes(cache.cross_attention_cache, {0: "batch", 2: CROSS_PAST}),
-        ],
+        # in the structure of whichever flattening is registered (yobx's, or
+        # transformers' exporters' once they ran in the process)
+        "cache": structure_dynamic_shapes(cache, axes_of),
     }
     if "attention_mask" in inputs:
         shapes["attention_mask"] = {0: "batch", 1: ENCODER_SEQ}

@@ -451,13 +451,20 @@ def cache_dynamic_shapes(cache: Any, axes: dict[int, Any]) -> Any:
     values]``, one list per kind) or transformers' exporters' (one tensor after the
     other, layer by layer), which replaces it once ``transformers.exporters`` exported
     a model in the process."""
-    register_cache_flattening([cache])
-    node = pytree.SUPPORTED_NODES.get(type(cache))
-    children = node.flatten_fn(cache)[0] if node is not None else cache
-    return pytree.tree_map(
-        lambda leaf: dict(axes) if isinstance(leaf, torch.Tensor) and leaf.dim() == 4 else {},
-        children,
-    )
+    return structure_dynamic_shapes(cache, lambda t: dict(axes) if t.dim() == 4 else {})
+
+
+def structure_dynamic_shapes(value: Any, axes_of: Callable[[torch.Tensor], Any]) -> Any:
+    """The ``dynamic_shapes`` entry of ``value`` in the structure its pytree flattening
+    has now (whichever library registered it): ``axes_of(tensor)`` for each tensor,
+    ``{}`` for anything else, a list per node."""
+    if isinstance(value, torch.Tensor):
+        return axes_of(value)
+    register_cache_flattening([value])
+    node = pytree.SUPPORTED_NODES.get(type(value))
+    if node is None:
+        return {}
+    return [structure_dynamic_shapes(child, axes_of) for child in node.flatten_fn(value)[0]]
 
 
 def _layer_windows(cache: Any) -> list[int | None]:
