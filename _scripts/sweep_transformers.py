@@ -220,7 +220,8 @@ def _close(expected, got) -> bool:
     got = [torch.as_tensor(g) for g in torch.utils._pytree.tree_leaves(got)]
     expected = expected[: len(got)]
     return len(got) > 0 and all(
-        e.shape == g.shape and torch.allclose(e.float(), g.float(), atol=1e-3, rtol=1e-3)
+        e.shape == g.shape
+        and torch.allclose(e.float(), g.float(), atol=1e-3, rtol=1e-3, equal_nan=True)
         for e, g in zip(expected, got)
     )
 
@@ -286,9 +287,13 @@ def _child(model_type: str, name: str, paths: list[str], queue) -> None:
         model, example, other, dims = build(model_type, name)
         with torch.no_grad():
             model(**example)
-            model(**other)
+            first, second = model(**other), model(**other)
     except Exception as e:
         queue.put(("eager", f"fail: {_first_line(e)}"))
+        return
+    if not _close(first, second):
+        # values no capture can be compared with (memory left uninitialized)
+        queue.put(("eager", "fail: nondeterministic: two runs on the same inputs differ"))
         return
     queue.put(("eager", "ok"))
     for path in paths:
@@ -370,7 +375,7 @@ def main(argv: list[str]) -> None:
             counts[p][s] = counts[p].get(s, 0) + 1
         table.append((name, results))
         print(f"{name:40s} " + " ".join(f"{short[p]:10s}" for p in ["eager", *paths]), flush=True)
-        for p in paths:
+        for p in ["eager", *paths]:
             if results[p][0].startswith("fail"):
                 print(f"    {p}: {results[p][0][6:]}", flush=True)
     print(f"\n{len(todo)} architectures in {time.perf_counter() - start:.0f} s")

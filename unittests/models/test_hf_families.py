@@ -64,3 +64,49 @@ def test_family_inputs_are_named_by_their_role():
 def test_a_model_without_known_inputs_says_what_to_do():
     with pytest.raises(ModelLoadError, match=r"takes none of input_ids.*module:factory"):
         load_model("hf:TimeSeriesTransformerModel")
+
+
+def test_the_lists_of_a_stage_are_cut_with_the_stages():
+    # PVT gives strides, patch sizes, heads and ratios per stage, and their number:
+    # all are cut to the two tiny stages, or the model indexes past their end
+    from yobx.models.hf_families import tiny_config
+
+    config = tiny_config(model_class("PvtV2Model"))
+    stages = len(config.depths)
+    assert stages == len(config.hidden_sizes) == config.num_encoder_blocks == 2
+    for name in ("patch_sizes", "strides", "sr_ratios", "num_attention_heads", "mlp_ratios"):
+        assert len(getattr(config, name)) == stages, name
+    model, _, kwargs, shapes = load_model("hf:PvtV2Model")
+    assert shapes["pixel_values"] == {0: "batch", 2: "height", 3: "width"}
+    with torch.no_grad():
+        model(**kwargs)
+
+
+def test_a_timm_backbone_is_replaced_by_transformers_resnet():
+    # timm is not a dependency of transformers: DETR's default backbone would not build
+    from yobx.models.hf_families import tiny_config
+
+    config = tiny_config(model_class("DetrModel"))
+    assert config.backbone_config.model_type == "resnet"
+    assert config.backbone_config.hidden_sizes == [8, 16]
+
+
+def test_image_tokens_stand_in_the_text_for_each_image_s_features():
+    # LLaVA reads an image's features in place of as many image tokens of its text:
+    # one image per text, in one batch, the text long enough for them
+    model, _, kwargs, shapes = load_model("hf:LlavaModel")
+    token = model.config.image_token_id
+    assert token < model.config.text_config.vocab_size
+    counts = (kwargs["input_ids"] == token).sum(dim=1)
+    assert counts.tolist() == [counts[0].item()] * kwargs["pixel_values"].shape[0]
+    assert counts[0] > 0 and kwargs["input_ids"].shape[1] > counts[0]
+    assert shapes["input_ids"] == {0: "batch", 1: "seq"}
+    assert shapes["pixel_values"][0] == "batch"
+
+
+def test_speech_features_come_in_the_order_the_model_reads():
+    # Parakeet takes frames then mel bins, which its configuration does not say
+    model, _, kwargs, shapes = load_model("hf:ParakeetEncoder")
+    features = kwargs["input_features"]
+    assert features.shape[2] == model.config.num_mel_bins
+    assert shapes["input_features"] == {0: "batch", 1: "frames"}

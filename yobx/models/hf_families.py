@@ -11,14 +11,22 @@ family             inputs (dynamic dimensions)
 ``vision``         ``pixel_values`` (batch, and height, width when eager runs at
                    another image size)
 ``vision-text``    ``input_ids``, ``attention_mask`` (text_batch, seq) and
-                   ``pixel_values`` (image_batch, height, width where eager allows)
+                   ``pixel_values`` (image_batch, height, width where eager allows);
+                   a model reading image features in place of image tokens
+                   (LLaVA, PaliGemma) gets one image per text (batch) and as many
+                   image tokens in each text as an image has features
 ``audio``          ``input_values``: a waveform (batch, samples)
 ``speech-seq2seq`` ``input_features`` (batch, and frames where eager allows),
                    ``decoder_input_ids`` (batch, decoder_seq)
-``audio-features`` ``input_features`` alone (an encoder of speech features)
+``audio-features`` ``input_features`` alone (an encoder of speech features), mel
+                   bins then frames or the other way round, as the model reads them
 ``text2text``      ``input_ids``, ``attention_mask`` (batch, seq),
                    ``decoder_input_ids`` (batch, decoder_seq)
 =================  ==============================================================
+
+Configurations are shrunk key by key (:data:`_TINY_SIZES`); per-layer and per-stage
+lists are cut with the numbers of layers and stages, and a timm backbone (timm is not a
+dependency of transformers) becomes transformers' own ResNet.
 
 A dimension is dynamic only when eager PyTorch runs the model at another size of it:
 a ViT without position interpolation takes its training resolution only, so its height
@@ -29,9 +37,11 @@ family, the architectures whose export is tested (``yobx export --list`` prints 
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 #: small sizes given to any configuration (and sub-configuration) having the key
 _TINY_SIZES: dict[str, Any] = {
@@ -62,7 +72,8 @@ _TINY_SIZES: dict[str, Any] = {
     "head_dim": 8,
     # GPT-J's rotary part of a head: within the tiny head (32 / 4)
     "rotary_dim": 8,
-    "projection_dim": 16,
+    # as wide as the text: a vision-language projector writes into its embeddings
+    "projection_dim": 32,
     "projection_size": 32,
     "image_size": 32,
     "patch_size": 8,
@@ -94,8 +105,18 @@ _LAYER_COUNTS = (
     "encoder_layers",
     "decoder_layers",
 )
+#: numbers of stages of a convolutional or hierarchical model, whose per-stage lists
+#: (strides, patch sizes, heads, ratios) are cut with them
+_STAGE_LISTS = ("depths", "hidden_sizes")
+#: numbers of stages given beside their lists
+_STAGE_COUNTS = ("num_encoder_blocks", "num_stages")
+#: backbones of timm, which transformers does not install: replaced by transformers' own
+#: ResNet, whose features the detection heads read as they read timm's
+_TIMM_BACKBONES = ("timm_backbone",)
 #: special tokens must fall inside the tiny vocabulary
 _TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+#: the token standing for an image's features in a vision-language model's text
+_IMAGE_TOKENS = ("image_token_id", "image_token_index")
 #: what each family's forward takes first
 _MAIN_INPUTS = ("input_ids", "pixel_values", "input_values", "input_features")
 
@@ -158,7 +179,9 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
     """A configuration's ``to_dict()`` with small sizes (sub-configurations too)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, dict) and "model_type" in value:
+        if isinstance(value, dict) and value.get("model_type") in _TIMM_BACKBONES:
+            out[key] = _shrunk(_resnet_backbone(value))
+        elif isinstance(value, dict) and "model_type" in value:
             out[key] = _shrunk(value)
         elif key in _TINY_SIZES and _same_kind(value, _TINY_SIZES[key]):
             out[key] = _TINY_SIZES[key]
@@ -167,18 +190,33 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
     for key in _TOKEN_IDS:
         if isinstance(out.get(key), int) and out[key] >= _TINY_SIZES["vocab_size"]:
             out[key] = 0
-    # a value per layer (`layer_types`, Gemma3n's `intermediate_size`): the first ones,
-    # as many as the layers kept
+    # a value per layer (`layer_types`, Gemma3n's `intermediate_size`) or per stage
+    # (PVT's `strides`, `sr_ratios`): the first ones, as many as the layers or stages kept
     counts = {
         values[key]: out[key]
         for key in _LAYER_COUNTS
         if isinstance(values.get(key), int) and isinstance(out.get(key), int)
     }
+    for key in _STAGE_LISTS:
+        if isinstance(values.get(key), (list, tuple)) and isinstance(out.get(key), list):
+            counts.setdefault(len(values[key]), len(out[key]))
+            for count in _STAGE_COUNTS:
+                if values.get(count) == len(values[key]):
+                    out[count] = len(out[key])
     for key, value in out.items():
         kept = counts.get(len(value)) if isinstance(value, (list, tuple)) else None
         if kept is not None and kept < len(value) and value is values.get(key):
             out[key] = type(value)(value[:kept])
     return out
+
+
+def _resnet_backbone(timm: dict[str, Any]) -> dict[str, Any]:
+    """A transformers ResNet configuration standing for a timm backbone's (same input
+    channels; its stages, shrunk, are the features the model reads)."""
+    from transformers import ResNetConfig
+
+    resnet = ResNetConfig(num_channels=timm.get("num_channels", 3)).to_dict()
+    return {key: value for key, value in resnet.items() if key not in _DERIVED}
 
 
 def _same_kind(value: Any, tiny: Any) -> bool:
@@ -192,6 +230,11 @@ def tiny_config(cls: Any) -> Any:
     cache (the cache is not an input of these models)."""
     config_class = cls.config_class
     config = config_class.from_dict(_shrunk(config_class().to_dict()))
+    vocab = int(_attribute(config, "vocab_size", _TINY_SIZES["vocab_size"]))
+    for name in _IMAGE_TOKENS:
+        # the tiny vocabulary's last token (the text hf: builds never draws it)
+        if isinstance(getattr(config, name, None), int) and getattr(config, name) >= vocab - 1:
+            setattr(config, name, vocab - 1)
     for sub in (config, *(getattr(config, n, None) for n in ("text_config", "vision_config"))):
         if sub is None:
             continue
@@ -241,6 +284,57 @@ class _Inputs:
         # Whisper's encoder takes exactly twice its positions in frames
         self.frames = 2 * int(sources) if sources else 32
         self.type_vocab = int(_attribute(config, "type_vocab_size", 0) or 0)
+        #: a vision-language model's image token, and how many of them each image's
+        #: features take in the text (see :meth:`place_image_tokens`)
+        tokens = [getattr(config, name, None) for name in _IMAGE_TOKENS]
+        self.image_token = next((t for t in tokens if isinstance(t, int)), None)
+        self.image_tokens = 0
+
+    def orient_features(self, model: torch.nn.Module) -> None:
+        """Speech features come as (mel bins, frames) or (frames, mel bins) depending on
+        the model, which the configuration does not always say (Parakeet, Canary):
+        the other order is taken when the model runs with it only."""
+        if "frames" not in self.sizes() or _runs(model, self.make(self.sizes())):
+            return
+        self.features_last = not self.features_last
+        if not _runs(model, self.make(self.sizes())):
+            self.features_last = not self.features_last
+
+    def place_image_tokens(self, model: torch.nn.Module) -> None:
+        """For a vision-language model reading each image's features in place of image
+        tokens of its text (LLaVA, PaliGemma...): finds how many tokens an image takes,
+        trying the feature counts of ``get_image_features`` and of the model's own
+        error on a text without any, and keeps the first count the model runs with.
+        Texts and images then come in one batch, one image per text."""
+        if self.family != "vision-text" or self.image_token is None:
+            return
+        for count in self._image_token_counts(model):
+            self.image_tokens = count
+            if _runs(model, self.make(self.sizes())):
+                return
+        self.image_tokens = 0
+
+    def _image_token_counts(self, model: torch.nn.Module) -> list[int]:
+        counts: list[int] = []
+        sizes = self.sizes()
+        pixels = self.make(sizes)["pixel_values"]
+        try:
+            with torch.no_grad():
+                features = model.get_image_features(pixel_values=pixels[:1])
+        except Exception:
+            features = None
+        for leaf in pytree.tree_leaves(features):
+            if isinstance(leaf, torch.Tensor) and leaf.dim() >= 2:
+                counts += [leaf.shape[-2], leaf.numel() // leaf.shape[-1]]
+        try:
+            with torch.no_grad():
+                model(**self.make(sizes))
+        except Exception as e:
+            # "Image features and image tokens do not match, tokens: 0, features: 32"
+            found = re.search(r"features:?\s*(\d+)", str(e))
+            if found and int(found.group(1)) % sizes["batch"] == 0:
+                counts.append(int(found.group(1)) // sizes["batch"])
+        return [c for c in dict.fromkeys(counts) if 0 < c < 4096]
 
     def sizes(self) -> dict[str, int]:
         """The example's size of each dimension the family has."""
@@ -249,7 +343,9 @@ class _Inputs:
             sizes["seq"] = 7
         if self.family in ("vision", "vision-text"):
             sizes.update(height=self.image, width=self.image)
-        if self.family == "vision-text":
+        if self.family == "vision-text" and self.image_tokens:
+            sizes["seq"] += self.image_tokens
+        elif self.family == "vision-text":
             sizes.update(text_batch=2, batch=3)
         if self.family in ("text2text", "speech-seq2seq"):
             sizes["decoder_seq"] = 5
@@ -280,7 +376,10 @@ class _Inputs:
         if "seq" in sizes:
             text_batch = sizes.get("text_batch", batch)
             shape = (text_batch, sizes["seq"])
-            inputs["input_ids"] = torch.randint(3, self.vocab, shape, generator=generator)
+            # the last token of the vocabulary stays the image token's
+            inputs["input_ids"] = torch.randint(3, self.vocab - 1, shape, generator=generator)
+            if self.image_tokens:
+                inputs["input_ids"][:, 1 : 1 + self.image_tokens] = self.image_token
             if "attention_mask" in self.parameters:
                 inputs["attention_mask"] = torch.ones(shape, dtype=torch.int64)
             if "token_type_ids" in self.parameters and self.type_vocab > 0:
@@ -303,6 +402,8 @@ class _Inputs:
     def axes(self) -> dict[str, dict[int, str]]:
         """Each input's dimensions, named by their role."""
         text_batch = "text_batch" if self.family == "vision-text" else "batch"
+        if self.image_tokens:
+            text_batch = "batch"
         return {
             "input_ids": {0: text_batch, 1: "seq"},
             "attention_mask": {0: text_batch, 1: "seq"},
@@ -353,6 +454,8 @@ def hf_family_case(
         torch.manual_seed(0)
         model = cls(config).eval()
     maker = _Inputs(cls, config, family)
+    maker.orient_features(model)
+    maker.place_image_tokens(model)
     sizes = maker.sizes()
     if "text_batch" in sizes:
         # texts and images in batches of their own sizes, so that they stay apart

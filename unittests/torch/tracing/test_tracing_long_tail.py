@@ -307,3 +307,74 @@ def test_broadcasting_a_slice_of_one_row_is_a_decision():
         other_inputs=others,
     )
     assert len(tracer.versions) == 2  # rows > 0, and no rows at all (width < 8)
+
+
+class ImagePlaceholders(torch.nn.Module):
+    """A vision-language model writes each image's features over the embeddings of its
+    image tokens, after checking that there are as many tokens as features, with a
+    check helper that calls its condition when it is callable."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids, features):
+        embeds = self.embed(ids)
+        mask = ids == 9
+        condition = mask.sum() * embeds.shape[-1] == features.numel()
+        if callable(condition):
+            condition = condition()
+        torch._check_tensor_all_with(ValueError, condition, lambda: "tokens and features")
+        mask = mask.unsqueeze(-1).expand_as(embeds)
+        return embeds.masked_scatter(mask, features)
+
+
+def _placeholders(batch, seq, per_image):
+    ids = torch.randint(0, 9, (batch, seq))
+    ids[:, 1 : 1 + per_image] = 9
+    return {"ids": ids, "features": torch.randn(batch * per_image, 4)}
+
+
+def test_masked_scatter_and_a_checked_condition_on_values():
+    model = ImagePlaceholders()
+    tracer, graph, gm = check_trace(
+        model,
+        _placeholders(2, 7, 3),
+        {"ids": {0: "b", 1: "s"}, "features": {0: "n"}},
+        other_inputs=[_placeholders(3, 11, 3), _placeholders(1, 5, 2)],
+    )
+    assert tracer.constraints == []
+    # the check is in the graph: features that do not fit the tokens are refused
+    wrong = _placeholders(2, 7, 3)
+    wrong["features"] = torch.randn(5, 4)
+    with pytest.raises(ValueError):
+        model(**wrong)
+    with pytest.raises(AssertionError, match="check"):
+        gm(**wrong)
+
+
+class SamePadding(torch.nn.Module):
+    """A speech encoder's depthwise convolution padded "same" with an even kernel, on
+    its input transposed (not contiguous) and through the functional form."""
+
+    def __init__(self):
+        super().__init__()
+        self.depthwise = torch.nn.Conv1d(8, 8, 4, padding="same", groups=8)
+
+    def forward(self, x):
+        y = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
+        z = self.depthwise(x.transpose(1, 2).contiguous()).transpose(1, 2)
+        w = torch.nn.functional.conv1d(
+            x.transpose(1, 2), self.depthwise.weight, padding="same", groups=8
+        )
+        return x + y + z + w.transpose(1, 2)
+
+
+def test_a_convolution_padded_same_keeps_its_length_symbolic():
+    tracer, _, _ = check_trace(
+        SamePadding(),
+        {"x": torch.randn(2, 10, 8)},
+        {"x": {0: "batch", 1: "t"}},
+        other_inputs=[{"x": torch.randn(3, 7, 8)}, {"x": torch.randn(1, 13, 8)}],
+    )
+    assert tracer.constraints == [] and tracer.versions == []

@@ -35,6 +35,8 @@ from .shape_rules._strides import decided_contiguity
 from .symbolic import Guard
 from .symbolic_variants import function_variant
 
+#: what a C++ kernel taking concrete sizes only says of symbolic ones
+_CONCRETE_ONLY = "expected to contain only concrete integers"
 _CONVOLUTIONS = frozenset(
     getattr(torch.nn.functional, name)
     for name in (
@@ -137,9 +139,14 @@ def _needs_python_dispatcher(function: Any, args: tuple, kwargs: dict) -> bool:
     (``torch.arange(0, n * 0.5, 0.5)``) only there (an internal assertion fails
     otherwise), and the FFTs' C++ meta kernels fix every size of their input
     (FNet's ``torch.fft.fftn``: ``batch == 2`` and ``seq == 7``) where the Python ones
-    keep them symbolic."""
+    keep them symbolic, as for a convolution padded ``"same"``."""
     if getattr(function, "__module__", None) == "torch._C._fft":
         return True
+    if function in _CONVOLUTIONS:
+        # `padding="same"`: the C++ kernel reads concrete sizes, and with the guards of
+        # a convolution kept quiet (see _run_fake) fixed the length to the example's
+        padding = kwargs.get("padding", args[4] if len(args) > 4 else None)
+        return isinstance(padding, str)
     # every call_function node comes here: a look at the arguments and one level of
     # lists inside them, no pytree flattening
     for value in (*args, *kwargs.values()):
@@ -295,10 +302,18 @@ class FakeExecutionMixin:
         except Exception as e:
             retry = self._broadcast_decided(e, args, kwargs)
             try:
-                if retry is None:
+                if retry is None and _CONCRETE_ONLY in str(e):
+                    # a C++ kernel of a composite operator (masked_scatter's expand)
+                    # takes concrete sizes only; its Python decomposition, which the
+                    # Python dispatcher runs (as make_fx and torch.export do), keeps
+                    # them symbolic
+                    with self.fake_mode, enable_python_dispatcher():
+                        val = self._dispatch_fake(node, args, kwargs)
+                elif retry is None:
                     raise
-                with self.fake_mode:
-                    val = self._dispatch_fake(node, *retry)
+                else:
+                    with self.fake_mode:
+                        val = self._dispatch_fake(node, *retry)
             except Exception as again:
                 raise TracingError.at(
                     self.location(),
@@ -420,6 +435,10 @@ class FakeExecutionMixin:
             return function(*args, **kwargs)
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
+        module = self.root.get_submodule(node.target)
+        if isinstance(module, torch.nn.modules.conv._ConvNd) and isinstance(module.padding, str):
+            with enable_python_dispatcher():  # as for F.conv1d(..., padding="same")
+                return self._run_leaf_module(node.target, args, kwargs)
         return self._run_leaf_module(node.target, args, kwargs)
 
     def _run_leaf_module(self, target: str, args, kwargs) -> Any:

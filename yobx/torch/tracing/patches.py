@@ -245,6 +245,26 @@ def _proxy_aware_isinstance(original: Callable) -> Callable:
     return isinstance_
 
 
+def _proxy_aware_callable(original: Callable) -> Callable:
+    """``callable(x)`` answers for the value a proxy stands for: False for a tensor or
+    a number. torch.fx's ``Proxy.__call__`` (there for traced methods, which are
+    :class:`~.proxies.CustomAttribute`, not this) made every proxy callable, and
+    transformers' ``torch_compilable_check(n_tokens == n_features, msg)`` calls a
+    callable condition: the trace then called a tensor."""
+    from .proxies import CustomProxy
+
+    # called often: no thread gate, the original answers for anything but a proxy
+    @any_thread
+    def callable_(obj):
+        if _BUILTIN_ISINSTANCE(obj, CustomProxy):
+            value = obj.node.meta.get("val")
+            if value is not None:
+                return original(value)
+        return original(obj)
+
+    return callable_
+
+
 def _symbolic_max_pool1d(original: Callable) -> Callable:
     """``torch.max_pool1d`` on fake tensors, keeping the length symbolic.
 
@@ -287,6 +307,22 @@ def _check(original: Callable) -> Callable:
             cond.tracer.check(cond, message)
             return None
         return original(cond, message) if message is not None else original(cond)
+
+    return wrapper
+
+
+def _check_with(original: Callable) -> Callable:
+    """``torch._check_with(error_type, cond, message)`` and
+    ``torch._check_tensor_all_with`` (transformers' ``torch_compilable_check``) on a
+    traced condition: recorded as ``torch._check`` records it (a check of every element
+    of a tensor condition, when the graph runs)."""
+
+    @functools.wraps(original)
+    def wrapper(error_type, cond, message=None):
+        if isinstance(cond, Proxy):
+            cond.tracer.check(cond, message)
+            return None
+        return original(error_type, cond, message)
 
     return wrapper
 
@@ -442,11 +478,13 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
     tensor factories (``torch.zeros(x.size(0), 4)``, ``torch.full(x.shape[:2], 1.0)``),
     indexing of a real tensor by symbolic sizes (``tensor[:, n:]``), ``torch.cond``,
     ``torch.vmap``/``torch.func.vmap``, ``torch.ops.higher_order.scan``,
-    ``torch._check`` and the builtins ``max``/``min`` accept proxies, and
+    ``torch._check`` (``_check_with``, ``_check_tensor_all[_with]``) and the builtins
+    ``max``/``min`` accept proxies, and
     ``isinstance(x, torch.Tensor)``/``torch.is_tensor(x)`` are True for a proxy of a
-    tensor in model code. Calls without proxies, and every call from another thread,
-    behave as usual. Everything is restored on exit, including when the body raises;
-    only one such block is open at a time in the process (another thread waits).
+    tensor in model code, ``callable(x)`` is False for a proxy of a tensor or a number.
+    Calls without proxies, and every call from another thread, behave as usual.
+    Everything is restored on exit, including when the body raises; only one such
+    block is open at a time in the process (another thread waits).
     """
     # the context expressions run in order: the originals are read inside the window,
     # once another thread's trace is over
@@ -481,6 +519,9 @@ def _replacements() -> list[tuple[Any, str, Any]]:
             for name in dict.fromkeys(_DTYPE_METHODS + _SIZES_METHODS + _TRACED_ARGUMENT_METHODS)
         ),
         (torch, "_check", _check(torch._check)),
+        (torch, "_check_tensor_all", _check(torch._check_tensor_all)),
+        (torch, "_check_with", _check_with(torch._check_with)),
+        (torch, "_check_tensor_all_with", _check_with(torch._check_tensor_all_with)),
         (torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__)),
         (torch, "cond", cond_function(torch.cond)),
         (torch, "vmap", vmap),
@@ -488,6 +529,7 @@ def _replacements() -> list[tuple[Any, str, Any]]:
         (torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan)),
         (torch.compiler, "is_exporting", _exporting),
         (builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance)),
+        (builtins, "callable", _proxy_aware_callable(builtins.callable)),
         (torch, "is_tensor", _proxy_aware_is_tensor(torch.is_tensor)),
         (builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max)),
         (builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min)),

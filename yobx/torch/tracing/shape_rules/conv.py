@@ -30,8 +30,11 @@ def _single_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return fake(args[0])
 
 
-def _spatial(x: torch.Tensor, spatial_rank: int, channels: int | None) -> list[int]:
-    """The static spatial sizes of a batched input ``[N, C, *spatial]``."""
+def _spatial(
+    x: torch.Tensor, spatial_rank: int, channels: int | None, dynamic: bool = False
+) -> list[Any]:
+    """The static spatial sizes of a batched input ``[N, C, *spatial]`` (its sizes,
+    symbolic ones included, with ``dynamic``)."""
     if x.dim() != spatial_rank + 2 or x.dtype not in FLOATING:
         raise Unsupported("unbatched or non-floating input")
     keys = [size_key(s) for s in x.shape]
@@ -40,7 +43,9 @@ def _spatial(x: torch.Tensor, spatial_rank: int, channels: int | None) -> list[i
     if channels is not None and keys[1] != channels:
         raise Unsupported("channels")
     spatial = keys[2:]
-    if any(type(k) is not int for k in spatial):
+    if dynamic:
+        spatial = list(x.shape[2:])
+    elif any(type(k) is not int for k in spatial):
         raise Unsupported("dynamic spatial dimensions")
     require_contiguous(x)
     return spatial
@@ -62,20 +67,29 @@ def _window_output(size: int, kernel: int, stride: int, padding: int, dilation: 
 
 
 def convolution_module(factory: TensorFactory, module: nn.Module, args, kwargs):
-    """``nn.Conv1d/2d/3d`` with numeric padding and zero padding mode."""
+    """``nn.Conv1d/2d/3d`` with zero padding mode, numeric padding or ``"valid"``
+    (none) or ``"same"`` (as many outputs as inputs: torch takes it with stride 1 only,
+    and pads one more on the right for an even kernel)."""
     rank = {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}[type(module)]
     x = _single_input(args, kwargs)
-    if isinstance(module.padding, str) or module.padding_mode != "zeros":
-        raise Unsupported("string padding or padding mode")
-    spatial = _spatial(x, rank, module.in_channels)
+    if module.padding_mode != "zeros":
+        raise Unsupported("padding mode")
+    same = module.padding == "same"
+    spatial = _spatial(x, rank, module.in_channels, dynamic=same)
     if x.dtype != module.weight.dtype:
         raise Unsupported("dtype")
-    out = [
-        _window_output(size, k, s, p, d)
-        for size, k, s, p, d in zip(
-            spatial, module.kernel_size, module.stride, module.padding, module.dilation
-        )
-    ]
+    if same:
+        # torch's own kernel of this padding reads concrete sizes: its fake execution
+        # would fix them to the example's
+        out = list(spatial)
+    else:
+        padding = (0,) * rank if module.padding == "valid" else module.padding
+        out = [
+            _window_output(size, k, s, p, d)
+            for size, k, s, p, d in zip(
+                spatial, module.kernel_size, module.stride, padding, module.dilation
+            )
+        ]
     grad = needs_grad([x, *module.parameters()])
     return factory.new([x.shape[0], module.out_channels, *out], x.dtype, x.device, grad)
 
