@@ -110,3 +110,15 @@ def test_speech_features_come_in_the_order_the_model_reads():
     features = kwargs["input_features"]
     assert features.shape[2] == model.config.num_mel_bins
     assert shapes["input_features"] == {0: "batch", 1: "frames"}
+
+
+def test_audio_tokens_stand_in_the_text_for_each_clip_s_features():
+    # a speech-language model reads each clip's features in place of its audio tokens
+    model, _, kwargs, shapes = load_model("hf:AudioFlamingo3Model")
+    assert family_of(model_class("AudioFlamingo3Model")) == "audio-text"
+    counts = (kwargs["input_ids"] == model.config.audio_token_id).sum(dim=1)
+    assert counts[0] > 0 and counts.tolist() == [counts[0].item()] * counts.shape[0]
+    assert kwargs["input_features_mask"].shape == kwargs["input_features"].shape[::2]
+    assert shapes["input_ids"] == {0: "batch", 1: "seq"}
+    with torch.no_grad():
+        model(**kwargs)

@@ -13,13 +13,18 @@ family             inputs (dynamic dimensions)
 ``vision-text``    ``input_ids``, ``attention_mask`` (text_batch, seq) and
                    ``pixel_values`` (image_batch, height, width where eager allows);
                    a model reading image features in place of image tokens
-                   (LLaVA, PaliGemma) gets one image per text (batch) and as many
-                   image tokens in each text as an image has features
+                   (LLaVA, PaliGemma) gets one image per text (batch), as many
+                   image tokens in each text as an image has features, and each
+                   image's size (``image_sizes``) where the model needs them
 ``audio``          ``input_values``: a waveform (batch, samples)
 ``speech-seq2seq`` ``input_features`` (batch, and frames where eager allows),
                    ``decoder_input_ids`` (batch, decoder_seq)
 ``audio-features`` ``input_features`` alone (an encoder of speech features), mel
                    bins then frames or the other way round, as the model reads them
+``audio-text``     ``input_ids``, ``attention_mask`` (batch, seq) with as many audio
+                   tokens as a clip has features, ``input_features`` and its mask
+                   (batch, frames where eager allows): a speech-language model
+                   (Audio Flamingo)
 ``text2text``      ``input_ids``, ``attention_mask`` (batch, seq),
                    ``decoder_input_ids`` (batch, decoder_seq)
 =================  ==============================================================
@@ -117,6 +122,8 @@ _TIMM_BACKBONES = ("timm_backbone",)
 _TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 #: the token standing for an image's features in a vision-language model's text
 _IMAGE_TOKENS = ("image_token_id", "image_token_index")
+#: the token standing for an audio clip's features in a speech-language model's text
+_AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
 #: what each family's forward takes first
 _MAIN_INPUTS = ("input_ids", "pixel_values", "input_values", "input_features")
 
@@ -159,7 +166,9 @@ def family_of(cls: Any) -> str:
     ``forward`` (see the module's table)."""
     parameters = set(inspect.signature(cls.forward).parameters)
     if "input_features" in parameters:
-        return "speech-seq2seq" if "decoder_input_ids" in parameters else "audio-features"
+        if "decoder_input_ids" in parameters:
+            return "speech-seq2seq"
+        return "audio-text" if "input_ids" in parameters else "audio-features"
     if "decoder_input_ids" in parameters and "input_ids" in parameters:
         return "text2text"
     if "pixel_values" in parameters:
@@ -231,7 +240,7 @@ def tiny_config(cls: Any) -> Any:
     config_class = cls.config_class
     config = config_class.from_dict(_shrunk(config_class().to_dict()))
     vocab = int(_attribute(config, "vocab_size", _TINY_SIZES["vocab_size"]))
-    for name in _IMAGE_TOKENS:
+    for name in (*_IMAGE_TOKENS, *_AUDIO_TOKENS):
         # the tiny vocabulary's last token (the text hf: builds never draws it)
         if isinstance(getattr(config, name, None), int) and getattr(config, name) >= vocab - 1:
             setattr(config, name, vocab - 1)
@@ -284,11 +293,15 @@ class _Inputs:
         # Whisper's encoder takes exactly twice its positions in frames
         self.frames = 2 * int(sources) if sources else 32
         self.type_vocab = int(_attribute(config, "type_vocab_size", 0) or 0)
-        #: a vision-language model's image token, and how many of them each image's
-        #: features take in the text (see :meth:`place_image_tokens`)
-        tokens = [getattr(config, name, None) for name in _IMAGE_TOKENS]
-        self.image_token = next((t for t in tokens if isinstance(t, int)), None)
-        self.image_tokens = 0
+        #: a vision- or speech-language model's image or audio token, and how many of
+        #: them each image's or clip's features take in the text (see
+        #: :meth:`place_media_tokens`)
+        names = _AUDIO_TOKENS if family == "audio-text" else _IMAGE_TOKENS
+        tokens = [getattr(config, name, None) for name in names]
+        self.media_token = next((t for t in tokens if isinstance(t, int)), None)
+        self.media_tokens = 0
+        #: whether the model gets each image's size (it needs them or fails with them)
+        self.with_image_sizes = False
 
     def orient_features(self, model: torch.nn.Module) -> None:
         """Speech features come as (mel bins, frames) or (frames, mel bins) depending on
@@ -300,27 +313,35 @@ class _Inputs:
         if not _runs(model, self.make(self.sizes())):
             self.features_last = not self.features_last
 
-    def place_image_tokens(self, model: torch.nn.Module) -> None:
-        """For a vision-language model reading each image's features in place of image
-        tokens of its text (LLaVA, PaliGemma...): finds how many tokens an image takes,
-        trying the feature counts of ``get_image_features`` and of the model's own
-        error on a text without any, and keeps the first count the model runs with.
-        Texts and images then come in one batch, one image per text."""
-        if self.family != "vision-text" or self.image_token is None:
+    def place_media_tokens(self, model: torch.nn.Module) -> None:
+        """For a vision- or speech-language model reading each image's (audio clip's)
+        features in place of image (audio) tokens of its text (LLaVA, PaliGemma, Audio
+        Flamingo...): finds how many tokens an image or a clip takes, trying the
+        feature counts of ``get_image_features`` (``get_audio_features``) and of the
+        model's own error on a text without any, and keeps the first count the model
+        runs with. Texts and images or clips then come in one batch, one per text."""
+        if self.family not in ("vision-text", "audio-text") or self.media_token is None:
             return
-        for count in self._image_token_counts(model):
-            self.image_tokens = count
-            if _runs(model, self.make(self.sizes())):
-                return
-        self.image_tokens = 0
+        for with_sizes in dict.fromkeys(["image_sizes" in self.parameters, False]):
+            self.with_image_sizes = with_sizes
+            for count in self._media_token_counts(model):
+                self.media_tokens = count
+                if _runs(model, self.make(self.sizes())):
+                    return
+        self.media_tokens = 0
 
-    def _image_token_counts(self, model: torch.nn.Module) -> list[int]:
+    def _media_token_counts(self, model: torch.nn.Module) -> list[int]:
         counts: list[int] = []
         sizes = self.sizes()
-        pixels = self.make(sizes)["pixel_values"]
+        audio = self.family == "audio-text"
+        name = "input_features" if audio else "pixel_values"
+        inputs = self.make(sizes)
+        # the first image or clip, and its size where the model takes it
+        first = {k: inputs[k][:1] for k in (name, "image_sizes") if k in inputs}
         try:
+            method = model.get_audio_features if audio else model.get_image_features
             with torch.no_grad():
-                features = model.get_image_features(pixel_values=pixels[:1])
+                features = method(**first)
         except Exception:
             features = None
         for leaf in pytree.tree_leaves(features):
@@ -339,17 +360,17 @@ class _Inputs:
     def sizes(self) -> dict[str, int]:
         """The example's size of each dimension the family has."""
         sizes = {"batch": 2}
-        if self.family in ("text", "text2text", "vision-text"):
+        if self.family in ("text", "text2text", "vision-text", "audio-text"):
             sizes["seq"] = 7
         if self.family in ("vision", "vision-text"):
             sizes.update(height=self.image, width=self.image)
-        if self.family == "vision-text" and self.image_tokens:
-            sizes["seq"] += self.image_tokens
+        if self.media_tokens:
+            sizes["seq"] += self.media_tokens
         elif self.family == "vision-text":
             sizes.update(text_batch=2, batch=3)
         if self.family in ("text2text", "speech-seq2seq"):
             sizes["decoder_seq"] = 5
-        if self.family in ("speech-seq2seq", "audio-features"):
+        if self.family in ("speech-seq2seq", "audio-features", "audio-text"):
             sizes["frames"] = self.frames
         if self.family == "audio":
             sizes["samples"] = 400
@@ -378,8 +399,8 @@ class _Inputs:
             shape = (text_batch, sizes["seq"])
             # the last token of the vocabulary stays the image token's
             inputs["input_ids"] = torch.randint(3, self.vocab - 1, shape, generator=generator)
-            if self.image_tokens:
-                inputs["input_ids"][:, 1 : 1 + self.image_tokens] = self.image_token
+            if self.media_tokens:
+                inputs["input_ids"][:, 1 : 1 + self.media_tokens] = self.media_token
             if "attention_mask" in self.parameters:
                 inputs["attention_mask"] = torch.ones(shape, dtype=torch.int64)
             if "token_type_ids" in self.parameters and self.type_vocab > 0:
@@ -387,6 +408,10 @@ class _Inputs:
         if "height" in sizes:
             shape = (batch, self.channels, sizes["height"], sizes["width"])
             inputs["pixel_values"] = torch.randn(shape, generator=generator)
+            if self.with_image_sizes:
+                # each image's size before any resizing (LLaVA-NeXT, Mistral 3)
+                image_size = [sizes["height"], sizes["width"]]
+                inputs["image_sizes"] = torch.tensor([image_size] * batch, dtype=torch.int64)
         if "samples" in sizes:
             inputs["input_values"] = torch.randn((batch, sizes["samples"]), generator=generator)
         if "frames" in sizes:
@@ -394,6 +419,10 @@ class _Inputs:
             if self.features_last:
                 shape = (batch, sizes["frames"], self.mel_bins)
             inputs["input_features"] = torch.randn(shape, generator=generator)
+            if "input_features_mask" in self.parameters:
+                # every frame is speech (a speech-language model pools by the mask)
+                mask_shape = (batch, sizes["frames"])
+                inputs["input_features_mask"] = torch.ones(mask_shape, dtype=torch.int64)
         if "decoder_seq" in sizes:
             shape = (batch, sizes["decoder_seq"])
             inputs["decoder_input_ids"] = torch.randint(3, self.vocab, shape, generator=generator)
@@ -402,7 +431,7 @@ class _Inputs:
     def axes(self) -> dict[str, dict[int, str]]:
         """Each input's dimensions, named by their role."""
         text_batch = "text_batch" if self.family == "vision-text" else "batch"
-        if self.image_tokens:
+        if self.media_tokens:
             text_batch = "batch"
         return {
             "input_ids": {0: text_batch, 1: "seq"},
@@ -411,6 +440,8 @@ class _Inputs:
             "pixel_values": {0: "batch", 2: "height", 3: "width"},
             "input_values": {0: "batch", 1: "samples"},
             "input_features": {0: "batch", 1 if self.features_last else 2: "frames"},
+            "input_features_mask": {0: "batch", 1: "frames"},
+            "image_sizes": {0: "batch"},
             "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
         }
 
@@ -455,7 +486,7 @@ def hf_family_case(
         model = cls(config).eval()
     maker = _Inputs(cls, config, family)
     maker.orient_features(model)
-    maker.place_image_tokens(model)
+    maker.place_media_tokens(model)
     sizes = maker.sizes()
     if "text_batch" in sizes:
         # texts and images in batches of their own sizes, so that they stay apart
