@@ -122,3 +122,17 @@ def test_audio_tokens_stand_in_the_text_for_each_clip_s_features():
     assert shapes["input_ids"] == {0: "batch", 1: "seq"}
     with torch.no_grad():
         model(**kwargs)
+
+
+def test_a_multimodal_model_without_its_towers_reads_text():
+    # Gemma 4 takes audio features too, but its tiny configuration has no audio tower;
+    # its layer settings by index are those of the layers kept
+    from yobx.models.hf_families import tiny_config
+
+    text = tiny_config(model_class("Gemma4Model")).to_dict()["text_config"]
+    assert all(int(i) < text["num_hidden_layers"] for i in text["per_layer_config"])
+    model, _, kwargs, shapes = load_model("hf:Gemma4Model")
+    assert set(kwargs) == {"input_ids", "attention_mask"}
+    assert shapes["input_ids"] == {0: "batch", 1: "seq"}
+    with torch.no_grad():
+        model(**kwargs)

@@ -216,6 +216,15 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
         kept = counts.get(len(value)) if isinstance(value, (list, tuple)) else None
         if kept is not None and kept < len(value) and value is values.get(key):
             out[key] = type(value)(value[:kept])
+    # settings of some layers by their index (Gemma 4's `per_layer_config`, `"05"`):
+    # those of the layers kept
+    layers = min(counts.values(), default=None)
+    if layers is not None and isinstance(out.get("per_layer_config"), dict):
+        out["per_layer_config"] = {
+            index: setting
+            for index, setting in out["per_layer_config"].items()
+            if str(index).isdigit() and int(index) < layers
+        }
     return out
 
 
@@ -469,6 +478,22 @@ def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict
     return model, (), kwargs, dynamic_shapes
 
 
+def _family_inputs(
+    cls: Any, config: Any, family: str, model: torch.nn.Module, batch: int
+) -> tuple[_Inputs, dict[str, int], dict[str, torch.Tensor]]:
+    """The inputs of ``family`` for ``model``: their builder, sizes and values."""
+    maker = _Inputs(cls, config, family)
+    maker.orient_features(model)
+    maker.place_media_tokens(model)
+    sizes = maker.sizes()
+    if "text_batch" in sizes:
+        # texts and images in batches of their own sizes, so that they stay apart
+        sizes.update(text_batch=batch, batch=batch + 1)
+    else:
+        sizes["batch"] = batch
+    return maker, sizes, maker.make(sizes)
+
+
 def hf_family_case(
     architecture: str, batch: int = 2
 ) -> tuple[Any, dict[str, torch.Tensor], dict, dict[str, torch.Tensor]]:
@@ -484,25 +509,21 @@ def hf_family_case(
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = cls(config).eval()
-    maker = _Inputs(cls, config, family)
-    maker.orient_features(model)
-    maker.place_media_tokens(model)
-    sizes = maker.sizes()
-    if "text_batch" in sizes:
-        # texts and images in batches of their own sizes, so that they stay apart
-        sizes.update(text_batch=batch, batch=batch + 1)
-    else:
-        sizes["batch"] = batch
-    kwargs = maker.make(sizes)
+    maker, sizes, kwargs = _family_inputs(cls, config, family, model, batch)
     try:
         with torch.no_grad():
             model(**kwargs)
     except Exception as e:
-        raise ValueError(
-            f"{architecture} ({family}) does not run on the inputs hf: builds "
-            f"({', '.join(kwargs)}): {type(e).__name__}: {e}; pass a factory "
-            "returning (model, args, kwargs, dynamic_shapes) instead (module:factory)"
-        ) from e
+        # a multimodal model whose tiny configuration has no audio or vision tower
+        # (Gemma 4) still reads text
+        text = _family_inputs(cls, config, "text", model, batch) if "input_ids" in kwargs else None
+        if text is None or not _runs(model, text[2]):
+            raise ValueError(
+                f"{architecture} ({family}) does not run on the inputs hf: builds "
+                f"({', '.join(kwargs)}): {type(e).__name__}: {e}; pass a factory "
+                "returning (model, args, kwargs, dynamic_shapes) instead (module:factory)"
+            ) from e
+        maker, sizes, kwargs = text
     other = maker.other_sizes(sizes)
     dynamic = {name for name in sizes if _runs(model, maker.make({**sizes, name: other[name]}))}
     axes = maker.axes()
