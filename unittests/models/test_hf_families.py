@@ -136,3 +136,25 @@ def test_a_multimodal_model_without_its_towers_reads_text():
     assert shapes["input_ids"] == {0: "batch", 1: "seq"}
     with torch.no_grad():
         model(**kwargs)
+
+
+def test_a_vision_language_model_exports_at_other_text_and_batch_sizes():
+    # PaliGemma (image tokens in the text): the ONNX model against eager on hf:'s inputs
+    # of other sizes (the validation's own random tokens would hold no image token)
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from yobx.models.hf_families import hf_family_case
+    from yobx.torch.onnx import to_onnx
+
+    model, kwargs, shapes, other = hf_family_case("PaliGemmaModel")
+    assert shapes["input_ids"] == {0: "batch", 1: "seq"}
+    result = to_onnx(model, (), kwargs=kwargs, dynamic_shapes=shapes)
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [i.name for i in session.get_inputs()]
+    for inputs in (kwargs, other):
+        with torch.no_grad():
+            expected = model(**inputs).last_hidden_state
+        got = session.run(None, {n: inputs[n].numpy() for n in names})[0]
+        assert got.shape == tuple(expected.shape)
+        torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
