@@ -206,6 +206,7 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
         for key in _LAYER_COUNTS
         if isinstance(values.get(key), int) and isinstance(out.get(key), int)
     }
+    layers = min(counts.values(), default=None)
     for key in _STAGE_LISTS:
         if isinstance(values.get(key), (list, tuple)) and isinstance(out.get(key), list):
             counts.setdefault(len(values[key]), len(out[key]))
@@ -218,7 +219,6 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
             out[key] = type(value)(value[:kept])
     # settings of some layers by their index (Gemma 4's `per_layer_config`, `"05"`):
     # those of the layers kept
-    layers = min(counts.values(), default=None)
     if layers is not None and isinstance(out.get("per_layer_config"), dict):
         out["per_layer_config"] = {
             index: setting
@@ -407,7 +407,8 @@ class _Inputs:
             text_batch = sizes.get("text_batch", batch)
             shape = (text_batch, sizes["seq"])
             # the last token of the vocabulary stays the image token's
-            inputs["input_ids"] = torch.randint(3, self.vocab - 1, shape, generator=generator)
+            high = max(self.vocab - 1, 4)
+            inputs["input_ids"] = torch.randint(3, high, shape, generator=generator)
             if self.media_tokens:
                 inputs["input_ids"][:, 1 : 1 + self.media_tokens] = self.media_token
             if "attention_mask" in self.parameters:

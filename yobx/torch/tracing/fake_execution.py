@@ -142,11 +142,12 @@ def _needs_python_dispatcher(function: Any, args: tuple, kwargs: dict) -> bool:
     keep them symbolic, as for a convolution padded ``"same"``."""
     if getattr(function, "__module__", None) == "torch._C._fft":
         return True
-    if function in _CONVOLUTIONS:
-        # `padding="same"`: the C++ kernel reads concrete sizes, and with the guards of
-        # a convolution kept quiet (see _run_fake) fixed the length to the example's
-        padding = kwargs.get("padding", args[4] if len(args) > 4 else None)
-        return isinstance(padding, str)
+    # `padding="same"`: the C++ kernel of a convolution reads concrete sizes, and with
+    # its guards kept quiet (see _run_fake) fixed the length to the example's
+    if function in _CONVOLUTIONS and isinstance(
+        kwargs.get("padding", args[4] if len(args) > 4 else None), str
+    ):
+        return True
     # every call_function node comes here: a look at the arguments and one level of
     # lists inside them, no pytree flattening
     for value in (*args, *kwargs.values()):
