@@ -220,3 +220,37 @@ def test_a_write_kept_by_the_passes_is_refused_not_dropped():
             assert n == 1
             continue
         torch.testing.assert_close(got, model(x))
+
+
+class SearchSorted(torch.nn.Module):
+    """Bucketing positions or durations into sorted boundaries (a speech-language
+    model's audio positions): 1-D and batched boundaries, left and right sides."""
+
+    def forward(self, boundaries, values, batched):
+        left = torch.searchsorted(boundaries, values)
+        right = torch.searchsorted(boundaries, values, right=True)
+        rows = values.unsqueeze(0).expand(batched.shape[0], -1).contiguous()
+        return left, right, torch.searchsorted(batched, rows, out_int32=True)
+
+
+def _sorted_inputs(m: int, k: int, n: int) -> tuple:
+    # repeated boundaries and values equal to them: where the sides differ
+    boundaries = torch.sort(torch.randint(0, 10, (m,)).float()).values
+    batched = torch.sort(torch.randint(0, 10, (n, m)).float(), dim=-1).values
+    return boundaries, torch.randint(0, 11, (k,)).float(), batched
+
+
+def test_searchsorted_exports_exact():
+    onnxruntime = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = SearchSorted()
+    dims = ({0: "m"}, {0: "k"}, {0: "n", 1: "m"})
+    result = to_onnx(model, _sorted_inputs(6, 5, 3), dynamic_shapes=dims)
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for sizes in ((6, 5, 3), (9, 2, 4), (1, 7, 1)):
+        inputs = _sorted_inputs(*sizes)
+        feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+        for expected, got in zip(model(*inputs), session.run(None, feeds)):
+            assert torch.equal(torch.from_numpy(got), expected)

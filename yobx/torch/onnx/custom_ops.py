@@ -161,6 +161,26 @@ def _roll_axis(x, shift, axis: int):
     return _op.Concat(_op.Slice(x, kept, size, axes), _op.Slice(x, zero, kept, axes), axis=axis)
 
 
+def _searchsorted_to_onnx(
+    sorted_sequence, self, *, out_int32: bool = False, right: bool = False, side=None, sorter=None
+):
+    # torch_lib has none: the position of each value is the number of sorted values
+    # below it (or not above it, `right`), every value compared with every sorted one
+    # (..., K, 1) against (..., 1, M), or against (M,) for a 1-D sequence
+    if sorter is not None:
+        raise NotImplementedError("searchsorted with a sorter has no ONNX translation here")
+    right = right or side == "right"
+    values = _op.Unsqueeze(self, _op.Constant(value_ints=[-1]))
+    sequence = sorted_sequence
+    if len(sorted_sequence.shape or ()) > 1:
+        sequence = _op.Unsqueeze(sorted_sequence, _op.Constant(value_ints=[-2]))
+    below = _op.LessOrEqual(sequence, values) if right else _op.Less(sequence, values)
+    count = _op.ReduceSum(
+        _op.Cast(below, to=ir.DataType.INT64), _op.Constant(value_ints=[-1]), keepdims=0
+    )
+    return _op.Cast(count, to=ir.DataType.INT32) if out_int32 else count
+
+
 def _copy_to_onnx(self, src, non_blocking: bool = False):
     # copy(self, src) broadcasts src to self's shape (torch_lib's only casts, which
     # gives K[2:-2, 2:-2, :-1] = v[None, :, None] a source of the wrong shape)
@@ -258,7 +278,8 @@ def register_translations(registry: Any) -> None:
 
     The RNN custom operators, the checks on tensor values (:mod:`.value_checks`),
     ``_grouped_mm`` with offsets (:mod:`.grouped_mm`), the stable sort, ``roll`` by
-    shifts computed from sizes, and what torch_lib lacks or gets wrong:
+    shifts computed from sizes, ``searchsorted``, and what torch_lib lacks or gets
+    wrong:
     ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
     lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, moves of
     complex tensors (:mod:`.complex_ops`), attention
@@ -276,6 +297,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten._grouped_mm.default, grouped_mm_to_onnx)
     registry.register_op(torch.ops.aten.sort.stable, _stable_sort_to_onnx)
     registry.register_op(torch.ops.aten.roll.default, _roll_to_onnx)
+    registry.register_op(torch.ops.aten.searchsorted.Tensor, _searchsorted_to_onnx)
     register_nearest_translations(registry)
 
     registry.register_op(torch.ops.yobx.value_check.default, value_check_to_onnx)
