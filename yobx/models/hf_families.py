@@ -291,7 +291,10 @@ class _Inputs:
         self.parameters = set(inspect.signature(cls.forward).parameters)
         self.vocab = int(_attribute(config, "vocab_size", 99))
         self.channels = int(_attribute(config, "num_channels", 3))
-        self.image = _first(_attribute(config, "image_size", 32))
+        image = _attribute(config, "image_size", 32)
+        # (height, width) when the configuration gives both (MGP-STR reads 32 x 128)
+        self.image = _first(image)
+        self.image_width = int(image[-1]) if isinstance(image, (list, tuple)) else self.image
         self.patch = _first(_attribute(config, "patch_size", 8))
         self.mel_bins = int(
             _attribute(config, "num_mel_bins") or _attribute(config, "input_feat_per_channel", 16)
@@ -372,7 +375,7 @@ class _Inputs:
         if self.family in ("text", "text2text", "vision-text", "audio-text"):
             sizes["seq"] = 7
         if self.family in ("vision", "vision-text"):
-            sizes.update(height=self.image, width=self.image)
+            sizes.update(height=self.image, width=self.image_width)
         if self.media_tokens:
             sizes["seq"] += self.media_tokens
         elif self.family == "vision-text":
