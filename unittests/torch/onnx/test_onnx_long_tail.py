@@ -224,13 +224,16 @@ def test_a_write_kept_by_the_passes_is_refused_not_dropped():
 
 class SearchSorted(torch.nn.Module):
     """Bucketing positions or durations into sorted boundaries (a speech-language
-    model's audio positions): 1-D and batched boundaries, left and right sides."""
+    model's audio positions): 1-D and batched boundaries, left and right sides, and
+    boundaries of another dtype than the values."""
 
     def forward(self, boundaries, values, batched):
         left = torch.searchsorted(boundaries, values)
         right = torch.searchsorted(boundaries, values, right=True)
         rows = values.unsqueeze(0).expand(batched.shape[0], -1).contiguous()
-        return left, right, torch.searchsorted(batched, rows, out_int32=True)
+        # integer boundaries, float values: compared in the promoted type
+        mixed = torch.searchsorted(boundaries.long(), values + 0.5)
+        return left, right, torch.searchsorted(batched, rows, out_int32=True), mixed
 
 
 def _sorted_inputs(m: int, k: int, n: int) -> tuple:

@@ -170,10 +170,15 @@ def _searchsorted_to_onnx(
     if sorter is not None:
         raise NotImplementedError("searchsorted with a sorter has no ONNX translation here")
     right = right or side == "right"
-    values = _op.Unsqueeze(self, _op.Constant(value_ints=[-1]))
-    sequence = sorted_sequence
+    values, sequence = self, sorted_sequence
+    if self.dtype != sorted_sequence.dtype:
+        # torch compares in the promoted type (int boundaries, float positions)
+        integral = all(v.dtype is not None and v.dtype.is_integer() for v in (self, sequence))
+        common = ir.DataType.INT64 if integral else ir.DataType.DOUBLE
+        values, sequence = _op.Cast(values, to=common), _op.Cast(sequence, to=common)
+    values = _op.Unsqueeze(values, _op.Constant(value_ints=[-1]))
     if len(sorted_sequence.shape or ()) > 1:
-        sequence = _op.Unsqueeze(sorted_sequence, _op.Constant(value_ints=[-2]))
+        sequence = _op.Unsqueeze(sequence, _op.Constant(value_ints=[-2]))
     below = _op.LessOrEqual(sequence, values) if right else _op.Less(sequence, values)
     count = _op.ReduceSum(
         _op.Cast(below, to=ir.DataType.INT64), _op.Constant(value_ints=[-1]), keepdims=0
