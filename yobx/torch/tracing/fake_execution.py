@@ -301,26 +301,7 @@ class FakeExecutionMixin:
                 f"{operation_name(node)} needs a decision on",
             ) from e
         except Exception as e:
-            retry = self._broadcast_decided(e, args, kwargs)
-            try:
-                if retry is None and _CONCRETE_ONLY in str(e):
-                    # a C++ kernel of a composite operator (masked_scatter's expand)
-                    # takes concrete sizes only; its Python decomposition, which the
-                    # Python dispatcher runs (as make_fx and torch.export do), keeps
-                    # them symbolic
-                    with self.fake_mode, enable_python_dispatcher():
-                        val = self._dispatch_fake(node, args, kwargs)
-                elif retry is None:
-                    raise
-                else:
-                    with self.fake_mode:
-                        val = self._dispatch_fake(node, *retry)
-            except Exception as again:
-                raise TracingError.at(
-                    self.location(),
-                    f"{operation_name(node)} failed on fake tensors with "
-                    f"{exception_summary(again)}",
-                ) from again
+            val = self._dispatch_again(node, args, kwargs, e)
         finally:
             torch._C._set_grad_enabled(grad_mode)
             self.state.in_fake -= 1
@@ -328,6 +309,27 @@ class FakeExecutionMixin:
         if len(self.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return self.dims.canonical(val)
+
+    def _dispatch_again(self, node: Node, args: tuple, kwargs: dict, error: Exception) -> Any:
+        """The node's fake value after ``error``: computed again where the failure has a
+        known way around, else a :class:`TracingError` naming the operation."""
+        retry = self._broadcast_decided(error, args, kwargs)
+        try:
+            if retry is None and _CONCRETE_ONLY in str(error):
+                # a C++ kernel of a composite operator (masked_scatter's expand) takes
+                # concrete sizes only; its Python decomposition, which the Python
+                # dispatcher runs (as make_fx and torch.export do), keeps them symbolic
+                with self.fake_mode, enable_python_dispatcher():
+                    return self._dispatch_fake(node, args, kwargs)
+            if retry is None:
+                raise error
+            with self.fake_mode:
+                return self._dispatch_fake(node, *retry)
+        except Exception as again:
+            raise TracingError.at(
+                self.location(),
+                f"{operation_name(node)} failed on fake tensors with {exception_summary(again)}",
+            ) from again
 
     def _decide_write_into_layout_copy(self, node: Node) -> None:
         """An in-place write into what ``x.contiguous()`` returned, when the sizes did
