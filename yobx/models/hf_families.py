@@ -143,10 +143,13 @@ KNOWN_TO_EXPORT: dict[str, list[str]] = {
         "ResNetModel",
         "ResNetForImageClassification",
         "ConvNextModel",
+        "DetrModel",
+        "PvtV2Model",
     ],
     "vision-text": ["CLIPModel", "SiglipModel"],
     "audio": ["Wav2Vec2Model", "Wav2Vec2ForCTC", "HubertModel"],
     "speech-seq2seq": ["WhisperModel", "Speech2TextModel"],
+    "audio-features": ["ParakeetEncoder"],
     "text2text": ["T5Model", "T5ForConditionalGeneration", "BartModel"],
 }
 
