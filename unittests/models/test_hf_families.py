@@ -131,7 +131,8 @@ def test_a_multimodal_model_without_its_towers_reads_text():
 
     text = tiny_config(model_class("Gemma4Model")).to_dict()["text_config"]
     assert all(int(i) < text["num_hidden_layers"] for i in text["per_layer_config"])
-    model, _, kwargs, shapes = load_model("hf:Gemma4Model")
+    with pytest.warns(UserWarning, match="its text inputs alone are used"):
+        model, _, kwargs, shapes = load_model("hf:Gemma4Model")
     assert set(kwargs) == {"input_ids", "attention_mask"}
     assert shapes["input_ids"] == {0: "batch", 1: "seq"}
     with torch.no_grad():

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -476,10 +477,13 @@ def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict
 
     Each dimension is dynamic when eager runs the model with that dimension alone at
     another size (the others at the example's); the rest stay static, so that the
-    export never claims a size the model does not take.
+    export never claims a size the model does not take. A multimodal model that does
+    not run on its family's inputs but runs on text (no tower in its tiny
+    configuration, media inputs hf: cannot build) gets its text inputs alone, with a
+    ``UserWarning`` naming what is not exported.
 
-    :raises ValueError: unknown architecture, no known inputs, or a model that does not
-        run on the inputs built for its family
+    :raises ValueError: unknown architecture, no known inputs, or a model that runs
+        neither on the inputs built for its family nor on text
     """
     model, kwargs, dynamic_shapes, _other = hf_family_case(architecture, batch=batch)
     return model, (), kwargs, dynamic_shapes
@@ -530,6 +534,14 @@ def hf_family_case(
                 f"({', '.join(kwargs)}): {type(e).__name__}: {e}; pass a factory "
                 "returning (model, args, kwargs, dynamic_shapes) instead (module:factory)"
             ) from e
+        warnings.warn(
+            f"{architecture} ({family}) does not run on the inputs hf: builds for its "
+            f"family ({', '.join(kwargs)}: {type(e).__name__}: {str(e)[:200]}); its text "
+            "inputs alone are used, the other ones are not exported; pass a factory "
+            "returning (model, args, kwargs, dynamic_shapes) for them (module:factory)",
+            UserWarning,
+            stacklevel=2,
+        )
         maker, sizes, kwargs = text
     other = maker.other_sizes(sizes)
     dynamic = {name for name in sizes if _runs(model, maker.make({**sizes, name: other[name]}))}
