@@ -438,10 +438,6 @@ class FakeExecutionMixin:
             return function(*args, **kwargs)
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
-        module = self.root.get_submodule(node.target)
-        if isinstance(module, torch.nn.modules.conv._ConvNd) and isinstance(module.padding, str):
-            with enable_python_dispatcher():  # as for F.conv1d(..., padding="same")
-                return self._run_leaf_module(node.target, args, kwargs)
         return self._run_leaf_module(node.target, args, kwargs)
 
     def _run_leaf_module(self, target: str, args, kwargs) -> Any:
@@ -455,17 +451,20 @@ class FakeExecutionMixin:
         for real (constant propagation): modules holding one keep the fake swap.
         """
         module = self.root.get_submodule(target)
-        # Parameters on the meta device take the swap too: their fake copies are CPU
-        # tensors (see SymbolicDimensions.from_real).
-        if next(module.buffers(), None) is None and all(
-            p.numel() > 1 and p.device.type != "meta" for p in module.parameters()
-        ):
-            return module(*args, **kwargs)
-        state = {
-            name: self.dims.from_real(t)
-            for name, t in (*module.named_parameters(), *module.named_buffers())
-        }
-        return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
+        same = isinstance(module, torch.nn.modules.conv._ConvNd) and isinstance(module.padding, str)
+        # as for F.conv1d(..., padding="same"): see _needs_python_dispatcher
+        with enable_python_dispatcher() if same else contextlib.nullcontext():
+            # Parameters on the meta device take the swap too: their fake copies are CPU
+            # tensors (see SymbolicDimensions.from_real).
+            if next(module.buffers(), None) is None and all(
+                p.numel() > 1 and p.device.type != "meta" for p in module.parameters()
+            ):
+                return module(*args, **kwargs)
+            state = {
+                name: self.dims.from_real(t)
+                for name, t in (*module.named_parameters(), *module.named_buffers())
+            }
+            return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
 
     def _new_guards(self, start: int, node: Node, known: tuple[dict, dict]) -> None:
         """Guards added by an operation are facts taken from the example: adopted as
