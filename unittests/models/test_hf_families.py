@@ -69,7 +69,7 @@ def test_a_model_without_known_inputs_says_what_to_do():
 def test_the_lists_of_a_stage_are_cut_with_the_stages():
     # PVT gives strides, patch sizes, heads and ratios per stage, and their number:
     # all are cut to the two tiny stages, or the model indexes past their end
-    from yobx.models.hf_families import tiny_config
+    from yobx.models.hf_configs import tiny_config
 
     config = tiny_config(model_class("PvtV2Model"))
     stages = len(config.depths)
@@ -84,7 +84,7 @@ def test_the_lists_of_a_stage_are_cut_with_the_stages():
 
 def test_a_timm_backbone_is_replaced_by_transformers_resnet():
     # timm is not a dependency of transformers: DETR's default backbone would not build
-    from yobx.models.hf_families import tiny_config
+    from yobx.models.hf_configs import tiny_config
 
     config = tiny_config(model_class("DetrModel"))
     assert config.backbone_config.model_type == "resnet"
@@ -127,7 +127,7 @@ def test_audio_tokens_stand_in_the_text_for_each_clip_s_features():
 def test_a_multimodal_model_without_its_towers_reads_text():
     # Gemma 4 takes audio features too, but its tiny configuration has no audio tower;
     # its layer settings by index are those of the layers kept
-    from yobx.models.hf_families import tiny_config
+    from yobx.models.hf_configs import tiny_config
 
     text = tiny_config(model_class("Gemma4Model")).to_dict()["text_config"]
     assert all(int(i) < text["num_hidden_layers"] for i in text["per_layer_config"])
@@ -159,3 +159,37 @@ def test_a_vision_language_model_exports_at_other_text_and_batch_sizes():
         got = session.run(None, {n: inputs[n].numpy() for n in names})[0]
         assert got.shape == tuple(expected.shape)
         torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_images_as_grids_of_flattened_patches():
+    # Qwen2-VL's tower: the patches of every image stacked, with each image's grid of
+    # patches; the language model: as many image tokens per text as merged patches,
+    # between the tokens starting and ending an image, and their token types
+    from yobx.models.hf_families import hf_family_case
+
+    tower, kwargs, shapes, other = hf_family_case("Qwen2_5_VisionTransformerPretrainedModel")
+    assert family_of(type(tower)) == "vision-grid"
+    assert shapes == {"hidden_states": {0: "patches"}, "grid_thw": {0: "batch"}}
+    for inputs in (kwargs, other):
+        grid = inputs["grid_thw"]
+        assert inputs["hidden_states"].shape[0] == int(grid.prod(-1).sum())
+        with torch.no_grad():
+            out = tower(**inputs)
+        merged = int(grid.prod(-1).sum()) // tower.config.spatial_merge_size**2
+        assert out.pooler_output.shape[0] == merged
+    # another grid, not square: other sizes differ in rows and columns
+    assert other["grid_thw"][0, 1] != other["grid_thw"][0, 2]
+
+    model, kwargs, shapes, other = hf_family_case("Qwen2VLModel")
+    assert family_of(type(model)) == "vision-grid-text"
+    assert shapes["pixel_values"] == {0: "patches"}
+    assert shapes["input_ids"] == {0: "batch", 1: "seq"}
+    config = model.config
+    for inputs in (kwargs, other):
+        ids, grid = inputs["input_ids"], inputs["image_grid_thw"]
+        tokens = (ids == config.image_token_id).sum(-1)
+        assert tokens.tolist() == (grid.prod(-1) // 4).tolist()
+        assert (ids[:, 0] == config.vision_start_token_id).all()
+        assert (inputs["mm_token_type_ids"] == (ids == config.image_token_id)).all()
+        with torch.no_grad():
+            model(**inputs)

@@ -4,34 +4,39 @@
 with small sizes, random weights and nothing downloaded. The inputs follow from the
 names of ``forward``'s parameters, which say the model's family:
 
-=================  ==============================================================
-family             inputs (dynamic dimensions)
-=================  ==============================================================
-``text``           ``input_ids``, ``attention_mask``, ``token_type_ids`` (batch, seq)
-``vision``         ``pixel_values`` (batch, and height, width when eager runs at
-                   another image size)
-``vision-text``    ``input_ids``, ``attention_mask`` (text_batch, seq) and
-                   ``pixel_values`` (image_batch, height, width where eager allows);
-                   a model reading image features in place of image tokens
-                   (LLaVA, PaliGemma) gets one image per text (batch), as many
-                   image tokens in each text as an image has features, and each
-                   image's size (``image_sizes``) where the model needs them
-``audio``          ``input_values``: a waveform (batch, samples)
-``speech-seq2seq`` ``input_features`` (batch, and frames where eager allows),
-                   ``decoder_input_ids`` (batch, decoder_seq)
-``audio-features`` ``input_features`` alone (an encoder of speech features), mel
-                   bins then frames or the other way round, as the model reads them
-``audio-text``     ``input_ids``, ``attention_mask`` (batch, seq) with as many audio
-                   tokens as a clip has features, ``input_features`` and its mask
-                   (batch, frames where eager allows): a speech-language model
-                   (Audio Flamingo)
-``text2text``      ``input_ids``, ``attention_mask`` (batch, seq),
-                   ``decoder_input_ids`` (batch, decoder_seq)
-=================  ==============================================================
+====================  ==============================================================
+family                inputs (dynamic dimensions)
+====================  ==============================================================
+``text``              ``input_ids``, ``attention_mask``, ``token_type_ids`` (batch, seq)
+``vision``            ``pixel_values`` (batch, and height, width when eager runs at
+                      another image size)
+``vision-text``       ``input_ids``, ``attention_mask`` (text_batch, seq) and
+                      ``pixel_values`` (image_batch, height, width where eager allows);
+                      a model reading image features in place of image tokens
+                      (LLaVA, PaliGemma) gets one image per text (batch), as many
+                      image tokens in each text as an image has features, and each
+                      image's size (``image_sizes``) where the model needs them
+``audio``             ``input_values``: a waveform (batch, samples)
+``speech-seq2seq``    ``input_features`` (batch, and frames where eager allows),
+                      ``decoder_input_ids`` (batch, decoder_seq)
+``audio-features``    ``input_features`` alone (an encoder of speech features), mel
+                      bins then frames or the other way round, as the model reads them
+``audio-text``        ``input_ids``, ``attention_mask`` (batch, seq) with as many audio
+                      tokens as a clip has features, ``input_features`` and its mask
+                      (batch, frames where eager allows): a speech-language model
+                      (Audio Flamingo)
+``text2text``         ``input_ids``, ``attention_mask`` (batch, seq),
+                      ``decoder_input_ids`` (batch, decoder_seq)
+``vision-grid``       a Qwen2-VL-style vision tower: each image's patches, flattened
+                      and stacked (patches), and each image's grid of patches
+                      ``grid_thw`` (batch); see :mod:`yobx.models.hf_grids`
+``vision-grid-text``  the language model around such a tower: text with as many
+                      image tokens as merged patches (batch, seq), their
+                      ``mm_token_type_ids``, the patches and ``image_grid_thw``
+====================  ==============================================================
 
-Configurations are shrunk key by key (:data:`_TINY_SIZES`); per-layer and per-stage
-lists are cut with the numbers of layers and stages, and a timm backbone (timm is not a
-dependency of transformers) becomes transformers' own ResNet.
+Configurations are shrunk key by key, and repaired where that breaks a rule tying keys
+together (:mod:`yobx.models.hf_configs`).
 
 A dimension is dynamic only when eager PyTorch runs the model at another size of it:
 a ViT without position interpolation takes its training resolution only, so its height
@@ -49,82 +54,17 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-#: small sizes given to any configuration (and sub-configuration) having the key
-_TINY_SIZES: dict[str, Any] = {
-    "vocab_size": 99,
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
-    "n_embd": 32,
-    "n_layer": 2,
-    "n_head": 4,
-    "n_positions": 64,
-    "n_inner": 37,
-    "d_model": 32,
-    "d_ff": 37,
-    "d_kv": 8,
-    "num_layers": 2,
-    "num_heads": 4,
-    "num_decoder_layers": 2,
-    "encoder_layers": 2,
-    "decoder_layers": 2,
-    "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4,
-    "encoder_ffn_dim": 37,
-    "decoder_ffn_dim": 37,
-    "head_dim": 8,
-    # GPT-J's rotary part of a head: within the tiny head (32 / 4)
-    "rotary_dim": 8,
-    # as wide as the text: a vision-language projector writes into its embeddings
-    "projection_dim": 32,
-    "projection_size": 32,
-    "image_size": 32,
-    "patch_size": 8,
-    "embedding_size": 8,
-    "num_mel_bins": 16,
-    "input_feat_per_channel": 16,
-    "max_source_positions": 16,
-    "max_target_positions": 64,
-    # a waveform encoder's feature extractor: two convolutions instead of seven
-    "conv_dim": [16, 16],
-    "conv_stride": [5, 2],
-    "conv_kernel": [10, 3],
-    "num_feat_extract_layers": 2,
-    "num_conv_pos_embeddings": 16,
-    "num_conv_pos_embedding_groups": 2,
-    # convolutional stages (ResNet, MobileNet...): two small ones
-    "hidden_sizes": [8, 16],
-    "depths": [1, 1],
-    "num_stages": 2,
-}
-#: keys derived from the number of stages, recomputed by the configuration
-_DERIVED = ("stage_names", "out_features", "out_indices")
-#: numbers of layers, whose per-layer lists are cut with them
-_LAYER_COUNTS = (
-    "num_hidden_layers",
-    "num_layers",
-    "n_layer",
-    "num_decoder_layers",
-    "encoder_layers",
-    "decoder_layers",
+from yobx.models.hf_configs import (
+    AUDIO_TOKENS,
+    IMAGE_ENDS,
+    IMAGE_STARTS,
+    IMAGE_TOKENS,
+    SPECIAL_TOKENS,
+    config_attribute,
+    tiny_model,
 )
-#: numbers of stages of a convolutional or hierarchical model, whose per-stage lists
-#: (strides, patch sizes, heads, ratios) are cut with them
-_STAGE_LISTS = ("depths", "hidden_sizes")
-#: numbers of stages given beside their lists
-_STAGE_COUNTS = ("num_encoder_blocks", "num_stages")
-#: backbones of timm, which transformers does not install: replaced by transformers' own
-#: ResNet, whose features the detection heads read as they read timm's
-_TIMM_BACKBONES = ("timm_backbone",)
-#: special tokens must fall inside the tiny vocabulary
-_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-#: the token standing for an image's features in a vision-language model's text
-_IMAGE_TOKENS = ("image_token_id", "image_token_index")
-#: the token standing for an audio clip's features in a speech-language model's text
-_AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
+from yobx.models.hf_grids import GRID_INPUTS, PatchGrid
+
 #: what each family's forward takes first
 _MAIN_INPUTS = ("input_ids", "pixel_values", "input_values", "input_features")
 
@@ -169,6 +109,8 @@ def family_of(cls: Any) -> str:
     """The family of a transformers model class, from the parameters of its
     ``forward`` (see the module's table)."""
     parameters = set(inspect.signature(cls.forward).parameters)
+    if parameters & set(GRID_INPUTS):
+        return "vision-grid-text" if "input_ids" in parameters else "vision-grid"
     if "input_features" in parameters:
         if "decoder_input_ids" in parameters:
             return "speech-seq2seq"
@@ -188,100 +130,6 @@ def family_of(cls: Any) -> str:
     )
 
 
-def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
-    """A configuration's ``to_dict()`` with small sizes (sub-configurations too)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value.get("model_type") in _TIMM_BACKBONES:
-            out[key] = _shrunk(_resnet_backbone(value))
-        elif isinstance(value, dict) and "model_type" in value:
-            out[key] = _shrunk(value)
-        elif key in _TINY_SIZES and _same_kind(value, _TINY_SIZES[key]):
-            out[key] = _TINY_SIZES[key]
-        elif key not in _DERIVED:
-            out[key] = value
-    for key in _TOKEN_IDS:
-        if isinstance(out.get(key), int) and out[key] >= _TINY_SIZES["vocab_size"]:
-            out[key] = 0
-    # a value per layer (`layer_types`, Gemma3n's `intermediate_size`) or per stage
-    # (PVT's `strides`, `sr_ratios`): the first ones, as many as the layers or stages kept
-    counts = {
-        values[key]: out[key]
-        for key in _LAYER_COUNTS
-        if isinstance(values.get(key), int) and isinstance(out.get(key), int)
-    }
-    layers = min(counts.values(), default=None)
-    for key in _STAGE_LISTS:
-        if isinstance(values.get(key), (list, tuple)) and isinstance(out.get(key), list):
-            counts.setdefault(len(values[key]), len(out[key]))
-            for count in _STAGE_COUNTS:
-                if values.get(count) == len(values[key]):
-                    out[count] = len(out[key])
-    for key, value in out.items():
-        kept = counts.get(len(value)) if isinstance(value, (list, tuple)) else None
-        if kept is not None and kept < len(value) and value is values.get(key):
-            out[key] = type(value)(value[:kept])
-    # settings of some layers by their index (Gemma 4's `per_layer_config`, `"05"`):
-    # those of the layers kept
-    if layers is not None and isinstance(out.get("per_layer_config"), dict):
-        out["per_layer_config"] = {
-            index: setting
-            for index, setting in out["per_layer_config"].items()
-            if str(index).isdigit() and int(index) < layers
-        }
-    return out
-
-
-def _resnet_backbone(timm: dict[str, Any]) -> dict[str, Any]:
-    """A transformers ResNet configuration standing for a timm backbone's (same input
-    channels; its stages, shrunk, are the features the model reads)."""
-    from transformers import ResNetConfig
-
-    resnet = ResNetConfig(num_channels=timm.get("num_channels", 3)).to_dict()
-    return {key: value for key, value in resnet.items() if key not in _DERIVED}
-
-
-def _same_kind(value: Any, tiny: Any) -> bool:
-    if isinstance(tiny, list):
-        return isinstance(value, (list, tuple))
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def tiny_config(cls: Any) -> Any:
-    """The configuration of ``cls`` with small sizes, eager attention, no dropout and no
-    cache (the cache is not an input of these models)."""
-    config_class = cls.config_class
-    config = config_class.from_dict(_shrunk(config_class().to_dict()))
-    vocab = int(_attribute(config, "vocab_size", _TINY_SIZES["vocab_size"]))
-    for name in (*_IMAGE_TOKENS, *_AUDIO_TOKENS):
-        # the tiny vocabulary's last token (the text hf: builds never draws it)
-        if isinstance(getattr(config, name, None), int) and getattr(config, name) >= vocab - 1:
-            setattr(config, name, vocab - 1)
-    for sub in (config, *(getattr(config, n, None) for n in ("text_config", "vision_config"))):
-        if sub is None:
-            continue
-        sub._attn_implementation = "eager"
-        if hasattr(sub, "use_cache"):
-            sub.use_cache = False
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout"):
-            if isinstance(getattr(sub, name, None), float):
-                setattr(sub, name, 0.0)
-    return config
-
-
-def _attribute(config: Any, name: str, default: Any = None) -> Any:
-    """``config.name``, else the vision or text sub-configuration's."""
-    for holder in (
-        config,
-        getattr(config, "vision_config", None),
-        getattr(config, "text_config", None),
-    ):
-        value = getattr(holder, name, None) if holder is not None else None
-        if value is not None:
-            return value
-    return default
-
-
 def _first(value: Any) -> int:
     """A size given as a number or as ``(height, width)``: the first one."""
     return int(value[0] if isinstance(value, (list, tuple)) else value)
@@ -293,31 +141,39 @@ class _Inputs:
     def __init__(self, cls: Any, config: Any, family: str):
         self.family = family
         self.parameters = set(inspect.signature(cls.forward).parameters)
-        self.vocab = int(_attribute(config, "vocab_size", 99))
-        self.channels = int(_attribute(config, "num_channels", 3))
-        image = _attribute(config, "image_size", 32)
+        self.vocab = int(config_attribute(config, "vocab_size", 99))
+        self.channels = int(config_attribute(config, "num_channels", 3))
+        image = config_attribute(config, "image_size", 32)
         # (height, width) when the configuration gives both (MGP-STR reads 32 x 128)
         self.image = _first(image)
         self.image_width = int(image[-1]) if isinstance(image, (list, tuple)) else self.image
-        self.patch = _first(_attribute(config, "patch_size", 8))
+        self.patch = _first(config_attribute(config, "patch_size", 8))
         self.mel_bins = int(
-            _attribute(config, "num_mel_bins") or _attribute(config, "input_feat_per_channel", 16)
+            config_attribute(config, "num_mel_bins")
+            or config_attribute(config, "input_feat_per_channel", 16)
         )
         # Speech2Text takes frames then features, Whisper features (mel bins) then frames
-        self.features_last = _attribute(config, "input_feat_per_channel") is not None
-        sources = None if self.features_last else _attribute(config, "max_source_positions")
+        self.features_last = config_attribute(config, "input_feat_per_channel") is not None
+        sources = None if self.features_last else config_attribute(config, "max_source_positions")
         # Whisper's encoder takes exactly twice its positions in frames
         self.frames = 2 * int(sources) if sources else 32
-        self.type_vocab = int(_attribute(config, "type_vocab_size", 0) or 0)
+        self.type_vocab = int(config_attribute(config, "type_vocab_size", 0) or 0)
         #: a vision- or speech-language model's image or audio token, and how many of
         #: them each image's or clip's features take in the text (see
         #: :meth:`place_media_tokens`)
-        names = _AUDIO_TOKENS if family == "audio-text" else _IMAGE_TOKENS
+        names = AUDIO_TOKENS if family == "audio-text" else IMAGE_TOKENS
         tokens = [getattr(config, name, None) for name in names]
         self.media_token = next((t for t in tokens if isinstance(t, int)), None)
         self.media_tokens = 0
         #: whether the model gets each image's size (it needs them or fails with them)
         self.with_image_sizes = False
+        #: images as grids of flattened patches (Qwen2-VL), and the tokens around an
+        #: image's tokens in the text
+        self.grid = PatchGrid(config, self.parameters) if "grid" in family else None
+        self.around = [
+            next((t for t in (getattr(config, n, None) for n in names) if isinstance(t, int)), None)
+            for names in (IMAGE_STARTS, IMAGE_ENDS)
+        ]
 
     def orient_features(self, model: torch.nn.Module) -> None:
         """Speech features come as (mel bins, frames) or (frames, mel bins) depending on
@@ -328,6 +184,15 @@ class _Inputs:
         self.features_last = not self.features_last
         if not _runs(model, self.make(self.sizes())):
             self.features_last = not self.features_last
+
+    def orient_patches(self, model: torch.nn.Module) -> None:
+        """Patches of a grid come flattened (Qwen2-VL) or as small images (Kimi): the
+        second form is taken when the model runs with it only."""
+        if self.grid is None or _runs(model, self.make(self.sizes())):
+            return
+        self.grid.flat = False
+        if not _runs(model, self.make(self.sizes())):
+            self.grid.flat = True
 
     def place_media_tokens(self, model: torch.nn.Module) -> None:
         """For a vision- or speech-language model reading each image's (audio clip's)
@@ -376,8 +241,12 @@ class _Inputs:
     def sizes(self) -> dict[str, int]:
         """The example's size of each dimension the family has."""
         sizes = {"batch": 2}
-        if self.family in ("text", "text2text", "vision-text", "audio-text"):
+        if self.family in ("text", "text2text", "vision-text", "audio-text", "vision-grid-text"):
             sizes["seq"] = 7
+        if self.grid is not None:
+            sizes.update(self.grid.sizes())
+            if "seq" in sizes:
+                sizes["seq"] += self.grid.tokens(sizes)
         if self.family in ("vision", "vision-text"):
             sizes.update(height=self.image, width=self.image_width)
         if self.media_tokens:
@@ -404,6 +273,8 @@ class _Inputs:
             other["samples"] = sizes["samples"] + 123
         if "frames" in sizes:
             other["frames"] = sizes["frames"] + 8
+        if self.grid is not None:
+            other.update(self.grid.other_sizes(sizes))
         return other
 
     def make(self, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
@@ -413,11 +284,14 @@ class _Inputs:
         if "seq" in sizes:
             text_batch = sizes.get("text_batch", batch)
             shape = (text_batch, sizes["seq"])
-            # the last token of the vocabulary stays the image token's
-            high = max(self.vocab - 1, 4)
+            # the last tokens of the vocabulary stay the image tokens' (hf_configs)
+            high = max(self.vocab - SPECIAL_TOKENS, 4)
             inputs["input_ids"] = torch.randint(3, high, shape, generator=generator)
-            if self.media_tokens:
-                inputs["input_ids"][:, 1 : 1 + self.media_tokens] = self.media_token
+            self._place_tokens(inputs["input_ids"], sizes)
+            if "mm_token_type_ids" in self.parameters and self.grid is not None:
+                # 1 marks an image's token, 0 text (Qwen2-VL's rotary positions)
+                image = inputs["input_ids"] == self.media_token
+                inputs["mm_token_type_ids"] = image.to(torch.int64)
             if "attention_mask" in self.parameters:
                 inputs["attention_mask"] = torch.ones(shape, dtype=torch.int64)
             if "token_type_ids" in self.parameters and self.type_vocab > 0:
@@ -429,6 +303,8 @@ class _Inputs:
                 # each image's size before any resizing (LLaVA-NeXT, Mistral 3)
                 image_size = [sizes["height"], sizes["width"]]
                 inputs["image_sizes"] = torch.tensor([image_size] * batch, dtype=torch.int64)
+        if self.grid is not None:
+            inputs.update(self.grid.make(sizes, generator))
         if "samples" in sizes:
             inputs["input_values"] = torch.randn((batch, sizes["samples"]), generator=generator)
         if "frames" in sizes:
@@ -450,6 +326,7 @@ class _Inputs:
         text_batch = "text_batch" if self.family == "vision-text" else "batch"
         if self.media_tokens:
             text_batch = "batch"
+        grid = self.grid.axes() if self.grid is not None else {}
         return {
             "input_ids": {0: text_batch, 1: "seq"},
             "attention_mask": {0: text_batch, 1: "seq"},
@@ -460,7 +337,21 @@ class _Inputs:
             "input_features_mask": {0: "batch", 1: "frames"},
             "image_sizes": {0: "batch"},
             "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
-        }
+            "mm_token_type_ids": {0: "batch", 1: "seq"},
+        } | grid
+
+    def _place_tokens(self, input_ids: torch.Tensor, sizes: dict[str, int]) -> None:
+        """Puts each image's (clip's) tokens in its text, after the token starting an
+        image and before the one ending it where the model has them."""
+        count = self.grid.tokens(sizes) if self.grid is not None else self.media_tokens
+        if not count or self.media_token is None:
+            return
+        input_ids[:, 1 : 1 + count] = self.media_token
+        start, end = self.around
+        if start is not None:
+            input_ids[:, 0] = start
+        if end is not None and 1 + count < input_ids.shape[1]:
+            input_ids[:, 1 + count] = end
 
 
 def _runs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
@@ -495,6 +386,7 @@ def _family_inputs(
     """The inputs of ``family`` for ``model``: their builder, sizes and values."""
     maker = _Inputs(cls, config, family)
     maker.orient_features(model)
+    maker.orient_patches(model)
     maker.place_media_tokens(model)
     sizes = maker.sizes()
     if "text_batch" in sizes:
@@ -516,10 +408,7 @@ def hf_family_case(
     """
     cls = model_class(architecture)
     family = family_of(cls)
-    config = tiny_config(cls)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = cls(config).eval()
+    config, model = tiny_model(cls)
     maker, sizes, kwargs = _family_inputs(cls, config, family, model, batch)
     try:
         with torch.no_grad():
@@ -545,6 +434,7 @@ def hf_family_case(
         maker, sizes, kwargs = text
     other = maker.other_sizes(sizes)
     dynamic = {name for name in sizes if _runs(model, maker.make({**sizes, name: other[name]}))}
+    dynamic = PatchGrid.derived(dynamic) if maker.grid is not None else dynamic
     axes = maker.axes()
     dynamic_shapes = {
         name: {axis: dim for axis, dim in axes[name].items() if dim in dynamic} for name in kwargs
