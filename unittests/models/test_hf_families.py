@@ -63,7 +63,7 @@ def test_family_inputs_are_named_by_their_role():
 
 def test_a_model_without_known_inputs_says_what_to_do():
     with pytest.raises(ModelLoadError, match=r"takes none of input_ids.*module:factory"):
-        load_model("hf:TimeSeriesTransformerModel")
+        load_model("hf:DecisionTransformerModel")
 
 
 def test_the_lists_of_a_stage_are_cut_with_the_stages():

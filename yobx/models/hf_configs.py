@@ -82,7 +82,12 @@ _TINY_SIZES: dict[str, Any] = {
     "hidden_sizes": [8, 16],
     "depths": [1, 1],
     "num_stages": 2,
+    # Autoformer's decoder starts from the context's last steps: within the tiny context
+    "label_length": 2,
 }
+#: sizes a configuration leaves unset (``None``) and its model needs: a forecaster's
+#: horizon (the context defaults to it)
+_UNSET_SIZES = {"prediction_length": 4}
 #: keys derived from the number of stages, recomputed by the configuration
 _DERIVED = ("stage_names", "out_features", "out_indices")
 #: numbers of layers, whose per-layer lists are cut with them
@@ -130,6 +135,8 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
             out[key] = _shrunk(value)
         elif key in _TINY_SIZES and _same_kind(value, _TINY_SIZES[key]):
             out[key] = _TINY_SIZES[key]
+        elif value is None and key in _UNSET_SIZES:
+            out[key] = _UNSET_SIZES[key]
         elif key not in _DERIVED:
             out[key] = value
     for key in _TOKEN_IDS:

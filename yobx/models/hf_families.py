@@ -33,6 +33,10 @@ family                inputs (dynamic dimensions)
 ``vision-grid-text``  the language model around such a tower: text with as many
                       image tokens as merged patches (batch, seq), their
                       ``mm_token_type_ids``, the patches and ``image_grid_thw``
+``time-series``       a forecaster's window of ``past_values`` (batch, and steps
+                      where the window's length is free), with the time features,
+                      masks and future values it reads; see
+                      :mod:`yobx.models.hf_series`
 ====================  ==============================================================
 
 Configurations are shrunk key by key, and repaired where that breaks a rule tying keys
@@ -64,6 +68,7 @@ from yobx.models.hf_configs import (
     tiny_model,
 )
 from yobx.models.hf_grids import GRID_INPUTS, PatchGrid
+from yobx.models.hf_series import SeriesInputs
 
 #: what each family's forward takes first
 _MAIN_INPUTS = ("input_ids", "pixel_values", "input_values", "input_features")
@@ -109,6 +114,8 @@ def family_of(cls: Any) -> str:
     """The family of a transformers model class, from the parameters of its
     ``forward`` (see the module's table)."""
     parameters = set(inspect.signature(cls.forward).parameters)
+    if "past_values" in parameters:
+        return "time-series"
     if parameters & set(GRID_INPUTS):
         return "vision-grid-text" if "input_ids" in parameters else "vision-grid"
     if "input_features" in parameters:
@@ -170,6 +177,8 @@ class _Inputs:
         #: images as grids of flattened patches (Qwen2-VL), and the tokens around an
         #: image's tokens in the text
         self.grid = PatchGrid(config, self.parameters) if "grid" in family else None
+        #: a forecaster's window of past values (and the future ones it is trained on)
+        self.series = SeriesInputs(config, self.parameters) if family == "time-series" else None
         self.around = [
             next((t for t in (getattr(config, n, None) for n in names) if isinstance(t, int)), None)
             for names in (IMAGE_STARTS, IMAGE_ENDS)
@@ -243,6 +252,8 @@ class _Inputs:
         sizes = {"batch": 2}
         if self.family in ("text", "text2text", "vision-text", "audio-text", "vision-grid-text"):
             sizes["seq"] = 7
+        if self.series is not None:
+            sizes.update(self.series.sizes())
         if self.grid is not None:
             sizes.update(self.grid.sizes())
             if "seq" in sizes:
@@ -275,6 +286,8 @@ class _Inputs:
             other["frames"] = sizes["frames"] + 8
         if self.grid is not None:
             other.update(self.grid.other_sizes(sizes))
+        if self.series is not None:
+            other.update(self.series.other_sizes(sizes))
         return other
 
     def make(self, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
@@ -305,6 +318,8 @@ class _Inputs:
                 inputs["image_sizes"] = torch.tensor([image_size] * batch, dtype=torch.int64)
         if self.grid is not None:
             inputs.update(self.grid.make(sizes, generator))
+        if self.series is not None:
+            inputs.update(self.series.make(sizes, generator))
         if "samples" in sizes:
             inputs["input_values"] = torch.randn((batch, sizes["samples"]), generator=generator)
         if "frames" in sizes:
@@ -327,18 +342,23 @@ class _Inputs:
         if self.media_tokens:
             text_batch = "batch"
         grid = self.grid.axes() if self.grid is not None else {}
-        return {
-            "input_ids": {0: text_batch, 1: "seq"},
-            "attention_mask": {0: text_batch, 1: "seq"},
-            "token_type_ids": {0: text_batch, 1: "seq"},
-            "pixel_values": {0: "batch", 2: "height", 3: "width"},
-            "input_values": {0: "batch", 1: "samples"},
-            "input_features": {0: "batch", 1 if self.features_last else 2: "frames"},
-            "input_features_mask": {0: "batch", 1: "frames"},
-            "image_sizes": {0: "batch"},
-            "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
-            "mm_token_type_ids": {0: "batch", 1: "seq"},
-        } | grid
+        series = self.series.axes() if self.series is not None else {}
+        return (
+            {
+                "input_ids": {0: text_batch, 1: "seq"},
+                "attention_mask": {0: text_batch, 1: "seq"},
+                "token_type_ids": {0: text_batch, 1: "seq"},
+                "pixel_values": {0: "batch", 2: "height", 3: "width"},
+                "input_values": {0: "batch", 1: "samples"},
+                "input_features": {0: "batch", 1 if self.features_last else 2: "frames"},
+                "input_features_mask": {0: "batch", 1: "frames"},
+                "image_sizes": {0: "batch"},
+                "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
+                "mm_token_type_ids": {0: "batch", 1: "seq"},
+            }
+            | grid
+            | series
+        )
 
     def _place_tokens(self, input_ids: torch.Tensor, sizes: dict[str, int]) -> None:
         """Puts each image's (clip's) tokens in its text, after the token starting an

@@ -384,3 +384,52 @@ def test_padding_to_a_multiple_keeps_the_chunked_loop_one_scan():
     for batch, seq in ((2, 3), (3, 1), (1, 4), (2, 5), (3, 8), (2, 33)):
         x = torch.randn(batch, seq, 3)
         assert_same(model(x), gm(x))
+
+
+def _decorator_of_another_module():
+    """A decorator whose wrapper lives in other globals than the code it wraps (as
+    transformers' ``@capture_outputs`` wraps most ``forward`` methods)."""
+    namespace: dict = {}
+    exec(
+        "import functools\n"
+        "def decorate(function):\n"
+        "    @functools.wraps(function)\n"
+        "    def wrapper(*args, **kwargs):\n"
+        "        return function(*args, **kwargs)\n"
+        "    return wrapper\n",
+        namespace,
+    )
+    return namespace["decorate"]
+
+
+_decorate = _decorator_of_another_module()
+
+
+class DecoratedRunningMean(torch.nn.Module):
+    """A running mean over the patches of a series (TimesFM 2.5's statistics), in a
+    ``forward`` wrapped by a decorator of another module."""
+
+    @_decorate
+    def forward(self, x):
+        patches = x.view(x.shape[0], -1, 4)
+        mean = x.new_zeros(x.shape[0])
+        history = []
+        for i in range(patches.shape[1]):
+            mean = 0.5 * mean + patches[:, i].mean(-1)
+            history.append(mean)
+        return patches - torch.stack(history, dim=1).unsqueeze(-1), len(history)
+
+
+def test_a_loop_in_a_decorated_forward_is_a_scan():
+    # the builtins (range, len, int, float) are replaced in the globals of the code the
+    # decorator wraps, not only in the wrapper's: the loop is a scan, exact at every
+    # number of patches; before, `range` received the dimension and fixed it
+    model = DecoratedRunningMean()
+    assert model.forward.__wrapped__.__globals__ is not model.forward.__globals__
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 12)}, DIMS)
+    assert _scans(graph) == 1
+    # the one constraint is the view's own: whole patches
+    assert [c.expression for c in tracer.constraints] == ["seq % 4 == 0"]
+    for batch, length in ((2, 12), (3, 4), (1, 8), (2, 40)):
+        x = torch.randn(batch, length)
+        assert_same(model(x), gm(x))

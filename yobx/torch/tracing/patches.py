@@ -83,17 +83,26 @@ _BUILTIN_ISINSTANCE = builtins.isinstance
 
 
 def patch_len_in(function: Any) -> None:
-    """Replaces ``len``, ``int`` and ``float`` in the globals of ``function`` while the
-    current torch.fx trace lasts (its patcher restores them): see :func:`traced_len`
-    and :mod:`.symbolic_builtins`."""
+    """Replaces ``len``, ``int``, ``float`` and ``range`` in the globals of ``function``
+    while the current torch.fx trace lasts (its patcher restores them): see
+    :func:`traced_len` and :mod:`.symbolic_builtins`. A decorated function (transformers
+    wraps most ``forward`` methods: ``@capture_outputs``, ``@can_return_tuple``) runs its
+    code in the module of the function it wraps: the globals of every function of the
+    ``__wrapped__`` chain are patched."""
     from .world_state import current_fx_patcher
 
     patcher = current_fx_patcher()
-    frame_dict = getattr(function, "__globals__", None)
-    if patcher is not None and frame_dict is not None:
-        patcher.patch(frame_dict, "len", traced_len)
-        for name, replacement in TRACED_BUILTINS.items():
-            patcher.patch(frame_dict, name, replacement)
+    if patcher is None:
+        return
+    seen: set[int] = set()
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        frame_dict = getattr(function, "__globals__", None)
+        if frame_dict is not None:
+            patcher.patch(frame_dict, "len", traced_len)
+            for name, replacement in TRACED_BUILTINS.items():
+                patcher.patch(frame_dict, name, replacement)
+        function = getattr(function, "__wrapped__", None)
 
 
 def _recording(original: Callable) -> Callable:
