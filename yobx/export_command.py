@@ -273,7 +273,8 @@ def run_export(options: argparse.Namespace) -> int:
     """Runs ``yobx export``; returns the exit status."""
     start = time.perf_counter()
     check_opset_option(options)
-    model, args, kwargs, declared = _load(options)
+    loaded = _load(options)
+    model, args, kwargs, declared = loaded
     dynamic_shapes = resolve_dynamic_shapes(options, model, args, kwargs, declared)
 
     from yobx.torch.onnx import to_onnx
@@ -306,7 +307,8 @@ def run_export(options: argparse.Namespace) -> int:
             from yobx.torch.onnx.weights import load_weights_into
 
             _run_stage("loading the weights into the model", load_weights_into, model, source)
-        _run_stage("validation", result.validate, model, args, kwargs)
+        given = getattr(loaded, "validation_inputs", [])
+        _run_stage("validation", result.validate, model, args, kwargs, given)
         _report(result.stages[-1])
         status = 0 if result.validation.ok else EXIT_MISMATCH
         if getattr(options, "task", None) == "text-generation":

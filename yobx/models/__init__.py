@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from yobx.models.demos import tiny_cnn, tiny_gru, tiny_lstm, transformer_encoder
+from yobx.models.loaded import LoadedModel
 from yobx.models.tiny_llm import TinyLLM, TinyLLMConfig, tiny_llm
 
 #: Built-in demo models: name -> factory returning (model, args, kwargs, dynamic_shapes).
@@ -29,17 +30,20 @@ class ModelLoadError(ValueError):
     """Raised when a model name cannot be resolved or its factory fails."""
 
 
-def _normalize(result: Any, origin: str) -> tuple[Any, tuple, dict, Any]:
+def _normalize(result: Any, origin: str) -> LoadedModel:
     import torch
 
-    if not isinstance(result, (tuple, list)) or not 2 <= len(result) <= 4:
+    if not isinstance(result, (tuple, list)) or not 2 <= len(result) <= 5:
         raise ModelLoadError(
-            f"{origin} must return (model, args[, kwargs[, dynamic_shapes]]), "
-            f"got {type(result).__name__}"
+            f"{origin} must return (model, args[, kwargs[, dynamic_shapes[, "
+            f"validation_inputs]]]), got {type(result).__name__}"
         )
     model, args, *rest = result
     kwargs = rest[0] if rest else {}
     dynamic_shapes = rest[1] if len(rest) > 1 else None
+    validation_inputs = list(rest[2]) if len(rest) > 2 else []
+    if isinstance(result, LoadedModel):
+        validation_inputs += result.validation_inputs
     if not isinstance(model, torch.nn.Module):
         raise ModelLoadError(
             f"{origin} returned a {type(model).__name__} as model, expected a torch.nn.Module"
@@ -48,7 +52,7 @@ def _normalize(result: Any, origin: str) -> tuple[Any, tuple, dict, Any]:
         args = (args,)
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs or {}, dict):
         raise ModelLoadError(f"{origin} must return args as a tuple and kwargs as a dict")
-    return model, tuple(args), dict(kwargs or {}), dynamic_shapes
+    return LoadedModel((model, tuple(args), dict(kwargs or {}), dynamic_shapes), validation_inputs)
 
 
 def _import_module(module_name: str) -> Any:
@@ -124,7 +128,9 @@ def load_model(
         from the current directory, or ``path/to/file.py:factory``) where the factory
         returns ``(model, args[, kwargs[, dynamic_shapes]])``, or ``hf:<Architecture>``
         (``hf:LlamaForCausalLM``) for a Hugging Face model built from a tiny
-        configuration with random weights
+        configuration with random weights. A factory may return a fifth element: input
+        sets the validation compares on besides the sizes it makes
+        (:attr:`LoadedModel.validation_inputs`)
     :param config: with ``hf:<Architecture>``, a ``config.json`` (or its directory):
         the model is built from it with its parameters on the meta device, to be
         exported and given its weights afterwards

@@ -69,6 +69,7 @@ from yobx.models.hf_configs import (
 )
 from yobx.models.hf_grids import GRID_INPUTS, PatchGrid
 from yobx.models.hf_series import SeriesInputs
+from yobx.models.loaded import LoadedModel
 
 #: what each family's forward takes first
 _MAIN_INPUTS = ("input_ids", "pixel_values", "input_values", "input_features")
@@ -92,11 +93,12 @@ KNOWN_TO_EXPORT: dict[str, list[str]] = {
         "DetrModel",
         "PvtV2Model",
     ],
-    "vision-text": ["CLIPModel", "SiglipModel"],
+    "vision-text": ["CLIPModel", "SiglipModel", "PaliGemmaModel"],
     "audio": ["Wav2Vec2Model", "Wav2Vec2ForCTC", "HubertModel"],
     "speech-seq2seq": ["WhisperModel", "Speech2TextModel"],
     "audio-features": ["ParakeetEncoder"],
     "text2text": ["T5Model", "T5ForConditionalGeneration", "BartModel"],
+    "time-series": ["TimeSeriesTransformerModel", "PatchTSTModel", "TimesFm2_5Model"],
 }
 
 
@@ -383,8 +385,10 @@ def _runs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
     return True
 
 
-def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict, dict]:
-    """``(model, args, kwargs, dynamic_shapes)`` for a tiny random model of any family.
+def hf_family_model(architecture: str, batch: int = 2) -> LoadedModel:
+    """``(model, args, kwargs, dynamic_shapes)`` for a tiny random model of any family,
+    with inputs where every dynamic dimension has another size as its
+    ``validation_inputs``.
 
     Each dimension is dynamic when eager runs the model with that dimension alone at
     another size (the others at the example's); the rest stay static, so that the
@@ -396,8 +400,9 @@ def hf_family_model(architecture: str, batch: int = 2) -> tuple[Any, tuple, dict
     :raises ValueError: unknown architecture, no known inputs, or a model that runs
         neither on the inputs built for its family nor on text
     """
-    model, kwargs, dynamic_shapes, _other = hf_family_case(architecture, batch=batch)
-    return model, (), kwargs, dynamic_shapes
+    model, kwargs, dynamic_shapes, other = hf_family_case(architecture, batch=batch)
+    # the validation's random inputs of other sizes hold no image token: these do
+    return LoadedModel((model, (), kwargs, dynamic_shapes), [other])
 
 
 def _family_inputs(

@@ -378,3 +378,25 @@ def test_a_convolution_padded_same_keeps_its_length_symbolic():
         other_inputs=[{"x": torch.randn(3, 7, 8)}, {"x": torch.randn(1, 13, 8)}],
     )
     assert tracer.constraints == [] and tracer.versions == []
+
+
+class NumbersOfTensors(torch.nn.Module):
+    """``int()`` and ``float()`` of one-element tensors (a count of image tokens, a
+    scale read from the data), as ``.item()`` is in eager and torch.export."""
+
+    def forward(self, x):
+        positives = int((x > 0).sum())
+        scale = float(x.abs().amax())
+        truncated = int(x[0, 0] * 10)
+        torch._check(positives <= x.shape[0] * x.shape[1])
+        return x * positives + scale - truncated
+
+
+def test_int_and_float_of_a_one_element_tensor_read_its_value():
+    # before, int(tensor proxy) raised "int() argument must be ... not 'CustomProxy'"
+    model = NumbersOfTensors()
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(3, 4)}, {"x": {0: "b", 1: "n"}})
+    assert any(n.op == "call_method" and n.target == "item" for n in graph.nodes)
+    for shape in ((3, 4), (1, 7), (5, 2)):
+        x = torch.randn(*shape)
+        assert_same(model(x), gm(x))

@@ -172,3 +172,32 @@ def test_a_function_patched_by_the_user_between_traces_is_wrapped_and_restored()
     _, graph, gm = trace_module(model, inputs, {"x": {0: "batch"}})
     assert _snapshot() == before
     assert original in [n.target for n in graph.nodes if n.op == "call_function"]
+
+
+def _sequence_check(value) -> bool:
+    import ctypes
+
+    check = ctypes.pythonapi.PySequence_Check
+    check.argtypes = [ctypes.py_object]
+    return bool(check(value))
+
+
+class _Indexed(torch.nn.Module):
+    def forward(self, x):
+        return x[:, : x.shape[1] // 2] * 2
+
+
+def test_c_slots_of_tensors_are_restored_after_a_trace():
+    # the tracer sets Tensor.__getitem__ and __setitem__ while a trace runs; deleting
+    # them afterwards restored the class's dict but left a sequence slot behind, so
+    # that eager code anywhere in the process saw every tensor as a list:
+    # torch.tensor([t1, t2]) of 0-d tensors raised "len() of a 0-d tensor"
+    before = [_sequence_check(torch.tensor(1)), _sequence_check(torch.nn.Parameter(torch.ones(1)))]
+    trace_module(_Indexed(), {"x": torch.randn(2, 6)}, {"x": {0: "b", 1: "n"}})
+    with pytest.raises(TraceError):
+        trace_module(Failing(), {"x": torch.randn(3, 3)}, {"x": {0: torch.export.Dim("batch")}})
+    after = [_sequence_check(torch.tensor(1)), _sequence_check(torch.nn.Parameter(torch.ones(1)))]
+    assert after == before
+    assert torch.tensor([torch.tensor(1), torch.tensor(2)]).tolist() == [1, 2]
+    values = [torch.tensor(3) * 2, torch.tensor(4) - 1]
+    assert torch.tensor(values).tolist() == [6, 3]

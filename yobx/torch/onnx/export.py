@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -235,7 +235,11 @@ class ExportResult:
         return self.model_proto
 
     def validate(
-        self, model: torch.nn.Module, args: tuple = (), kwargs: Mapping[str, Any] | None = None
+        self,
+        model: torch.nn.Module,
+        args: tuple = (),
+        kwargs: Mapping[str, Any] | None = None,
+        validation_inputs: Sequence[Any] = (),
     ) -> Any:
         """Compares onnxruntime with eager ``model`` on the example inputs and on other
         sizes of the dynamic dimensions (as ``to_onnx(validate=True)``); useful after
@@ -244,6 +248,7 @@ class ExportResult:
         :param model: the eager model, holding the weights
         :param args: positional inputs (the example the model was exported with)
         :param kwargs: keyword inputs
+        :param validation_inputs: more input sets, as for :func:`to_onnx`
         :raises ValueError: this result does not keep its capture
         :raises OnnxExportError: ``model`` has weights on the meta device
         :return: the :class:`~yobx.torch.onnx.validation.ValidationReport`, also kept in
@@ -255,7 +260,9 @@ class ExportResult:
             raise ValueError("this result does not keep its capture: it cannot validate")
         _refuse_meta_model(model, "validate it")
         with self._stage("validate") as info:
-            self.validation = validate_export(model, args, kwargs or {}, self, self._captured)
+            self.validation = validate_export(
+                model, args, kwargs or {}, self, self._captured, given=validation_inputs
+            )
             info["max_abs_error"] = self.validation.max_abs_error
         return self.validation
 
@@ -630,12 +637,20 @@ def _validate(
     result: ExportResult,
     verbose: int,
     declared: Any,
+    given: Sequence[Any] = (),
 ) -> Any:
     """The ``validate`` stage: onnxruntime against eager PyTorch (imported only then)."""
     from yobx.torch.onnx.validation import validate_export
 
     return validate_export(
-        model, args, kwargs, result, result._captured, verbose=verbose, declared=declared
+        model,
+        args,
+        kwargs,
+        result,
+        result._captured,
+        verbose=verbose,
+        declared=declared,
+        given=given,
     )
 
 
@@ -650,6 +665,7 @@ def to_onnx(
     opset: int | None = None,
     module_leaves: Any = None,
     validate: bool = False,
+    validation_inputs: Sequence[Any] = (),
     verbose: int = 0,
     profile: str | None = None,
     tracer: str = "custom",
@@ -678,6 +694,11 @@ def to_onnx(
     :param module_leaves: forwarded to the tracer
     :param validate: compares onnxruntime with eager PyTorch on the example inputs and
         on inputs with other sizes for each dynamic dimension
+    :param validation_inputs: more input sets to compare on (each a dict of keyword
+        arguments, a tuple of positional ones, or a pair ``(args, kwargs)``); implies
+        ``validate``. The inputs of other sizes the validation makes are random: give
+        the ones whose values must agree with each other (a vision-language model's
+        image tokens and images, a grid of patches and the patches)
     :param verbose: prints the stages
     :param profile: writes a Chrome trace of the stages there
     :param progress: called with each :class:`Stage` when it ends
@@ -704,6 +725,8 @@ def to_onnx(
     """
     opset = check_opset(opset)
     optimize = check_optimize_level(optimize)
+    validation_inputs = list(validation_inputs)
+    validate = validate or bool(validation_inputs)
     args, kwargs = _checked_inputs(model, args, kwargs, validate)
     stage = ExportStageRecorder(verbose, progress)
 
@@ -756,7 +779,9 @@ def to_onnx(
             info["bytes"] = _save(result, filename)
     if validate:
         with stage("validate") as info:
-            result.validation = _validate(model, args, kwargs, result, verbose, declared)
+            result.validation = _validate(
+                model, args, kwargs, result, verbose, declared, validation_inputs
+            )
             info["max_abs_error"] = result.validation.max_abs_error
     if profile is not None:
         write_stage_profile(result.stages, profile)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
@@ -432,14 +433,21 @@ def validate_export(
     captured: Any,
     verbose: int = 0,
     declared: Sequence[Any] = (),
+    given: Sequence[Any] = (),
 ) -> ValidationReport:
     """Validates the result of :func:`to_onnx` on the example inputs and on inputs with
     other sizes: every dynamic dimension changed alone, then all together, inside the
-    capture's constraints.
+    capture's constraints, and on the input sets ``given`` by the caller.
 
     :param declared: the dimensions the user declared dynamic
         (:class:`yobx.torch.onnx.declared.DeclaredDimension`); the report is not ok
         when one of them, still symbolic, kept its example size in every case compared
+        (the given input sets count: their sizes are read from the ONNX inputs' named
+        dimensions)
+    :param given: more input sets (each a dict of keyword arguments, a tuple of
+        positional ones, or a pair ``(args, kwargs)``), for the values random inputs
+        of other sizes cannot hold: image tokens matching the images of a
+        vision-language model, a grid of patches matching the patches
     """
     placeholder_values = [
         n.meta.get("val") for n in captured.graph_module.graph.nodes if n.op == "placeholder"
@@ -475,6 +483,16 @@ def validate_export(
     # the file when the weights are outside it (past 2 GB), else the proto
     source = result.session_source() if hasattr(result, "session_source") else result.model_proto
     session = _session(source)
+    named = (
+        {name: s.node.expr for name, s in captured.tracer.dims.by_name.items()}
+        if captured.tracer is not None and captured.tracer.dims is not None
+        else {}
+    )
+    for i, inputs in enumerate(given):
+        given_args, given_kwargs = _split_inputs(inputs)
+        inputs_list.append((given_args, given_kwargs))
+        descriptions.append(f"given inputs {i + 1}")
+        assignments.append(_given_assignment(model, session, given_args, given_kwargs, named))
     report = validate(model, session, inputs_list, descriptions=descriptions, mutations=mutations)
     report.problems.extend(
         _unvaried_dimensions(declared, captured.shape_env, assignments, report.cases)
@@ -492,6 +510,25 @@ def validate_export(
     if verbose:
         print(report.format())
     return report
+
+
+def _given_assignment(
+    model: torch.nn.Module, session: Any, args: tuple, kwargs: dict, named: Mapping
+) -> dict:
+    """The size of each named dynamic dimension in an input set, read from the ONNX
+    inputs whose dimensions are named after it."""
+    names = [i.name for i in session.get_inputs()]
+    feeds, error = onnx_feeds(model, args, kwargs, names)
+    assignment: dict = {}
+    if error is not None:
+        return assignment
+    for spec in session.get_inputs():
+        shape = feeds[spec.name].shape
+        for dim, size in zip(spec.shape, shape):
+            expr = named.get(dim) if isinstance(dim, str) else None
+            if isinstance(expr, sympy.Symbol):
+                assignment[expr] = sympy.Integer(size)
+    return assignment
 
 
 def _version_cases(

@@ -30,6 +30,7 @@ from .loops import SymbolicPieces
 from .patch_window import any_thread, gated_value, patch_window, register_undo
 from .proxies import find_proxy
 from .symbolic_builtins import TRACED_BUILTINS, as_builtin
+from .type_slots import restore_slots, saved_slots
 
 #: factories whose size arguments may hold symbolic dimensions
 TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
@@ -427,6 +428,13 @@ def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[Non
     _settle_device_constructors()
     with patch_window():
         saved: list[tuple[Any, str, Any]] = []
+        # a special method set and deleted again leaves C slots behind (type_slots)
+        special = [
+            owner
+            for owner, name, _ in replacements
+            if isinstance(owner, type) and name.startswith("__") and name.endswith("__")
+        ]
+        slots = saved_slots(list(dict.fromkeys(special)))
 
         def undo() -> None:
             for owner, name, value in reversed(saved):
@@ -434,6 +442,7 @@ def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[Non
                     setattr(owner, name, value)
                 elif name in vars(owner):
                     delattr(owner, name)
+            restore_slots(slots)
 
         restore = register_undo(undo)
         try:

@@ -71,10 +71,17 @@ class _SymbolicBuiltin(type):
 
 
 def _symbolic_conversion(builtin: type, value: Any) -> Any:
-    """The proxy of ``builtin(value)`` for a proxy of a symbolic int or float, else None
-    (a bool stays a decision: ``int(n > 4)`` is a branch on the sizes)."""
-    from .proxies import CustomProxyFloat, CustomProxyInt
+    """The proxy of ``builtin(value)`` for a proxy of a symbolic int or float, or of a
+    one-element tensor (``int(mask.sum())`` is ``mask.sum().item()``, as in eager and
+    torch.export), else None (a bool stays a decision: ``int(n > 4)`` is a branch on
+    the sizes)."""
+    from .proxies import CustomProxy, CustomProxyFloat, CustomProxyInt, _ScalarProxy
 
+    if isinstance(value, CustomProxy) and not isinstance(value, _ScalarProxy):
+        # a tensor: its value, a number read from the data (see CustomProxy.item)
+        value = value.item()
+        symbolic = _symbolic_conversion(builtin, value)
+        return symbolic if symbolic is not None else builtin(value)
     if isinstance(value, CustomProxyInt):
         if builtin is _INT:
             return value
