@@ -41,7 +41,7 @@ def _normalize(result: Any, origin: str) -> LoadedModel:
     model, args, *rest = result
     kwargs = rest[0] if rest else {}
     dynamic_shapes = rest[1] if len(rest) > 1 else None
-    validation_inputs = list(rest[2]) if len(rest) > 2 else []
+    validation_inputs = list(rest[2] or []) if len(rest) > 2 else []
     if isinstance(result, LoadedModel):
         validation_inputs += result.validation_inputs
     if not isinstance(model, torch.nn.Module):

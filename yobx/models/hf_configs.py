@@ -301,13 +301,14 @@ def _repaired(
     seen, broken = tried
     named = _named(message, _leaves(values))
     numbers = [int(n) for n in re.findall(r"(?<![\w.])\d+(?![\w.])", message)]
-    ranked = sorted(
-        (rank, size, path, candidate)
+    edits = [
+        (rank, candidate if _is_int(candidate) else 0, path, candidate)
         for path in named
         for rank, candidate in _candidates(path, values, defaults, named, numbers)
-        for size in [candidate if _is_int(candidate) else 0]
-    )
-    for _rank, _size, path, candidate in ranked:
+    ]
+    # by rank, then smallest first; the order of the message otherwise (a stable sort:
+    # the candidates themselves, lists and numbers, do not compare)
+    for _rank, _size, path, candidate in sorted(edits, key=lambda edit: edit[:2]):
         edited = _with(values, path, candidate)
         if edited in seen:
             continue

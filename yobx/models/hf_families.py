@@ -182,8 +182,8 @@ class _Inputs:
         #: a forecaster's window of past values (and the future ones it is trained on)
         self.series = SeriesInputs(config, self.parameters) if family == "time-series" else None
         self.around = [
-            next((t for t in (getattr(config, n, None) for n in names) if isinstance(t, int)), None)
-            for names in (IMAGE_STARTS, IMAGE_ENDS)
+            next((t for t in (getattr(config, n, None) for n in keys) if isinstance(t, int)), None)
+            for keys in (IMAGE_STARTS, IMAGE_ENDS)
         ]
 
     def orient_features(self, model: torch.nn.Module) -> None:
