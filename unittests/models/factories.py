@@ -13,3 +13,10 @@ def not_a_model():
 
 def fails():
     raise ValueError("no weights")
+
+
+def five():
+    """A factory giving input sets for the validation besides its example."""
+    model = torch.nn.Linear(3, 2)
+    dims = {"x": {0: "batch"}}
+    return model, (), {"x": torch.randn(2, 3)}, dims, [{"x": torch.randn(5, 3)}]

@@ -158,3 +158,54 @@ def test_multimodal_rotary_sections_fit_the_tiny_head():
     text = config.text_config
     head = text.hidden_size // text.num_attention_heads
     assert sum(text.rope_parameters["mrope_section"]) == head // 2
+
+
+def test_stages_kept_narrow_the_widths_a_head_reads_from_them():
+    # a detection head reads the last three of four backbone stages: with the stages
+    # kept, its input widths follow the backbone's; repeated widths (the decoder's own)
+    # are not stage widths and stay
+    full = {
+        "model_type": "detector",
+        "backbone_config": {
+            "model_type": "backbone",
+            "hidden_sizes": [256, 512, 1024, 2048],
+            "depths": [3, 4, 6, 3],
+            "out_indices": [2, 3, 4],
+        },
+        "encoder_in_channels": [512, 1024, 2048],
+        "decoder_in_channels": [256, 256, 256],
+        "feat_strides": [8, 16, 32],
+    }
+    shrunk = hf_configs._shrunk(full, keep_stages=True)
+    backbone = shrunk["backbone_config"]
+    assert backbone["hidden_sizes"] == [8, 16, 32, 64] and backbone["depths"] == [1] * 4
+    assert backbone["out_indices"] == [2, 3, 4]
+    assert shrunk["encoder_in_channels"] == [16, 32, 64]
+    assert shrunk["decoder_in_channels"] == [256, 256, 256]
+    assert shrunk["feat_strides"] == [8, 16, 32]
+    # by default, two stages
+    assert hf_configs._shrunk(full)["backbone_config"]["hidden_sizes"] == [8, 16]
+
+
+def test_a_detector_reading_three_stages_runs():
+    from yobx.models.hf_families import hf_family_case
+
+    model, kwargs, shapes, other = hf_family_case("RTDetrModel")
+    config = model.config
+    assert config.encoder_in_channels == config.backbone_config.hidden_sizes[1:]
+    with torch.no_grad():
+        model(**kwargs)
+        model(**other)
+
+
+def test_zero_matrices_get_small_random_values():
+    # a head initialised to zeros scores every candidate alike, and topk then picks
+    # among ties, which eager and onnxruntime break differently
+    class ZeroHead(_Model):
+        def __init__(self, config):
+            super().__init__(config)
+            torch.nn.init.zeros_(self.proj.weight)
+
+    config, model = tiny_model(ZeroHead)
+    assert model.proj.weight.any()
+    assert float(model.proj.weight.abs().max()) < 0.2

@@ -84,6 +84,8 @@ _TINY_SIZES: dict[str, Any] = {
     "num_stages": 2,
     # Autoformer's decoder starts from the context's last steps: within the tiny context
     "label_length": 2,
+    # a detector's object queries, picked among the anchors of a tiny image (RT-DETR)
+    "num_queries": 10,
 }
 #: sizes a configuration leaves unset (``None``) and its model needs: a forecaster's
 #: horizon (the context defaults to it)
@@ -125,20 +127,25 @@ _REPAIRS = 8
 _LARGEST = 2048
 
 
-def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
-    """A configuration's ``to_dict()`` with small sizes (sub-configurations too)."""
+def _shrunk(values: dict[str, Any], keep_stages: bool = False) -> dict[str, Any]:
+    """A configuration's ``to_dict()`` with small sizes (sub-configurations too);
+    ``keep_stages`` keeps the number of stages of a backbone (see :func:`tiny_model`)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, dict) and value.get("model_type") in _TIMM_BACKBONES:
-            out[key] = _shrunk(_resnet_backbone(value))
+            out[key] = _shrunk(_resnet_backbone(value), keep_stages)
         elif isinstance(value, dict) and "model_type" in value:
-            out[key] = _shrunk(value)
+            out[key] = _shrunk(value, keep_stages)
+        elif keep_stages and key in _STAGE_LISTS and isinstance(value, (list, tuple)):
+            out[key] = _kept_stages(key, len(value))
         elif key in _TINY_SIZES and _same_kind(value, _TINY_SIZES[key]):
             out[key] = _TINY_SIZES[key]
         elif value is None and key in _UNSET_SIZES:
             out[key] = _UNSET_SIZES[key]
-        elif key not in _DERIVED:
+        elif key not in _DERIVED or keep_stages:
             out[key] = value
+    if keep_stages:
+        _narrow_stage_widths(values, out)
     for key in _TOKEN_IDS:
         if isinstance(out.get(key), int) and out[key] >= _TINY_SIZES["vocab_size"]:
             out[key] = 0
@@ -170,6 +177,34 @@ def _shrunk(values: dict[str, Any]) -> dict[str, Any]:
             if str(index).isdigit() and int(index) < layers
         }
     return out
+
+
+def _kept_stages(key: str, count: int) -> list[int]:
+    """``count`` small stages: one block each, widths doubling from 8."""
+    return [8 * 2**i for i in range(count)] if key == "hidden_sizes" else [1] * count
+
+
+def _narrow_stage_widths(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """The widths a detection head reads from its backbone's stages (RT-DETR's
+    ``encoder_in_channels`` [512, 1024, 2048], the last three of the backbone's
+    ``hidden_sizes``) narrowed as the backbone's were: a list of distinct numbers
+    equal to consecutive full-size stage widths takes the tiny stage widths."""
+    pairs = [
+        (values[key]["hidden_sizes"], out[key]["hidden_sizes"])
+        for key in values
+        if isinstance(values[key], dict)
+        and isinstance(out.get(key), dict)
+        and isinstance(values[key].get("hidden_sizes"), list)
+        and len(values[key]["hidden_sizes"]) == len(out[key].get("hidden_sizes") or [])
+    ]
+    for key, value in out.items():
+        if not isinstance(value, list) or len(set(value)) != len(value) or len(value) < 2:
+            continue
+        for full, tiny in pairs:
+            starts = [i for i in range(len(full)) if full[i : i + len(value)] == value]
+            if starts:
+                out[key] = tiny[starts[0] : starts[0] + len(value)]
+                break
 
 
 def _fit_mrope_sections(values: dict[str, Any]) -> None:
@@ -207,18 +242,23 @@ def _same_kind(value: Any, tiny: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def tiny_model(cls: Any) -> tuple[Any, torch.nn.Module]:
+def tiny_model(cls: Any, keep_stages: bool = False) -> tuple[Any, torch.nn.Module]:
     """``(config, model)``: the configuration of ``cls`` with small sizes (see the
     module's docstring), eager attention, no dropout and no cache (the cache is not an
     input of these models), and the model built from it with seeded random weights, in
     evaluation mode.
+
+    A backbone's stages are cut to two. A detection head reading three or four of them
+    (RT-DETR, D-FINE) needs them all: ``keep_stages`` keeps their number (one block
+    each, widths 8, 16, 32...), with the selected stages (``out_indices``) and the
+    widths the head reads from them narrowed alike.
 
     :raises Exception: what the configuration or the model raised at the last try,
         when no edit of the keys it names (see the module's docstring) makes it build
     """
     config_class = cls.config_class
     defaults = config_class().to_dict()
-    values = _shrunk(defaults)
+    values = _shrunk(defaults, keep_stages)
     # the configurations tried and the rules they broke: an edit never leads back to
     # either (two rules on one key would otherwise undo each other's edit forever, and
     # an edit breaking a rule satisfied before is no progress)
@@ -249,10 +289,23 @@ def _built(cls: Any, values: dict[str, Any]) -> tuple[Any, torch.nn.Module] | Ex
         config = _finished(cls.config_class.from_dict(values))
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            model = cls(config).eval()
+            model = _spread_zero_matrices(cls(config).eval())
     except Exception as e:
         return e
     return config, model
+
+
+def _spread_zero_matrices(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its all-zero matrices given small random values. A head
+    initialised to zeros (RT-DETR's scores of its anchors, a router's scores of its
+    experts) gives every candidate the same score: ``topk`` then picks among ties, which
+    eager and onnxruntime break differently, and the comparison of an export says
+    nothing. A trained model has no such ties."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2 and parameter.numel() and not parameter.any():
+                parameter.normal_(std=0.02)
+    return model
 
 
 def _finished(config: Any) -> Any:

@@ -435,6 +435,14 @@ def hf_family_case(
     family = family_of(cls)
     config, model = tiny_model(cls)
     maker, sizes, kwargs = _family_inputs(cls, config, family, model, batch)
+    if family == "vision" and not _runs(model, kwargs):
+        # a detection head reading more stages of its backbone than the two kept
+        try:
+            config, model = tiny_model(cls, keep_stages=True)
+        except Exception:
+            pass
+        else:
+            maker, sizes, kwargs = _family_inputs(cls, config, family, model, batch)
     try:
         with torch.no_grad():
             model(**kwargs)
