@@ -215,3 +215,28 @@ def test_an_onnx_quantizer_of_transformers_applies():
     got = exported(input_ids=ids, attention_mask=mask).last_hidden_state
     # int8 weights and activations
     torch.testing.assert_close(got, expected, atol=0.1, rtol=0.1)
+
+
+def test_an_encoder_decoder_s_steps_run_at_other_sizes_like_the_model():
+    # BART's generation components take the encoder's outputs and a cache of self- and
+    # cross-attention: their batch, the encoder's tokens and the past are dynamic
+    # (before, the encoder's outputs kept the example's batch and the export refused
+    # any other); each component against eager on the inputs generate gives it for
+    # other prompts
+    from transformers.exporters.utils import decompose_for_generation
+
+    model = _model("BartForConditionalGeneration")
+
+    def prompt(batch, seq):
+        ids, mask = _prompt(model.config.vocab_size, batch, seq, padded=False)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    exported = YobxExporter().export_for_generation(model, prompt(2, 5), YobxExportConfig())
+    assert set(exported.components) == {"prefill", "decode"}
+    for batch, seq in ((2, 5), (3, 7), (1, 4)):
+        components = decompose_for_generation(model, prompt(batch, seq), multi_token_decode=True)
+        for name, (submodel, inputs) in components.items():
+            with torch.no_grad():
+                expected = submodel(**copy.deepcopy(inputs)).logits
+            got = exported.runners[name](**copy.deepcopy(inputs))
+            torch.testing.assert_close(torch.as_tensor(got.logits), expected, atol=1e-4, rtol=1e-4)

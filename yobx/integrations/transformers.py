@@ -77,9 +77,9 @@ from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
 from yobx.torch.pytree_paths import flatten_with_paths
 from yobx.torch.tracing.inputs import (
     bind_arguments,
-    cache_dynamic_shapes,
     count_from_keys,
     placeholder_names,
+    structure_dynamic_shapes,
 )
 
 #: the format this backend registers, the ``export_format`` of its configuration
@@ -87,6 +87,10 @@ EXPORT_FORMAT = "yobx"
 
 #: the axes of the keys and values of a cache: (batch, heads, past, head_dim)
 CACHE_ROLES = {0: "batch", 2: "past"}
+#: the axes of an encoder's outputs and of the cross-attention cache of an
+#: encoder-decoder model, over the encoder's sequence
+ENCODER_ROLES = {0: "batch", 1: "encoder_seq"}
+CROSS_CACHE_ROLES = {0: "batch", 2: "encoder_seq"}
 
 
 @dataclasses.dataclass
@@ -96,7 +100,9 @@ class YobxExportConfig(ExportConfigMixin):
     :param dynamic: dynamic dimensions named by their role
         (``yobx.models.roles.ROLE_AXES``; the keys and values of a cache ``batch`` and
         ``past``, an attention mask ``seq``, or ``total`` when the inputs hold a
-        cache); ``False``: every size static
+        cache; for an encoder-decoder's decoder steps, the encoder's outputs, the
+        attention mask and the cross-attention cache over ``encoder_seq``);
+        ``False``: every size static
     :param dynamic_shapes: the dimensions as :func:`yobx.torch.onnx.to_onnx` takes them
         (per forward kwarg, ``{axis: name or Dim}``), instead of the roles
     :param opset_version: the ONNX opset (yobx's default when None)
@@ -328,20 +334,46 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
     if not config.dynamic:
         return None
     holds_cache = any(is_cache_object(value) for value in inputs.values())
+    # an encoder-decoder's decoder step: its attention mask covers the encoder's tokens
+    encoded = inputs.get("encoder_outputs") is not None
     shapes: dict[str, Any] = {}
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
             roles = dict(ROLE_AXES.get(name, {}))
-            if name == "attention_mask" and holds_cache and value.dim() == 2:
-                roles = {0: "batch", 1: "total"}  # over the cache and the new tokens
+            if name == "attention_mask" and value.dim() == 2 and (encoded or holds_cache):
+                # over the encoder's tokens, or over the cache and the new tokens
+                roles = dict(ENCODER_ROLES) if encoded else {0: "batch", 1: "total"}
             if name == "position_ids" and value.dim() == 3:  # (sections, batch, seq)
                 roles = {1: "batch", 2: "seq"}
             shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
         elif is_cache_object(value):
-            shapes[name] = cache_dynamic_shapes(value, CACHE_ROLES)
+            shapes[name] = _cache_shapes(value)
+        elif name == "encoder_outputs" and value is not None:
+            shapes[name] = structure_dynamic_shapes(
+                value, lambda t: dict(ENCODER_ROLES) if t.dim() == 3 else {}
+            )
         else:
             shapes[name] = None
     return shapes
+
+
+def _cache_shapes(cache: Any) -> Any:
+    """A cache's dynamic shapes: its keys and values over the past tokens, those of the
+    cross-attention (an encoder-decoder's) over the encoder's tokens."""
+    cross = getattr(cache, "cross_attention_cache", None)
+    encoder = {
+        id(tensor)
+        for layer in getattr(cross, "layers", ())
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None))
+        if isinstance(tensor, torch.Tensor)
+    }
+
+    def axes_of(tensor: torch.Tensor) -> dict[int, str]:
+        if tensor.dim() != 4:
+            return {}
+        return dict(CROSS_CACHE_ROLES if id(tensor) in encoder else CACHE_ROLES)
+
+    return structure_dynamic_shapes(cache, axes_of)
 
 
 def _name_inputs_as_runner_binds(
