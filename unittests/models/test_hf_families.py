@@ -153,18 +153,27 @@ def test_a_multimodal_model_without_its_towers_reads_text():
 def test_a_vision_language_model_exports_at_other_text_and_batch_sizes():
     # PaliGemma (image tokens in the text): the ONNX model against eager on hf:'s inputs
     # of other sizes (the validation's own random tokens would hold no image token)
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from yobx.models.hf_families import hf_family_case
-    from yobx.torch.onnx import to_onnx
 
     model, kwargs, shapes, other = hf_family_case("PaliGemmaModel")
     assert shapes["input_ids"] == {0: "batch", 1: "seq"}
+    _assert_onnx_matches_eager(model, kwargs, shapes, [other])
+
+
+def _assert_onnx_matches_eager(model, kwargs, shapes, others):
+    """The ONNX model's first output against eager's ``last_hidden_state``, on the
+    example and on the other inputs."""
+    import onnxruntime
+
+    from yobx.torch.onnx import to_onnx
+
     result = to_onnx(model, (), kwargs=kwargs, dynamic_shapes=shapes)
     session = onnxruntime.InferenceSession(
         result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     names = [i.name for i in session.get_inputs()]
-    for inputs in (kwargs, other):
+    for inputs in (kwargs, *others):
         with torch.no_grad():
             expected = model(**inputs).last_hidden_state
         got = session.run(None, {n: inputs[n].numpy() for n in names})[0]
@@ -210,9 +219,8 @@ def test_forecasters_get_their_window_and_export_at_other_sizes():
     # a forecaster's past values (and the future ones its decoder reads); TimesFM 2.5
     # reads a window of any number of patches, and keeps running statistics in a loop
     # over them: the ONNX model against eager at another batch and number of patches
-    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from yobx.models.hf_families import hf_family_case
-    from yobx.torch.onnx import to_onnx
 
     model, kwargs, shapes, other = hf_family_case("TimeSeriesTransformerModel")
     assert family_of(type(model)) == "time-series"
@@ -222,13 +230,4 @@ def test_forecasters_get_their_window_and_export_at_other_sizes():
     model, kwargs, shapes, other = hf_family_case("TimesFm2_5Model")
     assert shapes["past_values"] == {0: "batch", 1: "steps"}
     assert other["past_values"].shape[1] > kwargs["past_values"].shape[1]
-    result = to_onnx(model, (), kwargs=kwargs, dynamic_shapes=shapes)
-    session = onnxruntime.InferenceSession(
-        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    names = [i.name for i in session.get_inputs()]
-    for inputs in (kwargs, other):
-        with torch.no_grad():
-            expected = model(**inputs).last_hidden_state
-        got = session.run(None, {n: inputs[n].numpy() for n in names})[0]
-        torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
+    _assert_onnx_matches_eager(model, kwargs, shapes, [other])
