@@ -1,7 +1,7 @@
 """Tiny configurations of transformers models, and the models built from them.
 
 A configuration class's defaults describe a full-size model. :func:`tiny_model` shrinks
-them key by key (:data:`_TINY_SIZES`), cuts per-layer and per-stage lists with the
+them key by key (:data:`TINY_SIZES`), cuts per-layer and per-stage lists with the
 numbers of layers and stages, replaces a timm backbone (timm is not a dependency of
 transformers) with transformers' own ResNet, and then builds the model.
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 #: small sizes given to any configuration (and sub-configuration) having the key
-_TINY_SIZES: dict[str, Any] = {
+TINY_SIZES: dict[str, Any] = {
     "vocab_size": 99,
     "hidden_size": 32,
     "num_hidden_layers": 2,
@@ -138,8 +138,8 @@ def _shrunk(values: dict[str, Any], keep_stages: bool = False) -> dict[str, Any]
             out[key] = _shrunk(value, keep_stages)
         elif keep_stages and key in _STAGE_LISTS and isinstance(value, (list, tuple)):
             out[key] = _kept_stages(key, len(value))
-        elif key in _TINY_SIZES and _same_kind(value, _TINY_SIZES[key]):
-            out[key] = _TINY_SIZES[key]
+        elif key in TINY_SIZES and _same_kind(value, TINY_SIZES[key]):
+            out[key] = TINY_SIZES[key]
         elif value is None and key in _UNSET_SIZES:
             out[key] = _UNSET_SIZES[key]
         elif key not in _DERIVED or keep_stages:
@@ -147,7 +147,7 @@ def _shrunk(values: dict[str, Any], keep_stages: bool = False) -> dict[str, Any]
     if keep_stages:
         _narrow_stage_widths(values, out)
     for key in _TOKEN_IDS:
-        if isinstance(out.get(key), int) and out[key] >= _TINY_SIZES["vocab_size"]:
+        if isinstance(out.get(key), int) and out[key] >= TINY_SIZES["vocab_size"]:
             out[key] = 0
     # a value per layer (`layer_types`, Gemma3n's `intermediate_size`) or per stage
     # (PVT's `strides`, `sr_ratios`): the first ones, as many as the layers or stages kept
@@ -311,7 +311,7 @@ def _spread_zero_matrices(model: torch.nn.Module) -> torch.nn.Module:
 def _finished(config: Any) -> Any:
     """``config`` with media tokens inside the vocabulary, eager attention, no cache and
     no dropout."""
-    vocab = int(config_attribute(config, "vocab_size", _TINY_SIZES["vocab_size"]))
+    vocab = int(config_attribute(config, "vocab_size", TINY_SIZES["vocab_size"]))
     for name in (*IMAGE_TOKENS, *AUDIO_TOKENS):
         # the tiny vocabulary's last token (the text hf: builds never draws it)
         if isinstance(getattr(config, name, None), int) and getattr(config, name) >= vocab - 1:

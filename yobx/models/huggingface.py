@@ -13,21 +13,29 @@ from typing import Any
 
 import torch
 
-#: Small sizes applied to any configuration having these attributes.
+from yobx.models.hf_configs import TINY_SIZES
+
+#: Small sizes applied to any configuration having these attributes: those of
+#: :data:`yobx.models.hf_configs.TINY_SIZES` for a decoder, and a few of its own.
 _TINY = {
-    "vocab_size": 99,
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
+    **{
+        key: TINY_SIZES[key]
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "n_embd",
+            "n_layer",
+            "n_head",
+            "n_positions",
+            "n_inner",
+        )
+    },
     "max_seq_len": 64,
-    "n_embd": 32,
-    "n_layer": 2,
-    "n_head": 4,
-    "n_positions": 64,
-    "n_inner": 37,
     "type_vocab_size": 2,
     # rotary dimensions must fit in a head (32 / 4 heads = 8)
     "rotary_dim": 4,
