@@ -217,15 +217,27 @@ def test_an_onnx_quantizer_of_transformers_applies():
     torch.testing.assert_close(got, expected, atol=0.1, rtol=0.1)
 
 
-def test_an_encoder_decoder_s_steps_run_at_other_sizes_like_the_model():
-    # BART's generation components take the encoder's outputs and a cache of self- and
-    # cross-attention: their batch, the encoder's tokens and the past are dynamic
-    # (before, the encoder's outputs kept the example's batch and the export refused
-    # any other); each component against eager on the inputs generate gives it for
-    # other prompts
+@pytest.mark.parametrize(
+    "architecture", ["BartForConditionalGeneration", "T5ForConditionalGeneration"]
+)
+def test_an_encoder_decoder_s_steps_run_at_other_sizes_like_the_model(architecture):
+    # BART's and T5's generation components take the encoder's outputs and a cache of
+    # self- and cross-attention: their batch, the encoder's tokens and the past are
+    # dynamic (before, the encoder's outputs kept the example's batch and the export
+    # refused any other); each component against eager on the inputs generate gives it
+    # for other prompts
     from transformers.exporters.utils import decompose_for_generation
 
-    model = _model("BartForConditionalGeneration")
+    from yobx.models.hf_configs import tiny_config as family_config
+
+    # both halves shrunk (T5's decoder layers too)
+    config = family_config(getattr(transformers, architecture))
+    config.use_cache = True
+    if getattr(config, "decoder_start_token_id", None) is None:
+        config.decoder_start_token_id = 0
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = getattr(transformers, architecture)(config).eval()
 
     def prompt(batch, seq):
         ids, mask = _prompt(model.config.vocab_size, batch, seq, padded=False)
