@@ -42,9 +42,10 @@ from sweep_transformers import (
     architectures,
     quiet_child,
     run_forked,
-    spread_zero_matrices,
     tiny_kwargs,
 )
+
+from yobx.models.hf_configs import spread_zero_matrices
 
 EXPORTERS = ("onnx", "yobx")
 

@@ -131,19 +131,6 @@ def tiny_kwargs(config_class) -> dict:
     return {k: v for k, v in TINY.items() if v is not None and (k in accepted or takes_kwargs)}
 
 
-def spread_zero_matrices(model):
-    """``model`` with its all-zero matrices given small random values: a router
-    initialised to zeros ties every expert, and eager and onnxruntime break the ties
-    of topk differently, which says nothing of the export."""
-    import torch
-
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2 and not parameter.any():
-                parameter.normal_(std=0.02)
-    return model
-
-
 def quiet_child() -> None:
     """A forked child: no warnings nor logs, one core (``SWEEP_THREADS``) so that the
     machine's other core stays free for the rest."""
@@ -169,6 +156,8 @@ def _build_text(model_type: str, name: str):
                 if value is not None and hasattr(sub, key):
                     setattr(sub, key, value)
     torch.manual_seed(0)
+    from yobx.models.hf_configs import spread_zero_matrices
+
     model = spread_zero_matrices(getattr(transformers, name)(config).eval())
     vocab = min(int(getattr(config, "vocab_size", 128) or 128), 128)
 

@@ -791,3 +791,12 @@ def test_list_prints_every_tested_architecture_by_family(capsys):
     for family, names in KNOWN_TO_EXPORT.items():
         line = next(line for line in out.splitlines() if line.strip().startswith(family + ":"))
         assert all(name in line for name in names), line
+
+
+def test_validate_compares_on_the_input_sets_a_factory_gives(capsys, tmp_path):
+    # a factory's fifth element (hf: gives its own inputs of other sizes the same way)
+    argv = ["export", "unittests.models.factories:five", "-o", str(tmp_path / "f.onnx")]
+    status = main([*argv, "--validate"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert re.search(r"given inputs 1\s+\S+\s+\[?5", captured.out), captured.out

@@ -18,5 +18,5 @@ def fails():
 def five():
     """A factory giving input sets for the validation besides its example."""
     model = torch.nn.Linear(3, 2)
-    dims = {"x": {0: "batch"}}
-    return model, (), {"x": torch.randn(2, 3)}, dims, [{"x": torch.randn(5, 3)}]
+    dims = {"input": {0: "batch"}}
+    return model, (), {"input": torch.randn(2, 3)}, dims, [{"input": torch.randn(5, 3)}]

@@ -42,8 +42,8 @@ def test_factory_with_two_elements_gets_defaults():
 def test_factory_with_validation_inputs_keeps_them():
     loaded = load_model("unittests.models.factories:five")
     model, args, kwargs, dynamic_shapes = loaded
-    assert dynamic_shapes == {"x": {0: "batch"}}
-    assert [v["x"].shape[0] for v in loaded.validation_inputs] == [5]
+    assert dynamic_shapes == {"input": {0: "batch"}}
+    assert [v["input"].shape[0] for v in loaded.validation_inputs] == [5]
     # a factory of four elements gives none
     assert load_model("unittests.models.factories:two").validation_inputs == []
 

@@ -77,6 +77,7 @@ from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
 from yobx.torch.pytree_paths import flatten_with_paths
 from yobx.torch.tracing.inputs import (
     bind_arguments,
+    cache_dynamic_shapes,
     count_from_keys,
     placeholder_names,
     structure_dynamic_shapes,
@@ -347,7 +348,7 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
                 roles = {1: "batch", 2: "seq"}
             shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
         elif is_cache_object(value):
-            shapes[name] = _cache_shapes(value)
+            shapes[name] = cache_dynamic_shapes(value, CACHE_ROLES, CROSS_CACHE_ROLES)
         elif name == "encoder_outputs" and value is not None:
             shapes[name] = structure_dynamic_shapes(
                 value, lambda t: dict(ENCODER_ROLES) if t.dim() == 3 else {}
@@ -355,25 +356,6 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
         else:
             shapes[name] = None
     return shapes
-
-
-def _cache_shapes(cache: Any) -> Any:
-    """A cache's dynamic shapes: its keys and values over the past tokens, those of the
-    cross-attention (an encoder-decoder's) over the encoder's tokens."""
-    cross = getattr(cache, "cross_attention_cache", None)
-    encoder = {
-        id(tensor)
-        for layer in getattr(cross, "layers", ())
-        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None))
-        if isinstance(tensor, torch.Tensor)
-    }
-
-    def axes_of(tensor: torch.Tensor) -> dict[int, str]:
-        if tensor.dim() != 4:
-            return {}
-        return dict(CROSS_CACHE_ROLES if id(tensor) in encoder else CACHE_ROLES)
-
-    return structure_dynamic_shapes(cache, axes_of)
 
 
 def _name_inputs_as_runner_binds(

@@ -289,13 +289,13 @@ def _built(cls: Any, values: dict[str, Any]) -> tuple[Any, torch.nn.Module] | Ex
         config = _finished(cls.config_class.from_dict(values))
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            model = _spread_zero_matrices(cls(config).eval())
+            model = spread_zero_matrices(cls(config).eval())
     except Exception as e:
         return e
     return config, model
 
 
-def _spread_zero_matrices(model: torch.nn.Module) -> torch.nn.Module:
+def spread_zero_matrices(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with its all-zero matrices given small random values. A head
     initialised to zeros (RT-DETR's scores of its anchors, a router's scores of its
     experts) gives every candidate the same score: ``topk`` then picks among ties, which

@@ -220,26 +220,15 @@ def _decoder_inputs(
 
 
 def _decoder_shapes(inputs: dict) -> dict:
-    from yobx.torch.tracing.inputs import structure_dynamic_shapes
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
 
     cache = inputs["cache"]
-    cross = {
-        id(tensor)
-        for layer in cache.cross_attention_cache.layers
-        for tensor in (layer.keys, layer.values)
-    }
-
-    def axes_of(tensor: torch.Tensor) -> dict:
-        if tensor.dim() != 4:
-            return {}
-        return {0: "batch", 2: CROSS_PAST if id(tensor) in cross else PAST}
-
     shapes = {
         "decoder_input_ids": {0: "batch", 1: SEQ},
         "encoder_hidden_states": {0: "batch", 1: ENCODER_SEQ},
         # in the structure of whichever flattening is registered (yobx's, or
         # transformers' exporters' once they ran in the process)
-        "cache": structure_dynamic_shapes(cache, axes_of),
+        "cache": cache_dynamic_shapes(cache, {0: "batch", 2: PAST}, {0: "batch", 2: CROSS_PAST}),
     }
     if "attention_mask" in inputs:
         shapes["attention_mask"] = {0: "batch", 1: ENCODER_SEQ}

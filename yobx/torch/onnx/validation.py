@@ -455,17 +455,18 @@ def validate_export(
     inputs_list: list[Any] = [(tuple(args), dict(kwargs))]
     descriptions = ["example"]
     assignments: list[dict] = [{}]
+    tracer = captured.tracer
+    # the symbol of each named dimension (the ONNX inputs' dimensions carry the names)
+    named = (
+        {name: s.node.expr for name, s in tracer.dims.by_name.items()}
+        if tracer is not None and tracer.dims is not None
+        else None
+    )
     if captured.shape_env is not None:
-        tracer = captured.tracer
         conditions = (
             [fact.condition for fact in tracer.refinements.adopted]
             if tracer is not None and tracer.refinements is not None
             else []
-        )
-        named = (
-            {name: s.node.expr for name, s in tracer.dims.by_name.items()}
-            if tracer is not None and tracer.dims is not None
-            else None
         )
         assignments[0] = example_assignment(placeholder_values, captured.shape_env)
         for label, assignment in size_variants(
@@ -483,16 +484,11 @@ def validate_export(
     # the file when the weights are outside it (past 2 GB), else the proto
     source = result.session_source() if hasattr(result, "session_source") else result.model_proto
     session = _session(source)
-    named = (
-        {name: s.node.expr for name, s in captured.tracer.dims.by_name.items()}
-        if captured.tracer is not None and captured.tracer.dims is not None
-        else {}
-    )
     for i, inputs in enumerate(given):
         given_args, given_kwargs = _split_inputs(inputs)
         inputs_list.append((given_args, given_kwargs))
         descriptions.append(f"given inputs {i + 1}")
-        assignments.append(_given_assignment(model, session, given_args, given_kwargs, named))
+        assignments.append(_given_assignment(model, session, given_args, given_kwargs, named or {}))
     report = validate(model, session, inputs_list, descriptions=descriptions, mutations=mutations)
     report.problems.extend(
         _unvaried_dimensions(declared, captured.shape_env, assignments, report.cases)
@@ -517,12 +513,12 @@ def _given_assignment(
 ) -> dict:
     """The size of each named dynamic dimension in an input set, read from the ONNX
     inputs whose dimensions are named after it."""
-    names = [i.name for i in session.get_inputs()]
-    feeds, error = onnx_feeds(model, args, kwargs, names)
+    specs = session.get_inputs()
+    feeds, error = onnx_feeds(model, args, kwargs, [spec.name for spec in specs])
     assignment: dict = {}
     if error is not None:
         return assignment
-    for spec in session.get_inputs():
+    for spec in specs:
         shape = feeds[spec.name].shape
         for dim, size in zip(spec.shape, shape):
             expr = named.get(dim) if isinstance(dim, str) else None

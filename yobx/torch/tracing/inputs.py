@@ -444,14 +444,32 @@ def _register(cls: type, flatten: Callable, unflatten: Callable, with_keys: Call
     fx_pytree.register_pytree_flatten_spec(cls, lambda cache, spec: flatten(cache)[0])
 
 
-def cache_dynamic_shapes(cache: Any, axes: dict[int, Any]) -> Any:
+def cache_dynamic_shapes(
+    cache: Any, axes: dict[int, Any], cross_axes: dict[int, Any] | None = None
+) -> Any:
     """The ``dynamic_shapes`` entry of a ``transformers`` cache: ``axes`` for each of
     its keys and values (4-d, ``{0: "batch", 2: "past"}``), ``{}`` for its other
     tensors, in the structure its pytree flattening has now: yobx's (``[keys,
     values]``, one list per kind) or transformers' exporters' (one tensor after the
     other, layer by layer), which replaces it once ``transformers.exporters`` exported
-    a model in the process."""
-    return structure_dynamic_shapes(cache, lambda t: dict(axes) if t.dim() == 4 else {})
+    a model in the process. ``cross_axes``: those of the keys and values of an
+    ``EncoderDecoderCache``'s cross-attention (over the encoder's tokens, not the
+    past ones), ``axes`` when not given."""
+    cross_cache = getattr(cache, "cross_attention_cache", None)
+    layers = getattr(cross_cache, "layers", ()) if cross_axes is not None else ()
+    cross = {
+        id(tensor)
+        for layer in layers
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None))
+        if isinstance(tensor, torch.Tensor)
+    }
+
+    def axes_of(tensor: torch.Tensor) -> dict[int, Any]:
+        if tensor.dim() != 4:
+            return {}
+        return dict(cross_axes if cross_axes is not None and id(tensor) in cross else axes)
+
+    return structure_dynamic_shapes(cache, axes_of)
 
 
 def structure_dynamic_shapes(value: Any, axes_of: Callable[[torch.Tensor], Any]) -> Any:
