@@ -78,7 +78,6 @@ from yobx.torch.pytree_paths import flatten_with_paths
 from yobx.torch.tracing.inputs import (
     bind_arguments,
     cache_dynamic_shapes,
-    count_from_keys,
     placeholder_names,
     structure_dynamic_shapes,
 )
@@ -241,17 +240,9 @@ class _TensorOutputs(torch.nn.Module):
         self.model = model
 
     def forward(self, **kwargs):
-        from yobx.torch.tracing.proxies import CustomProxy
-
-        for value in kwargs.values():
-            if isinstance(value, (CustomProxy, torch.Tensor)):
-                continue
-            # transformers' flattening keeps a sliding-window layer's count of positions
-            # seen as a constant of the example: it follows the keys here instead
-            for layer in getattr(value, "layers", None) or ():
-                sliding = getattr(layer, "is_sliding", False)
-                if sliding and getattr(layer, "keys", None) is not None:
-                    count_from_keys(layer)
+        # transformers' flattening keeps a sliding-window layer's count of positions
+        # seen as a constant of the example: the tracer makes it follow the keys
+        # (yobx.torch.tracing.inputs.recount_sliding_layers)
         return tuple(tensor for _, tensor in _output_tensors(self.model(**kwargs)))
 
 

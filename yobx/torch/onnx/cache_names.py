@@ -114,6 +114,12 @@ def cache_tensor_names(cache: Any, prefix: str) -> dict[int, str]:
     names = {}
     for part, layers in parts:
         for index, layer in enumerate(layers.layers):
+            # a flattening that keeps a layer's other tensors (transformers'
+            # exporters register one: a sliding window's size, its count of
+            # positions seen) names them after their attribute
+            for attribute, tensor in vars(layer).items():
+                if isinstance(tensor, torch.Tensor) and attribute not in ("keys", "values"):
+                    names[id(tensor)] = f"{prefix}.{index}.{part}{attribute.lstrip('_')}"
             for kind, tensor in (("key", layer.keys), ("value", layer.values)):
                 if isinstance(tensor, torch.Tensor):
                     names[id(tensor)] = f"{prefix}.{index}.{part}{kind}"

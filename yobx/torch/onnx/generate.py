@@ -124,6 +124,7 @@ def generate(
             "the model takes no past_key_values.<layer>.key|value inputs: export the "
             "step with its cache (a DynamicCache in past_key_values) to generate with it"
         )
+    _check_fed(names, {"input_ids", "attention_mask", "position_ids", *cache})
     eos, pad = end_tokens(eos_token_id, pad_token_id)
     finished = np.zeros(batch, dtype=bool)
     tokens, step = ids, ids
@@ -146,6 +147,24 @@ def generate(
         step = chosen[:, None]
         mask = np.concatenate([mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
     return tokens
+
+
+def _check_fed(names: set[str], fed: set[str]) -> None:
+    """Raises when the step takes inputs the loop does not feed."""
+    unfed = sorted(names - fed)
+    if not unfed:
+        return
+    message = f"the model takes {unfed}, which generate does not feed"
+    if any(name.startswith("past_key_values.") for name in unfed):
+        # transformers' exporters register a flattening of caches keeping every
+        # attribute of a layer; yobx's keeps keys and values (the runtimes' convention)
+        message += (
+            ": tensors of the cache besides its keys and values (a sliding window's "
+            "size): the step was exported while a flattening of caches other than "
+            "yobx's was registered (transformers' exporters register one); export it "
+            "in a process that has not run them, or run it with transformers' runners"
+        )
+    raise GenerationError(message)
 
 
 def generate_seq2seq(

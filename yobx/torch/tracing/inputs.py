@@ -58,6 +58,7 @@ class FlatInputs:
     def call(self, fn: Callable, leaves: list[Any], self_arg: Any = None) -> Any:
         """Calls ``fn`` with the structured arguments rebuilt from ``leaves``."""
         values = pytree.tree_unflatten(list(leaves), self.in_spec)
+        recount_sliding_layers(values)
         args = [] if self_arg is None else [self_arg]
         kwargs = {}
         for name, value in zip(self.arg_names, values):
@@ -416,11 +417,89 @@ def count_from_keys(layer: Any) -> None:
     layer.cumulative_length = length
 
 
+def recount_sliding_layers(values: Any) -> None:
+    """Makes the sliding-window layers of the caches in ``values`` count from their
+    keys (:func:`count_from_keys`) where the keys' length is dynamic and the count is a
+    constant.
+
+    yobx's flattening of a ``DynamicCache`` rebuilds each layer's count from its keys.
+    transformers' exporters register another one once they have run in the process: it
+    keeps every attribute of a layer, so the count comes back as the example's int, and
+    a trace with a dynamic ``past`` would fix ``past`` to the example's size (the masks
+    read the count). Either flattening may be registered when yobx traces.
+    """
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    if cache_utils is None:
+        return
+    sliding = cache_utils.DynamicSlidingWindowLayer
+    for cache in _caches_in(values):
+        for layer in getattr(cache, "layers", None) or ():
+            keys = getattr(layer, "keys", None)
+            if not isinstance(layer, sliding) or getattr(keys, "dim", None) is None:
+                continue
+            length = keys.shape[-2] if keys.dim() >= 2 else 0
+            if not isinstance(length, int) and type(layer.cumulative_length) is int:
+                count_from_keys(layer)
+
+
+def flatten_output(out: Any) -> tuple[list[Any], pytree.TreeSpec]:
+    """``pytree.tree_flatten`` of a traced function's output, where a cache's layer
+    holds a scalar proxy (a sliding-window layer's count of positions seen).
+
+    transformers' exporters register a flattening of caches that keeps every attribute
+    of a layer, a ``torch.SymInt`` as a leaf (as torch.export sees them) and anything
+    else as a constant. A scalar proxy is yobx's SymInt: the flattening sees the SymInt
+    it stands for, and the leaf is the proxy again. yobx's own flattening reads only
+    the keys and values and is not affected.
+    """
+    held = []
+    for cache in _caches_in(out):
+        for layer in getattr(cache, "layers", None) or ():
+            for name, value in list(vars(layer).items()):
+                symbolic = getattr(getattr(value, "node", None), "meta", {}).get("val")
+                if isinstance(value, torch.fx.Proxy) and isinstance(symbolic, _SYMBOLIC):
+                    held.append((layer, name, value, symbolic))
+    if not held:
+        return pytree.tree_flatten(out)
+    proxy_of = {id(symbolic): proxy for _, _, proxy, symbolic in held}
+    try:
+        for layer, name, _, symbolic in held:
+            setattr(layer, name, symbolic)
+        leaves, spec = pytree.tree_flatten(out)
+    finally:
+        for layer, name, proxy, _ in held:
+            setattr(layer, name, proxy)
+    return [proxy_of.get(id(leaf), leaf) for leaf in leaves], spec
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _caches_in(values: Any) -> list[Any]:
+    """The transformers caches among ``values`` (those an ``EncoderDecoderCache``
+    holds in its place); no attribute is read from anything else (proxies among
+    them)."""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    if cache_utils is None:
+        return []
+    caches = []
+    for value in _walk(values):
+        if isinstance(value, cache_utils.EncoderDecoderCache):
+            caches.extend(getattr(value, part) for part in _CACHE_PARTS)
+        elif isinstance(value, cache_utils.Cache):
+            caches.append(value)
+    return caches
+
+
+#: the caches an ``EncoderDecoderCache`` holds
+_CACHE_PARTS = ("self_attention_cache", "cross_attention_cache")
+
+
 def _register_encoder_decoder_cache(cls: type) -> None:
     # rebuilt by its constructor, which decides from the cross-attention cache's length
     # whether the decoder computes the encoder's keys and values (an empty one, the
     # first step) or reads them: a decision on sizes, so one graph serves both steps
-    parts = ("self_attention_cache", "cross_attention_cache")
+    parts = _CACHE_PARTS
 
     def flatten(cache):
         return [getattr(cache, part) for part in parts], None

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy, TraceError
 
@@ -42,6 +41,7 @@ from .inputs import (
     FlatInputs,
     bind_example_inputs,
     flatten_example_inputs,
+    flatten_output,
     register_cache_flattening,
 )
 from .loop_tracing import PIECE_TARGETS, LoopsMixin
@@ -652,7 +652,7 @@ class CustomTracer(
             ]
             out = inputs.call(root_fn, leaves, self_arg=self.root if is_module else None)
             register_cache_flattening(out)
-            flat_out, out_spec = pytree.tree_flatten(out)
+            flat_out, out_spec = flatten_output(out)
             self.state.out_spec = out_spec
             self.state.structured = structured or not _is_simple_output(out_spec)
             return tuple(flat_out) if self.state.structured else out
