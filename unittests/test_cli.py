@@ -497,6 +497,29 @@ def test_text_generation_exports_the_step_with_its_cache_and_checks_generate(cap
     ]
 
 
+def test_int4_quantization_of_a_checkpoint_generates_as_its_dequantized_weights(capsys, tmp_path):
+    # the weights are streamed in, then quantized; the validation and the generation
+    # compare with the model on the weights dequantized from the ONNX model's
+    checkpoint = _saved_llama(tmp_path / "checkpoint")
+    output = tmp_path / "int4.onnx"
+    argv = ["export", f"hf:{checkpoint}", "-o", str(output), "--quantize", "int4"]
+    status = main([*argv, "--block-size", "16", "--validate"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert re.search(r"yobx: quantize\s+\d", captured.err), captured.err
+    verdicts = [line for line in captured.err.splitlines() if "generation:" in line]
+    assert len(verdicts) == 2 and all("the same tokens as" in v for v in verdicts), verdicts
+    import onnx
+
+    model = onnx.load(str(output))
+    assert model.metadata_props and any(
+        p.key == "yobx.quantization" and p.value == "int4, block 16" for p in model.metadata_props
+    )
+    status = main([*argv, "--block-size", "24"])
+    assert status == 2
+    assert "block_size=24: use a power of two" in capsys.readouterr().err
+
+
 def test_text2text_generation_exports_an_encoder_and_a_decoder_step(capsys, tmp_path):
     # a checkpoint written by save_pretrained, with weights large enough for the
     # tokens to vary: both graphs written, generation compared with model.generate

@@ -15,6 +15,7 @@ weights are streamed from the checkpoint into the ONNX file's external data.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -100,9 +101,28 @@ def add_export_arguments(export: argparse.ArgumentParser) -> None:
         "does. Default: from the architecture, text-generation for a causal LM, "
         "text2text-generation for an encoder-decoder, else feature-extraction",
     )
+    add_quantize_arguments(export)
     add_narrowing_argument(export)
     export.add_argument("--profile", default=None, help="write a Chrome trace of the stages")
     export.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
+
+
+def add_quantize_arguments(export: argparse.ArgumentParser) -> None:
+    """``--quantize`` and ``--block-size``, for ``yobx export``."""
+    export.add_argument(
+        "--quantize",
+        choices=("int4",),
+        default=None,
+        help="'int4': the weights of the linear layers become 4-bit (onnxruntime's "
+        "MatMulNBits, symmetric blocks along the input); --validate then compares with "
+        "the eager model on the dequantized weights. Reads every weight into memory",
+    )
+    export.add_argument(
+        "--block-size",
+        type=int,
+        default=32,
+        help="with --quantize: the weights sharing a scale (a power of two, from 16; default 32)",
+    )
 
 
 def add_narrowing_argument(parser: argparse.ArgumentParser) -> None:
@@ -273,6 +293,13 @@ def run_export(options: argparse.Namespace) -> int:
     """Runs ``yobx export``; returns the exit status."""
     start = time.perf_counter()
     check_opset_option(options)
+    if getattr(options, "quantize", None):
+        from yobx.torch.onnx.quantize import check_block_size
+
+        try:
+            check_block_size(options.block_size)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
     loaded = _load(options)
     model, args, kwargs, declared = loaded
     dynamic_shapes = resolve_dynamic_shapes(options, model, args, kwargs, declared)
@@ -298,6 +325,9 @@ def run_export(options: argparse.Namespace) -> int:
     if source is not None:
         _run_stage("weights", result.apply_weights, source)
         _report(result.stages[-1])
+    if getattr(options, "quantize", None):
+        _run_stage("quantize", result.quantize, options.block_size)
+        _report(result.stages[-1])
     external = {"auto": None, "yes": True, "no": False}[options.external_data]
     _run_stage("save", result.save, options.output, external_data=external)
     _report(result.stages[-1])
@@ -312,7 +342,8 @@ def run_export(options: argparse.Namespace) -> int:
         _report(result.stages[-1])
         status = 0 if result.validation.ok else EXIT_MISMATCH
         if getattr(options, "task", None) == "text-generation":
-            same = _run_stage("generation", _same_generation, result, model, kwargs)
+            with _dequantized(result, model):
+                same = _run_stage("generation", _same_generation, result, model, kwargs)
             status = status or (0 if same else EXIT_MISMATCH)
     if options.profile:
         from yobx.torch.chrome_trace import write_stage_profile
@@ -322,6 +353,16 @@ def run_export(options: argparse.Namespace) -> int:
     if status:
         print("yobx: error: validation failed", file=sys.stderr)
     return status
+
+
+def _dequantized(result: Any, model: Any) -> Any:
+    """The model computing with the quantized model's weights, dequantized, when it is
+    quantized (what its generation is compared with); nothing changes otherwise."""
+    from yobx.torch.onnx.quantize import QUANTIZATION_KEY, dequantized_weights, weights_swapped
+
+    if QUANTIZATION_KEY not in result.model.metadata_props:
+        return contextlib.nullcontext()
+    return weights_swapped(model, dequantized_weights(result.model))
 
 
 def _same_generation(result: Any, model: Any, kwargs: dict, new_tokens: int = 8) -> bool:

@@ -49,6 +49,7 @@ from yobx.torch.onnx.save import (
 from yobx.torch.onnx.stages import ExportStageRecorder, Stage
 from yobx.torch.onnx.translate import build_model
 from yobx.torch.onnx.value_checks import gate_value_checks
+from yobx.torch.onnx.weight_layout import store_weights_transposed
 from yobx.torch.onnx.weights import (
     AppliedWeights,
     WeightNames,
@@ -204,6 +205,24 @@ class ExportResult:
             info["applied"] = len(applied.applied)
         self._proto = None
         return applied
+
+    def quantize(self, block_size: int = 32) -> int:
+        """Quantizes the weights of the linear layers to 4 bits (onnxruntime's
+        ``MatMulNBits``, blocks of ``block_size``, symmetric), as
+        ``to_onnx(quantize="int4")`` does; after :meth:`apply_weights` for a model
+        exported on the meta device. :meth:`validate` then compares onnxruntime with
+        the eager model on the dequantized weights (see :mod:`yobx.torch.onnx.quantize`).
+
+        :return: how many matrix multiplications were quantized
+        :raises OnnxExportError: weights without data, or quantized already
+        """
+        from yobx.torch.onnx.quantize import check_block_size, quantize_model
+
+        with self._stage("quantize") as info:
+            self.model, count = quantize_model(self.model, check_block_size(block_size))
+            info["quantized"] = count
+        self._proto = None
+        return count
 
     def save(self, filename: str | os.PathLike, external_data: bool | None = None) -> None:
         """Saves the model, streaming the weights tensor by tensor.
@@ -605,6 +624,8 @@ def _optimize_and_check(
     checks: list[ModelCheck] = []
     with stage("optimize") as info:
         weights = _optimize(ir_model, opset)
+        # linear layers read their weights [in, out], as quantizers expect them
+        info["weights_transposed"] = store_weights_transposed(ir_model, weights)
         info["onnx_nodes"] = len(ir_model.graph)
     if checked_inputs is not None and optimize != "ort":
         checks = _add_checks(stage, ir_model, captured, checked_inputs)
@@ -654,6 +675,15 @@ def _validate(
     )
 
 
+def _fallback_note(exc: Exception) -> str:
+    """Why the model holds the example's side only (:attr:`ExportResult.version_fallback`)."""
+    return (
+        f"the versions could not be exported ({type(exc).__name__}: "
+        f"{str(exc).strip().splitlines()[0][:200]}); exported the example's side, "
+        f"its constraints checked by the model"
+    )
+
+
 @frozen_during_call  # full collections walk only the export's objects
 def to_onnx(
     model: torch.nn.Module,
@@ -674,6 +704,8 @@ def to_onnx(
     direct_lowering: bool = True,
     runtime_checks: bool = True,
     narrowing: str = "versions",
+    quantize: str | None = None,
+    quantize_block_size: int = 32,
 ) -> ExportResult:
     """Exports ``model`` to ONNX.
 
@@ -720,10 +752,21 @@ def to_onnx(
         :class:`~yobx.torch.tracing.CustomTracer`): ``"versions"`` captures both sides
         and the model chooses between them with an ``If`` on the input sizes
         (:attr:`ExportResult.versions`), ``"constraints"`` keeps the example's side
+    :param quantize: ``"int4"``: the weights of the linear layers become 4-bit
+        (onnxruntime's ``MatMulNBits``, see :mod:`yobx.torch.onnx.quantize`); the
+        validation then compares with the eager model on the dequantized weights.
+        Needs the weights (a model exported on the meta device: :meth:`ExportResult.
+        apply_weights`, then :meth:`ExportResult.quantize`)
+    :param quantize_block_size: the number of weights sharing a scale (a power of
+        two, from 16)
     :return: an :class:`ExportResult`
-    :raises ValueError: an unsupported ``opset``, ``optimize`` or ``tracer``
+    :raises ValueError: an unsupported ``opset``, ``optimize``, ``tracer`` or
+        ``quantize``
     """
+    from yobx.torch.onnx.quantize import check_quantize
+
     opset = check_opset(opset)
+    quantize = check_quantize(quantize, quantize_block_size)
     optimize = check_optimize_level(optimize)
     validation_inputs = list(validation_inputs)
     validate = validate or bool(validation_inputs)
@@ -769,11 +812,9 @@ def to_onnx(
         # alone, its constraints checked, says so rather than refusing the model
         stage.stages.clear()
         result, declared = build("constraints")
-        result.version_fallback = (
-            f"the versions could not be exported ({type(exc).__name__}: "
-            f"{str(exc).strip().splitlines()[0][:200]}); exported the example's side, "
-            f"its constraints checked by the model"
-        )
+        result.version_fallback = _fallback_note(exc)
+    if quantize is not None:
+        result.quantize(quantize_block_size)
     if filename is not None:
         with stage("save") as info:
             info["bytes"] = _save(result, filename)

@@ -449,6 +449,35 @@ def validate_export(
         of other sizes cannot hold: image tokens matching the images of a
         vision-language model, a grid of patches matching the patches
     """
+    from yobx.torch.onnx.quantize import QUANTIZATION_KEY, dequantized_weights, weights_swapped
+
+    quantization = result.model.metadata_props.get(QUANTIZATION_KEY)
+    if quantization is None:
+        return _validate_export(model, args, kwargs, result, captured, verbose, declared, given)
+    # the quantized model computes what eager computes with the dequantized weights:
+    # compared so, with the usual tolerances (a wrong graph is not hidden by the
+    # quantization error)
+    with weights_swapped(model, dequantized_weights(result.model)):
+        report = _validate_export(model, args, kwargs, result, captured, 0, declared, given)
+    report.notes.append(
+        f"quantized ({quantization}): compared with the eager model on its weights "
+        f"dequantized from the quantized model's"
+    )
+    if verbose:
+        print(report.format())
+    return report
+
+
+def _validate_export(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    result: Any,
+    captured: Any,
+    verbose: int,
+    declared: Sequence[Any],
+    given: Sequence[Any],
+) -> ValidationReport:
     placeholder_values = [
         n.meta.get("val") for n in captured.graph_module.graph.nodes if n.op == "placeholder"
     ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,22 @@ from onnx_ir.tensor_adapters import from_torch_dtype, to_torch_dtype
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.weight_sources import WeightEntry, _listing, open_weight_source
 from yobx.torch.quiet_logs import quieted
+
+#: model metadata: the JSON list of initializers stored transposed (``[in, out]``,
+#: :mod:`yobx.torch.onnx.weight_layout`), each the transpose of the state-dict weight of
+#: that name (or, for a copy named ``<name>.transposed``, of ``<name>``)
+TRANSPOSED_WEIGHTS_KEY = "yobx.transposed_weights"
+#: suffix of the transposed copy of a weight read otherwise too
+TRANSPOSED_SUFFIX = ".transposed"
+#: model metadata: the quantization applied (``int4, block 32``,
+#: :mod:`yobx.torch.onnx.quantize`)
+QUANTIZATION_KEY = "yobx.quantization"
+
+
+def transposed_weights(model: ir.Model) -> dict[str, str]:
+    """Initializer name -> the state-dict weight it is the transpose of."""
+    names = json.loads(model.metadata_props.get(TRANSPOSED_WEIGHTS_KEY, "[]"))
+    return {name: name.removesuffix(TRANSPOSED_SUFFIX) for name in names}
 
 
 class WeightsNotAppliedError(OnnxExportError):
@@ -222,24 +239,28 @@ def _mismatch_message(
     return "the weights do not fit the model: " + "; ".join(parts)
 
 
-def _check_entry(value: ir.Value, entry: WeightEntry) -> str | None:
+def _check_entry(value: ir.Value, entry: WeightEntry, transposed: bool) -> str | None:
     tensor = value.const_value
     shape = tuple(int(d) for d in tensor.shape)
+    # stored [in, out] (yobx.torch.onnx.weight_layout): the checkpoint has [out, in]
+    expected = shape[::-1] if transposed else shape
     dtype = to_torch_dtype(tensor.dtype)
-    if shape != entry.shape or dtype != entry.dtype:
+    if expected != entry.shape or dtype != entry.dtype:
         return (
-            f"{value.name!r} is {dtype} {list(shape)} in the model, "
+            f"{value.name!r} is {dtype} {list(expected)} in the model, "
             f"{entry.dtype} {list(entry.shape)} in {entry.origin}"
         )
     return None
 
 
-def _lazy_tensor(name: str, entry: WeightEntry) -> ir.TensorProtocol:
+def _lazy_tensor(name: str, entry: WeightEntry, transposed: bool) -> ir.TensorProtocol:
     def load() -> ir.TensorProtocol:
-        return ir.tensor(entry.load(), name=name)
+        tensor = entry.load()
+        return ir.tensor(tensor.t().contiguous() if transposed else tensor, name=name)
 
+    shape = entry.shape[::-1] if transposed else entry.shape
     return ir.LazyTensor(
-        load, dtype=from_torch_dtype(entry.dtype), shape=ir.Shape(entry.shape), name=name
+        load, dtype=from_torch_dtype(entry.dtype), shape=ir.Shape(shape), name=name
     )
 
 
@@ -262,8 +283,15 @@ def apply_weights(
     :raises WeightsMismatchError: missing or unexpected names, other shapes or dtypes
     :raises WeightSourceError: the source cannot be read (missing file, bad index)
     """
+    if QUANTIZATION_KEY in model.metadata_props:
+        raise OnnxExportError(
+            "the model is quantized: its weights were read and replaced; apply the "
+            "weights before quantizing (to_onnx(quantize=None), apply_weights, then "
+            "result.quantize())"
+        )
     entries = open_weight_source(source)
     initializers = model.graph.initializers
+    transposed = transposed_weights(model)
     found: dict[str, WeightEntry] = {}
     missing, missing_buffers, mismatched, kept = [], [], [], []
     for name, aliases in weight_names.names.items():
@@ -280,14 +308,16 @@ def apply_weights(
             else:
                 kept.append(name)
             continue
-        problem = _check_entry(value, match)
+        problem = _check_entry(value, match, name in transposed)
         if problem is not None:
             mismatched.append(problem)
         found[name] = match
     pending = [
         name
         for name in pending_weights(model)
-        if name not in found and name not in missing + missing_buffers
+        if name not in found
+        and name not in missing + missing_buffers
+        and transposed.get(name, name) not in found  # a copy, filled from its weight
     ]
     missing.extend(pending)
     used_names = {entry.name for entry in found.values()}
@@ -298,7 +328,11 @@ def apply_weights(
             _mismatch_message(missing, missing_buffers, unexpected if strict else [], mismatched)
         )
     for name, entry in found.items():
-        initializers[name].const_value = _lazy_tensor(name, entry)
+        initializers[name].const_value = _lazy_tensor(name, entry, name in transposed)
+    for name, original in transposed.items():
+        # a transposed copy of a weight read otherwise too (weight_layout, tied=True)
+        if name != original and original in found and name in initializers:
+            initializers[name].const_value = _lazy_tensor(name, found[original], True)
     return AppliedWeights(
         applied={name: entry.name for name, entry in found.items()},
         kept=kept,

@@ -1,0 +1,183 @@
+"""Weight-only quantization of an exported model with onnxruntime's quantizer.
+
+``to_onnx(..., quantize="int4")`` (or :meth:`ExportResult.quantize
+<yobx.torch.onnx.ExportResult.quantize>` after :meth:`apply_weights
+<yobx.torch.onnx.ExportResult.apply_weights>`) runs
+``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` on the
+model: every ``MatMul`` reading a weight ``[in, out]`` (the layout yobx stores them in,
+:mod:`yobx.torch.onnx.weight_layout`) becomes a ``MatMulNBits`` (onnxruntime's contrib
+operator) with 4-bit weights in blocks of ``block_size`` along ``in``, one scale per
+block, symmetric (no zero point).
+
+The model then computes what the eager model computes with its quantized weights
+replaced by their dequantized values. The validation checks exactly that
+(:func:`dequantized_weights`, :func:`weights_swapped`): eager on those weights against
+onnxruntime, with the usual tolerances, instead of a loose tolerance against the
+original weights, which would hide a wrong graph under the quantization error.
+
+The quantizer works on the whole model in memory (an ``onnx.ModelProto`` holding
+every weight): quantize a model whose weights fit in memory twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import torch
+
+from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.onnx.weights import QUANTIZATION_KEY, pending_weights, transposed_weights
+from yobx.torch.quiet_logs import quieted
+
+#: what ``quantize`` accepts
+QUANTIZE_LEVELS = ("int4",)
+#: the suffix onnxruntime's quantizer gives the quantized data of a weight
+_QUANTIZED_SUFFIX = "_Q4"
+#: MatMulNBits' zero point when the model gives none (4 bits: the middle)
+_DEFAULT_ZERO_POINT = 8
+
+
+def check_quantize(quantize: str | None, block_size: int = 32) -> str | None:
+    """``quantize`` checked: ``None`` or one of :data:`QUANTIZE_LEVELS`, with a block
+    size :func:`check_block_size` accepts."""
+    check_block_size(block_size)
+    if quantize is None or quantize in QUANTIZE_LEVELS:
+        return quantize
+    raise ValueError(f"quantize={quantize!r}: use one of {list(QUANTIZE_LEVELS)} or None")
+
+
+def check_block_size(block_size: int) -> int:
+    """A block size MatMulNBits takes: a power of two from 16."""
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size={block_size}: use a power of two, at least 16")
+    return block_size
+
+
+def quantize_model(model: ir.Model, block_size: int = 32) -> tuple[ir.Model, int]:
+    """The model with its weight ``MatMul`` nodes quantized to 4 bits; returns it and
+    how many nodes were.
+
+    :raises OnnxExportError: the model has weights without data (exported on the meta
+        device: apply them first), or is quantized already
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    if QUANTIZATION_KEY in model.metadata_props:
+        raise OnnxExportError(
+            f"the model is quantized already ({model.metadata_props[QUANTIZATION_KEY]})"
+        )
+    pending = pending_weights(model)
+    if pending:
+        raise OnnxExportError(
+            f"quantizing reads the weights, and {len(pending)} have no data (the model "
+            f"was exported on the meta device): call result.apply_weights(...) first, "
+            f"then result.quantize()"
+        )
+    proto = ir.serde.serialize_model(model)
+    quantizer = MatMulNBitsQuantizer(proto, bits=4, block_size=block_size, is_symmetric=True)
+    # a line per node, at INFO
+    with quieted("onnxruntime.quantization.matmul_nbits_quantizer", logging.WARNING):
+        quantizer.process()
+    quantized = ir.serde.deserialize_model(quantizer.model.model)
+    quantized.metadata_props.update(model.metadata_props)
+    quantized.metadata_props[QUANTIZATION_KEY] = f"int4, block {block_size}"
+    _keep_input_metadata(model, quantized)
+    count = sum(node.op_type == "MatMulNBits" for node in _all_nodes(quantized))
+    return quantized, count
+
+
+def _keep_input_metadata(source: ir.Model, target: ir.Model) -> None:
+    """The in-memory metadata of the inputs (the placeholder each feeds) survives the
+    round trip through the quantizer's proto."""
+    for old, new in zip(source.graph.inputs, target.graph.inputs):
+        new.meta.update(old.meta)
+
+
+def _all_nodes(model: ir.Model) -> Iterator[ir.Node]:
+    return ir.traversal.RecursiveGraphIterator(model.graph)
+
+
+def dequantized_weights(model: ir.Model) -> dict[str, torch.Tensor]:
+    """State-dict name -> the weight ``[out, in]`` as the quantized model computes with
+    it (its 4-bit values times their block's scale), for every weight quantized."""
+    initializers = model.graph.initializers
+    transposed = transposed_weights(model)
+    weights = {}
+    for node in _all_nodes(model):
+        if node.op_type != "MatMulNBits" or node.inputs[1] is None:
+            continue
+        name = node.inputs[1].name
+        if not name.endswith(_QUANTIZED_SUFFIX) or name in weights:
+            continue
+        original = name.removesuffix(_QUANTIZED_SUFFIX)
+        attributes = {key: attr.value for key, attr in node.attributes.items()}
+        packed = initializers[name].const_value.numpy()
+        scales = initializers[node.inputs[2].name].const_value.numpy()
+        zero_points = None
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            zero_points = initializers[node.inputs[3].name].const_value.numpy()
+        matrix = _dequantize(packed, scales, zero_points, **_shape_of(attributes))
+        # stored [in, out] (a weight the graph read transposed): the module's is [out, in]
+        source = transposed.get(original, original)
+        weights[source] = torch.from_numpy(np.ascontiguousarray(matrix.T))
+    return weights
+
+
+def _shape_of(attributes: dict[str, Any]) -> dict[str, int]:
+    if attributes.get("bits", 4) != 4:
+        raise OnnxExportError(f"MatMulNBits with bits={attributes['bits']}: yobx reads 4 bits")
+    return {k: int(attributes[k]) for k in ("K", "N", "block_size")}
+
+
+def _dequantize(
+    packed: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None,
+    K: int,  # MatMulNBits' attribute names
+    N: int,
+    block_size: int,
+) -> np.ndarray:
+    """``[K, N]`` from MatMulNBits' ``B`` (``[N, blocks, block_size / 2]`` bytes, the
+    low half-byte first), ``scales`` (``[N, blocks]``) and its zero points (the middle
+    when absent)."""
+    blocks = (K + block_size - 1) // block_size
+    data = packed.reshape(N, blocks, block_size // 2)
+    values = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(N, blocks, block_size)
+    if zero_points is None:
+        zero = np.full((N, blocks, 1), _DEFAULT_ZERO_POINT, dtype=np.float32)
+    else:
+        flat = zero_points.reshape(-1)
+        if flat.dtype == np.uint8 and flat.size * 2 >= N * blocks and flat.size < N * blocks:
+            flat = np.stack([flat & 0x0F, flat >> 4], axis=-1).reshape(-1)
+        zero = flat[: N * blocks].reshape(N, blocks, 1).astype(np.float32)
+    scale = scales.reshape(N, blocks, 1).astype(np.float32)
+    matrix = ((values.astype(np.float32) - zero) * scale).reshape(N, blocks * block_size)
+    return matrix[:, :K].T.astype(scales.dtype)
+
+
+@contextlib.contextmanager
+def weights_swapped(module: torch.nn.Module, weights: dict[str, torch.Tensor]) -> Iterator[None]:
+    """``module``'s parameters named in ``weights`` hold those values inside, their own
+    again on exit (the module is the user's: nothing of it changes for good)."""
+    parameters = dict(module.named_parameters(remove_duplicate=False))
+    unknown = sorted(set(weights) - set(parameters))
+    if unknown:
+        raise OnnxExportError(f"quantized weights not found in the model: {unknown[:5]}")
+    saved = {}
+    try:
+        with torch.no_grad():
+            for name, value in weights.items():
+                parameter = parameters[name]
+                if id(parameter) in saved:
+                    continue
+                saved[id(parameter)] = (parameter, parameter.data)
+                parameter.data = value.to(parameter.dtype).reshape(parameter.shape)
+        yield
+    finally:
+        for parameter, data in saved.values():
+            parameter.data = data

@@ -1,0 +1,174 @@
+"""Weights of linear layers stored as their matrix multiplications read them.
+
+``torch.nn.Linear`` keeps its weight ``[out, in]`` and computes ``x @ W.T``; translated
+as it is, every linear layer is ``MatMul(x, Transpose(W))`` (``Gemm(x, W, transB=1)``
+on 2-d inputs). onnxruntime folds the transposition when it loads the model, but tools
+working on the file do not look through it: onnxruntime's weight-only quantizers
+(``MatMulNBitsQuantizer``) quantize a ``MatMul`` whose second input is an initializer,
+and found none to quantize in such a graph.
+
+:func:`store_weights_transposed` stores such a weight ``[in, out]`` under its own
+name, once, and the ``MatMul`` reads it directly; a ``Gemm`` of a weight becomes
+``MatMul`` (+ ``Add`` of its bias), which onnxruntime fuses back into ``Gemm`` where it
+is faster. The data is transposed when it is read (when the model is saved or run):
+nothing is copied at export, and a weight still on the meta device stays pending.
+:func:`yobx.torch.onnx.weights.apply_weights` transposes what it reads from a
+checkpoint for the initializers listed in the model's metadata under
+:data:`TRANSPOSED_WEIGHTS_KEY`.
+
+A weight also read otherwise (an embedding tied to the output projection, read by a
+``Gather`` too) keeps its layout unless ``tied=True``: then the projection reads a
+transposed copy, ``<name>.transposed``, which doubles it in the file (what a quantizer
+shrinks eight times).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import numpy as np
+import onnx_ir as ir
+import torch
+
+from yobx.torch.onnx.weights import (
+    TRANSPOSED_SUFFIX,
+    TRANSPOSED_WEIGHTS_KEY,
+    PendingWeight,
+    is_pending,
+    transposed_weights,
+)
+
+__all__ = [
+    "TRANSPOSED_SUFFIX",
+    "TRANSPOSED_WEIGHTS_KEY",
+    "store_weights_transposed",
+    "transposed_tensor",
+    "transposed_weights",
+]
+
+
+def store_weights_transposed(model: ir.Model, names: Iterable[str], tied: bool = False) -> int:
+    """Stores the 2-d weights among ``names`` that the graph only reads transposed
+    (``Transpose(perm=[1, 0])``, ``Gemm``'s ``B`` with ``transB=1``) as ``[in, out]``
+    and removes the transpositions; returns how many weights were stored so.
+
+    :param model: the exported model (its subgraphs included)
+    :param names: the initializers that are weights (named after the state dict)
+    :param tied: also give a weight read otherwise (a tied embedding) a transposed copy
+        for its transposed reads
+    """
+    graph = model.graph
+    stored = []
+    for name in names:
+        value = graph.initializers.get(name)
+        if value is None or value.shape is None or len(value.shape) != 2:
+            continue
+        uses = list(value.uses())
+        transposing = [(node, index) for node, index in uses if _reads_transposed(node, index)]
+        if not transposing:
+            continue
+        if len(transposing) == len(uses):
+            _transpose_in_place(value)
+            target = value
+        elif tied:
+            target = _transposed_copy(graph, value)
+        else:
+            continue
+        for node, _ in transposing:
+            _read_directly(node, value, target)
+        stored.append(target.name)
+    if stored:
+        previous = json.loads(model.metadata_props.get(TRANSPOSED_WEIGHTS_KEY, "[]"))
+        model.metadata_props[TRANSPOSED_WEIGHTS_KEY] = json.dumps(sorted({*previous, *stored}))
+    return len(stored)
+
+
+def _attribute(node: ir.Node, name: str, default: int | float) -> int | float:
+    attribute = node.attributes.get(name)
+    return default if attribute is None else attribute.value
+
+
+def _reads_transposed(node: ir.Node, index: int) -> bool:
+    """``node`` reads its input ``index`` transposed, and nothing else of it."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type == "Transpose":
+        perm = node.attributes.get("perm")
+        returned = node.outputs[0].is_graph_output()
+        return perm is not None and list(perm.value) == [1, 0] and not returned
+    if node.op_type == "Gemm" and index == 1:
+        # a plain one: C (when given) is added as it is, which an Add broadcasts alike
+        return (
+            _attribute(node, "transB", 0) == 1
+            and _attribute(node, "transA", 0) == 0
+            and _attribute(node, "alpha", 1.0) == 1.0
+            and (_attribute(node, "beta", 1.0) == 1.0 or len(node.inputs) < 3)
+        )
+    return False
+
+
+def _transpose_in_place(value: ir.Value) -> None:
+    tensor = value.const_value
+    rows, columns = value.shape
+    shape = ir.Shape([columns, rows])
+    if is_pending(tensor):
+        value.const_value = PendingWeight(value.name, tensor.dtype, shape)
+    else:
+        value.const_value = transposed_tensor(tensor, value.name)
+    value.shape = shape
+
+
+def _transposed_copy(graph: ir.Graph, value: ir.Value) -> ir.Value:
+    name = value.name + TRANSPOSED_SUFFIX
+    existing = graph.initializers.get(name)
+    if existing is not None:
+        return existing
+    rows, columns = value.shape
+    shape = ir.Shape([columns, rows])
+    tensor = value.const_value
+    if is_pending(tensor):
+        data = PendingWeight(name, tensor.dtype, shape)
+    else:
+        data = transposed_tensor(tensor, name)
+    copy = ir.Value(name=name, shape=shape, type=value.type, const_value=data)
+    graph.register_initializer(copy)
+    return copy
+
+
+def transposed_tensor(tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
+    """``tensor`` transposed, computed when its data is read."""
+    rows, columns = tensor.shape
+
+    def load() -> ir.TensorProtocol:
+        raw = getattr(tensor, "raw", None)
+        if isinstance(raw, torch.Tensor):
+            return ir.tensor(raw.t().contiguous(), name=name)
+        return ir.tensor(np.ascontiguousarray(tensor.numpy().T), name=name)
+
+    return ir.LazyTensor(load, dtype=tensor.dtype, shape=ir.Shape([columns, rows]), name=name)
+
+
+def _read_directly(node: ir.Node, weight: ir.Value, stored: ir.Value) -> None:
+    """Makes the readers of ``node`` (a transposition of ``weight``) read ``stored``,
+    the weight transposed, and removes ``node``."""
+    owner = node.graph
+    if node.op_type == "Transpose":
+        node.outputs[0].replace_all_uses_with(stored)
+        owner.remove(node, safe=True)
+        return
+    # Gemm(A, W, C, transB=1) = MatMul(A, stored) + C
+    matmul = ir.node("MatMul", [node.inputs[0], stored], name=f"{node.name}_matmul")
+    output = node.outputs[0]
+    new_nodes = [matmul]
+    result = matmul.outputs[0]
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        add = ir.node("Add", [result, node.inputs[2]], name=f"{node.name}_bias")
+        new_nodes.append(add)
+        result = add.outputs[0]
+    name = output.name
+    output.name = None
+    result.name, result.type, result.shape = name, output.type, output.shape
+    owner.insert_after(node, new_nodes)
+    output.replace_all_uses_with(result, replace_graph_outputs=True)
+    owner.remove(node, safe=True)
