@@ -104,6 +104,18 @@ def test_a_raw_symint_argument_warns_as_in_torch_fx():
         CustomTracer().create_arg((1, size))
 
 
+def test_find_proxy_returns_the_first_proxy_in_order():
+    from yobx.torch.tracing.proxies import find_proxy
+
+    tracer = CustomTracer()
+    tracer.graph = torch.fx.Graph(tracer_cls=CustomTracer)
+    a, b, c = (tracer.create_proxy("placeholder", name, (), {}) for name in "abc")
+    assert find_proxy(1, [a, b], c) is a
+    assert find_proxy((2, {"k": b}), [a]) is b
+    assert find_proxy(slice(None, c), a) is c
+    assert find_proxy(1, "x", [None]) is None
+
+
 def test_a_proxy_over_a_node_of_another_graph_is_refused_with_its_fix():
     # the reference project's "simple proxy" test: torch.fx records x.length() in the
     # tracer's graph, reading a node that graph does not hold (its lint fails); here

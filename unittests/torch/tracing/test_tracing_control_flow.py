@@ -1,10 +1,11 @@
 """Behaviour 6: torch.cond, scan, torch.vmap and torch.cat of mixed lists."""
 
+import pytest
 import torch
 
 from yobx.torch.tracing import CondCCOp, ScanCCOp
 
-from ._helpers import check_trace
+from ._helpers import check_trace, trace_module
 
 DYN = {"x": {0: "batch"}}
 
@@ -101,6 +102,21 @@ def test_vmap_in_dims_1_and_none():
     )
     targets = {str(n.target) for n in graph.nodes}
     assert not any("vmap" in t or "batch_dim" in t for t in targets), targets
+
+
+@pytest.mark.parametrize(
+    ("in_dims", "out_dims", "message"),
+    [
+        ((1, None, 0), 0, r"vmap in_dims=\(1, None, 0\) must be an int, None, or have one entry"),
+        ((1, None), (0, 1), r"vmap out_dims=\(0, 1\) does not match the outputs"),
+    ],
+)
+def test_vmap_dims_that_do_not_fit_name_the_user_s_line(in_dims, out_dims, message):
+    from yobx.torch.tracing import TracingError
+
+    with pytest.raises(TracingError, match=message) as info:
+        trace_module(Vmap(in_dims, out_dims), _vmap_inputs(3, 5), {"x": {0: "seq", 1: "batch"}})
+    assert info.value.location.startswith(__file__.rsplit(".", 1)[0]), info.value.location
 
 
 def test_vmap_out_dims_1():

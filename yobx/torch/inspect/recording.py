@@ -325,7 +325,7 @@ def _placeholder_values(gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> 
 def trace_graph_module(
     model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any = None
 ) -> torch.fx.GraphModule:
-    """Capture ``model`` with yobx's ``CustomTracer`` when available, else ``symbolic_trace``.
+    """Capture ``model`` with yobx's ``CustomTracer``.
 
     :param model: the model (a GraphModule is returned as it is)
     :param args: positional example inputs
@@ -335,12 +335,8 @@ def trace_graph_module(
     """
     if isinstance(model, torch.fx.GraphModule):
         return model
-    try:
-        from yobx.torch.tracing import CustomTracer
-    except ImportError:
-        CustomTracer = None
-    if CustomTracer is None:
-        return torch.fx.symbolic_trace(model)
+    from yobx.torch.tracing import CustomTracer
+
     named = _signature_names(model.forward, args, kwargs)
     if named is None:
         raise TypeError(f"inputs do not match {type(model).__name__}.forward's signature")

@@ -61,8 +61,6 @@ from yobx.torch.onnx.weights import (
 from yobx.torch.passes import MUTATIONS_KEY
 from yobx.torch.quiet_logs import quieted
 
-#: Protobuf cannot serialize more than 2 GB; bigger models keep weights outside.
-_TWO_GB = 2**31
 #: the metadata key of an ONNX input naming the placeholder it feeds (its target): the
 #: input's name may differ (a cache's tensors, dimensions renamed, a builtin's name)
 PLACEHOLDER_KEY = "yobx.placeholder"

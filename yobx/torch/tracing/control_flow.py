@@ -20,7 +20,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch._ops import HigherOrderOperator
 from torch.fx.node import Node
-from torch.fx.proxy import Proxy, TraceError
+from torch.fx.proxy import Proxy
 
 from .errors import TracingError, exception_summary
 from .proxies import find_proxy
@@ -355,7 +355,7 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     flat_args, args_spec = pytree.tree_flatten(args)
-    flat_in_dims = _broadcast_in_dims(in_dims, args, len(flat_args))
+    flat_in_dims = _broadcast_in_dims(in_dims, args, len(flat_args), tracer.location())
     # Real tensors become graph constants so that every tensor input is a node.
     nodes = [
         tracer.create_arg(a) if isinstance(a, torch.Tensor) and not isinstance(a, Proxy) else a
@@ -404,12 +404,13 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
         return per_example_module(*flat)
 
     batched_inputs = [values[i] for i in tensor_inputs] + [n.meta["val"] for n in extra_outer]
+    flat_out_dims = _flat_out_dims(out_dims, out_spec, tracer.location())
     try:
         batched = make_fx(
             _ORIGINAL_VMAP(
                 body,
                 in_dims=body_in_dims,
-                out_dims=_flat_out_dims(out_dims, out_spec),
+                out_dims=flat_out_dims,
                 randomness=randomness,
             )
         )(*batched_inputs)
@@ -424,13 +425,14 @@ def _trace_vmap(tracer, func, in_dims, out_dims, randomness, args):
     return _inline(tracer, batched, outer_inputs, out_spec)
 
 
-def _broadcast_in_dims(in_dims, args, n_flat: int) -> list:
+def _broadcast_in_dims(in_dims, args, n_flat: int, location: str) -> list:
     if isinstance(in_dims, int) or in_dims is None:
         return [in_dims] * n_flat
     if not isinstance(in_dims, (tuple, list)) or len(in_dims) != len(args):
-        raise TraceError(
+        raise TracingError.at(
+            location,
             f"vmap in_dims={in_dims!r} must be an int, None, or have one entry per argument "
-            f"({len(args)})"
+            f"({len(args)})",
         )
     result = []
     for d, a in zip(in_dims, args):
@@ -440,17 +442,19 @@ def _broadcast_in_dims(in_dims, args, n_flat: int) -> list:
         else:
             flat_d = pytree.tree_leaves(d, is_leaf=lambda x: x is None)
             if len(flat_d) != n:
-                raise TraceError(f"vmap in_dims entry {d!r} does not match argument structure")
+                raise TracingError.at(
+                    location, f"vmap in_dims entry {d!r} does not match argument structure"
+                )
             result.extend(flat_d)
     return result
 
 
-def _flat_out_dims(out_dims, out_spec):
+def _flat_out_dims(out_dims, out_spec, location: str):
     if isinstance(out_dims, int):
         return out_dims
     flat = pytree.tree_leaves(out_dims, is_leaf=lambda x: x is None)
     if len(flat) != out_spec.num_leaves:
-        raise TraceError(f"vmap out_dims={out_dims!r} does not match the outputs")
+        raise TracingError.at(location, f"vmap out_dims={out_dims!r} does not match the outputs")
     return tuple(flat)
 
 

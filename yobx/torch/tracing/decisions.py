@@ -97,7 +97,9 @@ class DecisionsMixin:
     """Conversions of proxies to Python values, source locations, ``torch._check``.
 
     Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
-    ``guards``, ``specialize_undecidable`` and ``_allowed_guards``.
+    ``guards``, ``refinements``, ``state``, ``create_proxy`` (torch.fx's) and, from
+    :class:`~yobx.torch.tracing.loop_tracing.LoopsMixin`, ``loop_symbols`` and
+    ``loop_refuse``.
     """
 
     # Python conversions

@@ -75,10 +75,6 @@ class LayoutAliasNeeded(TracingError):
     copy_location = ""
 
 
-class UndecidableError(TracingError):
-    """A decision on dimensions can be neither proved nor adopted."""
-
-
 class StrictDimensionError(TracingError):
     """Dimensions declared with a named ``torch.export.Dim`` need constraints.
 

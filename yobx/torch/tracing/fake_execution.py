@@ -30,6 +30,7 @@ from torch.utils._sympy.functions import FloorDiv, Mod
 from ..node_text import operation_name
 from ..passes._side_effects import writes
 from . import shape_rules
+from .decisions import user_location
 from .errors import LayoutAliasNeeded, TracingError, exception_summary
 from .shape_rules._strides import decided_contiguity
 from .symbolic import Guard
@@ -160,7 +161,8 @@ def _needs_python_dispatcher(function: Any, args: tuple, kwargs: dict) -> bool:
 
 def _fake_value(node: Node) -> Any:
     if "val" not in node.meta:
-        raise TraceError(f"node {node.format_node()} has no fake value")
+        # a node made outside the tracer's recording (a pass, a user's graph edit)
+        raise TracingError.at(user_location(), f"node {node.format_node()} has no fake value")
     return node.meta["val"]
 
 

@@ -23,9 +23,9 @@ from typing import Any
 import sympy
 import torch
 from torch.fx.node import Node, map_arg
-from torch.fx.proxy import TraceError
 
 from .control_flow import ScanCCOp
+from .errors import TracingError
 from .loops import LoopRegion, changed_locals, loop_index, loop_stacked
 
 
@@ -590,7 +590,8 @@ def _erase_steps(graph, region: LoopRegion) -> None:
                 progress = True
     kept = [n for n in remaining if n.op != "get_attr" and not _is_size(n)]
     if kept:
-        raise TraceError(
-            f"the loop at {region.location} became a scan but its steps are still used by "
-            f"{sorted(u.name for n in kept for u in n.users)}"
+        raise TracingError.at(
+            region.location,
+            f"the loop became a scan but its steps are still used by "
+            f"{sorted(u.name for n in kept for u in n.users)}",
         )

@@ -27,18 +27,19 @@ _TORCH_CAT = torch.cat
 
 
 def find_proxy(*values: Any) -> Proxy | None:
-    """Returns the first proxy found in (nested tuples, lists, dicts of) ``values``."""
-    stack = list(values)
+    """Returns the first proxy found in (nested tuples, lists, dicts of) ``values``,
+    depth first, in order."""
+    stack = list(reversed(values))
     while stack:
         v = stack.pop()
         if isinstance(v, Proxy):
             return v
         if isinstance(v, (tuple, list)):
-            stack.extend(v)
+            stack.extend(reversed(v))
         elif isinstance(v, dict):
-            stack.extend(v.values())
+            stack.extend(reversed(list(v.values())))
         elif isinstance(v, slice):
-            stack.extend((v.start, v.stop, v.step))
+            stack.extend((v.step, v.stop, v.start))
     return None
 
 

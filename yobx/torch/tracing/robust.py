@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch.fx.proxy import TraceError
 
 from .collection import ModuleFailure
+from .errors import TracingError
 from .inputs import bind_example_inputs, flatten_example_inputs
 from .recorded_calls import RecordedCall, example_call, failure_location, record_calls
 from .symbolic import Guard, SymbolicDimensions
@@ -291,9 +291,10 @@ class RobustTracer(CustomTracer):
             except Exception as e:
                 if leaf_root:
                     reason = self.failure_msg(root) or "it is a registered leaf"
-                    raise TraceError(
+                    raise TracingError.at(
+                        failure_location(e),
                         f"{type(root).__name__} cannot be traced ({reason}) and running it "
-                        f"as a leaf failed too: {type(e).__name__}: {e}"
+                        f"as a leaf failed too: {type(e).__name__}: {e}",
                     ) from e
                 self.record_call_module(root, e)
                 continue

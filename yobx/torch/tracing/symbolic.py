@@ -26,7 +26,6 @@ from torch.fx.experimental.symbolic_shapes import (
     ShapeEnv,
     statically_known_true,
 )
-from torch.fx.proxy import TraceError
 from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
@@ -630,24 +629,6 @@ class SymbolicDimensions:
         if isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)):
             return value.node.hint
         return value
-
-    def undecidable_error(self, value: Any, location: str, what: str = "") -> TraceError:
-        """Builds the TraceError raised when a comparison cannot be decided."""
-        expression = self.render(value)
-        ranges = self.describe_ranges(value)
-        dims = self.symbols_of(value)
-        hint = self.hint(value)
-        msg = (
-            f"{location}: cannot decide {what or 'the condition'} `{expression}` "
-            f"while tracing: it depends on dynamic dimension(s) {', '.join(dims)} "
-            f"({ranges}) and is not provable from what is known "
-            f"(it is {hint} for the example inputs, but the graph must hold for every "
-            f"size). To make it decidable: narrow the dimension's range with "
-            f"torch.export.Dim(name, min=..., max=...), assert a fact with "
-            f"torch._check(...) before this line, make the dimension static, "
-            f"or write the branch with torch.cond."
-        )
-        return TraceError(msg)
 
 
 def expression_of(value: Any) -> sympy.Expr | None:

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 import torch.fx
 from torch.fx.node import Node
-from torch.fx.proxy import Proxy, TraceError
+from torch.fx.proxy import Proxy
 
 from ..ops.rnn import leaf_module_call
+from .errors import TracingError
 from .graph_finish import _CallableModule
 from .module_state import assign_traced_buffer
 from .patches import patch_len_in
@@ -211,11 +212,12 @@ class AttributesMixin:
             # recording it here would give a graph reading a node it does not hold
             # (torch.fx does, and its lint fails); recording it in the node's own
             # graph would silently leave it out of this trace
-            raise TraceError(
+            raise TracingError.at(
+                self.location(),
                 f"node {node} belongs to another graph: a proxy of another trace (kept "
                 f"from an earlier call, or built over a node of a graph of its own) was "
                 f"used in this one; pass its value as an input of the traced function, "
-                f"or create the proxy with this tracer (tracer.create_proxy)"
+                f"or create the proxy with this tracer (tracer.create_proxy)",
             )
         lifted = self.state.lift_stack[-1]
         if node not in lifted:
