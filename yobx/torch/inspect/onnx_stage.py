@@ -34,13 +34,10 @@ def load_onnx_model(onnx_model: Any) -> onnx.ModelProto:
     proto = getattr(onnx_model, "model_proto", None)
     if isinstance(proto, onnx.ModelProto):
         return proto
-    try:
-        import onnx_ir
+    import onnx_ir  # a dependency (onnxscript's)
 
-        if isinstance(onnx_model, onnx_ir.Model):
-            return onnx_ir.serde.serialize_model(onnx_model)
-    except ImportError:
-        pass
+    if isinstance(onnx_model, onnx_ir.Model):
+        return onnx_ir.serde.serialize_model(onnx_model)
     raise TypeError(
         f"cannot read an ONNX model from {type(onnx_model).__name__}: "
         "give an onnx.ModelProto, a path, or an object with a model_proto attribute"
