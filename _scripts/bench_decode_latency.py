@@ -90,6 +90,7 @@ class Variant:
     source: bytes | str
     proto: onnx.ModelProto
     export_seconds: float
+    note: str = ""
     session: Any = None
     times: dict[str, list[float]] = field(default_factory=dict)
 
@@ -187,13 +188,21 @@ def _as_dims(shapes: Any, dims: dict) -> Any:
     return shapes
 
 
-def export_yobx(model: torch.nn.Module, kwargs: dict, **options: Any) -> onnx.ModelProto:
-    """``to_onnx`` of the step, with ``options`` (``optimize``, ``quantize``...)."""
+def export_yobx(
+    model: torch.nn.Module, kwargs: dict, **options: Any
+) -> tuple[onnx.ModelProto, str]:
+    """``to_onnx`` of the step, with ``options`` (``optimize``, ``quantize``...); also
+    returns how many versions the model chooses between, and why it holds the example's
+    side only when the versions did not export."""
     from yobx.torch.onnx import to_onnx
 
     kwargs = copy.deepcopy(kwargs)
     shapes = dynamic_shapes(kwargs["cache"])
-    return to_onnx(model, (), kwargs, dynamic_shapes=shapes, **options).model_proto
+    result = to_onnx(model, (), kwargs, dynamic_shapes=shapes, **options)
+    note = f"{len(result.versions)} versions"
+    if result.version_fallback:
+        note += f"; {result.version_fallback}"
+    return result.model_proto, note
 
 
 def export_torch_onnx(model: torch.nn.Module, kwargs: dict) -> onnx.ModelProto:
@@ -258,18 +267,31 @@ def export_all(
         try:
             exported = exporters[name]()
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            failures.append(f"{name}: export failed: {type(exc).__name__}: {first}")
-            print(f"  {name:13} export failed: {type(exc).__name__}: {first}", flush=True)
+            failures.append(f"{name}: export failed: {_error_line(exc)}")
+            print(f"  {name:13} export failed: {_error_line(exc)}", flush=True)
             continue
         seconds = time.perf_counter() - start
+        note = ""
+        if isinstance(exported, tuple):
+            exported, note = exported
         if isinstance(exported, str):
             proto = onnx.load(exported, load_external_data=False)
             variants[name] = Variant(name, exported, proto, seconds)
         else:
             variants[name] = Variant(name, exported.SerializeToString(), exported, seconds)
-        print(f"  {name:13} exported in {seconds:6.1f} s", flush=True)
+        variants[name].note = note
+        print(f"  {name:13} exported in {seconds:6.1f} s {note}", flush=True)
     return variants, failures
+
+
+def _error_line(exc: Exception, width: int = 220) -> str:
+    """The first line of an error; for onnxruntime's, the failing node's name (yobx's
+    runtime checks say there what failed), site-packages' paths shortened."""
+    text = str(exc).strip()
+    match = re.search(r"Name:'([^']*)'", text)
+    line = match[1] if match else (text.splitlines() or [""])[0]
+    line = re.sub(r"/\S*/site-packages/", "", line)
+    return f"{type(exc).__name__}: {line[:width]}"
 
 
 def _has_genai() -> bool:
@@ -339,7 +361,8 @@ def make_session(variant: Variant, threads: int) -> onnxruntime.InferenceSession
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
+    # failures are reported with the results, not logged
+    options.log_severity_level = 4
     return onnxruntime.InferenceSession(variant.source, options, providers=["CPUExecutionProvider"])
 
 
@@ -397,8 +420,7 @@ def check_against_eager(
             try:
                 got = variant.session.run(None, make_feeds(variant.session, inputs))[0]
             except Exception as exc:
-                first = (str(exc).strip().splitlines() or [""])[0][:160]
-                failures.append(f"{variant.name} [{name}] check: {type(exc).__name__}: {first}")
+                failures.append(f"{variant.name} [{name}] check: {_error_line(exc)}")
                 cells.append(f"{'fails':>20} {'-':>7}")
                 continue
             error = float(np.abs(got.astype(np.float32) - logits).max())
@@ -422,8 +444,7 @@ def time_case(
                 variant.session.run(None, feeds[variant.name])
         except Exception as exc:
             feeds.pop(variant.name, None)
-            first = (str(exc).strip().splitlines() or [""])[0][:160]
-            failures.append(f"{variant.name} [{name}] run: {type(exc).__name__}: {first}")
+            failures.append(f"{variant.name} [{name}] run: {_error_line(exc)}")
     times: dict[str, list[float]] = {key: [] for key in feeds}
     for _ in range(runs):
         for key, feed in feeds.items():
@@ -462,9 +483,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}: choose among {','.join(VARIANTS)}")
     warnings.filterwarnings("ignore")
-    for logger in ("torch.onnx", "onnxscript", "torch.export", "torch._dynamo"):
+    for logger in ("torch.onnx", "onnxscript", "onnx_ir", "torch.export", "torch._dynamo"):
         logging.getLogger(logger).setLevel(logging.ERROR)
-    onnxruntime.set_default_logger_severity(3)
+    onnxruntime.set_default_logger_severity(4)
 
     config = llama_config(options.hidden, options.layers)
     torch.manual_seed(0)
@@ -485,8 +506,7 @@ def main() -> None:
             try:
                 variant.session = make_session(variant, options.threads)
             except Exception as exc:
-                first = (str(exc).strip().splitlines() or [""])[0][:200]
-                failures.append(f"{variant.name}: onnxruntime: {type(exc).__name__}: {first}")
+                failures.append(f"{variant.name}: onnxruntime: {_error_line(exc)}")
                 del variants[variant.name]
         print_structures(variants)
         check_against_eager(model, config, variants, failures)

@@ -490,7 +490,9 @@ def _print_validation(report: Any) -> None:
 def _with_range(name: str, bounds: Any) -> str:
     """``seq in [2, 32]`` for a dimension with a declared or adopted maximum, ``batch``
     for one unbounded above."""
-    if bounds is None or bounds[1] in (None, float("inf")) or bounds[1] >= 2**62:
+    from yobx.torch.tracing.dynamic_shapes import UNBOUNDED
+
+    if bounds is None or bounds[1] in (None, float("inf")) or bounds[1] >= UNBOUNDED:
         return name
     return f"{name} in [{bounds[0]}, {bounds[1]}]"
 

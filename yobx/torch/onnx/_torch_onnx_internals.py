@@ -28,6 +28,7 @@ from torch.onnx._internal.exporter import (
 )
 from torch.onnx._internal.fx.passes import type_promotion
 
+from yobx.torch.onnx.opsets import DEFAULT_OPSET
 from yobx.torch.quiet_logs import quieted
 from yobx.torch.tracing.patches import patched_attributes
 
@@ -36,7 +37,7 @@ LOCAL_FUNCTION_DOMAIN = "pkg.torch.__subgraph__"
 
 
 @functools.cache
-def onnx_registry(opset: int = 18) -> _registration.ONNXRegistry:
+def onnx_registry(opset: int = DEFAULT_OPSET) -> _registration.ONNXRegistry:
     """Returns torch_lib's registry of aten -> ONNX functions for ``opset``.
 
     Building it imports and indexes all of torch_lib (about a second), so it is built
@@ -52,7 +53,7 @@ def onnx_registry(opset: int = 18) -> _registration.ONNXRegistry:
 
 
 @functools.cache
-def decomposition_table(opset: int = 18) -> dict[Any, Callable]:
+def decomposition_table(opset: int = DEFAULT_OPSET) -> dict[Any, Callable]:
     """Returns the aten decompositions for the ops torch_lib does not implement."""
     registry = onnx_registry(opset)
     implemented = set(_decomp.get_onnx_implemented_overloads(registry))
@@ -120,7 +121,7 @@ def _sdpa_lifted_to_4d(query, key, value, attn_mask=None, *args, **kwargs) -> An
 
 
 @contextlib.contextmanager
-def preserve_translatable_composite_ops(opset: int = 18) -> Iterator[None]:
+def preserve_translatable_composite_ops(opset: int = DEFAULT_OPSET) -> Iterator[None]:
     """Keeps composite operators torch_lib translates (linear, layer_norm,
     scaled_dot_product_attention, ...) as single aten nodes while lowering.
 

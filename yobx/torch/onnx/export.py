@@ -60,6 +60,7 @@ from yobx.torch.onnx.weights import (
 )
 from yobx.torch.passes import MUTATIONS_KEY
 from yobx.torch.quiet_logs import quieted
+from yobx.torch.tracing.dynamic_shapes import UNBOUNDED
 
 #: the metadata key of an ONNX input naming the placeholder it feeds (its target): the
 #: input's name may differ (a cache's tensors, dimensions renamed, a builtin's name)
@@ -559,7 +560,7 @@ def _check(ir_model: ir.Model, declared: Any, renamer: Any, captured: Any, lower
         # a declared maximum (Dim("seq", max=32)) is part of what the model accepts
         ir_model.metadata_props[DIMENSION_RANGES_KEY] = json.dumps(
             {
-                name: [int(low), None if high == float("inf") or high >= 2**62 else int(high)]
+                name: [int(low), None if high == float("inf") or high >= UNBOUNDED else int(high)]
                 for name, (low, high) in sorted(captured.range_constraints.items())
             }
         )

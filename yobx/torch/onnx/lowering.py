@@ -31,6 +31,7 @@ from yobx.torch.onnx import custom_ops, direct_lowering
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.inplace_copies import functional_copies
+from yobx.torch.onnx.opsets import DEFAULT_OPSET
 from yobx.torch.onnx.restrides import drop_restrides
 from yobx.torch.onnx.symbolic_scalars import symbolic_scalars_as_tensors
 from yobx.torch.onnx.version_lowering import record_cond
@@ -519,7 +520,7 @@ def _lower_versions(
 
 def lower_to_aten(
     graph_module: torch.fx.GraphModule,
-    opset: int = 18,
+    opset: int = DEFAULT_OPSET,
     direct: bool = True,
     _branches: dict | None = None,
 ) -> LoweredGraph:

@@ -18,6 +18,7 @@ from yobx import __version__
 from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx.errors import OnnxExportError, UnsupportedOperatorError
 from yobx.torch.onnx.lowering import SOURCE_NODE_KEY, LoweredGraph
+from yobx.torch.onnx.opsets import DEFAULT_OPSET
 
 
 def _rename_aten_nodes(
@@ -114,7 +115,7 @@ def _refuse_complex_inputs_and_outputs(lowered: LoweredGraph, output_names: Sequ
 def build_model(
     lowered: LoweredGraph,
     output_names: Sequence[str],
-    opset: int = 18,
+    opset: int = DEFAULT_OPSET,
 ) -> ir.Model:
     """Builds the ONNX model of a lowered graph.
 

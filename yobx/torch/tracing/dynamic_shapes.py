@@ -89,13 +89,18 @@ def axis_spec(entry: Any, leaf_name: str, axis: int | None) -> DimSpec | None:
     )
 
 
+#: a maximum from which a dimension counts as unbounded: torch.export.Dim's default
+#: maximum (``int_oo``, or ``2**63 - 1`` in older versions) and anything near it
+UNBOUNDED = 2**62
+
+
 def _bounds(dim: Any) -> tuple[int | None, int | None]:
     low, high = getattr(dim, "min", None), getattr(dim, "max", None)
     # torch.export.Dim defaults to min=0 although export treats sizes 0 and 1 as
     # static; a dynamic dimension starts at 2 unless min says 1 or more.
     if low is not None and low < 1:
         low = None
-    if high is not None and high >= 2**62:
+    if high is not None and high >= UNBOUNDED:
         high = None
     return low, high
 

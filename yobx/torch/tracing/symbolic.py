@@ -30,6 +30,7 @@ from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
+from .dynamic_shapes import UNBOUNDED
 from .expression_text import pretty
 from .range_proofs import prove_from_ranges
 from .residues import padding_as_ceiling
@@ -276,7 +277,7 @@ class SymbolicDimensions:
             # tracer captures from another size first, the range kept)
             low = max(0, smallest)
         high = max_value
-        if high is not None and (high in (int_oo, sympy.oo) or high >= 2**62):
+        if high is not None and (high in (int_oo, sympy.oo) or high >= UNBOUNDED):
             high = None
         if hint < low or (high is not None and hint > high):
             upper = "inf" if high is None else high
