@@ -171,3 +171,47 @@ def test_skip_layer_normalization_is_split_with_the_same_outputs(with_bias, outp
         assert len(before) == len(after)
         for b, a in zip(before, after):
             np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_ort_fusions_apply_inside_the_versions_of_a_decode_step():
+    # the fused rotary embedding of a branch choosing between versions imported the
+    # default domain at version 1 (a subgraph has no opsets of its own): the inliner
+    # refused it and the model fell back to the example's side, refusing prefill
+    transformers = pytest.importorskip("transformers")
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=100,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    cache = transformers.DynamicCache(config=config)
+    for layer in range(2):
+        cache.update(torch.randn(2, 1, 3, 32), torch.randn(2, 1, 3, 32), layer)
+    kwargs = {
+        "input_ids": torch.randint(0, 100, (2, 2)),
+        "attention_mask": torch.ones(2, 5, dtype=torch.int64),
+        "cache": cache,
+    }
+    shapes = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
+    }
+    result = export_and_validate(model, (), kwargs, shapes, optimize="ort")
+    assert not result.version_fallback, result.version_fallback
+    assert len(result.versions) > 1
+    fused = [
+        node.op_type
+        for node in ir.traversal.RecursiveGraphIterator(result.model.graph)
+        if node.domain == "com.microsoft"
+    ]
+    assert "MultiHeadAttention" in fused, sorted(set(fused))
+    # prefill (an empty cache) and decode (one token) are among the cases compared
+    whens = {case.description.split("]")[0] for case in result.validation.cases}
+    assert any("past < 1" in when for when in whens), whens

@@ -675,11 +675,20 @@ def _validate(
 
 
 def _fallback_note(exc: Exception) -> str:
-    """Why the model holds the example's side only (:attr:`ExportResult.version_fallback`)."""
+    """Why the model holds the example's side only (:attr:`ExportResult.version_fallback`):
+    the error, and the one that caused it at the root (a pass's error wraps it)."""
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+
+    def first_line(error: BaseException) -> str:
+        lines = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+
+    cause = f", caused by {first_line(root)}" if root is not exc else ""
     return (
-        f"the versions could not be exported ({type(exc).__name__}: "
-        f"{str(exc).strip().splitlines()[0][:200]}); exported the example's side, "
-        f"its constraints checked by the model"
+        f"the versions could not be exported ({first_line(exc)}{cause}); exported the "
+        f"example's side, its constraints checked by the model"
     )
 
 

@@ -249,6 +249,7 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     # onnxscript 0.7.2), which onnxruntime then refuses to load (Gemm is 2-d only);
     # MatMul broadcasts, and onnxruntime fuses MatMul + Add into Gemm itself
     unfused = _gemms_to_matmul(model)
+    _share_opsets_with_subgraphs(model)
     _, counts = optimize_for_ort(model)
     split = _split_skip_layer_normalizations(model)
     # the fusions leave stale shapes on values whose producer they changed (a Reshape
@@ -264,6 +265,30 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     if split:
         fusions["skip_layer_normalization_split"] = split
     return fusions
+
+
+def _share_opsets_with_subgraphs(model: ir.Model) -> None:
+    """Gives the subgraphs (the branches of an ``If`` choosing between versions) the
+    model's opset imports.
+
+    onnxscript's fusions write the function of a fused pattern with the opsets of the
+    graph they fuse in; a subgraph has none of its own (ONNX keeps them on the model),
+    (or the default domain at version 1, which an earlier rewrite wrote there), and
+    the function then imports it at version 1, which the inliner refuses ("Opset
+    mismatch when inlining function ...RotaryEmbedding"): the fusions failed on every
+    model with versions, which then fell back to the example's side.
+    """
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for attribute in node.attributes.values():
+            graphs = []
+            if attribute.type == ir.AttributeType.GRAPH:
+                graphs = [attribute.as_graph()]
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                graphs = list(attribute.as_graphs())
+            for graph in graphs:
+                # the model's versions, whatever an earlier rewrite wrote there (onnx
+                # ignores a subgraph's own: a default domain at 1 is never meant)
+                graph.opset_imports.update(model.opset_imports)
 
 
 def _split_skip_layer_normalizations(model: ir.Model) -> int:
