@@ -158,15 +158,18 @@ def _read_directly(node: ir.Node, weight: ir.Value, stored: ir.Value) -> None:
         owner.remove(node, safe=True)
         return
     # Gemm(A, W, C, transB=1) = MatMul(A, stored) + C
-    matmul = ir.node("MatMul", [node.inputs[0], stored], name=f"{node.name}_matmul")
     output = node.outputs[0]
+    name = output.name
+    # named after the Gemm's output: in a subgraph, no name authority gives new values
+    # unique names, and two "val_0" break single assignment
+    matmul = ir.node("MatMul", [node.inputs[0], stored], name=f"{node.name}_matmul")
     new_nodes = [matmul]
     result = matmul.outputs[0]
     if len(node.inputs) > 2 and node.inputs[2] is not None:
+        result.name, result.type = f"{name}_matmul", output.type
         add = ir.node("Add", [result, node.inputs[2]], name=f"{node.name}_bias")
         new_nodes.append(add)
         result = add.outputs[0]
-    name = output.name
     output.name = None
     result.name, result.type, result.shape = name, output.type, output.shape
     owner.insert_after(node, new_nodes)
