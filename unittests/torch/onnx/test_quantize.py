@@ -1,6 +1,8 @@
 """to_onnx(quantize="int4"): every weight MatMul becomes onnxruntime's MatMulNBits, and
 the validation compares with the eager model on the dequantized weights."""
 
+import warnings
+
 import numpy as np
 import onnx_ir as ir
 import onnxruntime
@@ -62,6 +64,7 @@ def _logits(model: ir.Model, ids: torch.Tensor) -> np.ndarray:
     return session.run(None, {"input_ids": ids.numpy()})[0]
 
 
+@pytest.mark.filterwarnings("ignore:.*nested two levels deep")
 def test_every_linear_weight_is_quantized_and_validated_on_its_dequantized_values():
     model = _llama()
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -113,6 +116,7 @@ def test_dequantized_weights_are_within_half_a_step_of_the_weights():
         assert max(levels) <= 16
 
 
+@pytest.mark.filterwarnings("ignore:.*nested two levels deep")
 def test_a_meta_export_quantizes_once_its_weights_are_applied():
     real = _llama(2)
     with empty_weights():
@@ -144,3 +148,26 @@ def test_bad_quantization_options_say_what_is_accepted(options, message):
     model = torch.nn.Linear(4, 4)
     with pytest.raises(ValueError, match=message):
         to_onnx(model, (torch.randn(2, 4),), **options)
+
+
+def test_weights_quantized_in_nested_versions_are_warned_about():
+    # onnxruntime prepacks the 4-bit weights of a subgraph's node only when they are
+    # initializers of the graph just above: versions nested in versions run slowly
+    model = _llama(3)
+    with pytest.warns(UserWarning, match="nested two levels deep"):
+        result = to_onnx(
+            model, (), {"input_ids": _ids(2, 7)}, dynamic_shapes=SHAPES, quantize="int4"
+        )
+    assert len(result.versions) > 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        single = to_onnx(
+            model,
+            (),
+            {"input_ids": _ids(2, 7)},
+            dynamic_shapes=SHAPES,
+            quantize="int4",
+            narrowing="constraints",
+        )
+    assert not single.versions
+    assert len(_ops(single.model, "MatMulNBits")) == len(_weight_linears(model))

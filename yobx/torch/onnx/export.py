@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -215,12 +216,26 @@ class ExportResult:
         :return: how many matrix multiplications were quantized
         :raises OnnxExportError: weights without data, or quantized already
         """
-        from yobx.torch.onnx.quantize import check_block_size, quantize_model
+        from yobx.torch.onnx.quantize import (
+            check_block_size,
+            nested_quantized_nodes,
+            quantize_model,
+        )
 
         with self._stage("quantize") as info:
             self.model, count = quantize_model(self.model, check_block_size(block_size))
             info["quantized"] = count
         self._proto = None
+        nested = nested_quantized_nodes(self.model)
+        if nested:
+            warnings.warn(
+                f"{nested} of the {count} quantized matrix multiplications are in versions "
+                f"of the capture nested two levels deep or more (ExportResult.versions); "
+                f"onnxruntime does not prepack their 4-bit weights there and they run "
+                f"about ten times slower; narrowing='constraints' (one version, its "
+                f"constraints checked) avoids it",
+                stacklevel=2,
+            )
         return count
 
     def save(self, filename: str | os.PathLike, external_data: bool | None = None) -> None:

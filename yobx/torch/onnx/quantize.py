@@ -91,6 +91,30 @@ def quantize_model(model: ir.Model, block_size: int = 32) -> tuple[ir.Model, int
     return quantized, count
 
 
+def nested_quantized_nodes(model: ir.Model) -> int:
+    """How many ``MatMulNBits`` nodes sit two subgraphs deep or more (a choice between
+    versions nested in another).
+
+    onnxruntime 1.32 prepacks the 4-bit weights of a node in a subgraph when they are
+    initializers of the graph just above, not further up: such a node unpacks its
+    weights at every run, about ten times slower (``_scripts/bench_decode_latency.py``).
+    """
+
+    def count(graph: ir.Graph, depth: int) -> int:
+        total = 0
+        for node in graph:
+            if node.op_type == "MatMulNBits" and depth >= 2:
+                total += 1
+            for attribute in node.attributes.values():
+                if attribute.type == ir.AttributeType.GRAPH:
+                    total += count(attribute.as_graph(), depth + 1)
+                elif attribute.type == ir.AttributeType.GRAPHS:
+                    total += sum(count(g, depth + 1) for g in attribute.as_graphs())
+        return total
+
+    return count(model.graph, 0)
+
+
 def _keep_input_metadata(source: ir.Model, target: ir.Model) -> None:
     """The in-memory metadata of the inputs (the placeholder each feeds) survives the
     round trip through the quantizer's proto."""
