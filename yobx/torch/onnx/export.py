@@ -223,7 +223,9 @@ class ExportResult:
         )
 
         with self._stage("quantize") as info:
-            self.model, count = quantize_model(self.model, check_block_size(block_size))
+            self.model, count = quantize_model(
+                self.model, check_block_size(block_size), self.weight_names.names
+            )
             info["quantized"] = count
         self._proto = None
         nested = nested_quantized_nodes(self.model)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ import onnx_ir as ir
 import torch
 
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.onnx.weight_layout import store_weights_transposed
 from yobx.torch.onnx.weights import QUANTIZATION_KEY, pending_weights, transposed_weights
 from yobx.torch.quiet_logs import quieted
 
@@ -58,9 +59,17 @@ def check_block_size(block_size: int) -> int:
     return block_size
 
 
-def quantize_model(model: ir.Model, block_size: int = 32) -> tuple[ir.Model, int]:
+def quantize_model(
+    model: ir.Model, block_size: int = 32, weights: Iterable[str] = ()
+) -> tuple[ir.Model, int]:
     """The model with its weight ``MatMul`` nodes quantized to 4 bits; returns it and
     how many nodes were.
+
+    :param weights: the initializers that are weights: those still read through a
+        ``Transpose`` (the export keeps it where the reader sits deeper than onnxruntime
+        prepacks, :func:`~yobx.torch.onnx.weight_layout.store_weights_transposed`) are
+        stored ``[in, out]`` first, so that every weight matrix multiplication is
+        quantized
 
     :raises OnnxExportError: the model has weights without data (exported on the meta
         device: apply them first), or is quantized already
@@ -78,6 +87,7 @@ def quantize_model(model: ir.Model, block_size: int = 32) -> tuple[ir.Model, int
             f"was exported on the meta device): call result.apply_weights(...) first, "
             f"then result.quantize()"
         )
+    store_weights_transposed(model, weights, max_depth=None)
     proto = ir.serde.serialize_model(model)
     quantizer = MatMulNBitsQuantizer(proto, bits=4, block_size=block_size, is_symmetric=True)
     # a line per node, at INFO

@@ -48,7 +48,9 @@ __all__ = [
 ]
 
 
-def store_weights_transposed(model: ir.Model, names: Iterable[str], tied: bool = False) -> int:
+def store_weights_transposed(
+    model: ir.Model, names: Iterable[str], tied: bool = False, max_depth: int | None = 1
+) -> int:
     """Stores the 2-d weights among ``names`` that the graph only reads transposed
     (``Transpose(perm=[1, 0])``, ``Gemm``'s ``B`` with ``transB=1``) as ``[in, out]``
     and removes the transpositions; returns how many weights were stored so.
@@ -57,8 +59,17 @@ def store_weights_transposed(model: ir.Model, names: Iterable[str], tied: bool =
     :param names: the initializers that are weights (named after the state dict)
     :param tied: also give a weight read otherwise (a tied embedding) a transposed copy
         for its transposed reads
+    :param max_depth: only weights whose readers sit at most that many subgraphs deep
+        (``None``: any depth). onnxruntime (1.32) prepacks the weight of a ``MatMul``
+        in a subgraph only when it is an initializer of the graph just above; deeper (a
+        choice between versions nested in another), a ``Transpose`` of the weight
+        inside the subgraph is better: onnxruntime folds it there into a weight of the
+        subgraph's own, which it prepacks (a decode step ran 1.9 times slower with the
+        weights stored [in, out] two levels up). Quantizing (which needs the weights
+        as the ``MatMul`` inputs) passes ``None``.
     """
     graph = model.graph
+    depths = _depths(graph) if max_depth is not None else {}
     stored = []
     for name in names:
         value = graph.initializers.get(name)
@@ -67,6 +78,8 @@ def store_weights_transposed(model: ir.Model, names: Iterable[str], tied: bool =
         uses = list(value.uses())
         transposing = [(node, index) for node, index in uses if _reads_transposed(node, index)]
         if not transposing:
+            continue
+        if max_depth is not None and any(depths[node] > max_depth for node, _ in transposing):
             continue
         if len(transposing) == len(uses):
             _transpose_in_place(value)
@@ -82,6 +95,20 @@ def store_weights_transposed(model: ir.Model, names: Iterable[str], tied: bool =
         previous = json.loads(model.metadata_props.get(TRANSPOSED_WEIGHTS_KEY, "[]"))
         model.metadata_props[TRANSPOSED_WEIGHTS_KEY] = json.dumps(sorted({*previous, *stored}))
     return len(stored)
+
+
+def _depths(graph: ir.Graph, depth: int = 0, into: dict | None = None) -> dict[ir.Node, int]:
+    """How many subgraphs deep each node of ``graph`` is (0 for the main graph)."""
+    found = {} if into is None else into
+    for node in graph:
+        found[node] = depth
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                _depths(attribute.as_graph(), depth + 1, found)
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                for subgraph in attribute.as_graphs():
+                    _depths(subgraph, depth + 1, found)
+    return found
 
 
 def _attribute(node: ir.Node, name: str, default: int | float) -> int | float:
