@@ -303,6 +303,31 @@ def test_inplace_module_and_out():
     check_inplace("symbolic_trace", M().requires_grad_(False), (X, Y), other_args=((X[:2], Y),))
 
 
+@pytest.mark.parametrize(
+    "dropout",
+    [
+        torch.nn.Dropout(0.1, inplace=True),
+        torch.nn.Dropout1d(0.1, inplace=True),
+        torch.nn.AlphaDropout(0.1, inplace=True),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_inplace_dropout_in_eval_mode_is_functional(dropout):
+    # an attention block's `hidden_states = self.dropout(hidden_states)` with
+    # Dropout(inplace=True): the identity in eval mode, refused as an in-place module
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 6)
+            self.dropout = dropout
+
+        def forward(self, x: torch.Tensor):
+            h = self.dropout(self.lin(x))
+            return h * 2
+
+    check_inplace("symbolic_trace", M().eval().requires_grad_(False), (X,), other_args=((X[:2],),))
+
+
 def test_mutation_metadata_symbolic_trace():
     def fn(m, x, y):
         x[1:].add_(1.0)

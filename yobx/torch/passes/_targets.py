@@ -175,6 +175,16 @@ INPLACE_MODULES = {
     torch.nn.Hardsigmoid: lambda m: (torch.nn.functional.hardsigmoid, ()),
     torch.nn.Hardtanh: lambda m: (torch.nn.functional.hardtanh, (m.min_val, m.max_val)),
     torch.nn.Threshold: lambda m: (torch.nn.functional.threshold, (m.threshold, m.value)),
+    # dropout in place: the identity in eval mode (diffusers' UNet1D attention blocks)
+    torch.nn.Dropout: lambda m: (torch.nn.functional.dropout, (m.p, m.training)),
+    torch.nn.Dropout1d: lambda m: (torch.nn.functional.dropout1d, (m.p, m.training)),
+    torch.nn.Dropout2d: lambda m: (torch.nn.functional.dropout2d, (m.p, m.training)),
+    torch.nn.Dropout3d: lambda m: (torch.nn.functional.dropout3d, (m.p, m.training)),
+    torch.nn.AlphaDropout: lambda m: (torch.nn.functional.alpha_dropout, (m.p, m.training)),
+    torch.nn.FeatureAlphaDropout: lambda m: (
+        torch.nn.functional.feature_alpha_dropout,
+        (m.p, m.training),
+    ),
 }
 # Modules always returning a new tensor.
 FRESH_MODULES = (
