@@ -257,3 +257,22 @@ def test_searchsorted_exports_exact():
         feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
         for expected, got in zip(model(*inputs), session.run(None, feeds)):
             assert torch.equal(torch.from_numpy(got), expected)
+
+
+class _RepeatBySize(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x, y):
+        # a repeat computed from a dimension (a video VAE's time steps)
+        return x.repeat_interleave(y.shape[0], dim=self.dim) * 2
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -2, None])
+def test_repeat_interleave_by_a_size_exports_exact_at_other_sizes(dim):
+    # torch_lib's translation expanded the repeated axis instead of a new one: the
+    # model failed at other sizes with "invalid expand shape"
+    x, y = torch.randn(2, 3, 4), torch.randn(5)
+    shapes = {"x": {0: "batch", 2: "width"}, "y": {0: "times"}}
+    export_and_validate(_RepeatBySize(dim), (x, y), dynamic_shapes=shapes)

@@ -161,6 +161,31 @@ def _roll_axis(x, shift, axis: int):
     return _op.Concat(_op.Slice(x, kept, size, axes), _op.Slice(x, zero, kept, axes), axis=axis)
 
 
+def _repeat_interleave_to_onnx(self, repeats, dim=None, output_size=None):
+    # torch_lib's (onnxscript 0.7.2) puts a repeat computed from a dimension at the axis
+    # of the repeated one instead of the new axis after it: the Expand only works where
+    # that axis has size 1 or the repeat's size, and fails elsewhere ("invalid expand
+    # shape"). Each element is repeated along a new axis after its own, then merged;
+    # sizes are read with Shape(start, end), so the rank need not be known.
+    if dim is None:
+        self = _op.Reshape(self, _op.Constant(value_ints=[-1]))
+        dim = 0
+    if isinstance(repeats, int):
+        count = _op.Constant(value_ints=[repeats])
+    else:
+        count = _op.Reshape(_op.Cast(repeats, to=ir.DataType.INT64), _op.Constant(value_ints=[1]))
+    last = dim == -1
+    # the new axis right after `dim`: dim + 1, or `dim` counted from the end of the
+    # result (one axis longer)
+    unsqueezed = _op.Unsqueeze(self, _op.Constant(value_ints=[dim if dim < 0 else dim + 1]))
+    through = _op.Shape(self) if last else _op.Shape(self, start=0, end=dim + 1)
+    after = [] if last else [_op.Shape(self, start=dim + 1)]
+    tiled = _op.Expand(unsqueezed, _op.Concat(through, count, *after, axis=0))
+    before = [] if dim == 0 else [_op.Shape(self, start=0, end=dim)]
+    shape = _op.Concat(*before, _op.Constant(value_ints=[-1]), *after, axis=0)
+    return _op.Reshape(tiled, shape)
+
+
 def _searchsorted_to_onnx(
     sorted_sequence, self, *, out_int32: bool = False, right: bool = False, side=None, sorter=None
 ):
@@ -283,8 +308,8 @@ def register_translations(registry: Any) -> None:
 
     The RNN custom operators, the checks on tensor values (:mod:`.value_checks`),
     ``_grouped_mm`` with offsets (:mod:`.grouped_mm`), the stable sort, ``roll`` by
-    shifts computed from sizes, ``searchsorted``, and what torch_lib lacks or gets
-    wrong:
+    shifts computed from sizes, ``searchsorted``, ``repeat_interleave`` by a repeat
+    computed from a size, and what torch_lib lacks or gets wrong:
     ``aten.sym_numel`` (``x.numel()`` on a dynamic shape, e.g. ``reshape(n, -1)``
     lowered), ``aten.masked_select``, ``aten.copy`` broadcasting its source, moves of
     complex tensors (:mod:`.complex_ops`), attention
@@ -303,6 +328,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten.sort.stable, _stable_sort_to_onnx)
     registry.register_op(torch.ops.aten.roll.default, _roll_to_onnx)
     registry.register_op(torch.ops.aten.searchsorted.Tensor, _searchsorted_to_onnx)
+    registry.register_op(torch.ops.aten.repeat_interleave.self_int, _repeat_interleave_to_onnx)
     register_nearest_translations(registry)
 
     registry.register_op(torch.ops.yobx.value_check.default, value_check_to_onnx)
