@@ -276,3 +276,20 @@ def test_repeat_interleave_by_a_size_exports_exact_at_other_sizes(dim):
     x, y = torch.randn(2, 3, 4), torch.randn(5)
     shapes = {"x": {0: "batch", 2: "width"}, "y": {0: "times"}}
     export_and_validate(_RepeatBySize(dim), (x, y), dynamic_shapes=shapes)
+
+
+class _BooleanMasks(torch.nn.Module):
+    def forward(self, x, n):
+        # a boolean mask filled (a video transformer's attention mask): a Where between
+        # booleans, which onnxruntime's CPU provider has no kernel for
+        ones = torch.ones(x.shape[0], x.shape[1], dtype=torch.bool)
+        keep = torch.arange(x.shape[1]) >= n.shape[0]
+        mask = ones.masked_fill(keep, False)
+        return x * mask, mask.masked_fill(~keep, True) & (x > 0)
+
+
+def test_boolean_masks_filled_run_in_onnxruntime():
+    shapes = ({0: "batch", 1: "seq"}, {0: "n"})
+    export_and_validate(
+        _BooleanMasks(), (torch.randn(2, 6), torch.randn(3)), dynamic_shapes=shapes, min_cases=2
+    )

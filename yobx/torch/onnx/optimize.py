@@ -184,6 +184,7 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
     from onnxscript.optimizer import _constant_folding
 
     _identity_for_passed_inputs(model)
+    _boolean_wheres_as_logic(model)
     passes = [
         common_passes.InlinePass(),
         ir.passes.PassManager(
@@ -211,6 +212,41 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
         common_passes.NameFixPass(),
     ]
     ir.passes.Sequential(*passes)(model)
+
+
+def _boolean_wheres_as_logic(model: ir.Model) -> int:
+    """Replaces each ``Where`` choosing between booleans (``mask.masked_fill(m, False)``)
+    by ``Or(And(c, a), And(Not(c), b))``; returns how many.
+
+    ONNX allows booleans in ``Where``, but onnxruntime's CPU provider has no kernel for
+    them ("Could not find an implementation for Where(16)"): the model did not load.
+    The logic broadcasts its three inputs as ``Where`` does.
+    """
+    count = 0
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        if node.op_type != "Where" or _normalized_domain(node.domain) != "":
+            continue
+        condition, a, b = node.inputs
+        if ir.DataType.BOOL not in (a.dtype, b.dtype):
+            continue
+        output = node.outputs[0]
+        name = output.name
+        # named after the output: in a subgraph no name authority names new values
+        chosen = ir.node("And", [condition, a], name=f"{node.name}_then")
+        negated = ir.node("Not", [condition], name=f"{node.name}_not")
+        other = ir.node("And", [negated.outputs[0], b], name=f"{node.name}_else")
+        merged = ir.node("Or", [chosen.outputs[0], other.outputs[0]], name=f"{node.name}_or")
+        for suffix, new in (("then", chosen), ("not", negated), ("else", other)):
+            new.outputs[0].name = f"{name}_{suffix}"
+            new.outputs[0].dtype = ir.DataType.BOOL
+        output.name = None
+        merged.outputs[0].name, merged.outputs[0].shape = name, output.shape
+        merged.outputs[0].dtype = ir.DataType.BOOL
+        node.graph.insert_after(node, [chosen, negated, other, merged])
+        output.replace_all_uses_with(merged.outputs[0], replace_graph_outputs=True)
+        node.graph.remove(node, safe=True)
+        count += 1
+    return count
 
 
 #: the accepted values of ``to_onnx(optimize=...)``
