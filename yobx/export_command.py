@@ -15,7 +15,6 @@ weights are streamed from the checkpoint into the ONNX file's external data.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -342,7 +341,10 @@ def run_export(options: argparse.Namespace) -> int:
         _report(result.stages[-1])
         status = 0 if result.validation.ok else EXIT_MISMATCH
         if getattr(options, "task", None) == "text-generation":
-            with _dequantized(result, model):
+            from yobx.torch.onnx.quantize import computing_as
+
+            # a quantized step generates as the model on its dequantized weights
+            with computing_as(model, result.model):
                 same = _run_stage("generation", _same_generation, result, model, kwargs)
             status = status or (0 if same else EXIT_MISMATCH)
     if options.profile:
@@ -353,16 +355,6 @@ def run_export(options: argparse.Namespace) -> int:
     if status:
         print("yobx: error: validation failed", file=sys.stderr)
     return status
-
-
-def _dequantized(result: Any, model: Any) -> Any:
-    """The model computing with the quantized model's weights, dequantized, when it is
-    quantized (what its generation is compared with); nothing changes otherwise."""
-    from yobx.torch.onnx.quantize import QUANTIZATION_KEY, dequantized_weights, weights_swapped
-
-    if QUANTIZATION_KEY not in result.model.metadata_props:
-        return contextlib.nullcontext()
-    return weights_swapped(model, dequantized_weights(result.model))
 
 
 def _same_generation(result: Any, model: Any, kwargs: dict, new_tokens: int = 8) -> bool:

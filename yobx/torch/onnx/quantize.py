@@ -31,7 +31,7 @@ import onnx_ir as ir
 import torch
 
 from yobx.torch.onnx.errors import OnnxExportError
-from yobx.torch.onnx.weight_layout import store_weights_transposed
+from yobx.torch.onnx.weight_layout import node_depths, store_weights_transposed
 from yobx.torch.onnx.weights import QUANTIZATION_KEY, pending_weights, transposed_weights
 from yobx.torch.quiet_logs import quieted
 
@@ -66,8 +66,8 @@ def quantize_model(
     how many nodes were.
 
     :param weights: the initializers that are weights: those still read through a
-        ``Transpose`` (the export keeps it where the reader sits deeper than onnxruntime
-        prepacks, :func:`~yobx.torch.onnx.weight_layout.store_weights_transposed`) are
+        ``Transpose`` (the export keeps it where the reader sits two subgraphs deep,
+        :func:`~yobx.torch.onnx.weight_layout.store_weights_transposed`) are
         stored ``[in, out]`` first, so that every weight matrix multiplication is
         quantized
 
@@ -107,22 +107,12 @@ def nested_quantized_nodes(model: ir.Model) -> int:
 
     onnxruntime 1.32 prepacks the 4-bit weights of a node in a subgraph when they are
     initializers of the graph just above, not further up: such a node unpacks its
-    weights at every run, about ten times slower (``_scripts/bench_decode_latency.py``).
+    weights at every run, about ten times slower (``_scripts/bench_nested_prepack.py``:
+    3114 us against 260 us; ``_scripts/bench_decode_latency.py``'s ``yobx-int4``).
     """
 
-    def count(graph: ir.Graph, depth: int) -> int:
-        total = 0
-        for node in graph:
-            if node.op_type == "MatMulNBits" and depth >= 2:
-                total += 1
-            for attribute in node.attributes.values():
-                if attribute.type == ir.AttributeType.GRAPH:
-                    total += count(attribute.as_graph(), depth + 1)
-                elif attribute.type == ir.AttributeType.GRAPHS:
-                    total += sum(count(g, depth + 1) for g in attribute.as_graphs())
-        return total
-
-    return count(model.graph, 0)
+    depths = node_depths(model.graph)
+    return sum(node.op_type == "MatMulNBits" and depth >= 2 for node, depth in depths.items())
 
 
 def _keep_input_metadata(source: ir.Model, target: ir.Model) -> None:
@@ -192,6 +182,16 @@ def _dequantize(
     scale = scales.reshape(N, blocks, 1).astype(np.float32)
     matrix = ((values.astype(np.float32) - zero) * scale).reshape(N, blocks * block_size)
     return matrix[:, :K].T.astype(scales.dtype)
+
+
+def computing_as(model: torch.nn.Module, onnx_model: ir.Model) -> Any:
+    """A context in which ``model`` computes with the weights ``onnx_model`` holds: its
+    quantized weights dequantized (:func:`weights_swapped`) when it is quantized,
+    nothing changed otherwise; what the validation and the generation check compare
+    the ONNX model with."""
+    if QUANTIZATION_KEY not in onnx_model.metadata_props:
+        return contextlib.nullcontext()
+    return weights_swapped(model, dequantized_weights(onnx_model))
 
 
 @contextlib.contextmanager

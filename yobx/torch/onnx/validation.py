@@ -449,7 +449,7 @@ def validate_export(
         of other sizes cannot hold: image tokens matching the images of a
         vision-language model, a grid of patches matching the patches
     """
-    from yobx.torch.onnx.quantize import QUANTIZATION_KEY, dequantized_weights, weights_swapped
+    from yobx.torch.onnx.quantize import QUANTIZATION_KEY, computing_as
 
     quantization = result.model.metadata_props.get(QUANTIZATION_KEY)
     if quantization is None:
@@ -457,7 +457,7 @@ def validate_export(
     # the quantized model computes what eager computes with the dequantized weights:
     # compared so, with the usual tolerances (a wrong graph is not hidden by the
     # quantization error)
-    with weights_swapped(model, dequantized_weights(result.model)):
+    with computing_as(model, result.model):
         report = _validate_export(model, args, kwargs, result, captured, 0, declared, given)
     report.notes.append(
         f"quantized ({quantization}): compared with the eager model on its weights "

@@ -42,6 +42,7 @@ from yobx.torch.onnx.weights import (
 __all__ = [
     "TRANSPOSED_SUFFIX",
     "TRANSPOSED_WEIGHTS_KEY",
+    "node_depths",
     "store_weights_transposed",
     "transposed_tensor",
     "transposed_weights",
@@ -60,16 +61,18 @@ def store_weights_transposed(
     :param tied: also give a weight read otherwise (a tied embedding) a transposed copy
         for its transposed reads
     :param max_depth: only weights whose readers sit at most that many subgraphs deep
-        (``None``: any depth). onnxruntime (1.32) prepacks the weight of a ``MatMul``
-        in a subgraph only when it is an initializer of the graph just above; deeper (a
-        choice between versions nested in another), a ``Transpose`` of the weight
-        inside the subgraph is better: onnxruntime folds it there into a weight of the
-        subgraph's own, which it prepacks (a decode step ran 1.9 times slower with the
-        weights stored [in, out] two levels up). Quantizing (which needs the weights
-        as the ``MatMul`` inputs) passes ``None``.
+        (``None``: any depth). Deeper (a choice between versions nested in another),
+        onnxruntime (1.32) runs the model faster with a ``Transpose`` of the weight
+        inside the subgraph, which it folds there into a weight of the subgraph's own:
+        with every weight stored ``[in, out]`` at the top, a Llama decode step took
+        17.5 ms against 9.6 ms (batch 4, past 512; ``_scripts/bench_decode_latency.py
+        --layers 4 --variants yobx,yobx-in-out``). A single float ``MatMul`` at that
+        depth runs as fast as at the top (``_scripts/bench_nested_prepack.py``): the
+        cost lies in how onnxruntime runs the nested branches, not isolated further.
+        Quantizing (which needs the weights as the ``MatMul`` inputs) passes ``None``.
     """
     graph = model.graph
-    depths = _depths(graph) if max_depth is not None else {}
+    depths = node_depths(graph) if max_depth is not None else {}
     stored = []
     for name in names:
         value = graph.initializers.get(name)
@@ -97,17 +100,17 @@ def store_weights_transposed(
     return len(stored)
 
 
-def _depths(graph: ir.Graph, depth: int = 0, into: dict | None = None) -> dict[ir.Node, int]:
+def node_depths(graph: ir.Graph, depth: int = 0, into: dict | None = None) -> dict[ir.Node, int]:
     """How many subgraphs deep each node of ``graph`` is (0 for the main graph)."""
     found = {} if into is None else into
     for node in graph:
         found[node] = depth
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
-                _depths(attribute.as_graph(), depth + 1, found)
+                node_depths(attribute.as_graph(), depth + 1, found)
             elif attribute.type == ir.AttributeType.GRAPHS:
                 for subgraph in attribute.as_graphs():
-                    _depths(subgraph, depth + 1, found)
+                    node_depths(subgraph, depth + 1, found)
     return found
 
 
@@ -136,14 +139,8 @@ def _reads_transposed(node: ir.Node, index: int) -> bool:
 
 
 def _transpose_in_place(value: ir.Value) -> None:
-    tensor = value.const_value
-    rows, columns = value.shape
-    shape = ir.Shape([columns, rows])
-    if is_pending(tensor):
-        value.const_value = PendingWeight(value.name, tensor.dtype, shape)
-    else:
-        value.const_value = transposed_tensor(tensor, value.name)
-    value.shape = shape
+    value.const_value = transposed_tensor(value.const_value, value.name)
+    value.shape = value.const_value.shape
 
 
 def _transposed_copy(graph: ir.Graph, value: ir.Value) -> ir.Value:
@@ -151,21 +148,18 @@ def _transposed_copy(graph: ir.Graph, value: ir.Value) -> ir.Value:
     existing = graph.initializers.get(name)
     if existing is not None:
         return existing
-    rows, columns = value.shape
-    shape = ir.Shape([columns, rows])
-    tensor = value.const_value
-    if is_pending(tensor):
-        data = PendingWeight(name, tensor.dtype, shape)
-    else:
-        data = transposed_tensor(tensor, name)
-    copy = ir.Value(name=name, shape=shape, type=value.type, const_value=data)
+    data = transposed_tensor(value.const_value, name)
+    copy = ir.Value(name=name, shape=data.shape, type=value.type, const_value=data)
     graph.register_initializer(copy)
     return copy
 
 
 def transposed_tensor(tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
-    """``tensor`` transposed, computed when its data is read."""
+    """``tensor`` transposed, computed when its data is read (a weight still without
+    data stays pending, with the transposed shape)."""
     rows, columns = tensor.shape
+    if is_pending(tensor):
+        return PendingWeight(name, tensor.dtype, ir.Shape([columns, rows]))
 
     def load() -> ir.TensorProtocol:
         raw = getattr(tensor, "raw", None)
