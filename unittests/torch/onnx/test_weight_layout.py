@@ -1,6 +1,7 @@
 """Linear layers read their weights [in, out]: MatMul(x, W) without a Transpose, a Gemm
 of a weight as MatMul + Add, what weight-only quantizers look for."""
 
+import io
 import json
 
 import numpy as np
@@ -14,6 +15,7 @@ from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.weight_layout import (
     TRANSPOSED_SUFFIX,
     TRANSPOSED_WEIGHTS_KEY,
+    TransposedTensor,
     store_weights_transposed,
     transposed_weights,
 )
@@ -155,3 +157,25 @@ def test_weights_read_in_nested_versions_keep_their_transpose():
     single = to_onnx(model, (), kwargs, dynamic_shapes=shapes, narrowing="constraints")
     assert "model.layers.0.mlp.up_proj.weight" in transposed_weights(single.model)
     assert _readers(single.model, "model.layers.0.mlp.up_proj.weight") == ["MatMul"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        ir.tensor(torch.arange(35, dtype=torch.float32).reshape(5, 7)),
+        ir.tensor(torch.arange(35, dtype=torch.bfloat16).reshape(5, 7)),
+        ir.tensor(np.arange(35, dtype=np.float16).reshape(5, 7)),
+    ],
+    ids=["float32", "bfloat16", "numpy-float16"],
+)
+def test_a_transposed_weight_is_written_in_bands_with_the_bytes_of_its_transposition(source):
+    expected = np.ascontiguousarray(source.numpy().T)
+    transposed = TransposedTensor(source, "w")
+    # bands of one and of two rows, and the whole tensor at once
+    for band_bytes in (1, 2 * 5 * 4, 1 << 24):
+        transposed.BAND_BYTES = band_bytes
+        written = io.BytesIO()
+        transposed.tofile(written)
+        assert written.getvalue() == expected.tobytes()
+    assert transposed.tobytes() == expected.tobytes()
+    assert list(transposed.shape) == [7, 5]

@@ -42,6 +42,7 @@ from yobx.torch.onnx.weights import (
 __all__ = [
     "TRANSPOSED_SUFFIX",
     "TRANSPOSED_WEIGHTS_KEY",
+    "TransposedTensor",
     "node_depths",
     "store_weights_transposed",
     "transposed_tensor",
@@ -160,14 +161,54 @@ def transposed_tensor(tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol
     rows, columns = tensor.shape
     if is_pending(tensor):
         return PendingWeight(name, tensor.dtype, ir.Shape([columns, rows]))
+    return TransposedTensor(tensor, name)
 
-    def load() -> ir.TensorProtocol:
-        raw = getattr(tensor, "raw", None)
-        if isinstance(raw, torch.Tensor):
-            return ir.tensor(raw.t().contiguous(), name=name)
-        return ir.tensor(np.ascontiguousarray(tensor.numpy().T), name=name)
 
-    return ir.LazyTensor(load, dtype=tensor.dtype, shape=ir.Shape([columns, rows]), name=name)
+class TransposedTensor(ir.LazyTensor):
+    """A 2-d tensor read transposed: computed when its data is read, and written to a
+    file in bands of rows.
+
+    Saving writes each tensor with ``tofile``; onnx-ir's lazy tensor would evaluate the
+    whole transposed copy and then its bytes, two copies of the largest weight (a 720 MB
+    output projection of a model past 2 GB raised the peak memory of its export by half
+    the weights). A band holds at most :attr:`BAND_BYTES`.
+    """
+
+    #: the most bytes one band of the transposed tensor holds while it is written
+    BAND_BYTES = 1 << 24
+
+    def __init__(self, source: ir.TensorProtocol, name: str):
+        rows, columns = source.shape
+        self.source = source
+        super().__init__(self._load, dtype=source.dtype, shape=ir.Shape([columns, rows]), name=name)
+
+    def _matrix(self) -> torch.Tensor | np.ndarray:
+        raw = getattr(self.source, "raw", None)
+        return raw if isinstance(raw, torch.Tensor) else self.source.numpy()
+
+    def _load(self) -> ir.TensorProtocol:
+        matrix = self._matrix()
+        if isinstance(matrix, torch.Tensor):
+            return ir.tensor(matrix.t().contiguous(), name=self.name)
+        return ir.tensor(np.ascontiguousarray(matrix.T), name=self.name)
+
+    def tofile(self, file) -> None:
+        """Writes the transposed bytes to ``file``, one band of rows at a time."""
+        if self.dtype.bitwidth % 8:
+            # packed sub-byte types: no weight of a linear layer is stored so at export
+            super().tofile(file)
+            return
+        matrix = self._matrix()
+        rows = matrix.shape[0]
+        band = max(1, self.BAND_BYTES // max(1, rows * self.dtype.bitwidth // 8))
+        for start in range(0, matrix.shape[1], band):
+            part = matrix[:, start : start + band]
+            if isinstance(part, torch.Tensor):
+                # bytes of any dtype, bfloat16 included (which numpy lacks)
+                data = part.t().contiguous().reshape(-1).view(torch.uint8).numpy()
+            else:
+                data = np.ascontiguousarray(part.T).reshape(-1).view(np.uint8)
+            file.write(memoryview(data))
 
 
 def _read_directly(node: ir.Node, weight: ir.Value, stored: ir.Value) -> None:
