@@ -347,10 +347,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=240.0)
     parser.add_argument("--only", default=",".join(PATHS), help="comma-separated paths")
+    parser.add_argument(
+        "--shard",
+        default="0/1",
+        help="K/N: every N-th architecture from the K-th (a long sweep split over cores "
+        "or sessions; the N shards together cover every architecture once)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     paths = [p for p in args.only.split(",") if p]
     todo = [(t, n) for t, n in architectures(args.task) if not args.names or n in args.names]
+    index, count = (int(part) for part in args.shard.split("/"))
+    todo = todo[index::count]
     if args.limit:
         todo = todo[: args.limit]
     counts = {p: {} for p in ["eager", *paths]}
