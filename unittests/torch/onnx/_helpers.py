@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnx
+import torch
 
 from yobx.torch.onnx import to_onnx
 
@@ -25,3 +26,22 @@ def export_and_validate(model, args=(), kwargs=None, dynamic_shapes=None, min_ca
     assert report.n_checked >= min_cases, report.format()
     assert report.max_abs_error <= 1e-4, report.format()
     return result
+
+
+class NestedVersions(torch.nn.Module):
+    """Versions nested in versions that read different weights: ``a`` for one row and
+    ``b`` for several, then ``c`` for one column only, followed by a ``relu`` for
+    several rows. The weight of ``c`` is read two ``If`` deep once the branches are
+    merged (what each side computes with it differs)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.a = torch.nn.Linear(width, width)
+        self.b = torch.nn.Linear(width, width)
+        self.c = torch.nn.Linear(width, width, bias=False)
+
+    def forward(self, x):
+        y = self.a(x) if x.shape[0] == 1 else self.b(x)
+        if x.shape[1] == 1:
+            y = self.c(y) if x.shape[0] == 1 else self.c(y).relu()
+        return y

@@ -9,6 +9,7 @@ import onnxruntime
 import pytest
 import torch
 
+from unittests.torch.onnx._helpers import NestedVersions
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.quantize import (
@@ -64,7 +65,6 @@ def _logits(model: ir.Model, ids: torch.Tensor) -> np.ndarray:
     return session.run(None, {"input_ids": ids.numpy()})[0]
 
 
-@pytest.mark.filterwarnings("ignore:.*nested two levels deep")
 def test_every_linear_weight_is_quantized_and_validated_on_its_dequantized_values():
     model = _llama()
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -116,7 +116,6 @@ def test_dequantized_weights_are_within_half_a_step_of_the_weights():
         assert max(levels) <= 16
 
 
-@pytest.mark.filterwarnings("ignore:.*nested two levels deep")
 def test_a_meta_export_quantizes_once_its_weights_are_applied():
     real = _llama(2)
     with empty_weights():
@@ -153,21 +152,30 @@ def test_bad_quantization_options_say_what_is_accepted(options, message):
 def test_weights_quantized_in_nested_versions_are_warned_about():
     # onnxruntime prepacks the 4-bit weights of a subgraph's node only when they are
     # initializers of the graph just above: versions nested in versions run slowly
+    torch.manual_seed(0)
+    model = NestedVersions().eval()
+    x = torch.randn(2, 3, 32)
+    shapes = ({0: "b", 1: "s"},)
+    with pytest.warns(UserWarning, match="2 of the 4 quantized .* nested two levels deep"):
+        result = to_onnx(model, (x,), dynamic_shapes=shapes, quantize="int4")
+    assert len(result.versions) == 4
+    assert len(_ops(result.model, "MatMulNBits")) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        single = to_onnx(
+            model, (x,), dynamic_shapes=shapes, quantize="int4", narrowing="constraints"
+        )
+    assert not single.versions
+    assert len(_ops(single.model, "MatMulNBits")) == 1
+
+
+def test_a_decoder_choosing_between_versions_quantizes_without_warning():
+    # the versions' branches are merged: every weight is multiplied in the main graph
     model = _llama(3)
-    with pytest.warns(UserWarning, match="nested two levels deep"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         result = to_onnx(
             model, (), {"input_ids": _ids(2, 7)}, dynamic_shapes=SHAPES, quantize="int4"
         )
     assert len(result.versions) > 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        single = to_onnx(
-            model,
-            (),
-            {"input_ids": _ids(2, 7)},
-            dynamic_shapes=SHAPES,
-            quantize="int4",
-            narrowing="constraints",
-        )
-    assert not single.versions
-    assert len(_ops(single.model, "MatMulNBits")) == len(_weight_linears(model))
+    assert len(_ops(result.model, "MatMulNBits")) == len(_weight_linears(model))

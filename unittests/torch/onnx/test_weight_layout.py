@@ -10,7 +10,7 @@ import onnxruntime
 import pytest
 import torch
 
-from unittests.torch.onnx._helpers import export_and_validate
+from unittests.torch.onnx._helpers import NestedVersions, export_and_validate
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.weight_layout import (
     TRANSPOSED_SUFFIX,
@@ -136,27 +136,16 @@ def test_weights_read_in_nested_versions_keep_their_transpose():
     # onnxruntime prepacks a subgraph's MatMul weight only from the graph just above;
     # deeper, a Transpose inside the subgraph is folded there and prepacked (stored
     # [in, out] at the top, a decode step ran 1.9 times slower)
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=40,
-        use_cache=False,
-    )
-    torch.manual_seed(3)
-    model = transformers.LlamaForCausalLM(config).eval()
-    kwargs = {"input_ids": torch.randint(0, 40, (2, 7))}
-    shapes = {"input_ids": {0: "batch", 1: "seq"}}
-    nested = to_onnx(model, (), kwargs, dynamic_shapes=shapes)
-    assert len(nested.versions) > 2
-    assert not transposed_weights(nested.model)
-    assert "Transpose" in _readers(nested.model, "model.layers.0.mlp.up_proj.weight")
-    single = to_onnx(model, (), kwargs, dynamic_shapes=shapes, narrowing="constraints")
-    assert "model.layers.0.mlp.up_proj.weight" in transposed_weights(single.model)
-    assert _readers(single.model, "model.layers.0.mlp.up_proj.weight") == ["MatMul"]
+    torch.manual_seed(0)
+    model = NestedVersions().eval()
+    x = torch.randn(2, 3, 32)
+    nested = export_and_validate(model, (x,), dynamic_shapes=({0: "b", 1: "s"},))
+    assert len(nested.versions) == 4
+    # a and b one If deep, c two
+    assert set(transposed_weights(nested.model)) == {"a.weight", "b.weight"}
+    assert _readers(nested.model, "c.weight") == ["Transpose", "Transpose"]
+    single = to_onnx(model, (x,), dynamic_shapes=({0: "b", 1: "s"},), narrowing="constraints")
+    assert set(transposed_weights(single.model)) == {"b.weight"}
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,12 @@ from yobx.torch.onnx.dimensions import (
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.opsets import DEFAULT_OPSET, check_opset, convert_opset, supported_opsets
-from yobx.torch.onnx.optimize import check_optimize_level, fuse_for_onnxruntime, optimize_model
+from yobx.torch.onnx.optimize import (
+    check_optimize_level,
+    fuse_for_onnxruntime,
+    merge_branches,
+    optimize_model,
+)
 from yobx.torch.onnx.runtime_checks import (
     RUNTIME_CHECKS_KEY,
     ModelCheck,
@@ -640,6 +645,9 @@ def _optimize_and_check(
     checks: list[ModelCheck] = []
     with stage("optimize") as info:
         weights = _optimize(ir_model, opset)
+        if optimize != "ort":
+            # versions share most of their nodes: computed once, out of the If nodes
+            info["nodes_merged"] = merge_branches(ir_model)
         # linear layers read their weights [in, out], as quantizers expect them
         info["weights_transposed"] = store_weights_transposed(ir_model, weights)
         info["onnx_nodes"] = len(ir_model.graph)
@@ -653,6 +661,9 @@ def _optimize_and_check(
         # does not know them either
         with stage("fuse") as info:
             info["fusions"] = _fuse(ir_model, weights, dimensions)
+            # after the fusions, which look for their patterns in whole versions
+            info["nodes_merged"] = merge_branches(ir_model)
+            info["weights_transposed"] = store_weights_transposed(ir_model, weights)
             info["onnx_nodes"] = len(ir_model.graph)
         if checked_inputs is not None:
             checks = _add_checks(stage, ir_model, captured, checked_inputs)

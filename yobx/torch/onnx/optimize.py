@@ -23,6 +23,8 @@ from typing import Any
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 
+from yobx.torch.onnx.branch_merging import merge_if_branches
+
 
 def _linear_rules() -> list:
     from onnxscript import rewriter
@@ -212,6 +214,25 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
         common_passes.NameFixPass(),
     ]
     ir.passes.Sequential(*passes)(model)
+
+
+def merge_branches(model: ir.Model) -> int:
+    """Merges the branches of every ``If`` (:mod:`.branch_merging`), then removes what
+    became unused and what the enclosing graphs now compute twice; returns how many
+    nodes run once instead of once in each branch.
+
+    Run it after the optimizer (branches as simple as they get align best) and after
+    onnxruntime's fusions (their patterns span what the merge splits between the
+    main graph and smaller ``If`` nodes)."""
+    merged = merge_if_branches(model)
+    if merged:
+        ir.passes.Sequential(
+            common_passes.RemoveUnusedNodesPass(),
+            common_passes.CommonSubexpressionEliminationPass(),
+            common_passes.OutputFixPass(),
+            common_passes.NameFixPass(),
+        )(model)
+    return merged
 
 
 def _boolean_wheres_as_logic(model: ir.Model) -> int:

@@ -1,0 +1,156 @@
+"""The branches of an If merged: what both compute runs once outside, the model computes
+what it computed (random programs, a hand-written If, a decoder choosing between
+versions)."""
+
+import copy
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx_ir as ir
+import onnxruntime
+import pytest
+import torch
+
+from unittests.torch.onnx.branch_program_generator import check_merge
+from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.branch_merging import merge_if_branches
+
+PROGRAMS = 40
+
+
+def test_random_programs_compute_the_same_after_the_merge():
+    outcomes = [check_merge(seed) for seed in range(PROGRAMS)]
+    wrong = [o for o in outcomes if o.wrong]
+    assert not wrong, wrong
+    # the programs share parts between their branches: most merge something
+    assert sum(o.merged > 0 for o in outcomes) >= PROGRAMS * 3 // 4
+
+
+def _session(proto: onnx.ModelProto) -> onnxruntime.InferenceSession:
+    return onnxruntime.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+
+
+def _docstring_model() -> onnx.ModelProto:
+    """If(c, then=[a, b, x, d], else=[a, b, y, z, d]): d multiplies what x and z
+    compute by a weight."""
+
+    def branch(name: str, middle: list) -> onnx.GraphProto:
+        nodes = [
+            oh.make_node("Relu", ["x"], ["a"]),
+            oh.make_node("MatMul", ["a", "W"], ["b"]),
+            *middle,
+            oh.make_node("MatMul", ["m", "W"], ["d"]),
+        ]
+        out = [oh.make_tensor_value_info("d", onnx.TensorProto.FLOAT, ["n", 4])]
+        return oh.make_graph(nodes, name, [], out)
+
+    then_branch = branch("then", [oh.make_node("Neg", ["b"], ["m"])])
+    else_branch = branch(
+        "else", [oh.make_node("Exp", ["b"], ["e"]), oh.make_node("Sqrt", ["e"], ["m"])]
+    )
+    weight = onnx.numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4) / 10, "W")
+    graph = oh.make_graph(
+        [oh.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)],
+        "docstring",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 4]),
+            oh.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])],
+        [weight],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_only_what_differs_stays_in_an_if_on_the_same_condition():
+    proto = _docstring_model()
+    model = ir.serde.deserialize_model(copy.deepcopy(proto))
+    assert merge_if_branches(model) == 3
+    merged = ir.serde.serialize_model(model)
+    onnx.checker.check_model(merged)
+    graph = merged.graph
+    assert [n.op_type for n in graph.node] == ["Relu", "MatMul", "If", "MatMul", "Identity"]
+    (choice,) = [n for n in graph.node if n.op_type == "If"]
+    assert choice.input == ["c"]
+    branches = {a.name: [n.op_type for n in a.g.node] for a in choice.attribute}
+    assert branches == {"then_branch": ["Neg"], "else_branch": ["Exp", "Sqrt"]}
+    assert [o.name for o in graph.output] == ["y"]
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    for condition in (True, False):
+        feeds = {"x": x, "c": np.array(condition)}
+        expected = _session(proto).run(None, feeds)[0]
+        np.testing.assert_allclose(_session(merged).run(None, feeds)[0], expected, rtol=1e-6)
+
+
+def test_branches_sharing_nothing_are_left_as_they_are():
+    out = [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])]
+    then_branch = oh.make_graph([oh.make_node("Neg", ["x"], ["y"])], "then", [], out)
+    else_branch = oh.make_graph(
+        [oh.make_node("Exp", ["x"], ["e"]), oh.make_node("Sqrt", ["e"], ["y"])], "else", [], out
+    )
+    graph = oh.make_graph(
+        [oh.make_node("If", ["c"], ["z"], then_branch=then_branch, else_branch=else_branch)],
+        "apart",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 4]),
+            oh.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+        ],
+        [oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["n", 4])],
+    )
+    model = ir.serde.deserialize_model(oh.make_model(graph))
+    before = ir.serde.serialize_model(model)
+    assert merge_if_branches(model) == 0
+    assert ir.serde.serialize_model(model) == before
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=40,
+        use_cache=False,
+    )
+    torch.manual_seed(3)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _weight_matmul_depths(model: ir.Model) -> list[int]:
+    weights = set(model.graph.initializers)
+    depths = []
+
+    def walk(graph: ir.Graph, depth: int) -> None:
+        for node in graph:
+            if node.op_type == "MatMul" and node.inputs[1].name in weights:
+                depths.append(depth)
+            for attribute in node.attributes.values():
+                if attribute.type == ir.AttributeType.GRAPH:
+                    walk(attribute.value, depth + 1)
+
+    walk(model.graph, 0)
+    return depths
+
+
+def test_a_decoder_choosing_between_versions_multiplies_its_weights_once_at_the_top():
+    model = _llama()
+    ids = torch.randint(0, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    result = to_onnx(model, (), {"input_ids": ids}, dynamic_shapes={"input_ids": {0: "b", 1: "s"}})
+    # several versions (one token or more, one text or more), still chosen by If nodes
+    assert len(result.versions) > 2
+    assert any(node.op_type == "If" for node in result.model.graph)
+    # every linear layer's weight multiplied once, in the main graph, read [in, out]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert _weight_matmul_depths(result.model) == [0] * len(linears)
+    session = _session(ir.serde.serialize_model(result.model))
+    for batch, seq in [(1, 1), (1, 5), (3, 1), (2, 7), (3, 4)]:
+        ids = torch.randint(0, 40, (batch, seq), generator=torch.Generator().manual_seed(seq))
+        with torch.no_grad():
+            expected = model(input_ids=ids).logits.numpy()
+        got = session.run(None, {"input_ids": ids.numpy()})[0]
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-4)
