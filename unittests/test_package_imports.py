@@ -26,6 +26,7 @@ LAYERS = {
     "yobx.torch.frozen_gc": 0,
     "yobx.torch.pytree_paths": 0,
     "yobx.torch.quiet_logs": 0,
+    "yobx.torch.bounded_cache": 0,
     "yobx.torch.passes": 0,
     "yobx.torch.tracing": 1,
     "yobx.torch.onnx": 2,

@@ -39,6 +39,8 @@ import sympy
 import torch
 from torch.fx.node import Node
 
+from yobx.torch.bounded_cache import BoundedCache
+
 from .patch_window import in_patch_window
 
 _RANGE = builtins.range
@@ -253,7 +255,7 @@ def symbolic_range(*args: Any) -> SymbolicRange | None:
     return None
 
 
-_ITERATED: dict[tuple, bool] = {}
+_ITERATED: dict[tuple, bool] = BoundedCache(4096)
 
 
 def iterated_at_once(frame: FrameType | None) -> bool:
@@ -267,8 +269,6 @@ def iterated_at_once(frame: FrameType | None) -> bool:
     if found is None:
         following = (i for i in dis.get_instructions(frame.f_code) if i.offset > frame.f_lasti)
         found = next((i.opname == "GET_ITER" for i in following), False)
-        if len(_ITERATED) > 4096:
-            _ITERATED.clear()
         _ITERATED[key] = found
     return found
 

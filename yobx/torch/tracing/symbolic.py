@@ -30,6 +30,8 @@ from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
+from yobx.torch.bounded_cache import BoundedCache
+
 from .dynamic_shapes import UNBOUNDED
 from .expression_text import pretty
 from .range_proofs import prove_from_ranges
@@ -81,8 +83,7 @@ DEFAULT_MIN = 2
 _NEW_SIZE_RANGE = ValueRanges(0, int_oo)
 #: results of :meth:`SymbolicDimensions.prove` by expression and what was known, and a
 #: mark for a question not asked yet
-_PROOFS: dict[tuple, bool | None] = {}
-_MAX_PROOFS = 20_000
+_PROOFS: dict[tuple, bool | None] = BoundedCache(20_000)
 _UNPROVED = object()
 #: torch's own undecided questions longer than this are not given to the prover
 _MAX_PROVED_OPERATIONS = 24
@@ -570,8 +571,6 @@ class SymbolicDimensions:
         key = (expr, frozenset(ranges.items()), frozenset(replacements.items()))
         proved = _PROOFS.get(key, _UNPROVED)
         if proved is _UNPROVED:
-            if len(_PROOFS) >= _MAX_PROOFS:
-                _PROOFS.clear()
             proved = _PROOFS[key] = prove_from_ranges(expr, ranges, replacements)
         if proved is None and self.loop_bounds:
             proved = self._prove_in_loops(expr, ranges, replacements)

@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.fx.experimental.sym_node import SymNode
 
+from yobx.torch.bounded_cache import BoundedCache
+
 from .patch_window import patch_window, register_undo
 from .patches import memoized_replacements, patched_attributes
 
@@ -95,8 +97,6 @@ def _memoized(name: str, original):
             )
         result = memo.get(key)
         if result is None:
-            if len(_RESULTS) >= _MAX_RESULTS:
-                _RESULTS.clear()
             computed = original(self, other)
             result = memo[key] = (
                 computed._expr,
@@ -118,10 +118,9 @@ def _memoized(name: str, original):
     return binary
 
 
-#: results of the operations of every trace, by operation, operands and hints
-_RESULTS: dict[tuple, tuple] = {}
-#: a few large models' worth of distinct operations
-_MAX_RESULTS = 100_000
+#: results of the operations of every trace, by operation, operands and hints; a few
+#: large models' worth of distinct operations
+_RESULTS: dict[tuple, tuple] = BoundedCache(100_000)
 
 
 @memoized_replacements

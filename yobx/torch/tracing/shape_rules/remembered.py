@@ -33,6 +33,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.immutable_collections import immutable_dict
 from torch.fx.node import Node
 
+from yobx.torch.bounded_cache import BoundedCache
+
 from ..proxy_dispatch import ATOMIC_ARGUMENTS
 from ._base import (
     ARGUMENT_SEQUENCES,
@@ -212,14 +214,11 @@ class RememberedOutputs:
             value.device,
             value.requires_grad,
         )
-        if len(_PROCESS_OUTPUTS) >= _MAX_PROCESS_OUTPUTS:
-            _PROCESS_OUTPUTS.clear()
         _PROCESS_OUTPUTS[process_key] = recipe
 
 
 #: the outputs remembered for the process (see :class:`RememberedOutputs`)
-_PROCESS_OUTPUTS: dict[tuple, tuple] = {}
-_MAX_PROCESS_OUTPUTS = 20_000
+_PROCESS_OUTPUTS: dict[tuple, tuple] = BoundedCache(20_000)
 
 
 def _example_values(shape_env: Any) -> dict:
