@@ -10,6 +10,8 @@ taking a cache (``input_ids``, ``attention_mask``, ``past_key_values.<layer>.key
 * ``yobx``: ``to_onnx`` with a ``DynamicCache`` and dynamic batch, sequence and past;
 * ``yobx-ort``: the same with ``optimize="ort"`` (onnxruntime's fused operators);
 * ``yobx-int4``: the same with ``quantize="int4"`` (``MatMulNBits``, blocks of 32);
+* ``yobx-int4-l4``: the same with ``quantize_accuracy_level=4`` (int8 activations, as
+  the builder's int4 graph computes);
 * ``yobx-in-out`` (not run by default): ``yobx`` with every weight stored ``[in, out]``,
   also those read in versions nested two deep, which the export keeps behind their
   ``Transpose`` (measured: the decode step is faster with the ``Transpose``);
@@ -72,7 +74,15 @@ CASES = (
 )
 #: the cases compared with eager PyTorch before timing
 CHECKED = ("prefill b1 s128", "decode b1 p128")
-VARIANTS = ("yobx", "yobx-ort", "yobx-int4", "torch.onnx", "builder", "builder-int4")
+VARIANTS = (
+    "yobx",
+    "yobx-ort",
+    "yobx-int4",
+    "yobx-int4-l4",
+    "torch.onnx",
+    "builder",
+    "builder-int4",
+)
 #: variants run only when asked for
 OPTIONAL_VARIANTS = ("yobx-in-out",)
 #: the names a cache's tensors get: yobx's and the builder's, torch.onnx's
@@ -275,6 +285,9 @@ def export_all(
         "yobx": lambda: export_yobx(model, kwargs),
         "yobx-ort": lambda: export_yobx(model, kwargs, optimize="ort"),
         "yobx-int4": lambda: export_yobx(model, kwargs, quantize="int4", quantize_block_size=32),
+        "yobx-int4-l4": lambda: export_yobx(
+            model, kwargs, quantize="int4", quantize_block_size=32, quantize_accuracy_level=4
+        ),
         "yobx-in-out": lambda: export_in_out(model, kwargs),
         "torch.onnx": lambda: export_torch_onnx(model, kwargs),
         "builder": lambda: export_builder(checkpoint, os.path.join(workdir, "fp32"), "fp32"),

@@ -498,12 +498,13 @@ def test_text_generation_exports_the_step_with_its_cache_and_checks_generate(cap
 
 
 def test_int4_quantization_of_a_checkpoint_generates_as_its_dequantized_weights(capsys, tmp_path):
-    # the weights are streamed in, then quantized; the validation and the generation
-    # compare with the model on the weights dequantized from the ONNX model's
+    # the weights are streamed in, then quantized with int8 activations; the
+    # validation and the generation compare the same graph at the exact level with the
+    # model on the weights dequantized from the ONNX model's
     checkpoint = _saved_llama(tmp_path / "checkpoint")
     output = tmp_path / "int4.onnx"
     argv = ["export", f"hf:{checkpoint}", "-o", str(output), "--quantize", "int4"]
-    status = main([*argv, "--block-size", "16", "--validate"])
+    status = main([*argv, "--block-size", "16", "--accuracy-level", "4", "--validate"])
     captured = capsys.readouterr()
     assert status == 0, captured.err
     assert re.search(r"yobx: quantize\s+\d", captured.err), captured.err
@@ -512,9 +513,19 @@ def test_int4_quantization_of_a_checkpoint_generates_as_its_dequantized_weights(
     import onnx
 
     model = onnx.load(str(output))
+    described = "int4, block 16, accuracy level 4 (int8 activations)"
     assert model.metadata_props and any(
-        p.key == "yobx.quantization" and p.value == "int4, block 16" for p in model.metadata_props
+        p.key == "yobx.quantization" and p.value == described for p in model.metadata_props
     )
+    # saved at the level asked for (the checks ran at level 0 and restored it)
+    levels = {
+        attribute.i
+        for node in model.graph.node
+        if node.op_type == "MatMulNBits"
+        for attribute in node.attribute
+        if attribute.name == "accuracy_level"
+    }
+    assert levels == {4}
     status = main([*argv, "--block-size", "24"])
     assert status == 2
     assert "block_size=24: use a power of two" in capsys.readouterr().err

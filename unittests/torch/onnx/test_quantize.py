@@ -15,6 +15,7 @@ from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.quantize import (
     QUANTIZATION_KEY,
     dequantized_weights,
+    exact_products,
     quantize_model,
     weights_swapped,
 )
@@ -93,6 +94,38 @@ def test_every_linear_weight_is_quantized_and_validated_on_its_dequantized_value
             dequantized = model(input_ids=ids).logits.numpy()
     assert np.abs(got - floating).max() > 1e-3
     np.testing.assert_allclose(got, dequantized, atol=1e-5, rtol=1e-4)
+
+
+def test_int8_activations_are_set_and_the_graph_is_checked_at_the_exact_level():
+    model = _llama(4)
+    kwargs = {"input_ids": _ids(2, 7)}
+    result = to_onnx(
+        model, (), kwargs, dynamic_shapes=SHAPES, quantize="int4", quantize_accuracy_level=4
+    )
+    assert result.model.metadata_props[QUANTIZATION_KEY] == (
+        "int4, block 32, accuracy level 4 (int8 activations)"
+    )
+    nodes = _ops(result.model, "MatMulNBits")
+    assert nodes and {n.attributes["accuracy_level"].value for n in nodes} == {4}
+    # the graph checked exactly at level 0, and left at level 4 after the check
+    report = result.validate(model, (), kwargs)
+    assert report.ok, report.format()
+    assert report.max_abs_error < 1e-4, report.format()
+    assert any("accuracy level 0" in note for note in report.notes), report.notes
+    assert {n.attributes["accuracy_level"].value for n in nodes} == {4}
+    # at level 4 the activations are quantized: close to level 0, not equal
+    with exact_products(result.model) as changed:
+        assert changed == len(nodes)
+        exact = _logits(result.model, _ids(3, 5))
+    fast = _logits(result.model, _ids(3, 5))
+    assert 0 < np.abs(fast - exact).max() < 0.1 * np.abs(exact).max()
+
+
+def test_an_unknown_accuracy_level_is_refused():
+    with pytest.raises(ValueError, match="accuracy_level=5: use one of"):
+        to_onnx(
+            torch.nn.Linear(4, 4), (torch.randn(2, 4),), quantize="int4", quantize_accuracy_level=5
+        )
 
 
 def test_dequantized_weights_are_within_half_a_step_of_the_weights():

@@ -15,6 +15,14 @@ replaced by their dequantized values. The validation checks exactly that
 onnxruntime, with the usual tolerances, instead of a loose tolerance against the
 original weights, which would hide a wrong graph under the quantization error.
 
+``accuracy_level`` sets the type ``MatMulNBits`` computes in (its attribute, see
+:data:`ACCURACY_LEVELS`): 0, the default, computes with the inputs' float type, exact on
+the dequantized weights; 4 quantizes the activations to int8 per block, which
+onnxruntime's CPU kernels run about twice as fast on a decode step and which
+onnxruntime-genai's model builder writes for int4, at the cost of that quantization
+(not exact by design). The validation (and ``yobx export``'s generation check) then
+runs the same graph at level 0 to check it exactly, and says so.
+
 The quantizer works on the whole model in memory (an ``onnx.ModelProto`` holding
 every weight): quantize a model whose weights fit in memory twice.
 """
@@ -37,16 +45,27 @@ from yobx.torch.quiet_logs import quieted
 
 #: what ``quantize`` accepts
 QUANTIZE_LEVELS = ("int4",)
+#: the accuracy levels of ``MatMulNBits``: the type it computes in
+ACCURACY_LEVELS = {
+    0: "the inputs' float type",
+    1: "float32",
+    2: "float16",
+    3: "bfloat16",
+    4: "int8 activations",
+}
 #: the suffix onnxruntime's quantizer gives the quantized data of a weight
 _QUANTIZED_SUFFIX = "_Q4"
 #: MatMulNBits' zero point when the model gives none (4 bits: the middle)
 _DEFAULT_ZERO_POINT = 8
 
 
-def check_quantize(quantize: str | None, block_size: int = 32) -> str | None:
+def check_quantize(
+    quantize: str | None, block_size: int = 32, accuracy_level: int = 0
+) -> str | None:
     """``quantize`` checked: ``None`` or one of :data:`QUANTIZE_LEVELS`, with a block
-    size :func:`check_block_size` accepts."""
+    size :func:`check_block_size` accepts and one of :data:`ACCURACY_LEVELS`."""
     check_block_size(block_size)
+    check_accuracy_level(accuracy_level)
     if quantize is None or quantize in QUANTIZE_LEVELS:
         return quantize
     raise ValueError(f"quantize={quantize!r}: use one of {list(QUANTIZE_LEVELS)} or None")
@@ -59,8 +78,18 @@ def check_block_size(block_size: int) -> int:
     return block_size
 
 
+def check_accuracy_level(accuracy_level: int) -> int:
+    """``accuracy_level`` checked: one of :data:`ACCURACY_LEVELS`."""
+    if accuracy_level not in ACCURACY_LEVELS:
+        raise ValueError(
+            f"accuracy_level={accuracy_level!r}: use one of {sorted(ACCURACY_LEVELS)} "
+            f"({', '.join(f'{k}: {v}' for k, v in ACCURACY_LEVELS.items())})"
+        )
+    return accuracy_level
+
+
 def quantize_model(
-    model: ir.Model, block_size: int = 32, weights: Iterable[str] = ()
+    model: ir.Model, block_size: int = 32, weights: Iterable[str] = (), accuracy_level: int = 0
 ) -> tuple[ir.Model, int]:
     """The model with its weight ``MatMul`` nodes quantized to 4 bits; returns it and
     how many nodes were.
@@ -71,6 +100,8 @@ def quantize_model(
         stored ``[in, out]`` first, so that every weight matrix multiplication is
         quantized
 
+    :param accuracy_level: the type the quantized products compute in (one of
+        :data:`ACCURACY_LEVELS`)
     :raises OnnxExportError: the model has weights without data (exported on the meta
         device: apply them first), or is quantized already
     """
@@ -89,13 +120,22 @@ def quantize_model(
         )
     store_weights_transposed(model, weights, max_depth=None)
     proto = ir.serde.serialize_model(model)
-    quantizer = MatMulNBitsQuantizer(proto, bits=4, block_size=block_size, is_symmetric=True)
+    quantizer = MatMulNBitsQuantizer(
+        proto,
+        bits=4,
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=check_accuracy_level(accuracy_level),
+    )
     # a line per node, at INFO
     with quieted("onnxruntime.quantization.matmul_nbits_quantizer", logging.WARNING):
         quantizer.process()
     quantized = ir.serde.deserialize_model(quantizer.model.model)
     quantized.metadata_props.update(model.metadata_props)
-    quantized.metadata_props[QUANTIZATION_KEY] = f"int4, block {block_size}"
+    described = f"int4, block {block_size}"
+    if accuracy_level:
+        described += f", accuracy level {accuracy_level} ({ACCURACY_LEVELS[accuracy_level]})"
+    quantized.metadata_props[QUANTIZATION_KEY] = described
     _keep_input_metadata(model, quantized)
     count = sum(node.op_type == "MatMulNBits" for node in _all_nodes(quantized))
     return quantized, count
@@ -184,14 +224,37 @@ def _dequantize(
     return matrix[:, :K].T.astype(scales.dtype)
 
 
-def computing_as(model: torch.nn.Module, onnx_model: ir.Model) -> Any:
-    """A context in which ``model`` computes with the weights ``onnx_model`` holds: its
-    quantized weights dequantized (:func:`weights_swapped`) when it is quantized,
-    nothing changed otherwise; what the validation and the generation check compare
-    the ONNX model with."""
+@contextlib.contextmanager
+def computing_as(model: torch.nn.Module, onnx_model: ir.Model) -> Iterator[None]:
+    """A context in which ``model`` and ``onnx_model`` compute the same: when the ONNX
+    model is quantized, ``model``'s quantized weights are dequantized
+    (:func:`weights_swapped`) and the quantized products compute in the inputs' float
+    type (:func:`exact_products`); nothing changes otherwise. What the validation and
+    the generation check compare."""
     if QUANTIZATION_KEY not in onnx_model.metadata_props:
-        return contextlib.nullcontext()
-    return weights_swapped(model, dequantized_weights(onnx_model))
+        yield
+        return
+    with weights_swapped(model, dequantized_weights(onnx_model)), exact_products(onnx_model):
+        yield
+
+
+@contextlib.contextmanager
+def exact_products(onnx_model: ir.Model) -> Iterator[int]:
+    """Inside, every ``MatMulNBits`` of ``onnx_model`` computes in its inputs' float
+    type (``accuracy_level`` 0); each has its own level again on exit. Yields how many
+    nodes changed: with level 4 (int8 activations) the model is not exact by design,
+    and the same graph at level 0 is what can be checked exactly."""
+    changed = []
+    for node in _all_nodes(onnx_model):
+        level = node.attributes.get("accuracy_level")
+        if node.op_type == "MatMulNBits" and level is not None and level.value:
+            changed.append((node, level))
+            node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", 0)
+    try:
+        yield len(changed)
+    finally:
+        for node, level in changed:
+            node.attributes["accuracy_level"] = level
 
 
 @contextlib.contextmanager

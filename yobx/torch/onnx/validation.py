@@ -459,9 +459,15 @@ def validate_export(
     # quantization error)
     with computing_as(model, result.model):
         report = _validate_export(model, args, kwargs, result, captured, 0, declared, given)
+    exact = (
+        ", the products computing in their inputs' float type (accuracy level 0: the "
+        "level set is not exact by design)"
+        if "accuracy level" in quantization
+        else ""
+    )
     report.notes.append(
         f"quantized ({quantization}): compared with the eager model on its weights "
-        f"dequantized from the quantized model's"
+        f"dequantized from the quantized model's{exact}"
     )
     if verbose:
         print(report.format())
