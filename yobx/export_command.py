@@ -350,10 +350,8 @@ def run_export(options: argparse.Namespace) -> int:
         _report(result.stages[-1])
         status = 0 if result.validation.ok else EXIT_MISMATCH
         if getattr(options, "task", None) == "text-generation":
-            from yobx.torch.onnx.quantize import computing_as
-
             # a quantized step generates as the model on its dequantized weights
-            with computing_as(model, result.model):
+            with result.computing_as(model):
                 same = _run_stage("generation", _same_generation, result, model, kwargs)
             status = status or (0 if same else EXIT_MISMATCH)
     if options.profile:

@@ -96,7 +96,7 @@ def test_every_linear_weight_is_quantized_and_validated_on_its_dequantized_value
     np.testing.assert_allclose(got, dequantized, atol=1e-5, rtol=1e-4)
 
 
-def test_int8_activations_are_set_and_the_graph_is_checked_at_the_exact_level():
+def test_int8_activations_are_set_and_the_graph_is_checked_at_the_exact_level(tmp_path):
     model = _llama(4)
     kwargs = {"input_ids": _ids(2, 7)}
     result = to_onnx(
@@ -113,6 +113,20 @@ def test_int8_activations_are_set_and_the_graph_is_checked_at_the_exact_level():
     assert report.max_abs_error < 1e-4, report.format()
     assert any("accuracy level 0" in note for note in report.notes), report.notes
     assert {n.attributes["accuracy_level"].value for n in nodes} == {4}
+    levels = [
+        a.i
+        for n in result.model_proto.graph.node
+        for a in n.attribute
+        if a.name == "accuracy_level"
+    ]
+    assert levels and set(levels) == {4}
+    # saved with its weights outside: onnxruntime loads a copy at level 0 beside the
+    # file, removed after the check
+    result.save(tmp_path / "int4.onnx", external_data=True)
+    assert len(result.files) == 2
+    report = result.validate(model, (), kwargs)
+    assert report.ok and report.max_abs_error < 1e-4, report.format()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["int4.onnx", "int4.onnx.data"]
     # at level 4 the activations are quantized: close to level 0, not equal
     with exact_products(result.model) as changed:
         assert changed == len(nodes)

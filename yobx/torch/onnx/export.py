@@ -123,6 +123,9 @@ class ExportResult:
     version_fallback: str = ""
     _captured: Any = dataclasses.field(default=None, repr=False)
     _proto: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)
+    #: inside :meth:`computing_as` (the quantized products computing exactly), the copy
+    #: of the saved file onnxruntime loads instead of it; "" until made
+    _exact_file: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def model_proto(self) -> onnx.ModelProto:
@@ -271,6 +274,8 @@ class ExportResult:
         """What onnxruntime should load: the saved file when the weights are outside it,
         else the proto; a ``ValueError`` past 2 GB when the model was not saved."""
         if self.filename is not None and len(self.files) > 1:
+            if self._exact_file is not None:
+                return self._exact_copy()
             return self.filename
         if self.weight_bytes >= EXTERNAL_DATA_THRESHOLD:
             if self.filename is None:
@@ -280,6 +285,40 @@ class ExportResult:
                 )
             return self.filename
         return self.model_proto
+
+    @contextlib.contextmanager
+    def computing_as(self, model: torch.nn.Module) -> Iterator[None]:
+        """A context in which the eager ``model`` and this ONNX model compute the same
+        (:func:`yobx.torch.onnx.quantize.computing_as`: a quantized model's weights
+        dequantized in ``model``, its products at the exact accuracy level); what
+        onnxruntime loads inside (:meth:`session_source`, :attr:`model_proto`) is the
+        model as it computes there, and as it is saved again after."""
+        from yobx.torch.onnx.quantize import computing_as
+
+        self._proto = None
+        try:
+            with computing_as(model, self.model):
+                self._exact_file = ""
+                yield
+        finally:
+            self._proto = None
+            if self._exact_file:
+                os.remove(self._exact_file)
+            self._exact_file = None
+
+    def _exact_copy(self) -> str:
+        """The saved model's graph as it computes inside :meth:`computing_as`, written
+        beside its file (it reads the same external data file), once."""
+        if not self._exact_file:
+            proto = onnx.load(self.filename, load_external_data=False)
+            exact = ir.serde.deserialize_model(proto)
+            for node in ir.traversal.RecursiveGraphIterator(exact.graph):
+                if node.op_type == "MatMulNBits" and "accuracy_level" in node.attributes:
+                    node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", 0)
+            root, extension = os.path.splitext(self.filename)
+            self._exact_file = f"{root}.exact{extension}"
+            onnx.save(ir.serde.serialize_model(exact), self._exact_file)
+        return self._exact_file
 
     def validate(
         self,

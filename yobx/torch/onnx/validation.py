@@ -457,7 +457,8 @@ def validate_export(
     # the quantized model computes what eager computes with the dequantized weights:
     # compared so, with the usual tolerances (a wrong graph is not hidden by the
     # quantization error)
-    with computing_as(model, result.model):
+    comparing = result.computing_as(model) if hasattr(result, "computing_as") else None
+    with comparing or computing_as(model, result.model):
         report = _validate_export(model, args, kwargs, result, captured, 0, declared, given)
     exact = (
         ", the products computing in their inputs' float type (accuracy level 0: the "
