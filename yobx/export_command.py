@@ -128,8 +128,8 @@ def add_quantize_arguments(export: argparse.ArgumentParser) -> None:
         choices=(0, 1, 2, 3, 4),
         default=0,
         help="with --quantize: the type the products compute in: 0 (default) the inputs' "
-        "float type, exact on the dequantized weights; 4 int8 activations, about twice as "
-        "fast on a decode step, not exact (--validate checks the same graph at level 0)",
+        "float type, exact on the dequantized weights; 4 int8 activations, faster on a "
+        "decode step, not exact (--validate checks the same graph at level 0)",
     )
 
 

@@ -138,24 +138,28 @@ class _Branch:
                 self.top[id(inner)] = node
         self.produced = {id(out) for node in self.nodes for out in node.outputs}
         self._constant: dict[int, bool] = {}
-        self._inputs: dict[int, list[ir.Value | None]] = {}
+        self._descriptions: dict[int, tuple[tuple, list[ir.Value | None]]] = {}
 
     def is_local(self, value: ir.Value | None) -> bool:
         return value is not None and id(value) in self.produced
 
     def inputs_of(self, node: ir.Node) -> list[ir.Value | None]:
         """``node``'s inputs, then the values its subgraphs read from outside them."""
-        found = self._inputs.get(id(node))
+        return self._described(node)[1]
+
+    def key_of(self, node: ir.Node) -> tuple:
+        """``node``'s operator, attributes and subgraphs' structure (:func:`_node_key`)."""
+        return self._described(node)[0]
+
+    def _described(self, node: ir.Node) -> tuple[tuple, list[ir.Value | None]]:
+        # one walk of a node's subgraphs gives both its key and what it reads from
+        # outside them (a subgraph can hold a whole model)
+        found = self._descriptions.get(id(node))
         if found is None:
-            found = list(node.inputs)
-            if any(
-                a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-                for a in node.attributes.values()
-            ):
-                captured: dict[int, tuple] = {}
-                _node_key(node, {}, captured)
-                found += [value for _, value in sorted(captured.values(), key=lambda c: c[0])]
-            self._inputs[id(node)] = found
+            captured: dict[int, tuple] = {}
+            key = _node_key(node, {}, captured)
+            outside = [value for _, value in sorted(captured.values(), key=lambda c: c[0])]
+            found = self._descriptions[id(node)] = (key, [*node.inputs, *outside])
         return found
 
     def constant(self, value: ir.Value) -> bool:
@@ -232,7 +236,7 @@ def _signature(node: ir.Node, branch: _Branch) -> tuple:
             inputs.append(("local",))
         else:
             inputs.append(("outer", id(value)))
-    return (*_node_key(node, {}, {}), *inputs)
+    return (*branch.key_of(node), *inputs)
 
 
 def _node_key(node: ir.Node, numbers: dict[int, int], captured: dict[int, tuple]) -> tuple:

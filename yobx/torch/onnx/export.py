@@ -309,15 +309,15 @@ class ExportResult:
     def _exact_copy(self) -> str:
         """The saved model's graph as it computes inside :meth:`computing_as`, written
         beside its file (it reads the same external data file), once."""
+        from yobx.torch.onnx.quantize import exact_products
+
         if not self._exact_file:
             proto = onnx.load(self.filename, load_external_data=False)
             exact = ir.serde.deserialize_model(proto)
-            for node in ir.traversal.RecursiveGraphIterator(exact.graph):
-                if node.op_type == "MatMulNBits" and "accuracy_level" in node.attributes:
-                    node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", 0)
             root, extension = os.path.splitext(self.filename)
             self._exact_file = f"{root}.exact{extension}"
-            onnx.save(ir.serde.serialize_model(exact), self._exact_file)
+            with exact_products(exact):
+                onnx.save(ir.serde.serialize_model(exact), self._exact_file)
         return self._exact_file
 
     def validate(
@@ -845,7 +845,8 @@ def to_onnx(
     :param quantize_accuracy_level: the type the quantized products compute in
         (:data:`~yobx.torch.onnx.quantize.ACCURACY_LEVELS`: 0, the default, the
         inputs' float type, exact on the dequantized weights; 4, int8 activations,
-        about twice as fast on a decode step, not exact: the validation checks the
+        faster (a Llama decode step 13.4 -> 8.2 ms at batch 1,
+        ``_scripts/bench_decode_latency.py``), not exact: the validation checks the
         same graph at level 0)
     :return: an :class:`ExportResult`
     :raises ValueError: an unsupported ``opset``, ``optimize``, ``tracer`` or
