@@ -72,7 +72,8 @@ def test_only_what_differs_stays_in_an_if_on_the_same_condition():
     merged = ir.serde.serialize_model(model)
     onnx.checker.check_model(merged)
     graph = merged.graph
-    assert [n.op_type for n in graph.node] == ["Relu", "MatMul", "If", "MatMul", "Identity"]
+    # the output keeps its name without a copy
+    assert [n.op_type for n in graph.node] == ["Relu", "MatMul", "If", "MatMul"]
     (choice,) = [n for n in graph.node if n.op_type == "If"]
     assert choice.input == ["c"]
     branches = {a.name: [n.op_type for n in a.g.node] for a in choice.attribute}
@@ -83,6 +84,89 @@ def test_only_what_differs_stays_in_an_if_on_the_same_condition():
         feeds = {"x": x, "c": np.array(condition)}
         expected = _session(proto).run(None, feeds)[0]
         np.testing.assert_allclose(_session(merged).run(None, feeds)[0], expected, rtol=1e-6)
+
+
+def _nested_versions_model() -> onnx.ModelProto:
+    """Three versions nested two deep, as a capture choosing between versions writes
+    them: ``If(c1, then=If(c2, then=V1, else=V2), else=V3)``; each version computes
+    ``present = Concat(past, f(x @ W))`` with its own ``f`` (a decode step's cache,
+    which its attention computes differently in each version) and ``y = present @ W``."""
+
+    def version(name: str, op: str, suffix: str) -> onnx.GraphProto:
+        nodes = [
+            oh.make_node("MatMul", ["x", "W"], [f"h{suffix}"]),
+            oh.make_node(op, [f"h{suffix}"], [f"f{suffix}"]),
+            oh.make_node("Concat", ["past", f"f{suffix}"], [f"present{suffix}"], axis=0),
+            oh.make_node("MatMul", [f"present{suffix}", "W"], [f"y{suffix}"]),
+        ]
+        out = [
+            oh.make_tensor_value_info(f"y{suffix}", onnx.TensorProto.FLOAT, None),
+            oh.make_tensor_value_info(f"present{suffix}", onnx.TensorProto.FLOAT, None),
+        ]
+        return oh.make_graph(nodes, name, [], out)
+
+    inner_out = [
+        oh.make_tensor_value_info("yi", onnx.TensorProto.FLOAT, None),
+        oh.make_tensor_value_info("pi", onnx.TensorProto.FLOAT, None),
+    ]
+    inner = oh.make_node(
+        "If",
+        ["c2"],
+        ["yi", "pi"],
+        then_branch=version("v1", "Neg", "1"),
+        else_branch=version("v2", "Exp", "2"),
+    )
+    outer_then = oh.make_graph([inner], "outer_then", [], inner_out)
+    weight = onnx.numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4) / 10, "W")
+    graph = oh.make_graph(
+        [
+            oh.make_node(
+                "If",
+                ["c1"],
+                ["y", "present"],
+                then_branch=outer_then,
+                else_branch=version("v3", "Relu", "3"),
+            )
+        ],
+        "nested_versions",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 4]),
+            oh.make_tensor_value_info("past", onnx.TensorProto.FLOAT, ["p", 4]),
+            oh.make_tensor_value_info("c1", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("c2", onnx.TensorProto.BOOL, []),
+        ],
+        [
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["m", 4]),
+            oh.make_tensor_value_info("present", onnx.TensorProto.FLOAT, ["m", 4]),
+        ],
+        [weight],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_nested_versions_return_what_their_stretches_compute_without_copies():
+    # a value a version returns passes from the innermost stretch to the outputs as
+    # it is: no Identity copying it at each level (a decode step's whole cache, copied
+    # once per level of nesting, made eight versions twice as slow as four)
+    proto = _nested_versions_model()
+    model = ir.serde.deserialize_model(copy.deepcopy(proto))
+    assert merge_if_branches(model) == 4  # the MatMuls of both levels
+    merged = ir.serde.serialize_model(model)
+    onnx.checker.check_model(merged)
+    everything = [n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph)]
+    assert "Identity" not in everything, everything
+    assert [n.op_type for n in merged.graph.node] == ["MatMul", "If", "MatMul"]
+    assert [o.name for o in merged.graph.output] == ["y", "present"]
+    rng = np.random.default_rng(0)
+    for n, p in ((3, 2), (1, 0)):
+        x = rng.standard_normal((n, 4)).astype(np.float32)
+        past = rng.standard_normal((p, 4)).astype(np.float32)
+        for c1, c2 in ((True, True), (True, False), (False, True), (False, False)):
+            feeds = {"x": x, "past": past, "c1": np.array(c1), "c2": np.array(c2)}
+            expected = _session(proto).run(None, feeds)
+            got = _session(merged).run(None, feeds)
+            for e, g in zip(expected, got):
+                np.testing.assert_allclose(g, e, rtol=1e-6)
 
 
 def test_branches_sharing_nothing_are_left_as_they_are():

@@ -13,6 +13,7 @@ from yobx.torch.tracing import (
     CustomTracer,
     SpecializationError,
     StrictDimensionError,
+    versions,
 )
 
 from ._helpers import assert_same, trace_module
@@ -124,6 +125,62 @@ def test_a_side_where_eager_raises_stays_a_constraint():
     _check_sizes(model, gm, lambda s: torch.randn(3, s, 4), [2, 5, 8, 9, 12, 32])
     with pytest.raises(ConstraintViolationError, match="n <= 32"):
         gm(torch.randn(3, 33, 4))
+
+
+class MaskOrToken(torch.nn.Module):
+    """A relation between two sizes decided first (a mask longer than the sequence),
+    a single token later (a decode step's ``seq == 1``)."""
+
+    def forward(self, x, mask):
+        if mask.shape[1] > x.shape[1]:
+            x = x + mask[:, : x.shape[1]].unsqueeze(-1)
+        if x.shape[1] == 1:
+            return x * 3
+        return x.cumsum(dim=1)
+
+
+def test_the_versions_are_the_same_on_a_slow_machine(monkeypatch):
+    # the budget is a count: a clock running a thousand seconds per reading (a slow
+    # machine, a loaded one) gives the versions a fast one gives
+    inputs = {"x": torch.randn(2, 3, 4), "mask": torch.ones(2, 3)}
+    dynamic = {"x": {0: "b", 1: "seq"}, "mask": {0: "b", 1: "total"}}
+    fast, _, _ = trace_module(MaskOrToken(), inputs, dynamic)
+    ticks = itertools.count(step=1000.0)
+    monkeypatch.setattr(versions.time, "perf_counter", lambda: float(next(ticks)))
+    slow, _, gm = trace_module(MaskOrToken(), inputs, dynamic)
+    monkeypatch.undo()
+    assert [v.when for v in slow.versions] == [v.when for v in fast.versions]
+    assert [v.when for v in fast.versions] == [
+        "(total <= seq) and (seq != 1)",
+        "(seq == 1) and (total <= 1)",
+        "(seq == 1) and (total > 1)",
+        "(total > seq) and (seq != 1)",
+        "(total > seq) and (seq == 1)",
+    ]
+    assert not any("time budget" in n for n in slow.version_notes)
+    for seq, total in ((1, 1), (1, 5), (3, 3), (4, 7), (2, 2)):
+        x, mask = torch.randn(2, seq, 4), torch.rand(2, total)
+        assert_same(MaskOrToken()(x.clone(), mask), gm(x.clone(), mask))
+
+
+def test_a_single_token_comes_before_a_relation_between_sizes():
+    # with room for one more version, the side every decode step takes (one token) is
+    # captured, not the one only an odd caller takes (a mask longer than the sequence),
+    # although the trace met that one first; declared from 1, the single token is a
+    # decision of the model's, not one the default range settled
+    inputs = {"x": torch.randn(2, 3, 4), "mask": torch.ones(2, 3)}
+    dynamic = {"x": {0: "b", 1: Dim.DYNAMIC(min=1)}, "mask": {0: "b", 1: Dim.DYNAMIC(min=1)}}
+    tracer, _, gm = trace_module(MaskOrToken(), inputs, dynamic, tracer_kwargs={"max_versions": 2})
+    assert [v.when for v in tracer.versions] == ["(x_dim_1 != 1)", "(x_dim_1 == 1)"]
+    # each version keeps its side of the mask's decision
+    assert [c.expression for c in tracer.constraints] == [
+        "mask_dim_1 <= x_dim_1",
+        "mask_dim_1 <= 1",
+    ]
+    assert any("beyond the budget of 2 versions" in n for n in tracer.version_notes)
+    for seq, total in ((1, 1), (3, 3), (5, 2)):
+        x, mask = torch.randn(3, seq, 4), torch.rand(3, total)
+        assert_same(MaskOrToken()(x.clone(), mask), gm(x.clone(), mask))
 
 
 def test_budgets_and_the_old_behaviour():

@@ -589,8 +589,17 @@ def _apply(
             values["stretch", number, index] = output
     for output, key in zip(node.outputs, plan.outputs):
         merged = values[key]
-        if output.is_graph_output():
-            # the graph's output keeps its name
+        if output.is_graph_output() and _own_value(graph, merged):
+            # the graph's output keeps its name, given to the merged value: an
+            # Identity would copy it (a decode step's whole cache, at each level of
+            # nested versions), and in a branch the enclosing If's merge would find
+            # the copy on one side only and copy it again
+            name, output.name = output.name, None
+            merged.name = name
+            if merged.shape is None:
+                merged.shape = output.shape
+        elif output.is_graph_output():
+            # a value of an enclosing graph, or one the graph already returns: copied
             identity = ir.node("Identity", [merged], name=names.fresh(f"{base}_{output.name}"))
             graph.insert_before(node, identity)
             name, output.name = output.name, None
@@ -602,6 +611,13 @@ def _apply(
     for else_node in dropped:
         else_branch.graph.remove(else_node, safe=True)
     graph.remove(node, safe=True)
+
+
+def _own_value(graph: ir.Graph, value: ir.Value) -> bool:
+    """``value`` is computed by a node of ``graph`` itself and not yet one of its
+    outputs: it can become an output under another name."""
+    producer = value.producer()
+    return producer is not None and producer.graph is graph and not value.is_graph_output()
 
 
 def _share(

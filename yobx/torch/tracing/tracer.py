@@ -14,7 +14,6 @@ import builtins
 import collections
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -143,12 +142,14 @@ class CustomTracer(
         the example's answer as a constraint. A named ``torch.export.Dim`` stays strict.
     :param max_versions: the most versions ``narrowing="versions"`` captures; decisions
         beyond become constraints (:attr:`version_notes` says which)
-    :param version_seconds: the time the versions may take beyond the first capture;
-        by default three times the first capture's, at least 2 seconds (a version costs
-        about one capture and one eager run; at sizes the example avoided, such as odd
-        windows, a capture may cost several times the first). Decisions met after it
-        become constraints and :attr:`version_notes` says which: only then do the
-        versions depend on the machine's speed
+    :param version_seconds: a time limit on the versions beyond the first capture,
+        None (the default) for none: ``max_versions`` alone bounds them, and the same
+        model gives the same versions on every machine. With a limit, decisions met
+        after it become constraints (:attr:`version_notes` says which), except the
+        sides every caller passes (a single token, an empty cache), and the versions
+        depend on the machine's speed. A version costs about one capture and one eager
+        run; at sizes the example avoided (odd windows) a capture may cost several times
+        the first
 
     Traces in several threads run one after the other. While a trace runs, the
     functions it replaces answer as usual in every other thread, and after it (also
@@ -409,18 +410,14 @@ class CustomTracer(
         """One capture, then the versions of its undecided decisions (see .versions)."""
         self.versions, self.version_notes = [], []
         self._version_constraints = self._version_checks = None
-        start = time.perf_counter()
         graph = self._trace_in_window(
             root, concrete_args, dynamic_shapes, remove_inplace, update_model_with_callable, verbose
         )
         if self._versions_wanted():
-            seconds = self.version_seconds
-            if seconds is None:
-                seconds = max(2.0, 3 * (time.perf_counter() - start))
             graph = self._trace_versions(
                 root,
                 graph,
-                seconds,
+                self.version_seconds,
                 dynamic_shapes=dynamic_shapes,
                 remove_inplace=remove_inplace,
                 update_model_with_callable=update_model_with_callable,
@@ -541,10 +538,10 @@ class CustomTracer(
         return inputs is not None and all(leaf is not NO_EXAMPLE for leaf in inputs.leaves)
 
     def _trace_versions(
-        self, root, graph: torch.fx.Graph, seconds: float, **trace_arguments
+        self, root, graph: torch.fx.Graph, seconds: float | None, **trace_arguments
     ) -> torch.fx.Graph:
-        """Captures the other sides of the undecided decisions, for at most ``seconds``,
-        and joins the versions."""
+        """Captures the other sides of the undecided decisions, for at most ``seconds``
+        (None: within ``max_versions`` only), and joins the versions."""
         from .versions import Versioning, leaves, version_checks
 
         versioning = Versioning(self, root, graph, seconds, **trace_arguments)

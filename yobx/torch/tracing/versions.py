@@ -19,9 +19,12 @@ other side too:
    ``torch.cond`` (:class:`~yobx.torch.tracing.CondCCOp`) on the decision, whose
    branches are the versions' graphs (ONNX ``If`` once exported).
 
-Budgets bound the cost: ``max_versions`` (8 by default) versions, captured within
-``version_seconds`` (by default three times the first capture); decisions beyond stay
-constraints. :attr:`CustomTracer.versions` lists the versions with their
+A budget bounds the cost: ``max_versions`` (8 by default) versions; decisions beyond
+stay constraints. It is a count, so that a model gives the same versions on every
+machine (a time limit, ``version_seconds``, is optional). The sides every caller passes
+come first when the budget is short: one dimension at 0 or 1 where the example had more
+(a decode step's single token, a prefill's empty cache) before relations between sizes
+(a mask longer than the cache). :attr:`CustomTracer.versions` lists the versions with their
 conditions in the user's dimension names and the source lines,
 :attr:`CustomTracer.version_notes` says why a decision stayed a constraint.
 """
@@ -209,18 +212,23 @@ class Versioning:
     :param tracer: the tracer that made the first trace (it becomes the joined one)
     :param root: the traced module or callable
     :param graph: the first trace's graph
-    :param seconds: the time the versions may take; decisions met after it stay
-        constraints
+    :param seconds: the time the versions may take (None: no limit but the budget of
+        versions); decisions met after it stay constraints
     :param trace_arguments: ``dynamic_shapes``, ``remove_inplace`` and
         ``update_model_with_callable`` as :meth:`CustomTracer.trace` received them
     """
 
     def __init__(
-        self, tracer: Any, root: Any, graph: torch.fx.Graph, seconds: float, **trace_arguments: Any
+        self,
+        tracer: Any,
+        root: Any,
+        graph: torch.fx.Graph,
+        seconds: float | None,
+        **trace_arguments: Any,
     ):
         self.tracer = tracer
         self.seconds = seconds
-        self.deadline = time.perf_counter() + seconds
+        self.deadline = None if seconds is None else time.perf_counter() + seconds
         self.root = root
         self.trace_arguments = trace_arguments
         self.notes: list[str] = []
@@ -251,8 +259,10 @@ class Versioning:
         def look_at(version: Version, unusual: int) -> None:
             splits[id(version)] = []
             adopted = version.tracer.refinements.adopted
+            dims = version.tracer.dims
             for position, fact in enumerate(adopted):
-                rank = (unusual + (fact.origin != DEFAULT_BOUND), len(version.conditions))
+                odd = not _usual_side(fact, dims.user_expression(fact.condition))
+                rank = (unusual + odd, len(version.conditions))
                 heapq.heappush(pending, (rank, next(counter), version, position))
 
         look_at(self.first, 0)
@@ -294,7 +304,7 @@ class Versioning:
         how many decisions the default ranges did not settle lead to ``version``
         (none: the other side of a default-bound decision is a size every caller
         passes, a prefill's empty cache or a decode's single token, captured beyond
-        the time budget, within the budget of versions)."""
+        any time budget, within the budget of versions)."""
         dims = version.tracer.dims
         adopted = version.tracer.refinements.adopted
         fact = adopted[position]
@@ -319,8 +329,8 @@ class Versioning:
         if self.count >= self.tracer.max_versions:
             self._note(fact, f"beyond the budget of {self.tracer.max_versions} versions")
             return None
-        usual = unusual == 0 and fact.origin == DEFAULT_BOUND
-        if time.perf_counter() > self.deadline and not usual:
+        usual = unusual == 0 and _usual_side(fact, user)
+        if self.deadline is not None and time.perf_counter() > self.deadline and not usual:
             self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
             return None
         earlier = [dims.user_expression(f.condition) for f in adopted[:position]]
@@ -670,6 +680,37 @@ def pinned_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]
 def _hint(version: Version, name: str) -> int:
     dims = version.tracer.dims
     return int(dims.hint(dims.by_name[name]))
+
+
+def _usual_side(fact: Any, user: sympy.Basic) -> bool:
+    """The other side of the decision ``fact`` (``user``: its condition in the user's
+    dimensions) is one every caller of the model passes: a size the default range
+    settled (``past >= 1`` from ``min=2``), or one dimension at 0 or 1 where the
+    example had more (``seq != 1``: a decode step's single token; ``past >= 1``: a
+    prefill's empty cache), not a relation between sizes (a mask longer than the
+    cache)."""
+    if fact.origin == DEFAULT_BOUND:
+        return True
+    negation = sympy.Not(user)
+    if len(negation.free_symbols) != 1:
+        return False
+    (symbol,) = negation.free_symbols
+    holds_at = [_holds_at(negation, symbol, size) for size in range(4)]
+    if None in holds_at[2:]:
+        return False
+    return any(holds_at[:2]) and not any(holds_at[2:])
+
+
+def _holds_at(condition: sympy.Basic, symbol: sympy.Symbol, size: int) -> bool | None:
+    """Whether ``condition`` holds with ``symbol`` at ``size``; False where it divides
+    by zero there, None where it does not reduce to a truth value."""
+    try:
+        value = condition.subs(symbol, size)
+    except (ZeroDivisionError, TypeError, ValueError):
+        return False
+    if isinstance(value, sympy.logic.boolalg.BooleanAtom):
+        return bool(value)
+    return None
 
 
 def _implied(condition: sympy.Basic, path: sympy.Basic) -> bool:
