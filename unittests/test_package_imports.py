@@ -27,6 +27,8 @@ LAYERS = {
     "yobx.torch.pytree_paths": 0,
     "yobx.torch.quiet_logs": 0,
     "yobx.torch.bounded_cache": 0,
+    "yobx.torch.fx_code": 0,
+    "yobx.torch.stages": 0,
     "yobx.torch.passes": 0,
     "yobx.torch.tracing": 1,
     "yobx.torch.onnx": 2,

@@ -446,45 +446,6 @@ def _fresh_pid(used: set[Any]) -> int:
     return max(numbers, default=0) + 1
 
 
-class StageRecorder:
-    """Times the stages of a pipeline for :func:`write_stage_profile`.
-
-    .. code-block:: python
-
-        recorder = StageRecorder()
-        with recorder.stage("capture"):
-            with recorder.stage("pass:remove_inplace", node_count=42):
-                ...
-        recorder.write("profile.json")
-
-    Each stage records ``start_ns``/``end_ns`` and the process RSS at both ends.
-    """
-
-    def __init__(self):
-        self.stages: list[dict[str, Any]] = []
-
-    @contextlib.contextmanager
-    def stage(self, name: str, **args: Any) -> Iterator[dict[str, Any]]:
-        """Context manager timing one stage; the yielded dict's ``args`` can be extended."""
-        record = {
-            "name": name,
-            "start_ns": time.perf_counter_ns(),
-            "end_ns": None,
-            "args": dict(args),
-            "rss_start_bytes": current_rss_bytes(),
-        }
-        self.stages.append(record)
-        try:
-            yield record
-        finally:
-            record["end_ns"] = time.perf_counter_ns()
-            record["rss_end_bytes"] = current_rss_bytes()
-
-    def write(self, path: str | os.PathLike, process_name: str = "yobx") -> str:
-        """Write the stages with :func:`write_stage_profile`."""
-        return write_stage_profile(self.stages, path, process_name=process_name)
-
-
 def _stage_field(stage: Any, name: str, default: Any = None) -> Any:
     if isinstance(stage, dict):
         return stage.get(name, default)
@@ -526,15 +487,19 @@ def _record_stage_counters(
     """Adds the memory samples and node counts of a stage; returns whether it had any
     memory sample."""
     any_rss = False
+    samples = {}
     for field, ts in (
         ("rss_start_bytes", start),
-        ("rss_end_bytes", end),
         ("rss_bytes", end),
+        ("rss_end_bytes", end),
     ):
         rss = _stage_field(stage, field, args.get(field))
         if isinstance(rss, (int, float)):
-            any_rss = True
-            handler.record_rss(ts, int(rss))
+            # a stage may give its end twice (``rss_end_bytes`` and ``args["rss_bytes"]``)
+            samples[ts] = int(rss)
+    for ts, rss in samples.items():
+        any_rss = True
+        handler.record_rss(ts, rss)
     counts = {
         key: value
         for key, value in args.items()
@@ -558,10 +523,11 @@ def write_stage_profile(
     Each stage becomes an ``X`` event. A stage inside another one (by time) is drawn
     nested under it; stages that overlap without nesting go to another track. Memory
     counter events (RSS in MiB) come from ``rss_start_bytes``/``rss_end_bytes`` (fields
-    or ``args`` entries, see :class:`StageRecorder`) or ``args["rss_bytes"]`` (at the end
-    of the stage); when no stage has any, one sample taken now is put at the end of the
-    last stage. Numbers in ``args`` named ``node_count`` or ``*nodes`` (``nodes``,
-    ``onnx_nodes``...) become series of a ``nodes`` counter at the end of the stage.
+    or ``args`` entries, see :class:`~yobx.torch.stages.StageRecorder`) or
+    ``args["rss_bytes"]`` (at the end of the stage); when no stage has any, one sample
+    taken now is put at the end of the last stage. Numbers in ``args`` named
+    ``node_count`` or ``*nodes`` (``nodes``, ``onnx_nodes``...) become series of a
+    ``nodes`` counter at the end of the stage.
 
     :param stages: objects or dicts with ``name``, ``start_ns``, ``end_ns``
         (``time.perf_counter_ns()``) and optional ``args`` dict

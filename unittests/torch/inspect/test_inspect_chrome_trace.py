@@ -180,6 +180,30 @@ def test_stage_recorder_and_objects(tmp_path):
     assert _nest(_load(path)["traceEvents"]) == {"b": "a"}
 
 
+def test_one_recorder_for_to_onnx_and_user_pipelines(tmp_path, capsys):
+    # the recorder to_onnx uses: stages in the order they start, each reported when it
+    # ends, printed with verbose, its counts in args, readable as before as keys
+    reported = []
+    recorder = StageRecorder(verbose=1, progress=reported.append, label="to_onnx")
+    with recorder("capture") as args:
+        args["nodes"] = 12
+        with recorder.stage("inner") as record:
+            record.args["onnx_nodes"] = 7
+    assert [s.name for s in recorder.stages] == ["capture", "inner"]
+    assert [s.name for s in reported] == ["inner", "capture"]
+    capture = recorder.stages[0]
+    assert capture.args["nodes"] == 12 and capture["args"] is capture.args
+    assert capture.end_ns >= recorder.stages[1].end_ns >= recorder.stages[1].start_ns
+    assert capture.duration_s > 0 and capture.rss_end_bytes == capture.args["rss_bytes"]
+    printed = capsys.readouterr().out
+    assert "[to_onnx] capture ..." in printed and "[to_onnx] inner done in" in printed
+    events = _load(recorder.write(tmp_path / "stages.json"))["traceEvents"]
+    _check_well_formed(events)
+    assert _nest(events) == {"inner": "capture"}
+    # one memory sample at each end, not two at the end (rss_end_bytes and rss_bytes)
+    assert len([e for e in events if e["name"] == "memory"]) == 4
+
+
 def test_record_run_profile_nests_stage_run_and_calls(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))

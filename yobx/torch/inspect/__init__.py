@@ -11,13 +11,13 @@
 
 from ..chrome_trace import (
     JSONTraceHandler,
-    StageRecorder,
     TraceHandler,
     current_rss_bytes,
     load_trace_events,
     merge_traces,
     write_stage_profile,
 )
+from ..stages import StageRecorder
 from .compare import CallComparison, Comparison, ValueComparison, compare, first_divergence
 from .decorators import trace_func, trace_model_func
 from .recording import record_run, trace_graph_module

@@ -596,7 +596,9 @@ def _apply(
             # the copy on one side only and copy it again
             name, output.name = output.name, None
             merged.name = name
-            if merged.shape is None:
+            if output.shape is not None:
+                # the If's own shape: its dimensions keep their names (``past+seq``)
+                # where the stretch computing the value only knows they vary
                 merged.shape = output.shape
         elif output.is_graph_output():
             # a value of an enclosing graph, or one the graph already returns: copied

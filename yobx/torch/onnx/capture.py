@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from yobx.torch.fx_code import recompile_alone
+
 from ..pytree_paths import flatten_with_paths
 from ..tracing.dynamic_shapes import axes_per_leaf, axis_spec
 from ..tracing.inputs import bind_arguments, key_path_parts
@@ -133,14 +135,15 @@ def remove_dead_code(graph_module: torch.fx.GraphModule) -> int:
         graph = getattr(module, "graph", None)
         if not isinstance(graph, torch.fx.Graph):
             continue
+        before = removed
         for node in reversed(list(graph.nodes)):
             if node.op in ("placeholder", "output") or node.users:
                 continue
             if node.target in (check_constraint, check_contiguous) or not has_side_effect(node):
                 graph.erase_node(node)
                 removed += 1
-        if removed and isinstance(module, torch.fx.GraphModule):
-            module.recompile()
+        if removed > before and isinstance(module, torch.fx.GraphModule):
+            recompile_alone(module)
     return removed
 
 
@@ -170,7 +173,7 @@ def _flatten_outputs(graph_module: torch.fx.GraphModule) -> pytree.TreeSpec:
     structure = _expand_tuple_nodes(graph_module.graph, output.args[0])
     leaves, spec = pytree.tree_flatten(structure)
     output.args = (tuple(leaves),)
-    graph_module.recompile()
+    recompile_alone(graph_module)
     return spec
 
 

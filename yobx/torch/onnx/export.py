@@ -52,7 +52,6 @@ from yobx.torch.onnx.save import (
     model_to_proto,
     save_ir_model,
 )
-from yobx.torch.onnx.stages import ExportStageRecorder, Stage
 from yobx.torch.onnx.translate import build_model
 from yobx.torch.onnx.value_checks import gate_value_checks
 from yobx.torch.onnx.weight_layout import store_weights_transposed
@@ -66,6 +65,7 @@ from yobx.torch.onnx.weights import (
 )
 from yobx.torch.passes import MUTATIONS_KEY
 from yobx.torch.quiet_logs import quieted
+from yobx.torch.stages import Stage, StageRecorder
 from yobx.torch.tracing.dynamic_shapes import UNBOUNDED
 
 #: the metadata key of an ONNX input naming the placeholder it feeds (its target): the
@@ -187,8 +187,9 @@ class ExportResult:
         """Total time of all stages in seconds."""
         return sum(stage.duration_s for stage in self.stages)
 
-    def _stage(self, name: str) -> ExportStageRecorder:
-        recorder = ExportStageRecorder(0, None)
+    def _stage(self, name: str) -> Any:
+        """A stage after the export (weights, save, validate...), among its stages."""
+        recorder = StageRecorder()
         recorder.stages = self.stages
         return recorder(name)
 
@@ -658,7 +659,7 @@ def _fuse(ir_model: ir.Model, weights: list[str], dimensions: tuple) -> dict[str
 
 
 def _add_checks(
-    stage: ExportStageRecorder, ir_model: ir.Model, captured: Any, inputs: dict[str, ir.Value]
+    stage: StageRecorder, ir_model: ir.Model, captured: Any, inputs: dict[str, ir.Value]
 ) -> list[ModelCheck]:
     """The ``runtime_checks`` stage: the model checks its constraints on its inputs
     (:mod:`yobx.torch.onnx.runtime_checks`)."""
@@ -671,7 +672,7 @@ def _add_checks(
 
 
 def _optimize_and_check(
-    stage: ExportStageRecorder,
+    stage: StageRecorder,
     ir_model: ir.Model,
     opset: int,
     optimize: str,
@@ -860,7 +861,7 @@ def to_onnx(
     validation_inputs = list(validation_inputs)
     validate = validate or bool(validation_inputs)
     args, kwargs = _checked_inputs(model, args, kwargs, validate)
-    stage = ExportStageRecorder(verbose, progress)
+    stage = StageRecorder(verbose, progress, label="to_onnx")
 
     captures: list[Any] = []
 

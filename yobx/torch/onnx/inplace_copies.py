@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from yobx.torch.fx_code import recompile_alone
+
 _COPY = torch.ops.aten.copy_.default
 
 
@@ -35,7 +37,7 @@ def functional_copies(graph_module: torch.fx.GraphModule) -> int:
                 module.graph.erase_node(node)
                 changed += 1
         if changed:
-            module.recompile()
+            recompile_alone(module)
         count += changed
     return count
 

@@ -26,6 +26,7 @@ from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, rebind_unbacked
 from torch.nn.utils import stateless
 
+from yobx.torch.fx_code import recompile_alone
 from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops, direct_lowering
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
@@ -410,7 +411,7 @@ def _remove_dead_scalar_nodes(graph_module: torch.fx.GraphModule) -> None:
                 module.graph.erase_node(node)
                 changed = True
         if changed:
-            module.recompile()
+            recompile_alone(module)
 
 
 def _squeeze_only_unit_dimensions(graph_module: torch.fx.GraphModule) -> None:
@@ -435,7 +436,7 @@ def _squeeze_only_unit_dimensions(graph_module: torch.fx.GraphModule) -> None:
                 node.kwargs = {}
                 changed = True
         if changed:
-            module.recompile()
+            recompile_alone(module)
 
 
 def _constant_output(value: int | float | bool) -> torch.Tensor:

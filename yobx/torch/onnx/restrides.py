@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from yobx.torch.fx_code import recompile_alone
+
 _RESTRIDES = (torch.ops.aten.as_strided_.default, torch.ops.aten.as_strided.default)
 
 
@@ -55,5 +57,5 @@ def drop_restrides(graph_module: torch.fx.GraphModule) -> int:
             graph_module.graph.erase_node(node)
             removed += 1
     if removed:
-        graph_module.recompile()
+        recompile_alone(graph_module)
     return removed

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from yobx.torch.fx_code import recompile_alone
+
 _KINDS = {torch.SymBool: 0, torch.SymInt: 1, torch.SymFloat: 2}
 
 
@@ -33,7 +35,7 @@ def symbolic_scalars_as_tensors(graph_module: torch.fx.GraphModule) -> int:
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
                 changed += _rewrite(module.graph, node)
         if changed:
-            module.recompile()
+            recompile_alone(module)
         count += changed
     return count
 

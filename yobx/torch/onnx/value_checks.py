@@ -32,6 +32,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from yobx.torch.fx_code import recompile_alone
 from yobx.torch.onnx.runtime_checks import CHECK_NODE_PREFIX
 from yobx.torch.ops import checks
 from yobx.torch.tracing.value_checks import check_value
@@ -62,7 +63,7 @@ def gate_value_checks(graph_module: torch.fx.GraphModule, keep: bool = True) -> 
                 graph.erase_node(node)
         count += len(nodes)
         if isinstance(module, torch.fx.GraphModule):
-            module.recompile()
+            recompile_alone(module)
     return count
 
 

@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.sym_node import SymNode
 
+from yobx.torch.fx_code import recompile_alone
 from yobx.torch.tracing.versions import DIMENSIONS_KEY, in_dimensions
 
 
@@ -101,7 +102,7 @@ def _taking(graph_module: torch.fx.GraphModule, at: int, values: list) -> torch.
             placeholders.append(node)
             at += 1
         node.meta["val"] = value
-    graph_module.recompile()
+    recompile_alone(graph_module)
     return graph_module
 
 
@@ -129,7 +130,7 @@ def _tensor_outputs(graph_module: torch.fx.GraphModule, fake_mode: Any) -> None:
 
     output.args = torch.fx.node.map_arg(output.args, as_tensor)
     if changed:
-        graph_module.recompile()
+        recompile_alone(graph_module)
 
 
 def _fakes(tensors: list, lowered: Any) -> list:

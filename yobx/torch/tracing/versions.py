@@ -246,12 +246,13 @@ class Versioning:
     def run(self) -> Split | Version:
         """The decision tree of the versions (the first capture alone when none).
 
-        The other sides are captured best first, while the budgets last: sides where a
-        dimension declared without ``min`` takes a size below 2 (a decode step's
-        single token, a prefill's empty cache, a batch of one: the decisions the
-        default range settled) before the other sides (a mask longer than the cache,
-        which only an unusual caller passes), and nearer the example first (a
-        version's own decisions before those its captures meet in turn)."""
+        The other sides are captured best first, while the budgets last: sides where
+        one dimension takes a size below 2 (a decode step's single token, a
+        prefill's empty cache, a batch of one: the decisions the default range
+        settled, and the model's own tests of such a size, see :func:`_usual_side`)
+        before the other sides (a mask longer than the cache, which only an unusual
+        caller passes), and nearer the example first (a version's own decisions
+        before those its captures meet in turn)."""
         splits: dict[int, list[tuple[int, VersionCondition, Version]]] = {}
         pending: list[tuple[tuple[int, int], int, Version, int]] = []
         counter = itertools.count()
@@ -702,11 +703,13 @@ def _usual_side(fact: Any, user: sympy.Basic) -> bool:
 
 
 def _holds_at(condition: sympy.Basic, symbol: sympy.Symbol, size: int) -> bool | None:
-    """Whether ``condition`` holds with ``symbol`` at ``size``; False where it divides
-    by zero there, None where it does not reduce to a truth value."""
+    """Whether ``condition`` holds with ``symbol`` at ``size``; False where it cannot
+    be evaluated there, None where it does not reduce to a truth value."""
     try:
         value = condition.subs(symbol, size)
-    except (ZeroDivisionError, TypeError, ValueError):
+    except Exception:
+        # a division by zero, or torch's sympy functions refusing an argument outside
+        # their domain (``Mod`` of a negative size raises AssertionError): no size there
         return False
     if isinstance(value, sympy.logic.boolalg.BooleanAtom):
         return bool(value)
