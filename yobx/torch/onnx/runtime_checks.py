@@ -92,7 +92,12 @@ class ModelCheck:
 
     def reads(self) -> list[SizeKey]:
         """The input sizes the condition depends on."""
-        return sorted({(leaf, axis) for leaf, axis, _, _ in self.sources.values()}, key=str)
+        return list(self._reads)
+
+    @functools.cached_property
+    def _reads(self) -> tuple[SizeKey, ...]:
+        # validation asks for them for every candidate size it tries
+        return tuple(sorted({(leaf, axis) for leaf, axis, _, _ in self.sources.values()}, key=str))
 
     def holds(self, sizes: Mapping[SizeKey, int]) -> bool:
         """Whether the condition holds for these input sizes (False where the model's

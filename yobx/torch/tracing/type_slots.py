@@ -34,8 +34,11 @@ _NAME, _AS_SEQUENCE, _AS_MAPPING = 3, 13, 14
 _TABLES = ((_AS_SEQUENCE, 10), (_AS_MAPPING, 3))
 _HEAP_TYPE = 1 << 9
 
-#: (address of a slot table, its bytes)
-Saved = list[tuple[int, bytes]]
+#: (the class, the address of one of its slot tables, the table's bytes): the class is
+#: held so that it lives until the tables are written back (a subclass made and dropped
+#: by the model, collected while the patches hold, would have its freed memory
+#: overwritten, a crash much later anywhere in the process)
+Saved = list[tuple[type, int, bytes]]
 
 
 def _layout_known() -> bool:
@@ -58,7 +61,7 @@ def _tables(cls: type) -> Saved:
     for position, count in _TABLES:
         address = _word(cls, position)
         if id(cls) < address and address + count * _WORD <= end:
-            saved.append((address, ctypes.string_at(address, count * _WORD)))
+            saved.append((cls, address, ctypes.string_at(address, count * _WORD)))
     return saved
 
 
@@ -85,5 +88,5 @@ def saved_slots(classes: list[type]) -> Saved:
 
 def restore_slots(saved: Saved) -> None:
     """Writes back the tables :func:`saved_slots` copied."""
-    for address, data in saved:
+    for _cls, address, data in saved:
         ctypes.memmove(address, data, len(data))
