@@ -451,6 +451,15 @@ def test_both_sides_of_a_branch_are_exported_and_printed(yobx_command, user_dire
     assert traced.returncode == 0, traced.stderr
     assert "versions (2, chosen from the inputs' sizes):" in traced.stdout
     assert "version 1: seq <= 16" in traced.stdout
+    # --max-versions 1: one capture, the other side refused by the model's check
+    one = yobx_command(
+        "export", "mymodels:narrowed", "-o", "one.onnx", "--max-versions", "1", cwd=user_directory
+    )
+    assert one.returncode == 0, (one.stdout, one.stderr)
+    assert "seq <= 16" in one.stderr and "beyond the budget of 1 versions" in one.stdout
+    session = onnxruntime.InferenceSession(str(user_directory / "one.onnx"))
+    with pytest.raises(Exception, match=r"seq <= 16"):
+        session.run(None, {"x": x})
 
 
 def test_exit_status_1_when_the_validation_fails(yobx_command, user_directory):

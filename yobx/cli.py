@@ -141,7 +141,14 @@ def _trace(options: argparse.Namespace) -> int:
     from yobx.torch.onnx.capture import capture
 
     try:
-        captured = capture(model, args, kwargs, dynamic_shapes, narrowing=options.narrowing)
+        captured = capture(
+            model,
+            args,
+            kwargs,
+            dynamic_shapes,
+            narrowing=options.narrowing,
+            max_versions=options.max_versions,
+        )
     except Exception as exc:
         raise CommandError(error_message(exc, "trace failed: "), EXIT_FAILURE) from exc
     graph_module = captured.graph_module

@@ -143,6 +143,14 @@ def add_narrowing_argument(parser: argparse.ArgumentParser) -> None:
         "'versions' (default) captures both sides and the model chooses from the "
         "inputs' sizes; 'constraints' keeps the example's side and checks it",
     )
+    parser.add_argument(
+        "--max-versions",
+        type=int,
+        default=None,
+        help="with --narrowing versions: the most versions captured (default 8); each "
+        "costs about one more capture, lowering and validation; the sides where a size "
+        "is 0 or 1 (an empty cache, one token) come first",
+    )
 
 
 def _report(stage: Any) -> None:
@@ -327,6 +335,7 @@ def run_export(options: argparse.Namespace) -> int:
         progress=_report,
         runtime_checks=getattr(options, "runtime_checks", True),
         narrowing=getattr(options, "narrowing", "versions"),
+        max_versions=getattr(options, "max_versions", None),
     )
     warn_about_constraints(result)
     source = _weights_source(options.weights)

@@ -98,6 +98,7 @@ def run_seq2seq_export(options: argparse.Namespace) -> int:
             progress=_report,
             runtime_checks=getattr(options, "runtime_checks", True),
             narrowing=getattr(options, "narrowing", "versions"),
+            max_versions=getattr(options, "max_versions", None),
             filename=files[part],
         )
         warn_about_constraints(results[part])

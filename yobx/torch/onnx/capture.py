@@ -60,15 +60,22 @@ def capture(
     dynamic_shapes: Any,
     module_leaves: Any = None,
     narrowing: str = "versions",
+    max_versions: int | None = None,
 ) -> CapturedGraph:
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer` (``narrowing``
-    is its argument)."""
+    and ``max_versions``, None for its default, are its arguments)."""
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
+    from yobx.torch.tracing.tracer import DEFAULT_MAX_VERSIONS
 
     concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
     # the ONNX model checks the constraints with nodes of its own (runtime_checks.py),
     # built after the optimizations: the graph's checks would be lowered like the model
-    tracer = CustomTracer(module_leaves=module_leaves, runtime_checks=False, narrowing=narrowing)
+    tracer = CustomTracer(
+        module_leaves=module_leaves,
+        runtime_checks=False,
+        narrowing=narrowing,
+        max_versions=DEFAULT_MAX_VERSIONS if max_versions is None else max_versions,
+    )
     graph = tracer.trace(
         model,
         concrete_args=concrete_args,

@@ -543,6 +543,7 @@ def _capture(
     module_leaves: Any,
     tracer: str,
     narrowing: str = "versions",
+    max_versions: int | None = None,
 ) -> Any:
     """The ``capture`` stage: the model's graph, with the tracer asked for; a capture
     that fails on a model eager PyTorch cannot run either says so."""
@@ -551,7 +552,13 @@ def _capture(
     try:
         if tracer == "custom":
             return capture_module.capture(
-                model, args, kwargs, dynamic_shapes, module_leaves, narrowing=narrowing
+                model,
+                args,
+                kwargs,
+                dynamic_shapes,
+                module_leaves,
+                narrowing=narrowing,
+                max_versions=max_versions,
             )
         return capture_module.capture_with_symbolic_trace(model, args, kwargs, dynamic_shapes)
     except Exception:
@@ -787,6 +794,7 @@ def to_onnx(
     direct_lowering: bool = True,
     runtime_checks: bool = True,
     narrowing: str = "versions",
+    max_versions: int | None = None,
     quantize: str | None = None,
     quantize_block_size: int = 32,
     quantize_accuracy_level: int = 0,
@@ -836,6 +844,12 @@ def to_onnx(
         :class:`~yobx.torch.tracing.CustomTracer`): ``"versions"`` captures both sides
         and the model chooses between them with an ``If`` on the input sizes
         (:attr:`ExportResult.versions`), ``"constraints"`` keeps the example's side
+    :param max_versions: the most versions ``narrowing="versions"`` captures (None:
+        :data:`~yobx.torch.tracing.tracer.DEFAULT_MAX_VERSIONS`, 8); each costs about
+        one capture, one lowering and one validation more (the 8-layer Llama decode
+        step of ``_scripts/bench_decode_latency.py`` has 8; with 4, the sides at sizes
+        0 and 1 only, it exports in about half the time, and a mask longer or shorter
+        than the cache is refused by the model's checks instead of computed)
     :param quantize: ``"int4"``: the weights of the linear layers become 4-bit
         (onnxruntime's ``MatMulNBits``, see :mod:`yobx.torch.onnx.quantize`); the
         validation then compares with the eager model on the dequantized weights.
@@ -868,7 +882,7 @@ def to_onnx(
     def build(narrowing: str) -> tuple[ExportResult, Any]:
         with stage("capture") as info:
             captured = _capture(
-                model, args, kwargs, dynamic_shapes, module_leaves, tracer, narrowing
+                model, args, kwargs, dynamic_shapes, module_leaves, tracer, narrowing, max_versions
             )
             captures.append(captured)
             info["nodes"] = len(captured.graph_module.graph.nodes)

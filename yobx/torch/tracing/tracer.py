@@ -69,6 +69,11 @@ from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
 _BUILTIN_ISINSTANCE = builtins.isinstance
 #: the values of ``CustomTracer(narrowing=...)``
 NARROWING = ("versions", "constraints")
+#: the most versions a capture chooses between unless told (``max_versions``): the
+#: Llama decode step of ``_scripts/bench_decode_latency.py`` has exactly 8 (an empty
+#: cache or not, one new token or several, a mask shorter, longer or as long as the
+#: cache)
+DEFAULT_MAX_VERSIONS = 8
 _AUTOCAST_ENABLED = torch._C._is_any_autocast_enabled
 
 
@@ -174,7 +179,7 @@ class CustomTracer(
         specialize_undecidable: bool = False,
         runtime_checks: bool = True,
         narrowing: str = "versions",
-        max_versions: int = 8,
+        max_versions: int = DEFAULT_MAX_VERSIONS,
         version_seconds: float | None = None,
     ):
         if narrowing not in NARROWING:
