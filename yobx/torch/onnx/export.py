@@ -516,11 +516,16 @@ def _checked_inputs(
 
 
 def _export_result(
-    model: torch.nn.Module, ir_model: ir.Model, captured: Any, stages: list[Stage]
+    model: torch.nn.Module,
+    ir_model: ir.Model,
+    captured: Any,
+    stages: list[Stage],
+    runtime_checks: list[ModelCheck],
 ) -> ExportResult:
     """What :func:`to_onnx` returns, before saving and validation."""
     return ExportResult(
         model=ir_model,
+        runtime_checks=runtime_checks,
         graph_module=captured.graph_module,
         guards=captured.guards,
         stages=stages,
@@ -902,9 +907,7 @@ def to_onnx(
         checks = _optimize_and_check(
             stage, ir_model, opset, optimize, dimensions, inputs if runtime_checks else None
         )
-        result = _export_result(model, ir_model, captured, stage.stages)
-        result.runtime_checks = checks
-        return result, declared
+        return _export_result(model, ir_model, captured, stage.stages, checks), declared
 
     try:
         result, declared = build(narrowing)
