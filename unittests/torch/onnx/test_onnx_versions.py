@@ -8,6 +8,7 @@ import onnxruntime
 import pytest
 import torch
 
+from unittests.torch.tracing._helpers import MaskOrToken
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.runtime_checks import failed_check
 
@@ -88,40 +89,28 @@ def test_constraints_narrowing_keeps_one_capture():
     assert [c.expression for c in result.constraints] == ["seq <= 16"]
 
 
-class TokenOrMask(torch.nn.Module):
-    """A relation between two sizes (a mask longer than the sequence), then a single
-    token: three or more versions."""
-
-    def forward(self, x, mask):
-        if mask.shape[1] > x.shape[1]:
-            x = x + mask[:, : x.shape[1]].unsqueeze(-1)
-        if x.shape[1] == 1:
-            return x * 3
-        return x.cumsum(dim=1)
-
-
 def test_max_versions_bounds_the_versions_and_keeps_the_single_token_first():
     from torch.export import Dim
 
     inputs = (torch.randn(2, 3, 4), torch.ones(2, 3))
     dims = {"x": {0: "b", 1: Dim.DYNAMIC(min=1)}, "mask": {0: "b", 1: Dim.DYNAMIC(min=1)}}
-    every = to_onnx(TokenOrMask(), inputs, dynamic_shapes=dims)
+    every = to_onnx(MaskOrToken(), inputs, dynamic_shapes=dims)
     assert len(every.versions) >= 3
-    two = to_onnx(TokenOrMask(), inputs, dynamic_shapes=dims, max_versions=2, validate=True)
+    two = to_onnx(MaskOrToken(), inputs, dynamic_shapes=dims, max_versions=2, validate=True)
     assert two.validation.ok, two.validation.format()
     assert [v.when for v in two.versions] == ["(x_dim_1 != 1)", "(x_dim_1 == 1)"]
     session = _session(two)
     for seq, total in ((1, 1), (4, 2), (3, 3)):
         x, mask = torch.randn(3, seq, 4), torch.rand(3, total)
         (got,) = session.run(None, {"x": x.numpy(), "mask": mask.numpy()})
-        np.testing.assert_allclose(got, TokenOrMask()(x, mask).numpy(), atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(got, MaskOrToken()(x, mask).numpy(), atol=1e-5, rtol=1e-5)
     # the mask longer than the sequence is refused by the model, not computed wrong
     with pytest.raises(Exception, match="mask_dim_1 <= x_dim_1"):
         session.run(
             None, {"x": np.ones((3, 2, 4), np.float32), "mask": np.ones((3, 5), np.float32)}
         )
     with pytest.raises(ValueError, match="max_versions must be at least 1"):
-        to_onnx(TokenOrMask(), inputs, dynamic_shapes=dims, max_versions=0)
+        to_onnx(MaskOrToken(), inputs, dynamic_shapes=dims, max_versions=0)
 
 
 class Projection(torch.nn.Module):

@@ -40,3 +40,15 @@ def _clone(inputs):
     return torch.utils._pytree.tree_map(
         lambda t: t.clone() if isinstance(t, torch.Tensor) else t, inputs
     )
+
+
+class MaskOrToken(torch.nn.Module):
+    """A relation between two sizes decided first (a mask longer than the sequence),
+    a single token later (a decode step's ``seq == 1``)."""
+
+    def forward(self, x, mask):
+        if mask.shape[1] > x.shape[1]:
+            x = x + mask[:, : x.shape[1]].unsqueeze(-1)
+        if x.shape[1] == 1:
+            return x * 3
+        return x.cumsum(dim=1)

@@ -16,7 +16,7 @@ from yobx.torch.tracing import (
     versions,
 )
 
-from ._helpers import assert_same, trace_module
+from ._helpers import MaskOrToken, assert_same, trace_module
 
 
 def _check_sizes(model, gm, make, sizes):
@@ -125,18 +125,6 @@ def test_a_side_where_eager_raises_stays_a_constraint():
     _check_sizes(model, gm, lambda s: torch.randn(3, s, 4), [2, 5, 8, 9, 12, 32])
     with pytest.raises(ConstraintViolationError, match="n <= 32"):
         gm(torch.randn(3, 33, 4))
-
-
-class MaskOrToken(torch.nn.Module):
-    """A relation between two sizes decided first (a mask longer than the sequence),
-    a single token later (a decode step's ``seq == 1``)."""
-
-    def forward(self, x, mask):
-        if mask.shape[1] > x.shape[1]:
-            x = x + mask[:, : x.shape[1]].unsqueeze(-1)
-        if x.shape[1] == 1:
-            return x * 3
-        return x.cumsum(dim=1)
 
 
 def test_the_versions_are_the_same_on_a_slow_machine(monkeypatch):

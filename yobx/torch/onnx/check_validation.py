@@ -97,7 +97,7 @@ class ViolationSearch:
         if any(v < 0 for v in named.values()):
             return None
         for position, check in enumerate(self.checks[: None if last is None else last + 1]):
-            if any(key not in named for key in check._reads):
+            if any(key not in named for key in check.read_keys):
                 return None
             if not check.holds(named):
                 return position

@@ -92,11 +92,12 @@ class ModelCheck:
 
     def reads(self) -> list[SizeKey]:
         """The input sizes the condition depends on."""
-        return list(self._reads)
+        return list(self.read_keys)
 
     @functools.cached_property
-    def _reads(self) -> tuple[SizeKey, ...]:
-        # validation asks for them for every candidate size it tries
+    def read_keys(self) -> tuple[SizeKey, ...]:
+        """:meth:`reads`, computed once: validation asks for them for every candidate
+        size it tries."""
         return tuple(sorted({(leaf, axis) for leaf, axis, _, _ in self.sources.values()}, key=str))
 
     def holds(self, sizes: Mapping[SizeKey, int]) -> bool:
