@@ -193,3 +193,52 @@ def test_a_list_input_traced_from_concrete_args_is_called_as_the_model():
     assert_same(gm(xs, y), model(xs, y))
     other = [torch.randn(2, 3), torch.randn(2, 3)]
     assert_same(gm(other, y), model(other, y))
+
+
+def test_one_binder_reads_a_call_as_each_caller_needs():
+    """``bound_parameters`` is the package's one signature binder: the recursive
+    tracer's named inputs, the recorder's parameter names and the placeholders of a
+    recorded graph all read its pairs."""
+    from yobx.torch.inspect.recording import _placeholder_values, _signature_names
+    from yobx.torch.tracing.inputs import bind_arguments, bound_parameters
+
+    def fn(a, b=2, *rest, c, d=4, **extra):
+        return a
+
+    pairs = bound_parameters(fn, (1, 5, 6, 7), {"c": 3, "e": 8})
+    assert [(p.name, v) for p, v in pairs] == [
+        ("a", 1),
+        ("b", 5),
+        ("rest", (6, 7)),
+        ("c", 3),
+        ("extra", {"e": 8}),
+    ]
+    with_defaults = bound_parameters(fn, (1,), {"c": 3}, defaults=True)
+    assert [(p.name, v) for p, v in with_defaults] == [
+        ("a", 1),
+        ("b", 2),
+        ("rest", ()),
+        ("c", 3),
+        ("d", 4),
+        ("extra", {}),
+    ]
+    assert bind_arguments(fn, (1, 5, 6), {"c": 3, "e": 8}) == {
+        "a": 1,
+        "b": 5,
+        "rest": (6,),
+        "c": 3,
+        "e": 8,
+    }
+    assert _signature_names(fn, (1, 5, 6), {"c": 3}) == {"a": 1, "b": 5, "rest[0]": 6, "c": 3}
+    assert _signature_names(len, (1, 2), {}) is None  # does not bind
+    with pytest.raises(TypeError, match="missing a required argument"):
+        bound_parameters(fn, (1,))
+
+    class Graph(torch.nn.Module):
+        def forward(self, x, y=None):
+            return x
+
+    graph = torch.fx.symbolic_trace(Graph())
+    assert _placeholder_values(graph, (1,), {"y": 2}) == (1, 2)
+    with pytest.raises(TypeError, match="do not match the graph's signature"):
+        _placeholder_values(graph, (1,), {"z": 2})

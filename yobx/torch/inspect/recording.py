@@ -19,6 +19,7 @@ import torch
 import torch.fx
 
 from ..chrome_trace import JSONTraceHandler, current_rss_bytes
+from ..tracing.inputs import bound_parameters
 from ..tracing.runtime_checks import RUNTIME_CHECK
 from .results import TraceCall, TraceStage
 from .trace_result import TraceResult
@@ -95,18 +96,17 @@ def active_recorder() -> Recorder | None:
 
 def _signature_names(func: Callable, args: tuple, kwargs: dict) -> dict[str, Any] | None:
     try:
-        bound = pyinspect.signature(func).bind(*args, **kwargs)
-    except (TypeError, ValueError):
+        bound = bound_parameters(func, args, kwargs)
+    except (TypeError, ValueError):  # no signature (a builtin), or arguments that do not bind
         return None
     named: dict[str, Any] = {}
-    for key, value in bound.arguments.items():
-        parameter = bound.signature.parameters[key]
+    for parameter, value in bound:
         if parameter.kind == parameter.VAR_POSITIONAL:
-            named.update({f"{key}[{i}]": v for i, v in enumerate(value)})
+            named.update({f"{parameter.name}[{i}]": v for i, v in enumerate(value)})
         elif parameter.kind == parameter.VAR_KEYWORD:
             named.update(value)
         else:
-            named[key] = value
+            named[parameter.name] = value
     return named
 
 
@@ -307,15 +307,14 @@ def _placeholder_values(gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> 
     """Positional placeholder values for ``Interpreter.run`` from a model-style call."""
     if not kwargs:
         return args
-    signature = pyinspect.signature(gm.forward)
     try:
-        bound = signature.bind(*args, **kwargs)
+        bound = bound_parameters(gm.forward, args, kwargs, defaults=True)
     except TypeError as e:
+        signature = pyinspect.signature(gm.forward)
         raise TypeError(f"inputs do not match the graph's signature {signature}: {e}") from e
-    bound.apply_defaults()
     values: list[Any] = []
-    for name, value in bound.arguments.items():
-        if signature.parameters[name].kind == pyinspect.Parameter.VAR_POSITIONAL:
+    for parameter, value in bound:
+        if parameter.kind == pyinspect.Parameter.VAR_POSITIONAL:
             values.extend(value)
         else:
             values.append(value)

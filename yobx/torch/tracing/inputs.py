@@ -88,22 +88,39 @@ class BoundInputs:
     var_positional: str | None = None
 
 
+def bound_parameters(
+    fn: Callable, args: tuple = (), kwargs: dict | None = None, defaults: bool = False
+) -> list[tuple[inspect.Parameter, Any]]:
+    """The parameters of ``fn`` a call with ``args`` and ``kwargs`` binds, each with its
+    value, in signature order: the one signature binder of the package, which callers
+    read as they need (``*args`` a tuple, ``**kwargs`` a dict).
+
+    :param defaults: the parameters the call leaves out too, with their default values
+    :raises TypeError: the arguments do not bind (a missing or unexpected one)
+    """
+    signature = inspect.signature(fn)
+    bound = signature.bind(*args, **(kwargs or {}))
+    if defaults:
+        bound.apply_defaults()
+    return [
+        (parameter, bound.arguments[name])
+        for name, parameter in signature.parameters.items()
+        if name in bound.arguments
+    ]
+
+
 def bind_arguments(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> dict[str, Any]:
     """Binds call arguments to the names of ``fn``'s parameters, in signature order.
 
     ``*args`` is bound as a tuple under its name, ``**kwargs`` is expanded: the result
     is what :func:`bind_example_inputs` (``concrete_args``) takes.
     """
-    signature = inspect.signature(fn)
-    bound = signature.bind(*args, **(kwargs or {}))
     result = {}
-    for name, parameter in signature.parameters.items():
-        if name not in bound.arguments:
-            continue
+    for parameter, value in bound_parameters(fn, args, kwargs):
         if parameter.kind == inspect.Parameter.VAR_KEYWORD:
-            result.update(bound.arguments[name])
+            result.update(value)
         else:
-            result[name] = bound.arguments[name]
+            result[parameter.name] = value
     return result
 
 

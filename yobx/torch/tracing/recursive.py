@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .collection import GraphCollection, ModuleEntry, ModuleFailure
+from .inputs import bind_arguments, bound_parameters
 from .recorded_calls import RecordedCall, example_call, failure_location, record_calls
 from .robust import RobustTracer, is_container
 from .tracer import CustomTracer
@@ -22,22 +23,16 @@ def _concrete_args_of(module: torch.nn.Module, call: RecordedCall) -> dict[str, 
 
     :raises TypeError: when ``forward`` takes ``*args`` and received some
     """
-    signature = inspect.signature(module.forward)
-    bound = signature.bind(*call.args, **call.kwargs)
-    result: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind == inspect.Parameter.VAR_POSITIONAL:
+    named = bind_arguments(module.forward, call.args, call.kwargs)
+    for parameter, value in bound_parameters(module.forward, call.args, call.kwargs):
+        if parameter.kind == inspect.Parameter.VAR_POSITIONAL:
             if value:
                 raise TypeError(
-                    f"{type(module).__name__}.forward takes *{name}: its inputs cannot be "
-                    f"named, it is not traced on its own"
+                    f"{type(module).__name__}.forward takes *{parameter.name}: its inputs "
+                    f"cannot be named, it is not traced on its own"
                 )
-        elif kind == inspect.Parameter.VAR_KEYWORD:
-            result.update(value)
-        else:
-            result[name] = value
-    return result
+            del named[parameter.name]
+    return named
 
 
 def _children_through_containers(module: torch.nn.Module) -> list[torch.nn.Module]:
