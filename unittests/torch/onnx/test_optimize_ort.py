@@ -211,7 +211,41 @@ def test_ort_fusions_apply_inside_the_versions_of_a_decode_step():
         for node in ir.traversal.RecursiveGraphIterator(result.model.graph)
         if node.domain == "com.microsoft"
     ]
-    assert "MultiHeadAttention" in fused, sorted(set(fused))
+    # the fusions run inside the versions (the rotary embeddings matched there; with
+    # no attention fusion to consume them they are inlined back), and attention is not
+    # fused in a step with a cache: slower in onnxruntime (yobx.torch.onnx.ort_fusions)
+    fusions = next(s for s in result.stages if s.name == "fuse").args["fusions"]
+    assert fusions.get("rotary_embedding", 0) > 0, fusions
+    assert "sdpa" not in fusions and "sdpa_via_mha" not in fusions, fusions
+    assert "MultiHeadAttention" not in fused, sorted(set(fused))
     # prefill (an empty cache) and decode (one token) are among the cases compared
     whens = {case.description.split("]")[0] for case in result.validation.cases}
     assert any("past < 1" in when for when in whens), whens
+
+
+def test_an_encoder_keeps_its_attention_fusions():
+    """Only a step with a key-value cache goes without attention fusions: a BERT
+    encoder's attention still becomes onnxruntime's, with the same outputs."""
+    model, args, kwargs, dynamic_shapes = load_model("hf:BertModel")
+    result = export_and_validate(model, args, kwargs, dynamic_shapes, optimize="ort")
+    fused = {node.op_type for node in result.model.graph if node.domain == "com.microsoft"}
+    assert fused & {"MultiHeadAttention", "Attention"}, sorted(fused)
+
+
+def test_a_step_with_a_cache_is_recognised_by_its_names():
+    from yobx.torch.onnx.ort_fusions import takes_a_cache
+
+    def model(inputs, outputs):
+        float_ = ir.TensorType(ir.DataType.FLOAT)
+        graph = ir.Graph(
+            [ir.Value(name=n, type=float_) for n in inputs],
+            [ir.Value(name=n, type=float_) for n in outputs],
+            nodes=[],
+        )
+        return ir.Model(graph, ir_version=10)
+
+    assert takes_a_cache(model(["input_ids", "past_key_values.0.key"], ["logits"]))
+    assert takes_a_cache(model(["x"], ["logits", "present.0.key"]))
+    assert takes_a_cache(model(["x"], ["present_1.0.decoder.value"]))
+    assert not takes_a_cache(model(["input_ids", "attention_mask"], ["last_hidden_state"]))
+    assert not takes_a_cache(model(["x"], ["presentation"]))

@@ -9,9 +9,9 @@ with the no-op rules matching their constants exactly (:mod:`.exact_rules`: onnx
 removed the ``+ 1e-8`` of an RMS normalization).
 
 :func:`fuse_for_onnxruntime` applies onnxscript's fusions for onnxruntime
-(``to_onnx(optimize="ort")``): attention, RMS and skip normalizations, rotary
-embeddings, GELU, ``Transpose`` + ``MatMul``... become contrib operators that only
-onnxruntime runs.
+(``to_onnx(optimize="ort")``): attention (not in a step with a key-value cache, see
+:mod:`.ort_fusions`), RMS and skip normalizations, rotary embeddings, GELU,
+``Transpose`` + ``MatMul``... become contrib operators that only onnxruntime runs.
 
 The caller keeps weights out of reach (:func:`yobx.torch.onnx.weights.weights_kept_apart`).
 """
@@ -24,6 +24,7 @@ import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 
 from yobx.torch.onnx.branch_merging import merge_if_branches
+from yobx.torch.onnx.ort_fusions import fusions_for_ort, takes_a_cache
 
 
 def _linear_rules() -> list:
@@ -288,6 +289,8 @@ def check_optimize_level(optimize: Any) -> str:
 def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     """Applies :func:`onnxscript.rewriter.ort_fusions.optimize_for_ort` to ``model`` in
     place; returns the number of times each fusion applied (only those that did).
+    A step with a key-value cache gets every fusion but attention, which makes it
+    slower in onnxruntime (:mod:`.ort_fusions`).
 
     The fused model uses onnxruntime's contrib operators (``com.microsoft`` domain, and
     ``SimplifiedLayerNormalization`` in the default domain): only onnxruntime runs it.
@@ -300,14 +303,13 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     (counted as ``skip_layer_normalization_split``): onnxruntime's CPU kernel is several
     times slower than the two (:func:`_split_skip_layer_normalizations`).
     """
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
-
     # before the fusions: they may drop the Reshape feeding a Gemm (GPT2's Conv1D,
     # onnxscript 0.7.2), which onnxruntime then refuses to load (Gemm is 2-d only);
     # MatMul broadcasts, and onnxruntime fuses MatMul + Add into Gemm itself
     unfused = _gemms_to_matmul(model)
     _share_opsets_with_subgraphs(model)
-    _, counts = optimize_for_ort(model)
+    # a step with a cache gets no attention fusion: it loses there (see .ort_fusions)
+    counts = fusions_for_ort(model, attention=not takes_a_cache(model))
     split = _split_skip_layer_normalizations(model)
     # the fusions leave stale shapes on values whose producer they changed (a Reshape
     # dropped: 2-d on a 3-d value); onnxruntime infers the intermediate ones itself
