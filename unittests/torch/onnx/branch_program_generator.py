@@ -196,9 +196,13 @@ def check_merge(seed: int) -> MergeOutcome:
                 expected, got = _run(proto, feeds), _run(after, feeds)
                 for e, g in zip(expected, got):
                     # onnxruntime prepacks the weights of the main graph's products, not
-                    # a subgraph's: a product moved out may round its last bit otherwise
+                    # a subgraph's, and picks other kernels for one row: a product moved
+                    # out may round its last bits otherwise, a few float32 epsilons after
+                    # a few operations (seeds 3282 and 4320: 1e-7 of the largest value,
+                    # 3e-6 relative after a cancellation); a merge that reads the wrong
+                    # value or branch is off by the values themselves
                     scale = float(np.abs(e).max()) if e.size else 0.0
-                    close = np.allclose(e, g, rtol=1e-6, atol=1e-6 * scale, equal_nan=True)
+                    close = np.allclose(e, g, rtol=1e-5, atol=1e-5 * scale, equal_nan=True)
                     if e.shape != g.shape or not close:
                         outcome.wrong = f"n={n} c1={c1} c2={c2}: {e.shape} {g.shape}"
                         return outcome

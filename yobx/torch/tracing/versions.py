@@ -328,7 +328,8 @@ class Versioning:
         negation = sympy.Not(user)
         location = fact.constraint.location
         if self.count >= self.tracer.max_versions:
-            self._note(fact, f"beyond the budget of {self.tracer.max_versions} versions")
+            budget = self.tracer.max_versions
+            self._note(fact, f"beyond the budget of {budget} version{'s' * (budget != 1)}")
             return None
         usual = unusual == 0 and _usual_side(fact, user)
         if self.deadline is not None and time.perf_counter() > self.deadline and not usual:
