@@ -1014,3 +1014,24 @@ def test_a_warm_trace_refuses_what_a_strict_declaration_needs(monkeypatch):
     strict = {"x": {0: Dim("n")}, "y": {0: Dim("m")}}
     with pytest.raises(StrictDimensionError):
         CustomTracer().trace(_PaddedTwice(), concrete_args=inputs, dynamic_shapes=strict)
+
+
+def test_a_failing_rule_is_torch_s_to_decide_except_in_the_check_mode():
+    """One policy for every rule of yobx (shape rules, layouts, direct lowering): a
+    rule failing on an input it did not foresee lets torch decide; the check mode
+    raises; ``Unsupported`` goes to the caller."""
+    from yobx.torch.tracing.shape_rules import Unsupported, rule_or_torch
+
+    def failing():
+        raise IndexError("an input the rule did not foresee")
+
+    def unsupported():
+        raise Unsupported("not exact here")
+
+    assert rule_or_torch(lambda: 3, lambda: "torch", check=True) == 3
+    assert rule_or_torch(failing, lambda: "torch", check=False) == "torch"
+    with pytest.raises(IndexError, match="did not foresee"):
+        rule_or_torch(failing, lambda: "torch", check=True)
+    for check in (False, True):
+        with pytest.raises(Unsupported):
+            rule_or_torch(unsupported, lambda: "torch", check=check)

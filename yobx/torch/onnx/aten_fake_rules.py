@@ -154,13 +154,12 @@ def aten_fake_rules(fake_mode) -> Iterator[None]:
         if rule is None or not shape_rules._has_symbolic_tensor(args, kwargs):
             return original(func, types, args, kwargs)
         try:
-            value = rule(factory, tuple(args), dict(kwargs))
+            value = shape_rules.rule_or_torch(
+                lambda: rule(factory, tuple(args), dict(kwargs)), lambda: NotImplemented, check
+            )
         except Unsupported:
-            return original(func, types, args, kwargs)
-        except Exception:
-            # a rule failing on an unforeseen input: torch decides (tests raise)
-            if check:
-                raise
+            value = NotImplemented
+        if value is NotImplemented:  # torch decides
             return original(func, types, args, kwargs)
         if check:
             expected = original(func, types, args, kwargs)

@@ -227,14 +227,12 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         if same is not None:
             self.n_direct += 1
             return same
-        try:
-            call = direct_lowering.aten_call(self._node, args, kwargs, module)
-        except Exception:
-            # a rule failing on an argument it did not foresee is a bug in the rule, not
-            # in the model: make_fx lowers the node (the check mode surfaces it)
-            if self.check:
-                raise
-            return NotImplemented
+        # a rule failing on an argument it did not foresee: make_fx lowers the node
+        call = shape_rules.rule_or_torch(
+            lambda: direct_lowering.aten_call(self._node, args, kwargs, module),
+            lambda: None,
+            self.check,
+        )
         mode = proxy_tensor.get_proxy_mode()
         if call is None or mode is None or not direct_lowering.emit(mode.tracer, call, value):
             return NotImplemented

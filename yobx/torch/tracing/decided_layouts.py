@@ -26,7 +26,7 @@ import torch._subclasses.fake_impls as fake_impls
 import torch.fx.passes.shape_prop as shape_prop
 
 from .patches import memoized_replacements, patched_attributes
-from .shape_rules import check_enabled
+from .shape_rules import check_enabled, rule_or_torch
 from .shape_rules._strides import decided_contiguity, decided_perm
 
 _NAME = "compute_elementwise_output_logical_to_physical_perm"
@@ -36,12 +36,7 @@ _CONTIGUITY = "is_contiguous_for_memory_format_or_false"
 def _or_none(decide, *args):
     """``decide(*args)``; an input it did not foresee is torch's to answer (``None``),
     except in the check mode of the test suite, which surfaces the bug."""
-    try:
-        return decide(*args)
-    except Exception:
-        if check_enabled():
-            raise
-        return None
+    return rule_or_torch(lambda: decide(*args), lambda: None, check_enabled())
 
 
 def _settled_first(original):

@@ -35,7 +35,14 @@ from . import conv, elementwise, factories, nn, resample, views
 from ._base import ARGUMENT_SEQUENCES, TensorFactory, Unsupported
 from .remembered import RememberedOutputs
 
-__all__ = ["ShapeRuleMismatch", "ShapeRules", "Unsupported", "check_enabled", "compare"]
+__all__ = [
+    "ShapeRuleMismatch",
+    "ShapeRules",
+    "Unsupported",
+    "check_enabled",
+    "compare",
+    "rule_or_torch",
+]
 
 _FUNCTION_RULES = {
     **elementwise.FUNCTION_RULES,
@@ -67,6 +74,24 @@ def check_enabled() -> bool:
     return os.environ.get("YOBX_CHECK_SHAPE_RULES", "") not in ("", "0")
 
 
+def rule_or_torch(rule: Callable[[], Any], torch_decides: Callable[[], Any], check: bool) -> Any:
+    """The policy when a rule of yobx (a shape rule, a layout decision, a direct
+    lowering) fails on an input it did not foresee: that is a bug in the rule, not in
+    the model, so torch decides instead (``torch_decides()``); in the check mode
+    (``check``: :func:`check_enabled`, the test suite) the failure is raised, to be
+    fixed. :class:`Unsupported` (the rule says it does not apply exactly) is raised
+    for the caller to handle.
+    """
+    try:
+        return rule()
+    except Unsupported:
+        raise
+    except Exception:
+        if check:
+            raise
+        return torch_decides()
+
+
 class ShapeRules:
     """The rules bound to one trace's fake mode."""
 
@@ -96,20 +121,17 @@ class ShapeRules:
             rule in _SIZED_RULES and _any_symbolic_size(args, kwargs)
         ):
             return NotImplemented
+        inputs = (module, args, kwargs) if node.op == "call_module" else (args, kwargs)
         try:
-            if node.op == "call_module":
-                value = rule(self.factory, module, args, kwargs)
-            else:
-                value = rule(self.factory, args, kwargs)
+            value = rule_or_torch(
+                lambda: rule(self.factory, *inputs),
+                lambda: NotImplemented,  # torch computes the value
+                check_enabled(),
+            )
         except Unsupported:
             self.fallbacks += 1
             return self._remembered(node, args, kwargs)
-        except Exception:
-            # A rule failing on an input it did not foresee is a bug in the rule, not
-            # in the model: torch computes the value instead. The check mode (the test
-            # suite) surfaces it.
-            if check_enabled():
-                raise
+        if value is NotImplemented:
             self.fallbacks += 1
             return NotImplemented
         self.handled += 1
