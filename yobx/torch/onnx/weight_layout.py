@@ -10,8 +10,10 @@ and found none to quantize in such a graph.
 :func:`store_weights_transposed` stores such a weight ``[in, out]`` under its own
 name, once, and the ``MatMul`` reads it directly; a ``Gemm`` of a weight becomes
 ``MatMul`` (+ ``Add`` of its bias), which onnxruntime fuses back into ``Gemm`` where it
-is faster. The data is transposed when it is read (when the model is saved or run):
-nothing is copied at export, and a weight still on the meta device stays pending.
+is faster, and so does onnxruntime's ``FusedMatMul`` of a transposed weight (what
+``optimize="ort"`` fuses ``Transpose`` + ``MatMul`` into). The data is transposed when
+it is read (when the model is saved or run): nothing is copied at export, and a weight
+still on the meta device stays pending.
 :func:`yobx.torch.onnx.weights.apply_weights` transposes what it reads from a
 checkpoint for the initializers listed in the model's metadata under
 :data:`TRANSPOSED_WEIGHTS_KEY`.
@@ -122,6 +124,12 @@ def _attribute(node: ir.Node, name: str, default: int | float) -> int | float:
 
 def _reads_transposed(node: ir.Node, index: int) -> bool:
     """``node`` reads its input ``index`` transposed, and nothing else of it."""
+    if node.domain == "com.microsoft" and node.op_type == "FusedMatMul" and index == 1:
+        # optimize="ort" fuses Transpose + MatMul before the versions are merged and
+        # their weight products reach the main graph: a plain one is MatMul(A, W.T)
+        return all(
+            _attribute(node, name, 0) == 0 for name in ("transA", "transBatchA", "transBatchB")
+        ) and (_attribute(node, "transB", 0) == 1 and _attribute(node, "alpha", 1.0) == 1.0)
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type == "Transpose":
@@ -219,7 +227,8 @@ def _read_directly(node: ir.Node, weight: ir.Value, stored: ir.Value) -> None:
         node.outputs[0].replace_all_uses_with(stored)
         owner.remove(node, safe=True)
         return
-    # Gemm(A, W, C, transB=1) = MatMul(A, stored) + C
+    # Gemm(A, W, C, transB=1) = MatMul(A, stored) + C; FusedMatMul(A, W, transB=1) =
+    # MatMul(A, stored)
     output = node.outputs[0]
     name = output.name
     # named after the Gemm's output: in a subgraph, no name authority gives new values
