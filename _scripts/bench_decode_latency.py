@@ -15,6 +15,9 @@ taking a cache (``input_ids``, ``attention_mask``, ``past_key_values.<layer>.key
 * ``yobx-in-out`` (not run by default): ``yobx`` with every weight stored ``[in, out]``,
   also those read in versions nested two deep, which the export keeps behind their
   ``Transpose`` (measured: the decode step is faster with the ``Transpose``);
+* ``yobx-ort-attention`` (not run by default): ``yobx-ort`` with onnxscript's attention
+  fusions too (``MultiHeadAttention``), which ``optimize="ort"`` leaves out of a step
+  with a cache (:mod:`yobx.torch.onnx.ort_fusions`): what that choice is worth;
 * ``torch.onnx``: ``torch.onnx.export(dynamo=True)`` with ``torch.export.Dim`` shapes;
 * ``builder`` and ``builder-int4``: onnxruntime-genai's model builder run offline on
   the saved checkpoint (``-p fp32`` and ``-p int4``, ``-e cpu``), its ``model.onnx`` run
@@ -84,7 +87,7 @@ VARIANTS = (
     "builder-int4",
 )
 #: variants run only when asked for
-OPTIONAL_VARIANTS = ("yobx-in-out",)
+OPTIONAL_VARIANTS = ("yobx-in-out", "yobx-ort-attention")
 #: the names a cache's tensors get: yobx's and the builder's, torch.onnx's
 _CACHE_NAMES = (
     re.compile(r"^past_key_values\.(?P<layer>\d+)\.(?P<kind>key|value)$"),
@@ -236,6 +239,19 @@ def export_in_out(model: torch.nn.Module, kwargs: dict) -> tuple[onnx.ModelProto
         export_module.store_weights_transposed = default
 
 
+def export_ort_attention(model: torch.nn.Module, kwargs: dict) -> tuple[onnx.ModelProto, str]:
+    """``yobx-ort`` with the attention fusions applied to the step with a cache too
+    (as ``onnxscript``'s ``optimize_for_ort`` does): what leaving them out is worth."""
+    import yobx.torch.onnx.optimize as optimize_module
+
+    default = optimize_module.takes_a_cache
+    optimize_module.takes_a_cache = lambda model: False
+    try:
+        return export_yobx(model, kwargs, optimize="ort")
+    finally:
+        optimize_module.takes_a_cache = default
+
+
 def export_torch_onnx(model: torch.nn.Module, kwargs: dict) -> onnx.ModelProto:
     """``torch.onnx.export(dynamo=True)`` of the step, the same shapes as Dims."""
     kwargs = copy.deepcopy(kwargs)
@@ -289,6 +305,7 @@ def export_all(
             model, kwargs, quantize="int4", quantize_block_size=32, quantize_accuracy_level=4
         ),
         "yobx-in-out": lambda: export_in_out(model, kwargs),
+        "yobx-ort-attention": lambda: export_ort_attention(model, kwargs),
         "torch.onnx": lambda: export_torch_onnx(model, kwargs),
         "builder": lambda: export_builder(checkpoint, os.path.join(workdir, "fp32"), "fp32"),
         "builder-int4": lambda: export_builder(checkpoint, os.path.join(workdir, "int4"), "int4"),

@@ -8,9 +8,11 @@ layout, so the step transposes the whole cache at every token, and for grouped-q
 attention (fewer key-value heads than query heads) it receives the cache already
 repeated per head. Measured on a Llama-style step (hidden 512, 4 layers, 8 heads, 4
 key-value heads, 8 versions, onnxruntime 1.32 on one thread, median of 20 alternating
-runs), the fused step took **1.25x the default's time at batch 4 / past 512** (30.4
-against 24.3 ms) and the same step without the attention fusions 1.005x (24.4 ms),
-prefill and batch 1 / past 128 at parity (0.99-1.01x). The other fusions (RMS and skip
+runs; ``python _scripts/bench_decode_latency.py --layers 4 --variants
+yobx,yobx-ort,yobx-ort-attention`` measures it), the fused step took **1.25x the
+default's time at batch 4 / past 512** (30.4 against 24.3 ms) and the same step without
+the attention fusions 1.005x (24.4 ms), prefill and batch 1 / past 128 at parity
+(0.99-1.01x). The other fusions (RMS and skip
 normalizations, rotary embeddings, GELU, ``FusedMatMul``...) apply everywhere.
 onnxruntime's ``GroupQueryAttention``, which takes the cache in the model's own layout
 and unrepeated, is what a cached step would need; onnxscript's rule for it matches only

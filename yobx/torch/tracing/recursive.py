@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .collection import GraphCollection, ModuleEntry, ModuleFailure
-from .inputs import bind_arguments, bound_parameters
+from .inputs import bound_parameters
 from .recorded_calls import RecordedCall, example_call, failure_location, record_calls
 from .robust import RobustTracer, is_container
 from .tracer import CustomTracer
@@ -23,7 +23,7 @@ def _concrete_args_of(module: torch.nn.Module, call: RecordedCall) -> dict[str, 
 
     :raises TypeError: when ``forward`` takes ``*args`` and received some
     """
-    named = bind_arguments(module.forward, call.args, call.kwargs)
+    named: dict[str, Any] = {}
     for parameter, value in bound_parameters(module.forward, call.args, call.kwargs):
         if parameter.kind == inspect.Parameter.VAR_POSITIONAL:
             if value:
@@ -31,7 +31,10 @@ def _concrete_args_of(module: torch.nn.Module, call: RecordedCall) -> dict[str, 
                     f"{type(module).__name__}.forward takes *{parameter.name}: its inputs "
                     f"cannot be named, it is not traced on its own"
                 )
-            del named[parameter.name]
+        elif parameter.kind == inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[parameter.name] = value
     return named
 
 
