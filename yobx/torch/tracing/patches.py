@@ -428,13 +428,11 @@ def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[Non
     _settle_device_constructors()
     with patch_window():
         saved: list[tuple[Any, str, Any]] = []
-        # a special method set and deleted again leaves C slots behind (type_slots)
-        special = [
-            owner
-            for owner, name, _ in replacements
-            if isinstance(owner, type) and name.startswith("__") and name.endswith("__")
-        ]
-        slots = saved_slots(list(dict.fromkeys(special)))
+        # a special method set and deleted again leaves a sequence slot behind
+        # (type_slots)
+        slots = saved_slots(
+            [(owner, name) for owner, name, _ in replacements if isinstance(owner, type)]
+        )
 
         def undo() -> None:
             for owner, name, value in reversed(saved):
