@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import sympy
 import torch
 from torch.export import Dim
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
@@ -55,3 +56,26 @@ def test_traced_graph_checks_the_declared_range():
     for size in (2, 8):
         with pytest.raises(ConstraintViolationError):
             gm(torch.rand(size, 2))
+
+
+def test_a_question_torchs_bounds_cannot_answer_is_decided_from_the_sizes():
+    """torch's bounds of half a size, written ``(q - (q + 1) % 2 + 1)/2`` (a version of
+    Swin's padded patch merging), have fractional ends, and the floor division of such
+    bounds raises ``TypeError: cannot determine truth value of Relational`` inside
+    torch: a capture of that side of the decision failed. The question now has no
+    static answer and is decided from the sizes as any other."""
+    from torch.utils._sympy.functions import FloorDiv, Mod
+
+    dims = SymbolicDimensions()
+    a = dims.dimension("a", 6).node.expr
+    n = dims.dimension("n", 16).node.expr
+    half = FloorDiv(n, 2)
+    question = sympy.Gt(FloorDiv(a, (half - Mod(half + 1, 2) + 1) / 2), 0)
+    with pytest.raises(TypeError, match="truth value"):
+        dims.shape_env._maybe_evaluate_static(question)  # torch's own, unanswered
+    dims.consult_prover()
+    assert dims.shape_env._maybe_evaluate_static(question) is None
+    assert dims.shape_env._maybe_evaluate_static(question) is None  # asked again
+    # decided from the sizes (6 // 4 = 1 > 0), with a guard that says so
+    assert dims.shape_env.evaluate_expr(question) == sympy.true
+    assert any(guard.expr == question for guard in dims.shape_env.guards)

@@ -111,7 +111,12 @@ def bound_without_floors(diff: sympy.Expr, var_to_range: dict, upper: bool) -> A
     ranges = {s: var_to_range[s] for s in free.free_symbols if s in var_to_range}
     if len(ranges) != len(free.free_symbols):
         return None
-    bound = bound_sympy(free, ranges)
+    try:
+        bound = bound_sympy(free, ranges)
+    except TypeError:
+        # torch's bounds of a floor division by fractional bounds (half a size
+        # written `(q - (q + 1) % 2 + 1)/2`) compare an unevaluated `2 // (1/2)`
+        return None
     value = bound.upper if upper else bound.lower
     return value if value.is_number and value.is_finite else None
 

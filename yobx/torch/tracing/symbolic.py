@@ -186,12 +186,28 @@ class SymbolicDimensions:
         # kernels ask the same questions again and again (every view of a layer):
         # answers are kept until the ShapeEnv learns something new
         answers: dict[sympy.Basic, Any] = {}
+        failed: set[tuple] = set()
         version = [None]
 
         reported: set[sympy.Basic] = set()
 
         def maybe_evaluate_static(expr, **kwargs):
-            result = original(expr, **kwargs)
+            if version[0] != shape_env._version_counter:
+                answers.clear()
+                failed.clear()
+                version[0] = shape_env._version_counter
+            key = (expr, tuple(sorted(kwargs.items(), key=lambda item: item[0])))
+            try:
+                result = None if key in failed else original(expr, **kwargs)
+            except TypeError:
+                # torch's bounds of a size written with a fraction (`(n - n % 2)/2`,
+                # the half of an even size) have fractional ends, and the floor
+                # division of such bounds compares an unevaluated `1 // (1/2)`
+                # ("cannot determine truth value of Relational"): no static answer,
+                # the question is then answered as any other (the prover, or a
+                # guard); torch does not cache a failure, so it is remembered here
+                failed.add(key)
+                result = None
             if result is not None:
                 if (
                     self.on_default_bound_division is not None
@@ -225,9 +241,6 @@ class SymbolicDimensions:
                 or sympy.count_ops(expr) > _MAX_PROVED_OPERATIONS
             ):
                 return result
-            if version[0] != shape_env._version_counter:
-                answers.clear()
-                version[0] = shape_env._version_counter
             if expr not in answers:
                 proved = self.prove(expr)
                 answers[expr] = None if proved is None else sympy.sympify(proved)
