@@ -217,6 +217,13 @@ def test_ort_fusions_apply_inside_the_versions_of_a_decode_step():
     fusions = next(s for s in result.stages if s.name == "fuse").args["fusions"]
     assert fusions.get("rotary_embedding", 0) > 0, fusions
     assert "sdpa" not in fusions and "sdpa_via_mha" not in fusions, fusions
+    # the norms read their weights from the main graph: they are fused inside the
+    # versions too (outer_values_aliased), and the aliases are gone afterwards
+    assert fusions.get("rms_normalization", 0) > 0, fusions
+    assert fusions.get("skip_rms_normalization", 0) > 0, fusions
+    assert "SkipSimplifiedLayerNormalization" in fused, sorted(set(fused))
+    everywhere = list(ir.traversal.RecursiveGraphIterator(result.model.graph))
+    assert not [n for n in everywhere if (n.name or "").startswith("yobx_outer_alias")]
     assert "MultiHeadAttention" not in fused, sorted(set(fused))
     # the fusions ran before the versions were merged: their Transpose + MatMul of
     # each weight became a FusedMatMul; plain MatMul nodes read the weights [in, out]
