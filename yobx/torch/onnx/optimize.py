@@ -24,6 +24,7 @@ import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 
 from yobx.torch.onnx.branch_merging import merge_if_branches
+from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
 from yobx.torch.onnx.ort_fusions import fusions_for_ort, takes_a_cache
 
 
@@ -309,7 +310,11 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
     unfused = _gemms_to_matmul(model)
     _share_opsets_with_subgraphs(model)
     # a step with a cache gets no attention fusion: it loses there (see .ort_fusions)
-    counts = fusions_for_ort(model, attention=not takes_a_cache(model))
+    cached = takes_a_cache(model)
+    counts = fusions_for_ort(model, attention=not cached)
+    if cached:
+        # what a step with a cache gets instead, for one new token (see .gqa_fusion)
+        counts["group_query_attention"] = fuse_group_query_attention(model)
     split = _split_skip_layer_normalizations(model)
     # the fusions leave stale shapes on values whose producer they changed (a Reshape
     # dropped: 2-d on a 3-d value); onnxruntime infers the intermediate ones itself

@@ -15,9 +15,10 @@ the attention fusions 1.005x (24.4 ms), prefill and batch 1 / past 128 at parity
 (0.99-1.01x). The other fusions (RMS and skip
 normalizations, rotary embeddings, GELU, ``FusedMatMul``...) apply everywhere.
 onnxruntime's ``GroupQueryAttention``, which takes the cache in the model's own layout
-and unrepeated, is what a cached step would need; onnxscript's rule for it matches only
+and unrepeated, is what a cached step needs; onnxscript's rule for it matches only
 transformers' older causal-mask graph and derives positions from ``position_ids``
-(inexact with a padded mask).
+(inexact with a padded mask): :mod:`.gqa_fusion` writes it instead, exact with padded
+masks.
 
 :func:`fusions_for_ort` runs onnxscript's own sequence (the same rules in the same
 order), leaving out the attention fusions when ``attention`` is False, with the
@@ -55,17 +56,16 @@ def takes_a_cache(model: ir.Model) -> bool:
 _ALIAS = "yobx_outer_alias"
 
 
-def _subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
-    """The subgraphs of the nodes of ``graph``, at any depth."""
+def graphs_within(graph: ir.Graph) -> Iterator[ir.Graph]:
+    """``graph`` and the subgraphs of its nodes, at any depth, each before its own."""
+    yield graph
     for node in graph:
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
-                yield attribute.value
-                yield from _subgraphs(attribute.value)
+                yield from graphs_within(attribute.value)
             elif attribute.type == ir.AttributeType.GRAPHS:
                 for subgraph in attribute.value:
-                    yield subgraph
-                    yield from _subgraphs(subgraph)
+                    yield from graphs_within(subgraph)
 
 
 def _read_by_checks(value: ir.Value) -> bool:
@@ -91,7 +91,7 @@ def outer_values_aliased(model: ir.Model) -> Iterator[int]:
     Scalar constants are left alone: the fusions read their values (an epsilon).
     """
     aliases: list[ir.Node] = []
-    for graph in _subgraphs(model.graph):
+    for graph in list(graphs_within(model.graph))[1:]:
         local: dict[ir.Value, ir.Value] = {}
         for node in list(graph):
             for index, value in enumerate(node.inputs):
@@ -188,4 +188,4 @@ def fusions_for_ort(model: ir.Model, attention: bool = True) -> dict[str, int]:
     return counts
 
 
-__all__ = ["fusions_for_ort", "outer_values_aliased", "takes_a_cache"]
+__all__ = ["fusions_for_ort", "graphs_within", "outer_values_aliased", "takes_a_cache"]
