@@ -12,9 +12,6 @@ import onnx_ir as ir
 import onnxruntime
 import pytest
 import torch
-from onnx_ir.passes import common as common_passes
-
-from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
 
 transformers = pytest.importorskip("transformers")
 
@@ -164,21 +161,23 @@ class RepeatedCacheAttention(torch.nn.Module):
     repeated per head of a group for any number of tokens (no one-token version), a
     float mask from the padding and causality."""
 
-    def __init__(self):
+    def __init__(self, total_from_keys: bool = False):
         super().__init__()
+        self.total_from_keys = total_from_keys
         self.q = torch.nn.Linear(HEADS * HEAD, HEADS * HEAD)
         self.kv = torch.nn.Linear(HEADS * HEAD, 2 * KV_HEADS * HEAD)
 
     def forward(self, x, attention_mask, past_key_values):
         batch, seq, _ = x.shape
-        past_key, past_value = past_key_values
+        ((past_key, past_value),) = past_key_values  # the legacy form: a pair per layer
         q = self.q(x).view(batch, seq, HEADS, HEAD).transpose(1, 2)
         k, v = self.kv(x).view(batch, seq, 2, KV_HEADS, HEAD).unbind(2)
         key = torch.cat([past_key, k.transpose(1, 2)], dim=2)
         value = torch.cat([past_value, v.transpose(1, 2)], dim=2)
-        # the length of the cache as transformers reads it, before the attention (a
-        # mask computed from the concatenated keys is not fused: see the next test)
-        total = past_key.shape[2] + seq
+        # the length of the cache as transformers reads it, before the attention, or
+        # from the concatenated keys (then the mask is computed from the present cache,
+        # which the operator writes: not fused)
+        total = key.shape[2] if self.total_from_keys else past_key.shape[2] + seq
         groups = HEADS // KV_HEADS
         keys = key[:, :, None].expand(batch, KV_HEADS, groups, total, HEAD)
         values = value[:, :, None].expand(batch, KV_HEADS, groups, total, HEAD)
@@ -193,42 +192,52 @@ class RepeatedCacheAttention(torch.nn.Module):
         return out.transpose(1, 2).reshape(batch, seq, HEADS * HEAD), key, value
 
 
+def _layer_inputs(batch: int, seq: int, past: int, padding: int) -> tuple:
+    mask = torch.ones((batch, past + seq), dtype=torch.int64)
+    mask[-1, :padding] = 0
+    cache = (torch.randn(batch, KV_HEADS, past, HEAD), torch.randn(batch, KV_HEADS, past, HEAD))
+    return (torch.randn(batch, seq, HEADS * HEAD), mask, (cache,))
+
+
+_LAYER_SHAPES = (
+    {0: "batch", 1: "seq"},
+    {0: "batch", 1: "total"},
+    (({0: "batch", 2: "past"},) * 2,),
+)
+_LAYER_CASES = [(2, 1, 5, 2), (3, 1, 7, 0), (2, 4, 3, 1), (2, 3, 0, 1)]
+
+
+def _check_layer(model, session) -> None:
+    names = [i.name for i in session.get_inputs()]
+    for batch, seq, past, padding in _LAYER_CASES:
+        example = _layer_inputs(batch, seq, past, padding)
+        with torch.no_grad():
+            expected = model(*example)
+        x, mask, ((key, value),) = example
+        feeds = dict(zip(names, [t.numpy() for t in (x, mask, key, value)]))
+        got = session.run(None, feeds)
+        for mine, theirs in zip(got, expected):
+            np.testing.assert_allclose(mine, theirs.numpy(), atol=1e-5, rtol=1e-5)
+
+
 def test_the_if_form_chooses_the_operator_for_one_token(tmp_path):
     from yobx.torch.onnx import to_onnx
 
     torch.manual_seed(0)
     model = RepeatedCacheAttention().eval()
-
-    def inputs(batch, seq, past, padding):
-        mask = torch.ones((batch, past + seq), dtype=torch.int64)
-        mask[-1, :padding] = 0
-        cache = (torch.randn(batch, KV_HEADS, past, HEAD), torch.randn(batch, KV_HEADS, past, HEAD))
-        return (torch.randn(batch, seq, HEADS * HEAD), mask, cache)
-
-    shapes = ({0: "batch", 1: "seq"}, {0: "batch", 1: "total"}, ({0: "batch", 2: "past"},) * 2)
-    # the fusion itself on the exported model (to_onnx names this module's cache
-    # past_key_values_0, which optimize="ort" does not take for a cache)
-    model_ir = to_onnx(model, inputs(2, 3, 4, 0), dynamic_shapes=shapes).model
-    common_passes.ShapeInferencePass()(model_ir)
-    assert fuse_group_query_attention(model_ir) == 1
-    (choice,) = [node for node in model_ir.graph if node.op_type == "If"]
+    example = _layer_inputs(2, 3, 4, 0)
+    result = to_onnx(model, example, dynamic_shapes=_LAYER_SHAPES, optimize="ort")
+    fusions = next(s for s in result.stages if s.name == "fuse").args["fusions"]
+    assert fusions.get("group_query_attention") == 1, fusions
+    (choice,) = [node for node in result.model.graph if node.op_type == "If"]
     assert choice.name.startswith("yobx_gqa")
     options = onnxruntime.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(tmp_path / "profile")
     session = onnxruntime.InferenceSession(
-        ir.to_proto(model_ir).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        result.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
-    names = [i.name for i in session.get_inputs()]
-    for batch, seq, past, padding in [(2, 1, 5, 2), (3, 1, 7, 0), (2, 4, 3, 1), (2, 3, 0, 1)]:
-        example = inputs(batch, seq, past, padding)
-        with torch.no_grad():
-            expected = model(*example)
-        x, mask, (key, value) = example
-        feeds = dict(zip(names, [t.numpy() for t in (x, mask, key, value)]))
-        got = session.run(None, feeds)
-        for mine, theirs in zip(got, expected):
-            np.testing.assert_allclose(mine, theirs.numpy(), atol=1e-5, rtol=1e-5)
+    _check_layer(model, session)
     with open(session.end_profiling()) as stream:
         events = json.load(stream)
     ran = collections.Counter(
@@ -237,3 +246,18 @@ def test_the_if_form_chooses_the_operator_for_one_token(tmp_path):
     # the two one-token cases ran the operator, the two prompts the model's own nodes
     assert ran["GroupQueryAttention"] == 2, ran
     assert ran["Softmax"] == 2, ran
+
+
+def test_a_mask_computed_from_the_present_cache_is_not_fused():
+    from yobx.torch.onnx import to_onnx
+
+    torch.manual_seed(0)
+    model = RepeatedCacheAttention(total_from_keys=True).eval()
+    example = _layer_inputs(2, 3, 4, 0)
+    result = to_onnx(model, example, dynamic_shapes=_LAYER_SHAPES, optimize="ort")
+    fusions = next(s for s in result.stages if s.name == "fuse").args["fusions"]
+    assert "group_query_attention" not in fusions, fusions
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    _check_layer(model, session)
