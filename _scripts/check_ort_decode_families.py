@@ -1,0 +1,151 @@
+"""``optimize="ort"`` on the decode step of several decoder families, against eager.
+
+Each family (tiny configuration: 4 heads, 2 key-value heads, head 16, 2 layers) is
+exported with a ``DynamicCache`` and dynamic batch, sequence and past, with
+``optimize="ort"``; then onnxruntime runs a decode step with a left-padded row, a
+decode step at batch 3, a left-padded prefill and a chunked prefill at batch 2, and the
+logits are compared with eager. onnxruntime's profile says which attention ran: the
+fused ``GroupQueryAttention`` (:mod:`yobx.torch.onnx.gqa_fusion`, one token) or the
+model's own ``Softmax`` (prompts, and families whose attention is not fused, such as
+Gemma 2's soft-capped scores)::
+
+    python _scripts/check_ort_decode_families.py [FAMILY ...]
+
+A line per family: the attentions fused, the operators that ran, the largest absolute
+difference with eager over the four cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+import onnxruntime
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HEADS, KV_HEADS, HEAD, LAYERS, VOCAB = 4, 2, 16, 2, 100
+FAMILIES = ("Llama", "Qwen2", "Qwen3", "Mistral", "Phi3", "Gemma", "Gemma2", "Granite")
+#: batch, new tokens, past tokens, left padding of the last row
+CASES = ((2, 1, 6, 2), (3, 1, 9, 0), (2, 5, 0, 2), (2, 3, 4, 1))
+
+
+def config_for(family: str) -> transformers.PretrainedConfig:
+    """The family's configuration, tiny."""
+    return getattr(transformers, f"{family}Config")(
+        hidden_size=HEADS * HEAD,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD,
+        vocab_size=VOCAB,
+        pad_token_id=0,
+    )
+
+
+def case_inputs(batch: int, seq: int, past: int, padding: int, seed: int) -> dict:
+    """Random ids and cache, the last row left-padded by ``padding`` positions."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.ones((batch, past + seq), dtype=torch.int64)
+    mask[-1, :padding] = 0
+    shape = (batch, KV_HEADS, past, HEAD)
+    return {
+        "input_ids": torch.randint(1, VOCAB, (batch, seq), generator=generator),
+        "attention_mask": mask,
+        "keys": [torch.randn(shape, generator=generator) for _ in range(LAYERS)],
+        "values": [torch.randn(shape, generator=generator) for _ in range(LAYERS)],
+    }
+
+
+def make_cache(config: transformers.PretrainedConfig, keys: list, values: list) -> object:
+    """A ``DynamicCache`` holding ``keys`` and ``values`` (none when they are empty)."""
+    cache = transformers.DynamicCache(config=config)
+    for layer, (key, value) in enumerate(zip(keys, values)):
+        if key.shape[2]:
+            cache.update(key.clone(), value.clone(), layer)
+    return cache
+
+
+def check_family(family: str, profile_dir: str) -> str:
+    """The report line of one family."""
+    from yobx.torch.onnx import to_onnx
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    config = config_for(family)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    example = case_inputs(2, 3, 5, 0, 0)
+    cache = make_cache(config, example["keys"], example["values"])
+    kwargs = {
+        "input_ids": example["input_ids"],
+        "attention_mask": example["attention_mask"],
+        "cache": cache,
+    }
+    shapes = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
+    }
+    result = to_onnx(model, (), kwargs, dynamic_shapes=shapes, optimize="ort")
+    fusions = next(s for s in result.stages if s.name == "fuse").args["fusions"]
+    options = onnxruntime.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(profile_dir, family)
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    names = [output.name for output in session.get_outputs()]
+    worst = 0.0
+    for case in CASES:
+        inputs = case_inputs(*case, seed=sum(case))
+        with torch.no_grad():
+            expected = model(
+                input_ids=inputs["input_ids"],
+                attention_mask=inputs["attention_mask"],
+                past_key_values=make_cache(config, inputs["keys"], inputs["values"]),
+                use_cache=True,
+            )
+        feeds = {
+            "input_ids": inputs["input_ids"].numpy(),
+            "attention_mask": inputs["attention_mask"].numpy(),
+        }
+        for layer in range(LAYERS):
+            feeds[f"past_key_values.{layer}.key"] = inputs["keys"][layer].numpy()
+            feeds[f"past_key_values.{layer}.value"] = inputs["values"][layer].numpy()
+        got = dict(zip(names, session.run(None, feeds)))
+        worst = max(worst, float(np.abs(got["logits"] - expected.logits.numpy()).max()))
+    with open(session.end_profiling()) as stream:
+        events = json.load(stream)
+    ran = collections.Counter(e["args"].get("op_name") for e in events if e.get("cat") == "Node")
+    return (
+        f"{family:10s} fused {fusions.get('group_query_attention', 0):3d}  "
+        f"ran GroupQueryAttention {ran['GroupQueryAttention']:3d} Softmax {ran['Softmax']:3d}  "
+        f"max error {worst:.2e}"
+    )
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("families", nargs="*", default=list(FAMILIES))
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as profile_dir:
+        for family in args.families:
+            try:
+                print(check_family(family, profile_dir), flush=True)
+            except Exception as exc:  # a report line per family, whatever fails
+                print(f"{family:10s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
