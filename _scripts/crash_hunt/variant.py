@@ -2,7 +2,8 @@
 ``noslots`` (type slots' write-back), ``nostatic`` (directly made fakes), ``nosymmeta``
 (storages resized to a symbolic size), ``notracer``, ``nopasses``, ``noweakref``,
 ``skip_<pass>`` (one of ``run_default_passes``'s), ``nopropagate``, ``nolint``,
-``norecompile``, ``nowalk`` / ``nolocal`` (``remove_inplace``'s two paths). See
+``norecompile``, ``nowalk`` / ``nolocal`` (``remove_inplace``'s two paths),
+``nowriteback`` (its write-back of the final values). See
 ``run.sh``."""
 
 import os
@@ -118,3 +119,7 @@ if variant in ("nowalk", "nolocal"):
         return any_write, local
 
     RI3._scan_writes = _scan_writes
+if variant == "nowriteback":
+    RI4 = sys.modules["yobx.torch.passes.remove_inplace"]
+    RI4.write_back = lambda graph, finals: None
+    RI4.record_outputs = lambda graph, finals: None
