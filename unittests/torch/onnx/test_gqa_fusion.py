@@ -54,6 +54,18 @@ def _cache(config, keys, values):
     return cache
 
 
+def _feeds(inputs: dict) -> dict:
+    """The ONNX model's inputs: ids, mask and the cache interleaved per layer."""
+    feeds = {
+        "input_ids": inputs["input_ids"].numpy(),
+        "attention_mask": inputs["attention_mask"].numpy(),
+    }
+    for layer in range(LAYERS):
+        feeds[f"past_key_values.{layer}.key"] = inputs["keys"][layer].numpy()
+        feeds[f"past_key_values.{layer}.value"] = inputs["values"][layer].numpy()
+    return feeds
+
+
 @pytest.fixture(scope="module")
 def exported():
     from yobx.torch.onnx import to_onnx
@@ -112,13 +124,7 @@ def test_matches_eager_with_padded_masks(exported, batch, seq, past, padding):
             past_key_values=_cache(config, inputs["keys"], inputs["values"]),
             use_cache=True,
         )
-    feeds = {
-        "input_ids": inputs["input_ids"].numpy(),
-        "attention_mask": inputs["attention_mask"].numpy(),
-    }
-    for layer in range(LAYERS):
-        feeds[f"past_key_values.{layer}.key"] = inputs["keys"][layer].numpy()
-        feeds[f"past_key_values.{layer}.value"] = inputs["values"][layer].numpy()
+    feeds = _feeds(inputs)
     names = [output.name for output in session.get_outputs()]
     got = dict(zip(names, session.run(None, feeds)))
     # every position: padded query rows too (their attention is zeroed by the model's
@@ -133,13 +139,7 @@ def test_matches_eager_with_padded_masks(exported, batch, seq, past, padding):
 def test_a_decode_step_runs_the_fused_operator(exported, tmp_path):
     config, _, result, _ = exported
     inputs = _inputs(config, 2, 1, 6, 2, seed=1)
-    feeds = {
-        "input_ids": inputs["input_ids"].numpy(),
-        "attention_mask": inputs["attention_mask"].numpy(),
-    }
-    for layer in range(LAYERS):
-        feeds[f"past_key_values.{layer}.key"] = inputs["keys"][layer].numpy()
-        feeds[f"past_key_values.{layer}.value"] = inputs["values"][layer].numpy()
+    feeds = _feeds(inputs)
     options = onnxruntime.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(tmp_path / "profile")

@@ -97,8 +97,6 @@ def outer_values_aliased(model: ir.Model) -> Iterator[int]:
             for index, value in enumerate(node.inputs):
                 if value is None or value.graph is graph or _read_by_checks(value):
                     continue
-                if value.producer() is not None and value.producer().graph is graph:
-                    continue
                 alias = local.get(value)
                 if alias is None:
                     identity = ir.node("Identity", [value], name=f"{_ALIAS}_{len(aliases)}")
