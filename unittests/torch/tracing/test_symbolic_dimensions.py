@@ -79,3 +79,50 @@ def test_a_question_torchs_bounds_cannot_answer_is_decided_from_the_sizes():
     # decided from the sizes (6 // 4 = 1 > 0), with a guard that says so
     assert dims.shape_env.evaluate_expr(question) == sympy.true
     assert any(guard.expr == question for guard in dims.shape_env.guards)
+
+
+class _VersionsWithAConstant(torch.nn.Module):
+    """A branch on the batch (two versions) and an item assignment at listed columns:
+    removing the in-place write makes an index tensor, a constant of the trace's fake
+    mode (its converter keeps a ``StorageWeakRef`` to it)."""
+
+    def forward(self, x):
+        y = x.clone()
+        y[:, [0, 2]] = 0
+        if x.shape[0] > 3:
+            return y * 2
+        return y + 1
+
+
+def test_a_deep_copy_of_a_traced_module_keeps_its_dimensions(monkeypatch):
+    import copy
+
+    import torch.multiprocessing.reductions as reductions
+
+    from yobx.torch.tracing.versions import DIMENSIONS_KEY
+
+    model = _VersionsWithAConstant()
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        model,
+        concrete_args={"x": torch.randn(5, 4)},
+        dynamic_shapes={"x": {0: "batch"}},
+        remove_inplace=True,
+    )
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    versions = {n: m for n, m in gm.named_modules() if DIMENSIONS_KEY in getattr(m, "meta", {})}
+    assert len(versions) == 2, list(versions)
+    mapping = versions["version_1"].meta[DIMENSIONS_KEY].fake_mode.fake_tensor_converter
+    assert mapping.constant_storage_mapping, "the trace should keep a constant's weak ref"
+
+    def copied(self, protocol):
+        # two StorageWeakRef objects with the same reference each release it once
+        raise AssertionError("a StorageWeakRef of the trace's fake mode was copied")
+
+    monkeypatch.setattr(reductions.StorageWeakRef, "__reduce_ex__", copied, raising=False)
+    clone = copy.deepcopy(gm)
+    for name, module in versions.items():
+        assert clone.get_submodule(name).meta[DIMENSIONS_KEY] is module.meta[DIMENSIONS_KEY]
+    for rows in (2, 3, 5, 8):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(clone(x), model(x))

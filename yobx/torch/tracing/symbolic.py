@@ -172,6 +172,20 @@ class SymbolicDimensions:
         #: reported (the tracer sets it while torch splits a tensor into pieces)
         self.on_default_bound_division: Callable[[sympy.Basic, bool], None] | None = None
 
+    def __deepcopy__(self, memo: dict) -> SymbolicDimensions:
+        """A deep copy is the same object: the dimensions of one trace are not copied.
+
+        Graph modules keep their trace's dimensions in ``meta`` and users deep-copy graph
+        modules (``copy.deepcopy(gm)``). The copy must keep the same symbols: the fake
+        values in its nodes' ``meta`` are shared with the original and belong to this
+        ShapeEnv. And copying the FakeTensorMode would duplicate the ``StorageWeakRef``
+        objects its converter keeps for constant tensors: each copy releases the same
+        weak reference when collected, the storage is released once too often and the
+        process later crashes (a freed ``StorageImpl`` written to).
+        """
+        memo[id(self)] = self
+        return self
+
     def consult_prover(self) -> None:
         """Lets torch's own static decisions use :meth:`prove` when it finds no answer.
 
