@@ -1,10 +1,12 @@
-"""Random ONNX models with an ``If`` whose branches share parts, merged
-(:mod:`yobx.torch.onnx.branch_merging`) and compared with the model before the merge in
+"""Random ONNX models with ``If`` nodes whose branches share parts, merged as the export
+merges them (:mod:`yobx.torch.onnx.branch_merging`, :mod:`yobx.torch.onnx.filler_slots`,
+:mod:`yobx.torch.onnx.if_trees`) and compared with the model before the merge in
 onnxruntime, for every pair of conditions and two sizes.
 
 ``python _scripts/fuzz_branch_merging.py --count 2000`` prints how many programs kept
-their outputs, how many the merge changed (wrong), how many failed to run after it,
-and how many merged at least one node; ``--show`` prints each failing seed's model.
+their outputs, how many the merge changed (wrong), how many failed to run after it, how
+many merged at least one node and how many ran a tree of ``If`` nodes as one; ``--show``
+prints each failing seed's model.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def main() -> None:
     import onnx
 
     counts: collections.Counter = collections.Counter()
-    merged = 0
+    merged = collapsed = 0
     start = time.perf_counter()
     for seed in range(options.start, options.start + options.count):
         try:
@@ -45,6 +47,7 @@ def main() -> None:
                 print(onnx.printer.to_text(generate_branch_program(seed)))
             continue
         merged += outcome.merged > 0
+        collapsed += outcome.collapsed > 0
         if outcome.wrong:
             counts["wrong"] += 1
             print(f"seed {seed}: wrong: {outcome.wrong}")
@@ -55,7 +58,8 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     print(
         f"{options.count} programs in {elapsed:.0f} s: kept {counts['kept']}, "
-        f"wrong {counts['wrong']}, failed {counts['failed']}; merged something in {merged}"
+        f"wrong {counts['wrong']}, failed {counts['failed']}; merged something in {merged}, "
+        f"collapsed a tree in {collapsed}"
     )
 
 

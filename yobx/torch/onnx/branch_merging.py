@@ -46,7 +46,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["merge_if_branches"]
+__all__ = ["FILLER_KEY", "merge_if_branches"]
+
+#: ``node.meta`` key (in memory only) of the constants filling an output a stretch only
+#: needs on the other side: nothing reads them on their side
+FILLER_KEY = "yobx_filler"
 
 
 def merge_if_branches(model: ir.Model) -> int:
@@ -347,8 +351,8 @@ class _Planner:
             id(a) in self.in_stretch[0]
             and id(b) in self.in_stretch[1]
             and a.type == b.type
-            and not self.branches[0].constant(a)
-            and not self.branches[1].constant(b)
+            and not (self.branches[0].constant(a) and not _fills(a))
+            and not (self.branches[1].constant(b) and not _fills(b))
         )
 
     def run(self) -> _Plan | None:
@@ -536,6 +540,14 @@ def _merged_shape(first: ir.Shape | None, second: ir.Shape | None) -> ir.Shape |
     return ir.Shape([a if a == b else None for a, b in zip(first, second)])
 
 
+def _fills(value: ir.Value) -> bool:
+    """``value`` is a filler (or a copy of one): a constant, but not a weight."""
+    producer = value.producer()
+    while producer is not None and producer.op_type == "Identity" and producer.domain == "":
+        producer = producer.inputs[0].producer() if producer.inputs[0] is not None else None
+    return producer is not None and bool(producer.meta.get(FILLER_KEY))
+
+
 def _can_stand_empty(value: ir.Value) -> bool:
     """An empty tensor can fill this value's output on the side that does not compute
     it (a tensor of known element type)."""
@@ -552,6 +564,7 @@ def _empty_like(value: ir.Value, name: str) -> ir.Node:
     node = ir.node("Constant", [], attributes={"value": tensor}, name=name)
     node.outputs[0].name = name
     node.outputs[0].type = ir.TensorType(dtype)
+    node.meta[FILLER_KEY] = True
     return node
 
 
@@ -642,6 +655,9 @@ def _share(
                 inner.replace_input_with(index, replacements[id(value)])
     for a, b in _defined_alike(then_node, else_node):
         a.shape = _merged_shape(a.shape, b.shape)
+    if not else_node.meta.get(FILLER_KEY):
+        # a filler paired with a real constant (a zero scalar) is read on one side
+        then_node.meta.pop(FILLER_KEY, None)
     _detach(else_node)
 
 

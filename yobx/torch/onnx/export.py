@@ -36,6 +36,7 @@ from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.opsets import DEFAULT_OPSET, check_opset, convert_opset, supported_opsets
 from yobx.torch.onnx.optimize import (
     check_optimize_level,
+    collapse_branch_trees,
     fuse_for_onnxruntime,
     merge_branches,
     optimize_model,
@@ -707,6 +708,7 @@ def _optimize_and_check(
         if optimize != "ort":
             # versions share most of their nodes: computed once, out of the If nodes
             info["nodes_merged"] = merge_branches(ir_model)
+            info["if_trees_collapsed"] = collapse_branch_trees(ir_model)
         # linear layers read their weights [in, out], as quantizers expect them
         info["weights_transposed"] = store_weights_transposed(ir_model, weights)
         info["onnx_nodes"] = len(ir_model.graph)
@@ -722,6 +724,7 @@ def _optimize_and_check(
             info["fusions"] = _fuse(ir_model, weights, dimensions)
             # after the fusions, which look for their patterns in whole versions
             info["nodes_merged"] = merge_branches(ir_model)
+            info["if_trees_collapsed"] = collapse_branch_trees(ir_model)
             info["weights_transposed"] = store_weights_transposed(ir_model, weights)
             info["onnx_nodes"] = len(ir_model.graph)
         if checked_inputs is not None:

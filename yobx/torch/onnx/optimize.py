@@ -24,7 +24,9 @@ import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 
 from yobx.torch.onnx.branch_merging import merge_if_branches
+from yobx.torch.onnx.filler_slots import merge_filler_slots
 from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
+from yobx.torch.onnx.if_trees import collapse_if_trees
 from yobx.torch.onnx.ort_fusions import fusions_for_ort, takes_a_cache
 
 
@@ -218,6 +220,10 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
     ir.passes.Sequential(*passes)(model)
 
 
+#: rounds of :func:`merge_branches` (a round merges what the previous one made alike)
+_MERGE_ROUNDS = 4
+
+
 def merge_branches(model: ir.Model) -> int:
     """Merges the branches of every ``If`` (:mod:`.branch_merging`), then removes what
     became unused and what the enclosing graphs now compute twice; returns how many
@@ -226,15 +232,42 @@ def merge_branches(model: ir.Model) -> int:
     Run it after the optimizer (branches as simple as they get align best) and after
     onnxruntime's fusions (their patterns span what the merge splits between the
     main graph and smaller ``If`` nodes)."""
-    merged = merge_if_branches(model)
-    if merged:
+    merged = slots = 0
+    for _ in range(_MERGE_ROUNDS):
+        merged += merge_if_branches(model)
+        # outputs never needed on the same side become one: the stretches reading
+        # them may now read the same value on both sides and merge in the next round
+        removed = merge_filler_slots(model)
+        slots += removed
+        if not removed:
+            break
+    if merged or slots:
+        shapes = [value.shape for value in model.graph.outputs]
         ir.passes.Sequential(
             common_passes.RemoveUnusedNodesPass(),
             common_passes.CommonSubexpressionEliminationPass(),
             common_passes.OutputFixPass(),
             common_passes.NameFixPass(),
         )(model)
+        for value, shape in zip(model.graph.outputs, shapes):
+            # a model output the elimination replaced by an equal value (two layers
+            # computing the same) keeps its shape: the checker requires one
+            if value.shape is None:
+                value.shape = shape
     return merged
+
+
+def collapse_branch_trees(model: ir.Model) -> int:
+    """Runs each tree of nested ``If`` nodes as one ``If`` choosing between its distinct
+    leaves (:mod:`.if_trees`), after :func:`merge_branches`; returns how many trees."""
+    collapsed = collapse_if_trees(model)
+    if collapsed:
+        ir.passes.Sequential(
+            common_passes.RemoveUnusedNodesPass(),
+            common_passes.OutputFixPass(),
+            common_passes.NameFixPass(),
+        )(model)
+    return collapsed
 
 
 def _boolean_wheres_as_logic(model: ir.Model) -> int:
