@@ -18,6 +18,10 @@ taking a cache (``input_ids``, ``attention_mask``, ``past_key_values.<layer>.key
 * ``yobx-ort-attention`` (not run by default): ``yobx-ort`` with onnxscript's attention
   fusions too (``MultiHeadAttention``), which ``optimize="ort"`` leaves out of a step
   with a cache (:mod:`yobx.torch.onnx.ort_fusions`): what that choice is worth;
+* ``yobx-nested`` and ``yobx-ort-nested`` (not run by default): ``yobx`` and
+  ``yobx-ort`` without the passes making the versions' nested ``If`` nodes fewer
+  (:mod:`yobx.torch.onnx.filler_slots`, :mod:`yobx.torch.onnx.if_trees`): what they
+  are worth;
 * ``torch.onnx``: ``torch.onnx.export(dynamo=True)`` with ``torch.export.Dim`` shapes;
 * ``builder`` and ``builder-int4``: onnxruntime-genai's model builder run offline on
   the saved checkpoint (``-p fp32`` and ``-p int4``, ``-e cpu``), its ``model.onnx`` run
@@ -87,7 +91,7 @@ VARIANTS = (
     "builder-int4",
 )
 #: variants run only when asked for
-OPTIONAL_VARIANTS = ("yobx-in-out", "yobx-ort-attention")
+OPTIONAL_VARIANTS = ("yobx-in-out", "yobx-ort-attention", "yobx-nested", "yobx-ort-nested")
 #: the names a cache's tensors get: yobx's and the builder's, torch.onnx's
 _CACHE_NAMES = (
     re.compile(r"^past_key_values\.(?P<layer>\d+)\.(?P<kind>key|value)$"),
@@ -252,6 +256,22 @@ def export_ort_attention(model: torch.nn.Module, kwargs: dict) -> tuple[onnx.Mod
         optimize_module.takes_a_cache = default
 
 
+def export_nested(model: torch.nn.Module, kwargs: dict, **options: Any) -> tuple:
+    """``yobx`` (or ``yobx-ort`` with ``optimize="ort"``) without the passes that make
+    the versions' nested ``If`` nodes fewer (outputs filled on opposite sides merged,
+    trees of ``If`` nodes run as one): what they are worth."""
+    import yobx.torch.onnx.export as export_module
+    import yobx.torch.onnx.optimize as optimize_module
+
+    saved = optimize_module.merge_filler_slots, export_module.collapse_branch_trees
+    optimize_module.merge_filler_slots = lambda model: 0
+    export_module.collapse_branch_trees = lambda model: 0
+    try:
+        return export_yobx(model, kwargs, **options)
+    finally:
+        optimize_module.merge_filler_slots, export_module.collapse_branch_trees = saved
+
+
 def export_torch_onnx(model: torch.nn.Module, kwargs: dict) -> onnx.ModelProto:
     """``torch.onnx.export(dynamo=True)`` of the step, the same shapes as Dims."""
     kwargs = copy.deepcopy(kwargs)
@@ -306,6 +326,8 @@ def export_all(
         ),
         "yobx-in-out": lambda: export_in_out(model, kwargs),
         "yobx-ort-attention": lambda: export_ort_attention(model, kwargs),
+        "yobx-nested": lambda: export_nested(model, kwargs),
+        "yobx-ort-nested": lambda: export_nested(model, kwargs, optimize="ort"),
         "torch.onnx": lambda: export_torch_onnx(model, kwargs),
         "builder": lambda: export_builder(checkpoint, os.path.join(workdir, "fp32"), "fp32"),
         "builder-int4": lambda: export_builder(checkpoint, os.path.join(workdir, "int4"), "int4"),
