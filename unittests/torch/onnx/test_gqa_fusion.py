@@ -261,3 +261,21 @@ def test_a_mask_computed_from_the_present_cache_is_not_fused():
         result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     _check_layer(model, session)
+
+
+def test_the_trees_of_the_versions_run_as_one_if(exported):
+    # the stretches where the versions differ (how each layer reshapes its keys and
+    # values, ...) are trees of nested If nodes with few distinct leaves: each runs as
+    # one If (yobx.torch.onnx.if_trees); the values above are computed that way
+    _, _, result, _ = exported
+    fuse = next(s for s in result.stages if s.name == "fuse").args
+    assert fuse["if_trees_collapsed"] >= 2 * LAYERS, fuse
+    main = [node for node in result.model.graph if node.op_type == "If"]
+    selectors = [node for node in main if node.name.startswith("yobx_path")]
+    chosen = [node for node in main if node.name.startswith("yobx_leaves")]
+    assert selectors and len(chosen) >= 2 * LAYERS, [node.name for node in main]
+    for node in chosen:
+        for attribute in ("then_branch", "else_branch"):
+            # a leaf, or the next If of the chain between three leaves or more
+            inner = [n for n in node.attributes[attribute].value if n.op_type == "If"]
+            assert all(n.name.startswith("yobx_leaves") for n in inner), inner
