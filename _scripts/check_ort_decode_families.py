@@ -9,10 +9,14 @@ fused ``GroupQueryAttention`` (:mod:`yobx.torch.onnx.gqa_fusion`, one token) or 
 model's own ``Softmax`` (prompts, and families whose attention is not fused, such as
 Gemma 2's soft-capped scores)::
 
-    python _scripts/check_ort_decode_families.py [FAMILY ...]
+    python _scripts/check_ort_decode_families.py [--time RUNS] [FAMILY ...]
 
 A line per family: the attentions fused, the operators that ran, the largest absolute
-difference with eager over the four cases.
+difference with eager over the four cases. With ``--time``, the family is also exported
+with the default optimizer, and both models run a decode step (batch 1, one token, a
+past of 128) and a prefill (batch 1, 32 tokens) alternately, one thread, ``RUNS``
+times after a warm-up: the line ends with the medians' ratio ``optimize="ort"`` /
+default for each (issue #32 asks for ``optimize="ort"`` never slower than the default).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import argparse
 import collections
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -75,8 +81,50 @@ def make_cache(config: transformers.PretrainedConfig, keys: list, values: list) 
     return cache
 
 
-def check_family(family: str, profile_dir: str) -> str:
-    """The report line of one family."""
+def feeds_of(inputs: dict) -> dict:
+    """The ONNX model's inputs: ids, mask and the cache interleaved per layer."""
+    feeds = {
+        "input_ids": inputs["input_ids"].numpy(),
+        "attention_mask": inputs["attention_mask"].numpy(),
+    }
+    for layer in range(LAYERS):
+        feeds[f"past_key_values.{layer}.key"] = inputs["keys"][layer].numpy()
+        feeds[f"past_key_values.{layer}.value"] = inputs["values"][layer].numpy()
+    return feeds
+
+
+def ort_over_default(model: torch.nn.Module, kwargs: dict, shapes: dict, ort, runs: int) -> str:
+    """``optimize="ort"`` / default, median latencies of a decode step and a prefill
+    (sessions alternating, one thread)."""
+    from yobx.torch.onnx import to_onnx
+
+    default = to_onnx(model, (), kwargs, dynamic_shapes=shapes).model_proto
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    sessions = [
+        onnxruntime.InferenceSession(
+            p.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        for p in (ort, default)
+    ]
+    ratios = []
+    for label, case in (("decode", (1, 1, 128, 0)), ("prefill", (1, 32, 0, 0))):
+        feeds = feeds_of(case_inputs(*case, seed=1))
+        times: list[list[float]] = [[], []]
+        for index in range(runs + 3):
+            for session, spent in zip(sessions, times):
+                start = time.perf_counter()
+                session.run(None, feeds)
+                if index >= 3:
+                    spent.append(time.perf_counter() - start)
+        medians = [statistics.median(spent) for spent in times]
+        ratios.append(f"{label} {medians[0] / medians[1]:.2f}")
+    return "  ort/default " + " ".join(ratios)
+
+
+def check_family(family: str, profile_dir: str, runs: int = 0) -> str:
+    """The report line of one family (timed against the default optimizer when
+    ``runs``)."""
     from yobx.torch.onnx import to_onnx
     from yobx.torch.tracing.inputs import cache_dynamic_shapes
 
@@ -114,35 +162,36 @@ def check_family(family: str, profile_dir: str) -> str:
                 past_key_values=make_cache(config, inputs["keys"], inputs["values"]),
                 use_cache=True,
             )
-        feeds = {
-            "input_ids": inputs["input_ids"].numpy(),
-            "attention_mask": inputs["attention_mask"].numpy(),
-        }
-        for layer in range(LAYERS):
-            feeds[f"past_key_values.{layer}.key"] = inputs["keys"][layer].numpy()
-            feeds[f"past_key_values.{layer}.value"] = inputs["values"][layer].numpy()
-        got = dict(zip(names, session.run(None, feeds)))
+        got = dict(zip(names, session.run(None, feeds_of(inputs))))
         worst = max(worst, float(np.abs(got["logits"] - expected.logits.numpy()).max()))
     with open(session.end_profiling()) as stream:
         events = json.load(stream)
     ran = collections.Counter(e["args"].get("op_name") for e in events if e.get("cat") == "Node")
+    timed = ""
+    if runs:
+        # a cache of its own for the second export (a capture runs the model on it)
+        fresh = {**kwargs, "cache": make_cache(config, example["keys"], example["values"])}
+        timed = ort_over_default(model, fresh, shapes, result.model_proto, runs)
     return (
         f"{family:10s} fused {fusions.get('group_query_attention', 0):3d}  "
         f"ran GroupQueryAttention {ran['GroupQueryAttention']:3d} Softmax {ran['Softmax']:3d}  "
-        f"max error {worst:.2e}"
+        f"max error {worst:.2e}{timed}"
     )
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("families", nargs="*", default=list(FAMILIES))
+    parser.add_argument(
+        "--time", type=int, default=0, metavar="RUNS", help="time against the default"
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as profile_dir:
         for family in args.families:
             try:
-                print(check_family(family, profile_dir), flush=True)
+                print(check_family(family, profile_dir, args.time), flush=True)
             except Exception as exc:  # a report line per family, whatever fails
                 print(f"{family:10s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
 

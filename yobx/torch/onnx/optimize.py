@@ -225,9 +225,10 @@ _MERGE_ROUNDS = 4
 
 
 def merge_branches(model: ir.Model) -> int:
-    """Merges the branches of every ``If`` (:mod:`.branch_merging`), then removes what
-    became unused and what the enclosing graphs now compute twice; returns how many
-    nodes run once instead of once in each branch.
+    """Merges the branches of every ``If`` (:mod:`.branch_merging`), makes the outputs
+    never needed on the same side one (:mod:`.filler_slots`) and merges again while that
+    changes something, then removes what became unused and what the enclosing graphs
+    now compute twice; returns how many nodes run once instead of once in each branch.
 
     Run it after the optimizer (branches as simple as they get align best) and after
     onnxruntime's fusions (their patterns span what the merge splits between the
