@@ -11,7 +11,9 @@ as a layer after an attention that differs does), a *different* segment writes n
 of its own in each branch (none in one of them at times). Nodes are elementwise
 operations, products with weights of the enclosing graph, reductions keeping their
 axis, shape-reading and reshaping nodes, and at times an ``If`` on the second boolean
-nested inside a branch, built the same way, or alike inside both. A branch returns
+nested inside a branch, built the same way, or alike inside both, or nested in one
+branch while the other computes its then branch itself (a tree with a leaf repeated,
+once merged). A branch returns
 its last values, at times a value of the enclosing graph itself.
 
 :func:`check_merge` merges the branches as the export does
@@ -79,8 +81,8 @@ def _branches(
     """The two branches of an ``If``, from one list of segments."""
     sides = [([], list(outer)), ([], list(outer))]
     for _ in range(rng.randint(1, 5)):
-        kind = rng.choice(["common", "common", "different", "nested"])
-        if kind == "nested" and depth >= 1:
+        kind = rng.choice(["common", "common", "different", "nested", "tree"])
+        if kind in ("nested", "tree") and depth >= 1:
             kind = "different"
         if kind == "common":
             state = rng.getstate()
@@ -92,6 +94,8 @@ def _branches(
             for nodes, pool in sides:
                 for _ in range(rng.choice([0, 1, 1, 2, 3])):
                     _step(rng, pool, nodes, name, weights)
+        elif kind == "tree":
+            _repeated_leaf(rng, sides, name, weights, depth)
         else:
             # an If on the second boolean, in one branch, or alike in both (the same
             # structure reading each branch's own values)
@@ -125,6 +129,34 @@ def _branches(
         ]
         graphs.append(oh.make_graph(nodes, name(f"branch{index}_"), [], outputs))
     return graphs[0], graphs[1]
+
+
+def _repeated_leaf(rng: random.Random, sides: list, name, weights: list[str], depth: int) -> None:
+    """An ``If`` on the second boolean in the first branch, and its then branch written
+    out in the second branch (reading that branch's own values): once merged, a tree
+    of ``If`` nodes with a leaf repeated, as versions give."""
+    (then_nodes, then_pool), (else_nodes, else_pool) = sides
+    reads = then_pool[-3:]
+    inner = _branches(rng, reads, name, weights, depth + 1)
+    outs = [name("w") for _ in range(OUTPUTS)]
+    then_nodes.append(oh.make_node("If", ["c2"], outs, then_branch=inner[0], else_branch=inner[1]))
+    then_pool += outs
+    # the values of the same positions from the end (the first one again when the
+    # second branch has fewer)
+    renamed = {
+        value: else_pool[-min(len(reads) - index, len(else_pool))]
+        for index, value in enumerate(reads)
+    }
+    for node in inner[0].node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = name("n")
+        for index, value in enumerate(copy.input):
+            copy.input[index] = renamed.get(value, value)
+        for index, value in enumerate(copy.output):
+            renamed[value] = copy.output[index] = name("t")
+        else_nodes.append(copy)
+    else_pool += [renamed[output.name] for output in inner[0].output]
 
 
 def generate_branch_program(seed: int) -> onnx.ModelProto:
