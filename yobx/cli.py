@@ -189,7 +189,7 @@ def _with_dimension_names(text: str, names: dict[str, str]) -> str:
 
 def _print_versions(tracer) -> None:
     """The versions the graph chooses between, and the decisions left constraints."""
-    from yobx.torch.tracing.versions import describe_versions
+    from yobx.torch.tracing.constraints.versions import describe_versions
 
     versions, notes = list(tracer.versions), list(tracer.version_notes)
     if versions or notes:

@@ -524,7 +524,7 @@ def print_summary(result: Any, total_s: float) -> None:
         print(f"  {check.expression}")
     versions, notes = result.versions, result.version_notes
     if versions or notes:
-        from yobx.torch.tracing.versions import describe_versions
+        from yobx.torch.tracing.constraints.versions import describe_versions
 
         print(f"versions            {len(versions) or 1} (an If on the inputs' sizes)")
         for line in describe_versions(versions, notes):

@@ -1,8 +1,9 @@
 """A process-wide cache empties itself when full, and the tracer's caches are such."""
 
 from yobx.torch.bounded_cache import BoundedCache
-from yobx.torch.tracing import loops, symbolic, symbolic_memo
+from yobx.torch.tracing.core import loops
 from yobx.torch.tracing.shape_rules import remembered
+from yobx.torch.tracing.symbolic import symbolic, symbolic_memo
 
 
 def test_a_full_cache_empties_itself_before_a_new_entry():

@@ -250,7 +250,7 @@ def _output_tensors(value: Any, path: str = "") -> list[tuple[str, Any]]:
     """``(path, tensor)`` for the tensors of an output structure, in the order of
     transformers' pytree flattening (mappings by key, objects by attribute, sequences
     in order); the path names the ONNX output (``logits``, ``cache.layers.0.keys``)."""
-    from yobx.torch.tracing.proxies import CustomProxy, _ScalarProxy
+    from yobx.torch.tracing.core.proxies import CustomProxy, _ScalarProxy
 
     if isinstance(value, CustomProxy):
         return [] if isinstance(value, _ScalarProxy) else [(path or "output", value)]

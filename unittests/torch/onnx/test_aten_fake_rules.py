@@ -9,7 +9,7 @@ from unittests.torch.onnx._helpers import export_and_validate
 from yobx.torch.onnx.aten_fake_rules import RULES, aten_fake_rules
 from yobx.torch.tracing import shape_rules
 from yobx.torch.tracing.shape_rules._base import TensorFactory
-from yobx.torch.tracing.symbolic import SymbolicDimensions
+from yobx.torch.tracing.symbolic.symbolic import SymbolicDimensions
 
 aten = torch.ops.aten
 

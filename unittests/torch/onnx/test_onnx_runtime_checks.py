@@ -337,7 +337,7 @@ def test_a_shared_division_keeps_its_condition_in_every_check():
     from torch.utils._sympy.functions import FloorDiv, PythonMod
 
     from yobx.torch.onnx.runtime_checks import CHECK_NODE_PREFIX, _CheckGraph
-    from yobx.torch.tracing.runtime_checks import RuntimeCheck
+    from yobx.torch.tracing.constraints.runtime_checks import RuntimeCheck
 
     n, m = sympy.Symbol("n", integer=True), sympy.Symbol("m", integer=True)
     remainder = PythonMod(m, FloorDiv(n, 4))

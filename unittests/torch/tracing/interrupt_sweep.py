@@ -30,8 +30,8 @@ from torch.fx.experimental.sym_node import SymNode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.patch_window import _WINDOW_LOCK, _dynamo_compile_lock
-from yobx.torch.tracing.world_state import THREAD_STATE, WorldState
+from yobx.torch.tracing.isolation.patch_window import _WINDOW_LOCK, _dynamo_compile_lock
+from yobx.torch.tracing.isolation.world_state import THREAD_STATE, WorldState
 
 #: objects whose attributes the tracer patches (or could)
 OWNERS = (
@@ -112,7 +112,7 @@ def _in_torch_decomposition(frame: Any) -> bool:
 #: torch's dispatch-mode exits: an interrupt at their start, while the fake mode
 #: dispatches an operation, makes a C++ guard throw from its destructor and the process
 #: aborts (torch 2.13). A real Ctrl-C never lands there during a trace: the tracer
-#: raises it at its next operation (yobx.torch.tracing.deferred_interrupts).
+#: raises it at its next operation (yobx.torch.tracing.isolation.deferred_interrupts).
 _DISPATCH_MODE_EXITS = frozenset(
     {TorchDispatchMode.__exit__.__code__, FakeTensorMode.__exit__.__code__}
 )
@@ -273,6 +273,6 @@ def leftovers(before: Snapshot, model: torch.nn.Module) -> list[str]:
 def is_interrupt(error: BaseException | None) -> bool:
     """An interrupt, or an exception raised because of one (torch wraps an interrupt
     raised in a Python callback of its C++ code into a RuntimeError)."""
-    from yobx.torch.tracing.world_state import involves_interrupt
+    from yobx.torch.tracing.isolation.world_state import involves_interrupt
 
     return involves_interrupt(error)

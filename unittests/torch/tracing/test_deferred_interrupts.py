@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.world_state import WorldState
+from yobx.torch.tracing.isolation.world_state import WorldState
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_a_trace_in_another_thread_leaves_the_handler_alone(default_handler):
 def test_a_ctrl_c_noted_in_the_main_thread_stops_its_block_not_another_threads_trace(
     default_handler,
 ):
-    from yobx.torch.tracing.deferred_interrupts import deferred_interrupts
+    from yobx.torch.tracing.isolation.deferred_interrupts import deferred_interrupts
 
     outcome = {}
 
@@ -147,7 +147,7 @@ def test_a_ctrl_c_noted_in_the_main_thread_stops_its_block_not_another_threads_t
 
 
 def test_a_handler_left_by_a_block_cut_short_is_replaced(default_handler):
-    from yobx.torch.tracing import deferred_interrupts as module
+    from yobx.torch.tracing.isolation import deferred_interrupts as module
 
     # as after an interrupt between installing the handler and entering the block
     signal.signal(signal.SIGINT, module._note_interrupt)

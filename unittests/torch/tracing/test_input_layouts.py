@@ -11,7 +11,7 @@ import torch
 
 from yobx.torch.onnx import to_onnx
 from yobx.torch.tracing import CustomTracer, TracingError
-from yobx.torch.tracing.input_layouts import InputLayoutError, check_contiguous
+from yobx.torch.tracing.constraints.input_layouts import InputLayoutError, check_contiguous
 
 DYNAMIC = {"x": {0: "a", 1: "b"}}
 

@@ -9,7 +9,7 @@ import pytest
 import sympy
 from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
 
-from yobx.torch.tracing.integral_conditions import integral_condition
+from yobx.torch.tracing.symbolic.integral_conditions import integral_condition
 
 H, W = sympy.symbols("h w", integer=True)
 HALF, QUARTER = sympy.Rational(1, 2), sympy.Rational(1, 4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.module_classes import class_level_targets, traced_module_classes
+from yobx.torch.tracing.isolation.module_classes import class_level_targets, traced_module_classes
 
 _NAMES = ("__call__", "__getattr__", "__setattr__")
 

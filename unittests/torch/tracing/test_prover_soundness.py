@@ -15,8 +15,8 @@ import pytest
 import sympy
 from torch.utils._sympy.functions import FloorDiv, Max, Min, PythonMod
 
-from yobx.torch.tracing.residues import is_identity
-from yobx.torch.tracing.symbolic import SymbolicDimensions
+from yobx.torch.tracing.symbolic.residues import is_identity
+from yobx.torch.tracing.symbolic.symbolic import SymbolicDimensions
 
 RANGES = {"a": (2, 9), "b": (2, 7), "c": (3, 6)}
 
@@ -108,7 +108,7 @@ def test_padding_as_ceiling_keeps_the_value(seed):
     # `e` included (Python's remainder of a negative number is the padding too)
     from torch.utils._sympy.functions import Mod
 
-    from yobx.torch.tracing.residues import padding_as_ceiling
+    from yobx.torch.tracing.symbolic.residues import padding_as_ceiling
 
     rng = random.Random(seed)
     symbols = [sympy.Symbol(name, integer=True) for name in RANGES]

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from yobx.torch.tracing import CustomTracer, proxy_dispatch
-from yobx.torch.tracing.proxies import CustomProxy
+from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing.core import proxy_dispatch
+from yobx.torch.tracing.core.proxies import CustomProxy
 
 
 class Calls(torch.nn.Module):
@@ -97,7 +98,7 @@ def test_nodes_have_the_users_torch_fx_gives_them(monkeypatch):
 
 
 def test_a_raw_symint_argument_warns_as_in_torch_fx():
-    from yobx.torch.tracing.symbolic import SymbolicDimensions
+    from yobx.torch.tracing.symbolic.symbolic import SymbolicDimensions
 
     size = SymbolicDimensions().dimension("n", 3)
     with pytest.warns(UserWarning, match="Raw SymInt"):
@@ -105,7 +106,7 @@ def test_a_raw_symint_argument_warns_as_in_torch_fx():
 
 
 def test_find_proxy_returns_the_first_proxy_in_order():
-    from yobx.torch.tracing.proxies import find_proxy
+    from yobx.torch.tracing.core.proxies import find_proxy
 
     tracer = CustomTracer()
     tracer.graph = torch.fx.Graph(tracer_cls=CustomTracer)

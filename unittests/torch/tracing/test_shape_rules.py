@@ -15,7 +15,7 @@ from torch.fx.proxy import TraceError
 
 from yobx.models import load_model
 from yobx.torch.tracing import CustomTracer, StrictDimensionError, shape_rules
-from yobx.torch.tracing.symbolic import SymbolicDimensions
+from yobx.torch.tracing.symbolic.symbolic import SymbolicDimensions
 
 from ._helpers import check_trace
 

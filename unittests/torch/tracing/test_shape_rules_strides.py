@@ -135,7 +135,7 @@ def test_decided_layouts_replace_torchs_permutation_in_the_window_only():
 
     import torch._prims_common as prims_common
 
-    from yobx.torch.tracing.decided_layouts import decided_layouts
+    from yobx.torch.tracing.constraints.decided_layouts import decided_layouts
 
     name = "compute_elementwise_output_logical_to_physical_perm"
     original = getattr(prims_common, name)

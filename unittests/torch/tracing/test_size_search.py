@@ -7,7 +7,7 @@ import torch
 from torch.utils._sympy.functions import ToFloat, TruncToInt
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.size_search import compile_condition
+from yobx.torch.tracing.constraints.size_search import compile_condition
 
 from ._helpers import assert_same
 
@@ -41,7 +41,7 @@ def test_branch_on_int_of_a_float_gets_its_other_side():
 def test_a_disjunct_dividing_by_zero_leaves_the_other_one_deciding():
     from torch.utils._sympy.functions import FloorDiv, PythonMod
 
-    from yobx.torch.tracing.size_search import holds
+    from yobx.torch.tracing.constraints.size_search import holds
 
     n, m = sympy.Symbol("n", integer=True), sympy.Symbol("m", integer=True)
     windows = FloorDiv(n, 128)
@@ -60,7 +60,7 @@ def test_a_disjunct_dividing_by_zero_leaves_the_other_one_deciding():
 
 
 def test_co_moved_keeps_a_sum_of_the_example_sizes():
-    from yobx.torch.tracing.size_search import co_moved
+    from yobx.torch.tracing.constraints.size_search import co_moved
 
     base = {"past": 5, "seq": 1, "total": 6, "heads": 3}
     # total is past + seq in the example: it follows seq

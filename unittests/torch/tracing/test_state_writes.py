@@ -4,7 +4,7 @@ cache layers) are recorded, and reads after them read the graph's value."""
 import torch
 
 from yobx.torch.onnx import to_onnx
-from yobx.torch.tracing.state_writes import writes_in_place
+from yobx.torch.tracing.core.state_writes import writes_in_place
 
 from ._helpers import assert_same, trace_module
 

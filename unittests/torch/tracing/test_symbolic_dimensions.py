@@ -12,8 +12,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._sympy.numbers import int_oo
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.constraints import ConstraintViolationError
-from yobx.torch.tracing.symbolic import DimensionSource, SymbolicDimensions
+from yobx.torch.tracing.constraints.constraints import ConstraintViolationError
+from yobx.torch.tracing.symbolic.symbolic import DimensionSource, SymbolicDimensions
 
 
 def _torchs_range(hint: int, low: int, high: int | None):
@@ -99,7 +99,7 @@ def test_a_deep_copy_of_a_traced_module_keeps_its_dimensions(monkeypatch):
 
     import torch.multiprocessing.reductions as reductions
 
-    from yobx.torch.tracing.versions import DIMENSIONS_KEY
+    from yobx.torch.tracing.constraints.versions import DIMENSIONS_KEY
 
     model = _VersionsWithAConstant()
     tracer = CustomTracer()

@@ -7,9 +7,10 @@ import torch
 from torch.fx.experimental.sym_node import SymNode
 from torch.fx.proxy import TraceError
 
-from yobx.torch.tracing import CustomTracer, symbolic_memo
-from yobx.torch.tracing.symbolic import SymbolicDimensions
-from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
+from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing.symbolic import symbolic_memo
+from yobx.torch.tracing.symbolic.symbolic import SymbolicDimensions
+from yobx.torch.tracing.symbolic.symbolic_memo import memoized_symbolic_arithmetic
 
 
 def _originals():

@@ -7,7 +7,7 @@ import sys
 
 import torch.fx.experimental.symbolic_shapes as symbolic_shapes
 
-from yobx.torch.tracing.torch_frames import cheap_uninteresting_files, uninteresting_files
+from yobx.torch.tracing.isolation.torch_frames import cheap_uninteresting_files, uninteresting_files
 
 _FIRST_TRACE = """
 import sys

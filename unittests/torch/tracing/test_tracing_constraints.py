@@ -20,7 +20,7 @@ from yobx.torch.tracing import (
     SpecializationError,
     StrictDimensionError,
 )
-from yobx.torch.tracing.runtime_checks import check_constraint
+from yobx.torch.tracing.constraints.runtime_checks import check_constraint
 
 from ._helpers import check_trace, trace_module
 

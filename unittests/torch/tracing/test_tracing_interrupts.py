@@ -116,7 +116,7 @@ def test_an_interrupt_in_a_dispatch_guard_exit_is_undone(monkeypatch):
     from torch.autograd import grad_mode
 
     from yobx.torch.tracing import CustomTracer
-    from yobx.torch.tracing.world_state import WorldState
+    from yobx.torch.tracing.isolation.world_state import WorldState
 
     class InferenceBlock(torch.nn.Module):
         def forward(self, x):
@@ -144,7 +144,7 @@ def test_an_interrupt_in_a_dispatch_guard_exit_is_undone(monkeypatch):
 
 
 def test_dispatch_keys_without_a_python_name_are_restored():
-    from yobx.torch.tracing.world_state import WorldState
+    from yobx.torch.tracing.isolation.world_state import WorldState
 
     before = WorldState.capture()
     included = torch._C._dispatch_tls_local_include_set()

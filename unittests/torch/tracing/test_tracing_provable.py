@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from yobx.torch.tracing.symbolic import SymbolicDimensions
+from yobx.torch.tracing.symbolic.symbolic import SymbolicDimensions
 
 from ._helpers import check_trace
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from yobx.torch.tracing import RobustTracer, recursive_trace
-from yobx.torch.tracing.collection import GraphCollection
-from yobx.torch.tracing.runtime_checks import RUNTIME_CHECK
+from yobx.torch.tracing.constraints.runtime_checks import RUNTIME_CHECK
+from yobx.torch.tracing.robust.collection import GraphCollection
 
 from ._helpers import assert_same
 

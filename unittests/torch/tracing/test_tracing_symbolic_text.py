@@ -19,7 +19,7 @@ from yobx.torch.tracing import (
     SpecializationError,
     StrictDimensionError,
 )
-from yobx.torch.tracing.symbolic_text import SymbolicText
+from yobx.torch.tracing.symbolic.symbolic_text import SymbolicText
 
 from ._helpers import check_trace
 

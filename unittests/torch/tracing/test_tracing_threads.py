@@ -225,7 +225,7 @@ class MathModel(torch.nn.Module):
 def test_autowrap_gates_reused_across_traces_and_gated_per_thread():
     import math as math_module
 
-    from yobx.torch.tracing import fx_isolation
+    from yobx.torch.tracing.isolation import fx_isolation
 
     originals = {name: getattr(math_module, name) for name in ("sqrt", "floor", "cos")}
     seen_in_other_thread = []

@@ -7,7 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from yobx.torch.tracing import CustomProxyInt, CustomProxyShape, CustomTracer
-from yobx.torch.tracing.runtime_checks import RUNTIME_CHECK
+from yobx.torch.tracing.constraints.runtime_checks import RUNTIME_CHECK
 
 from ._helpers import check_trace
 

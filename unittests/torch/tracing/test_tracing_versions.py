@@ -13,8 +13,8 @@ from yobx.torch.tracing import (
     CustomTracer,
     SpecializationError,
     StrictDimensionError,
-    versions,
 )
+from yobx.torch.tracing.constraints import versions
 
 from ._helpers import MaskOrToken, assert_same, trace_module
 
@@ -229,7 +229,7 @@ def test_a_check_implied_by_its_version_conditions_is_dropped():
     import sympy
     from torch.utils._sympy.functions import FloorDiv, Max
 
-    from yobx.torch.tracing.versions import _implied
+    from yobx.torch.tracing.constraints.versions import _implied
 
     h, w = sympy.symbols("h w", integer=True)
     patches = FloorDiv(h, 8) * FloorDiv(w, 8)

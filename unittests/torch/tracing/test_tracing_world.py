@@ -7,7 +7,7 @@ import torch
 from torch.fx.proxy import TraceError
 
 from yobx.torch.tracing import replace_problematic_function_before_tracing
-from yobx.torch.tracing.tracer import CONSTANT_PREFIX
+from yobx.torch.tracing.core.tracer import CONSTANT_PREFIX
 
 from ._helpers import trace_module
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.fx.proxy import TraceError
 
-from yobx.torch.tracing.value_checks import asserting, check_value
+from yobx.torch.tracing.constraints.value_checks import asserting, check_value
 
 from ._helpers import assert_same, trace_module
 

@@ -19,8 +19,8 @@ import torch
 import torch.fx
 
 from ..chrome_trace import JSONTraceHandler, current_rss_bytes
+from ..tracing.constraints.runtime_checks import RUNTIME_CHECK
 from ..tracing.inputs import bound_parameters
-from ..tracing.runtime_checks import RUNTIME_CHECK
 from .results import TraceCall, TraceStage
 from .trace_result import TraceResult
 from .values import SummaryCache, summarize

@@ -1,6 +1,6 @@
 """The two branches of an ``If`` merged: what both compute is computed once, outside.
 
-A capture choosing between versions (:mod:`yobx.torch.tracing.versions`) becomes an
+A capture choosing between versions (:mod:`yobx.torch.tracing.constraints.versions`) becomes an
 ``If`` whose branches each hold a whole model: a Llama decode step chooses between six
 versions (the first token or not, one new token or several, a mask longer or shorter
 than the cache) nested four ``If`` deep, and every branch repeats every layer's weight

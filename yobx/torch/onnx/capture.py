@@ -65,7 +65,7 @@ def capture(
     """Captures ``model`` with :class:`yobx.torch.tracing.CustomTracer` (``narrowing``
     and ``max_versions``, None for its default, are its arguments)."""
     from yobx.torch.tracing import CustomTracer, graph_fingerprint
-    from yobx.torch.tracing.tracer import DEFAULT_MAX_VERSIONS
+    from yobx.torch.tracing.core.tracer import DEFAULT_MAX_VERSIONS
 
     concrete_args = bind_arguments(model.forward, tuple(args), kwargs or {})
     # the ONNX model checks the constraints with nodes of its own (runtime_checks.py),
@@ -114,7 +114,7 @@ def _run_default_passes(graph: torch.fx.Graph) -> dict[str, Any]:
     writes: the final values of mutated inputs and buffers become extra outputs (listed
     in the output node's meta["yobx_mutations"])."""
     from yobx.torch.passes import run_default_passes
-    from yobx.torch.tracing.patches import symbolic_kernels
+    from yobx.torch.tracing.isolation.patches import symbolic_kernels
 
     # fake values of new nodes with the tracer's symbolic kernels (torch's would
     # specialize x[:, n - 1] = v to the example's n)
@@ -134,8 +134,8 @@ def remove_dead_code(graph_module: torch.fx.GraphModule) -> int:
     :return: the number of nodes removed
     """
     from yobx.torch.passes import has_side_effect
-    from yobx.torch.tracing.input_layouts import check_contiguous
-    from yobx.torch.tracing.runtime_checks import check_constraint
+    from yobx.torch.tracing.constraints.input_layouts import check_contiguous
+    from yobx.torch.tracing.constraints.runtime_checks import check_constraint
 
     removed = 0
     for module in graph_module.modules():

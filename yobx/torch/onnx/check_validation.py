@@ -30,7 +30,7 @@ import torch
 
 from yobx.torch.onnx.runtime_checks import ModelCheck
 from yobx.torch.onnx.sizes import free_symbols
-from yobx.torch.tracing.size_search import (
+from yobx.torch.tracing.constraints.size_search import (
     compile_condition,
     constants_of,
     moves,

@@ -4,7 +4,7 @@ The capture keeps every dimension the user declared dynamic symbolic (or refuses
 Lowering to aten runs torch's kernels again on the same fake values: a kernel may take
 a decision from the example's sizes there (a guard), which can make a dimension static
 or restrict its range without the capture knowing. Such decisions are judged like the
-capture's own (:mod:`yobx.torch.tracing.refinement`): provable ones are fine, others are
+capture's own (:mod:`yobx.torch.tracing.constraints.refinement`): provable ones are fine, others are
 adopted as constraints when the declarations allow it; a dimension becoming a constant
 is an :class:`OnnxExportError` naming it and the line that needed it.
 
@@ -109,7 +109,7 @@ def adopt_lowering_guards(captured: Any, lowered: Any, known: Any) -> None:
     A decision provable from what the capture knew (``known``, a snapshot of its
     ShapeEnv before lowering) is fine. Others were taken from the example: they become
     constraints of the export as the dimensions' declarations allow (see
-    :mod:`yobx.torch.tracing.refinement`), and ``captured.constraints`` is updated.
+    :mod:`yobx.torch.tracing.constraints.refinement`), and ``captured.constraints`` is updated.
 
     :raises OnnxExportError: a decision would make a dimension declared dynamic a
         constant, or needs a fact a named ``Dim`` does not allow; the message names the

@@ -143,7 +143,7 @@ class ExportResult:
     def versions(self) -> list[Any]:
         """The versions of the capture the model chooses between (an ``If`` on the
         inputs' sizes), each with the conditions selecting it; empty for one capture
-        (see :mod:`yobx.torch.tracing.versions`)."""
+        (see :mod:`yobx.torch.tracing.constraints.versions`)."""
         tracer = getattr(self._captured, "tracer", None)
         return list(getattr(tracer, "versions", []) or [])
 
@@ -853,7 +853,7 @@ def to_onnx(
         and the model chooses between them with an ``If`` on the input sizes
         (:attr:`ExportResult.versions`), ``"constraints"`` keeps the example's side
     :param max_versions: the most versions ``narrowing="versions"`` captures (None:
-        :data:`~yobx.torch.tracing.tracer.DEFAULT_MAX_VERSIONS`, 8); each costs about
+        :data:`~yobx.torch.tracing.core.tracer.DEFAULT_MAX_VERSIONS`, 8); each costs about
         one capture, one lowering and one validation more (the 8-layer Llama decode
         step of ``_scripts/bench_decode_latency.py`` has 8; with 4, the sides at sizes
         0 and 1 only, it exports in about half the time, and a mask longer or shorter

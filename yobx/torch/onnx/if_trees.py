@@ -180,14 +180,9 @@ def _collapse_in(graph: ir.Graph, names: _Names, opsets: dict) -> int:
             continue  # a condition the tree computes itself: the selector cannot read it
         signature = tuple(tuple((id(c), side) for c, side in p.literals) for p in paths)
         trees.append((node, paths, signature))
-    shared: dict[tuple, int] = {}
-    for _, _, signature in trees:
-        shared[signature] = shared.get(signature, 0) + 1
-    selectors: dict[tuple, ir.Value] = {}
-    collapsed = 0
+    # the trees whose rewrite runs no more If nodes on any path than they do
+    plans = []
     for node, paths, signature in trees:
-        if shared[signature] < 2:
-            continue
         classes: dict[tuple, list[int]] = {}
         for index, path in enumerate(paths):
             classes.setdefault(_leaf_key(path), []).append(index)
@@ -197,7 +192,17 @@ def _collapse_in(graph: ir.Graph, names: _Names, opsets: dict) -> int:
             for position, indices in enumerate(members[:-1])
             for i in indices
         ) or any(len(members) - 1 > len(paths[i].literals) for i in members[-1]):
-            continue  # a leaf would run more If nodes than it did
+            continue
+        plans.append((node, paths, signature, members))
+    # a selector costs what it saves unless another tree shares it
+    shared: dict[tuple, int] = {}
+    for plan in plans:
+        shared[plan[2]] = shared.get(plan[2], 0) + 1
+    selectors: dict[tuple, ir.Value] = {}
+    collapsed = 0
+    for node, paths, signature, members in plans:
+        if shared[signature] < 2:
+            continue
         if signature not in selectors:
             selector = _selector(node, [0], names, opsets)
             graph.insert_before(node, [selector])
@@ -367,7 +372,6 @@ def _rewrite(
             old.name = names.fresh(f"{name}_tree")
             new.name = name
         old.replace_all_uses_with(new, replace_graph_outputs=True)
-    _read_nothing(node)
     graph.remove(node, safe=True)
 
 

@@ -38,14 +38,14 @@ from yobx.torch.onnx.symbolic_scalars import symbolic_scalars_as_tensors
 from yobx.torch.onnx.version_lowering import record_cond
 from yobx.torch.passes import writes_anything
 from yobx.torch.tracing import shape_rules
-from yobx.torch.tracing.control_flow import CondCCOp, ScanCCOp
-from yobx.torch.tracing.decided_layouts import decided_layouts
-from yobx.torch.tracing.patches import patched_attributes, symbolic_kernels
-from yobx.torch.tracing.static_fakes import StaticFakes
-from yobx.torch.tracing.symbolic import static_fake
-from yobx.torch.tracing.symbolic_memo import memoized_symbolic_arithmetic
-from yobx.torch.tracing.symbolic_variants import function_variant
-from yobx.torch.tracing.versions import CONDITION_KEY, DIMENSIONS_KEY
+from yobx.torch.tracing.constraints.decided_layouts import decided_layouts
+from yobx.torch.tracing.constraints.versions import CONDITION_KEY, DIMENSIONS_KEY
+from yobx.torch.tracing.core.control_flow import CondCCOp, ScanCCOp
+from yobx.torch.tracing.core.static_fakes import StaticFakes
+from yobx.torch.tracing.isolation.patches import patched_attributes, symbolic_kernels
+from yobx.torch.tracing.symbolic.symbolic import static_fake
+from yobx.torch.tracing.symbolic.symbolic_memo import memoized_symbolic_arithmetic
+from yobx.torch.tracing.symbolic.symbolic_variants import function_variant
 
 #: Meta key set on aten nodes: the name of the torch-level node whose value they produce.
 SOURCE_NODE_KEY = "yobx_source_node"
@@ -457,7 +457,7 @@ def _state_fakes(fake_mode: FakeTensorMode, tensors: list[torch.Tensor]) -> list
     """Static fakes of the lifted parameters and buffers, detached (meta weights compute
     as on the CPU). A plain tensor (contiguous, owning its storage, which no other one
     shares) gets its fake made directly, as the capture does
-    (:class:`~yobx.torch.tracing.static_fakes.StaticFakes`); the others go through
+    (:class:`~yobx.torch.tracing.core.static_fakes.StaticFakes`); the others go through
     torch's converter, which keeps shared storages shared."""
     detached = [t.detach() for t in tensors]
     direct = StaticFakes(fake_mode)

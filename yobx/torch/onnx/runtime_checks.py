@@ -1,7 +1,7 @@
 """An exported model checks what it assumes: the constraints as ONNX nodes.
 
 A traced graph checks its constraints when it runs
-(:mod:`yobx.torch.tracing.runtime_checks`). ONNX has no assertion operator, so the
+(:mod:`yobx.torch.tracing.constraints.runtime_checks`). ONNX has no assertion operator, so the
 same conditions are computed from the inputs' shapes (``Shape``, integer arithmetic,
 comparisons) and each one decides the shape a ``Reshape`` of a one-element token asks
 for: ``[1]`` when the condition holds, ``[2]`` when it does not, which onnxruntime
@@ -41,13 +41,13 @@ import sympy
 from torch.utils._sympy import functions as torch_sympy
 
 from yobx.torch.onnx.errors import OnnxExportError
-from yobx.torch.tracing.runtime_checks import (
+from yobx.torch.tracing.constraints.runtime_checks import (
     RuntimeCheck,
     condition_in_sizes,
     describe_source,
     size_source,
 )
-from yobx.torch.tracing.size_search import compile_condition, holds
+from yobx.torch.tracing.constraints.size_search import compile_condition, holds
 
 #: the beginning of the name of every node checking a constraint
 CHECK_NODE_PREFIX = "yobx check failed: "

@@ -17,8 +17,8 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 
+from yobx.torch.tracing.constraints.size_search import tensor_like
 from yobx.torch.tracing.inputs import bind_arguments, call_arguments
-from yobx.torch.tracing.size_search import tensor_like
 
 #: steps tried, in order, to move a dimension away from its example size
 _STEPS = (3, 1, 2, 5, -1, 7, -2, 11)

@@ -571,10 +571,10 @@ def _version_cases(
     mutations: Sequence[Mapping[str, Any]],
 ) -> tuple[list[ValidationCase], list[str]]:
     """The cases of the versions other than the example's (see
-    :mod:`yobx.torch.tracing.versions`): each version's own example, then its dimensions
+    :mod:`yobx.torch.tracing.constraints.versions`): each version's own example, then its dimensions
     changed alone and together inside its conditions and constraints. A version no case
     could compare is a problem: the branch of the model choosing it was never run."""
-    from yobx.torch.tracing.versions import in_dimensions
+    from yobx.torch.tracing.constraints.versions import in_dimensions
 
     cases: list[ValidationCase] = []
     problems: list[str] = []

@@ -1,7 +1,7 @@
 """The checks a model makes on tensor values, in ONNX.
 
 ``assert lengths.max() <= x.shape[1]`` and ``torch._check(n.item() >= 0)`` are
-:func:`~yobx.torch.tracing.value_checks.check_value` nodes of the traced graph. Before
+:func:`~yobx.torch.tracing.constraints.value_checks.check_value` nodes of the traced graph. Before
 lowering, :func:`gate_value_checks` makes each one a :func:`yobx::value_check
 <yobx.torch.ops.checks.value_check>` returning a token, and every tensor output of its
 graph (a version's graph, a branch: each graph gates its own outputs) a
@@ -35,7 +35,7 @@ import torch.utils._pytree as pytree
 from yobx.torch.fx_code import recompile_alone
 from yobx.torch.onnx.runtime_checks import CHECK_NODE_PREFIX
 from yobx.torch.ops import checks
-from yobx.torch.tracing.value_checks import check_value
+from yobx.torch.tracing.constraints.value_checks import check_value
 
 _op = onnxscript.opset18
 

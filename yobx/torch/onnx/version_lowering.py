@@ -1,6 +1,6 @@
 """The versions of a capture lowered one by one, then chosen by one ``cond``.
 
-A version (:mod:`yobx.torch.tracing.versions`) was captured on inputs of its own sizes,
+A version (:mod:`yobx.torch.tracing.constraints.versions`) was captured on inputs of its own sizes,
 its decisions known: the vision transformer's version for square images adds a position
 table of 17 rows to ``(h // 8) * (w // 8) + 1`` patches because ``(h // 8) * (w // 8)
 == 16`` holds there. Lowered inside the joined graph's ``cond``, with the inputs of the
@@ -25,7 +25,7 @@ from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.sym_node import SymNode
 
 from yobx.torch.fx_code import recompile_alone
-from yobx.torch.tracing.versions import DIMENSIONS_KEY, in_dimensions
+from yobx.torch.tracing.constraints.versions import DIMENSIONS_KEY, in_dimensions
 
 
 def record_cond(
@@ -45,7 +45,7 @@ def record_cond(
     :param operands: the cond's operands (the joined graph's inputs)
     :param outer_dims: the dimensions of the joined graph's capture
     :param condition: the choice's condition as the versions wrote it (see
-        :data:`~yobx.torch.tracing.versions.CONDITION_KEY`), ``pred``'s by default
+        :data:`~yobx.torch.tracing.constraints.versions.CONDITION_KEY`), ``pred``'s by default
     :return: the cond's outputs, tracked by make_fx
     """
     mode = proxy_tensor.get_proxy_mode()

@@ -1,7 +1,7 @@
 """Custom operators of the checks a model makes on tensor values, for the ONNX export.
 
 A traced graph checks ``assert lengths.max() <= n`` with a
-:func:`~yobx.torch.tracing.value_checks.check_value` node, which returns nothing. ONNX
+:func:`~yobx.torch.tracing.constraints.value_checks.check_value` node, which returns nothing. ONNX
 has no assertion: a node whose result nothing reads is removed. Before lowering, the
 check becomes :func:`value_check`, which returns a *token* (one int64 zero), and every
 output of its graph goes through :func:`gated` with that token: the outputs then

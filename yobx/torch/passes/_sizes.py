@@ -3,10 +3,11 @@
 ``statically_known_true`` answers from the ShapeEnv's ranges, and a dimension declared
 without a minimum has torch.export's range ``[2, inf]`` there. The tracer's graphs still
 run at sizes 1 and 0 (a decode step's one new token, an empty cache): its decisions are
-proved again from 0 (see :meth:`~yobx.torch.tracing.symbolic.SymbolicDimensions.lowest_bound`)
-or checked when the graph runs. A pass deciding from the ShapeEnv's ranges alone would
-remove ``y[: x.shape[0]]`` on a ``y`` of 2 rows as a full slice (``batch >= 2``), and the
-graph would return 2 rows at batch 1. The passes decide with every lower bound of 2
+proved again from 0 (see
+:meth:`~yobx.torch.tracing.symbolic.symbolic.SymbolicDimensions.lowest_bound`) or checked
+when the graph runs. A pass deciding from the ShapeEnv's ranges alone would remove
+``y[: x.shape[0]]`` on a ``y`` of 2 rows as a full slice (``batch >= 2``), and the graph
+would return 2 rows at batch 1. The passes decide with every lower bound of 2
 lowered to 0, on symbols without sympy's positivity (which folds ``s >= 1`` by itself).
 """
 

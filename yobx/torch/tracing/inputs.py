@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .dynamic_shapes import SCALAR, axes_per_leaf, axis_spec
-from .symbolic import SymbolicDimensions
+from .symbolic.symbolic import SymbolicDimensions
 
 
 class _NoExample:

@@ -175,7 +175,7 @@ class TensorFactory:
     """Creates the output fake tensors of the rules for one trace's fake mode.
 
     :param static_fake: the trace's fake copy of a module's own tensor
-        (:meth:`~yobx.torch.tracing.symbolic.SymbolicDimensions.from_real`), which
+        (:meth:`~yobx.torch.tracing.symbolic.symbolic.SymbolicDimensions.from_real`), which
         :meth:`parameter` gives the module rules for a parameter on the meta device
     """
 

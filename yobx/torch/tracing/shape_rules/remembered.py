@@ -35,7 +35,7 @@ from torch.fx.node import Node
 
 from yobx.torch.bounded_cache import BoundedCache
 
-from ..proxy_dispatch import ATOMIC_ARGUMENTS
+from ..core.proxy_dispatch import ATOMIC_ARGUMENTS
 from ._base import (
     ARGUMENT_SEQUENCES,
     TensorFactory,
@@ -234,7 +234,7 @@ def _environment(shape_env: Any) -> tuple:
     has): its settings, the ranges and example values of its symbols, its
     replacements, divisibility facts, axioms, guards and deferred assertions, the
     sizes taken for sizes, and whether the tracer's prover answers its questions
-    (:meth:`~yobx.torch.tracing.symbolic.SymbolicDimensions.consult_prover`).
+    (:meth:`~yobx.torch.tracing.symbolic.symbolic.SymbolicDimensions.consult_prover`).
 
     A call remembered where a guard was already known would otherwise, in a trace
     where it is not, skip the guard and the constraint the trace adopts from it.

@@ -1,0 +1,118 @@
+"""The inputs of a trace at other sizes (a *witness*: a size for each of the user's
+dimensions), and eager runs of the model on them.
+
+The tracer captures a model again at other sizes (the other side of a decision, see
+:mod:`.versions`, or beside a size the example fixes): the example's tensors rebuilt
+at the witness's sizes (:func:`leaves_for`), within what a capture may allocate
+(:func:`witness_bytes`), and run eagerly first (:func:`run_eagerly`), which says
+whether the model takes them, the model left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import sympy
+import torch
+
+from ..core.module_state import preserved_modules
+from ..errors import exception_summary
+from .size_search import compile_condition, tensor_like
+
+#: inputs a version's witness may allocate, in bytes, at least (more when the example
+#: itself is big: 16 times its inputs); diffusers' upsampling makes a tensor contiguous
+#: past 2**31 elements, whose other side needs inputs of 25 GB
+WITNESS_BYTES = 256 * 2**20
+WITNESS_BYTES_RATIO = 16
+
+
+def size_function(dims: Any, witness: dict[str, int]):
+    """Maps a size of the example (an int or a SymInt) to its value at the witness."""
+    symbols = [sympy.Symbol(name, integer=True) for name in witness]
+    values = [witness[s.name] for s in symbols]
+
+    def size(value: Any) -> int:
+        if isinstance(value, int):
+            return value
+        # the size as declared (`w`), not as the ShapeEnv rewrote it since (`h`)
+        expression = dims.user_expression(value.node._expr)
+        return int(compile_condition(expression, symbols)(*values))
+
+    return size
+
+
+def witness_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
+    """The bytes the witness's input tensors take, and the most a capture may
+    allocate for them (see :data:`WITNESS_BYTES`)."""
+    size = size_function(dims, witness)
+    needed = example = 0
+    for leaf, sizes in zip(inputs.leaves, inputs.sizes):
+        if isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
+            needed += math.prod(max(size(d), 0) for d in sizes) * leaf.element_size()
+            example += leaf.numel() * leaf.element_size()
+    return needed, max(WITNESS_BYTES, WITNESS_BYTES_RATIO * example)
+
+
+def bytes_text(count: int) -> str:
+    return f"{count / 2**30:.3g} GB" if count >= 2**30 else f"{count / 2**20:.3g} MB"
+
+
+def leaves_for(dims: Any, inputs: Any, witness: dict[str, int]) -> list[Any]:
+    """The example's leaves with the dynamic sizes of the witness."""
+    size = size_function(dims, witness)
+    generator = torch.Generator().manual_seed(0)
+    new = []
+    for leaf, sizes in zip(inputs.leaves, inputs.sizes):
+        if isinstance(sizes, torch.SymInt):
+            new.append(size(sizes))
+        elif isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
+            new.append(tensor_like(leaf, [size(d) for d in sizes], generator))
+        else:
+            new.append(leaf)
+    return new
+
+
+def run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
+    """Runs the model on the witness's inputs; the error's summary when it raises
+    (None, as if it ran, for a model whose parameters are on the meta device).
+
+    The model is left as it was: its buffers keep their values (a model may update
+    them) and its modules their attributes (Swin sets its window size in ``forward``
+    from the input's size).
+    """
+    module = root if isinstance(root, torch.nn.Module) else None
+    if module is not None and any(p.is_meta for p in module.parameters()):
+        # a model exported before its weights (the meta device) cannot run: the
+        # version's capture, on fake tensors, is the only check of that side
+        return None
+    saved = {n: b.detach().clone() for n, b in module.named_buffers()} if module else {}
+    try:
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            if module is not None:
+                stack.enter_context(preserved_modules(module))
+            inputs.call(root, leaves_)
+    except Exception as exc:
+        return exception_summary(exc)
+    finally:
+        if module is not None:
+            restore_buffers(module, saved)
+    return None
+
+
+def restore_buffers(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Puts the buffers' values back; an interrupt landing in it makes it run again
+    (the model is never left half restored), then is raised."""
+    interrupt = None
+    while True:
+        try:
+            with torch.no_grad():
+                for name, buffer in module.named_buffers():
+                    if name in saved:
+                        buffer.copy_(saved[name])
+            break
+        except KeyboardInterrupt as exc:
+            interrupt = interrupt or exc
+    if interrupt is not None:
+        raise interrupt

@@ -1,0 +1,501 @@
+"""Running each traced operation on fake values: the value of every node.
+
+:class:`FakeExecutionMixin` computes ``meta["val"]`` of a node from the fake values of
+its arguments (a shape rule, else torch's fake kernels, else a leaf module on fake
+parameters), records the sizes only known at run time, and turns the guards torch
+installs on the way into decisions and constraints the graph relies on.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.experimental.symbolic_shapes import (
+    GuardOnDataDependentSymNode,
+    PendingUnbackedSymbolNotFound,
+    compute_unbacked_bindings,
+)
+from torch.fx.node import Node, map_arg
+from torch.fx.proxy import TraceError
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._sympy.functions import FloorDiv, Mod
+
+from ...node_text import operation_name
+from ...passes._side_effects import writes
+from .. import shape_rules
+from ..errors import LayoutAliasNeeded, TracingError, exception_summary
+from ..shape_rules._strides import decided_contiguity
+from ..symbolic.symbolic import Guard
+from ..symbolic.symbolic_variants import function_variant
+from .decisions import user_location
+
+#: a guard longer than this is adopted without trying to prove it. Swin's windows of
+#: padded, merged patches guard on products of nested minima and remainders of 95 to
+#: 233 operations: none of the 549 guards its versions met above 50 operations was
+#: proved, and trying took 15 of its 25 s of proofs (of a 90 s capture)
+_MAX_PROVED_GUARD_OPERATIONS = 90
+
+#: what a C++ kernel taking concrete sizes only says of symbolic ones
+_CONCRETE_ONLY = "expected to contain only concrete integers"
+_CONVOLUTIONS = frozenset(
+    getattr(torch.nn.functional, name)
+    for name in (
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    )
+)
+
+
+# how a scalar node's value is built from its operands' expressions
+_SYMPY_OPERATIONS = {
+    operator.eq: sympy.Eq,
+    operator.ne: sympy.Ne,
+    operator.lt: sympy.Lt,
+    operator.le: sympy.Le,
+    operator.gt: sympy.Gt,
+    operator.ge: sympy.Ge,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.neg: operator.neg,
+    operator.floordiv: FloorDiv,
+    operator.mod: Mod,
+    torch.sym_max: sympy.Max,
+    torch.sym_min: sympy.Min,
+    builtins.max: sympy.Max,
+    builtins.min: sympy.Min,
+}
+
+
+_COMPARISONS = {
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.gt: ">",
+    operator.ge: ">=",
+}
+
+
+def _is_squeeze(node: Node) -> bool:
+    if node.op == "call_method":
+        return node.target in ("squeeze", "squeeze_")
+    return node.op == "call_function" and node.target in (torch.squeeze, torch.Tensor.squeeze)
+
+
+def _is_contiguous_call(node: Node) -> bool:
+    if node.op == "call_method":
+        return node.target == "contiguous"
+    return node.op == "call_function" and node.target is torch.Tensor.contiguous
+
+
+def _copy_when_layout_undecided(args: tuple, kwargs: dict) -> Any:
+    """``x.contiguous()`` returns ``x`` when it is contiguous, a copy otherwise: the
+    same values either way. When the ranges of the dimensions do not settle it (a
+    transposed attention output is contiguous at ``seq == 1`` only), a contiguous copy
+    (the fake value to continue with), rather than a decision on the sizes that would
+    narrow the capture to the example's; torch.export does the same
+    (``is_contiguous_or_false``). ``None`` when the call is no such case."""
+    x = args[0] if args else None
+    memory_format = kwargs.get("memory_format", args[1] if len(args) > 1 else None)
+    memory_format = torch.contiguous_format if memory_format is None else memory_format
+    if not isinstance(x, torch.Tensor) or not any(
+        isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride())
+    ):
+        return None
+    if decided_contiguity(x, memory_format) is not None:
+        return None
+    return x.clone(memory_format=memory_format)
+
+
+def _squeezed_dims(x: torch.Tensor, args: tuple, kwargs: dict) -> list[int]:
+    """The dimensions ``squeeze`` is asked to remove if they are 1 (non-negative)."""
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dims is None:
+        dims = range(x.dim())
+    elif isinstance(dims, int):
+        dims = [dims]
+    return [d % max(x.dim(), 1) for d in dims]
+
+
+def _remaining_dims(args: tuple, kwargs: dict, not_one: list[int]) -> tuple[int, ...]:
+    """The dimensions an in-place squeeze still asks once ``not_one`` are left out."""
+    return tuple(d for d in _squeezed_dims(args[0], args, kwargs) if d not in not_one)
+
+
+def _is_convolution(node: Node, module: torch.nn.Module | None) -> bool:
+    if node.op == "call_function":
+        return node.target in _CONVOLUTIONS
+    return isinstance(module, torch.nn.modules.conv._ConvNd)
+
+
+def _needs_python_dispatcher(function: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether torch runs ``function`` on fake tensors as torch.export does only through
+    the Python dispatcher: its argument parser takes a symbolic float
+    (``torch.arange(0, n * 0.5, 0.5)``) only there (an internal assertion fails
+    otherwise), and the FFTs' C++ meta kernels fix every size of their input
+    (FNet's ``torch.fft.fftn``: ``batch == 2`` and ``seq == 7``) where the Python ones
+    keep them symbolic, as for a convolution padded ``"same"``."""
+    if getattr(function, "__module__", None) == "torch._C._fft":
+        return True
+    # `padding="same"`: the C++ kernel of a convolution reads concrete sizes, and with
+    # its guards kept quiet (see _run_fake) fixed the length to the example's
+    if function in _CONVOLUTIONS and isinstance(
+        kwargs.get("padding", args[4] if len(args) > 4 else None), str
+    ):
+        return True
+    # every call_function node comes here: a look at the arguments and one level of
+    # lists inside them, no pytree flattening
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.SymFloat):
+            return True
+        if type(value) in (list, tuple) and any(isinstance(v, torch.SymFloat) for v in value):
+            return True
+    return False
+
+
+def _fake_value(node: Node) -> Any:
+    if "val" not in node.meta:
+        # a node made outside the tracer's recording (a pass, a user's graph edit)
+        raise TracingError.at(user_location(), f"node {node.format_node()} has no fake value")
+    return node.meta["val"]
+
+
+#: the operations returning a number of pieces computed from sizes: ``chunk``, and
+#: ``split`` by a size (by a list of sizes, the list says how many)
+_CHUNKING, _SPLITTING = frozenset({"chunk", "unsafe_chunk"}), frozenset({"split", "unsafe_split"})
+
+
+def _splits_into_pieces(node: Node) -> bool:
+    if node.op not in ("call_method", "call_function"):
+        return False
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if target in _SPLITTING:
+        size = node.kwargs.get("split_size", node.args[1] if len(node.args) > 1 else None)
+        return not isinstance(size, (list, tuple))
+    return target in _CHUNKING
+
+
+class FakeExecutionMixin:
+    """The fake value of each node, and the decisions taken while computing it.
+
+    Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
+    ``shape_env``, ``fake_mode``, ``shape_rules``, ``refinements``, ``guards``, ``root``
+    and the decisions of :class:`~yobx.torch.tracing.core.decisions.DecisionsMixin`.
+    """
+
+    def bind_unbacked(self, node: Node, val: Any) -> None:
+        """Records where the sizes only known at run time (``x[mask]``, ``nonzero``)
+        appear in the node's value, as torch.export does (``meta["unbacked_bindings"]``):
+        a later re-run of the graph (the ONNX lowering) creates new symbols for them
+        and binds them to these ones."""
+        pending = self.shape_env.pending_fresh_unbacked_symbols
+        if not pending:
+            return
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        # with YOBX_CHECK_SHAPE_RULES, torch's kernel ran too and made its own symbols
+        present = free_unbacked_symbols(val)
+        self.shape_env.ignorable_fresh_unbacked_symbols.extend(
+            s for s in pending if s not in present
+        )
+        try:
+            bindings = compute_unbacked_bindings(self.shape_env, val)
+        except PendingUnbackedSymbolNotFound:
+            # a size written with the symbol (u0 + 1), not the symbol: nothing to bind
+            return
+        if bindings:
+            node.meta["unbacked_bindings"] = bindings
+
+    def _record_folded_value(self, node: Node, value: Any) -> None:
+        operands = [_fake_value(a) if isinstance(a, Node) else a for a in node.args]
+        location = self.location()
+        if node.target in _COMPARISONS:
+            lhs, rhs = (self.dims.render(o) for o in operands)
+            expression = f"{lhs} {_COMPARISONS[node.target]} {rhs}"
+            self.guards.append(Guard(expression, value, "bounds", location))
+        build = _SYMPY_OPERATIONS.get(node.target) if node.op == "call_function" else None
+        self.refinements.rely_on_default_bounds(build, operands, value, location)
+
+    def _run_fake(self, node: Node) -> Any:
+        """Runs the node's operation on the fake values of its arguments."""
+        args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
+        if _is_squeeze(node):
+            not_one = self._decide_squeezed(args, kwargs)
+            if not_one and node.op == "call_method" and node.target == "squeeze_":
+                # torch's fake kernel of an in-place squeeze of a symbolic dimension
+                # crashes the process (a segmentation fault, torch 2.13): the dimensions
+                # decided not to be 1 stay as they are, torch squeezes the others
+                dims = _remaining_dims(args, kwargs, not_one)
+                if not dims:
+                    return args[0]
+                args, kwargs = (args[0], dims), {}
+        guards_before = len(self.shape_env.guards)
+        known = self.dims.snapshot()
+        if _is_contiguous_call(node) and self.location() not in self.aliased_layouts:
+            with self.fake_mode, torch.no_grad():
+                copy = _copy_when_layout_undecided(args, kwargs)
+            if copy is not None:
+                self.state.layout_copies[StorageWeakRef(copy.untyped_storage())] = (
+                    self.location(),
+                    args[0],
+                )
+                return self.dims.canonical(copy)
+        if self.state.layout_copies:
+            self._decide_write_into_layout_copy(node)
+        self.state.in_fake += 1
+        # torch's own Python code runs here with the builtin isinstance: create_proxy,
+        # the only caller, installed it (no proxy reaches fake kernels anyway)
+        grad_mode = torch.is_grad_enabled()
+        if _splits_into_pieces(node):
+            # how many pieces there are rests on a quotient torch decides is not 0
+            # (see SymbolicDimensions.on_default_bound_division); elsewhere (a reshape
+            # to `d // 2` rows) such a decision changes nothing at 0 and would only
+            # cost a version
+            self.dims.on_default_bound_division = self._rely_on_default_bounds
+        try:
+            # Fake values carry no autograd history: recording it costs time, and a
+            # rule's output must not be a leaf that requires grad (in-place ops on it
+            # would then fail where eager succeeds).
+            torch._C._set_grad_enabled(False)
+            module = self.root.get_submodule(node.target) if node.op == "call_module" else None
+            val = self.shape_rules.run(node, args, kwargs, module)
+            if val is NotImplemented or self._check_shape_rules:
+                # The fake convolution picks a memory format (strides only) by asking
+                # the example's batch size (`batch < 16`): decided without recording
+                # anything, so that this choice never narrows what is known about the
+                # dimensions. Nor does torch's computation when it only checks a rule:
+                # the rule's value is the one kept, and what torch decides on its way
+                # there (a reshape inside matmul being a view at `seq == 1`) is no
+                # decision of the capture, as it is not without the check.
+                quiet = (
+                    self.shape_env.suppress_guards()
+                    if _is_convolution(node, module) or val is not NotImplemented
+                    else contextlib.nullcontext()
+                )
+                knowledge_before = self.shape_rules.what_is_known()
+                with self.fake_mode, quiet:
+                    expected = self._dispatch_fake(node, args, kwargs)
+                if val is NotImplemented:
+                    val = expected
+                    unchanged = self.shape_rules.what_is_known() == knowledge_before
+                    self.shape_rules.remember(node, val, unchanged)
+                else:
+                    shape_rules.compare(
+                        val,
+                        expected,
+                        pytree.tree_leaves((args, kwargs)),
+                        operation_name(node),
+                        self.dims.prove,
+                    )
+        except (TraceError, shape_rules.ShapeRuleMismatch):
+            raise
+        except GuardOnDataDependentSymNode as e:
+            # an operation whose result depends on tensor values (x[mask].view(n, ...))
+            raise self.refinements.data_dependent_error(
+                e.cond if hasattr(e, "cond") else sympy.true,
+                self.location(),
+                f"{operation_name(node)} needs a decision on",
+            ) from e
+        except Exception as e:
+            val = self._dispatch_again(node, args, kwargs, e)
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
+            self.state.in_fake -= 1
+            self.dims.on_default_bound_division = None
+        if len(self.shape_env.guards) > guards_before:
+            self._new_guards(guards_before, node, known)
+        return self.dims.canonical(val)
+
+    def _dispatch_again(self, node: Node, args: tuple, kwargs: dict, error: Exception) -> Any:
+        """The node's fake value after ``error``: computed again where the failure has a
+        known way around, else a :class:`TracingError` naming the operation."""
+        retry = self._broadcast_decided(error, args, kwargs)
+        try:
+            if retry is None and _CONCRETE_ONLY in str(error):
+                # a C++ kernel of a composite operator (masked_scatter's expand) takes
+                # concrete sizes only; its Python decomposition, which the Python
+                # dispatcher runs (as make_fx and torch.export do), keeps them symbolic
+                with self.fake_mode, enable_python_dispatcher():
+                    return self._dispatch_fake(node, args, kwargs)
+            if retry is None:
+                raise error
+            with self.fake_mode:
+                return self._dispatch_fake(node, *retry)
+        except Exception as again:
+            raise TracingError.at(
+                self.location(),
+                f"{operation_name(node)} failed on fake tensors with {exception_summary(again)}",
+            ) from again
+
+    def _decide_write_into_layout_copy(self, node: Node) -> None:
+        """An in-place write into what ``x.contiguous()`` returned, when the sizes did
+        not settle whether that is ``x`` itself: eager writes into ``x`` at some sizes
+        and not at others. Whether it is a copy becomes a decision here (a fact of the
+        capture, whose other side a version captures); when the example's ``x`` is
+        contiguous, the trace went on with a copy where eager has ``x`` itself:
+        :class:`LayoutAliasNeeded` makes the tracer capture again, that ``contiguous()``
+        deciding its layout from the example."""
+        for written in writes(node):
+            value = _fake_value(written)
+            if not isinstance(value, torch.Tensor):
+                continue
+            found = self.state.layout_copies.get(StorageWeakRef(value.untyped_storage()))
+            if found is None:
+                continue
+            where, source = found
+            guards_before, known = len(self.shape_env.guards), self.dims.snapshot()
+            with self.fake_mode:
+                contiguous = source.is_contiguous()
+            if len(self.shape_env.guards) > guards_before:
+                self._new_guards(guards_before, node, known)
+            if contiguous:
+                error = LayoutAliasNeeded.at(
+                    self.location(),
+                    f"{operation_name(node)} writes into the result of `contiguous()` at "
+                    f"{where}, which is its input itself at the example's sizes and a "
+                    "copy at others (the input's strides decide): write into a "
+                    "`.clone()` instead, or into the input directly",
+                )
+                error.copy_location = where
+                raise error
+
+    def _broadcast_decided(self, error: Exception, args: tuple, kwargs: dict) -> Any:
+        """torch's broadcasting decides ``size == 1`` size-obliviously (never, unless
+        the ranges prove it), then needs equal sizes: ``x / x[:, -1:]`` fails where the
+        slice's size (``Max(0, n - Max(0, n - 1))``: 1, or 0 when ``n`` is) is not
+        provably ``n`` nor 1. Each size of the operands that may be 1 and is not
+        provably the size it meets becomes a decision (``== 1``, with the example's
+        answer, a version capturing the other side). Returns ``(args, kwargs)`` with
+        the operands decided to broadcast given a literal 1 there (fake tensors: only
+        their sizes matter), or None when there is nothing to decide."""
+        if not (isinstance(error, RuntimeError) and "must match the size" in str(error)):
+            return None
+        leaves = pytree.tree_leaves((args, kwargs))
+        shapes = [t.shape for t in leaves if isinstance(t, torch.Tensor)]
+        ones: dict[Any, set[int]] = {}
+        for axis in range(1, max((len(shape) for shape in shapes), default=0) + 1):
+            sizes = [shape[-axis] for shape in shapes if len(shape) >= axis]
+            for size in sizes:
+                if not isinstance(size, torch.SymInt) or size.node.maybe_as_int() is not None:
+                    continue
+                if all(self.dims.decide(size == other) is True for other in sizes):
+                    continue
+                if self.dims.decide(size == 1) is None and self.decide(
+                    size == 1, "broadcasting: the dimension's size is 1"
+                ):
+                    ones.setdefault(size.node.expr, set()).add(axis)
+        if not ones:
+            return None
+
+        def with_ones(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            sizes = {a: t.shape[-a] for a in range(1, t.dim() + 1)}
+            axes = {
+                a
+                for a, size in sizes.items()
+                if isinstance(size, torch.SymInt) and a in ones.get(size.node.expr, ())
+            }
+            if not axes:
+                return t
+            shape = [1 if t.dim() - i in axes else d for i, d in enumerate(t.shape)]
+            with self.fake_mode:
+                return torch.empty(shape, dtype=t.dtype, device=t.device)
+
+        return pytree.tree_map(with_ones, (args, kwargs))
+
+    def _decide_squeezed(self, args: tuple, kwargs: dict) -> list[int]:
+        """``squeeze`` removes the dimensions of size 1: which ones decides the rank of
+        its output, so each dynamic one is a decision the graph relies on (torch's fake
+        kernel answers "not 1" without recording anything: a graph running with such a
+        dimension of size 1 would compute with the wrong rank). Returns the dynamic
+        dimensions decided not to be 1."""
+        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        if not isinstance(x, torch.Tensor):
+            return []
+        not_one = []
+        for d in _squeezed_dims(x, args, kwargs):
+            size = x.shape[d]
+            if (
+                isinstance(size, torch.SymInt)
+                and size.node.maybe_as_int() is None
+                and not self.decide(size == 1, "squeeze: the dimension's size is 1")
+            ):
+                not_one.append(d)
+        return not_one
+
+    def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
+        """Runs the node's operation through torch (the fake mode must be active)."""
+        if node.op == "call_function":
+            function = function_variant(node.target, args)
+            if _needs_python_dispatcher(function, args, kwargs):
+                with enable_python_dispatcher():
+                    return function(*args, **kwargs)
+            return function(*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return self._run_leaf_module(node.target, args, kwargs)
+
+    def _run_leaf_module(self, target: str, args, kwargs) -> Any:
+        """Runs a leaf module on fake inputs with fake parameters and buffers.
+
+        The module's own tensors are swapped for fake copies so that in-place updates
+        in its forward (BatchNorm's running statistics) never touch the real ones.
+        A module without buffers runs as it is (faster): the fake mode converts its
+        parameters (the same static fake copies as :meth:`SymbolicDimensions.from_real`)
+        and never writes into them, except one-element tensors, which it may compute
+        for real (constant propagation): modules holding one keep the fake swap.
+        """
+        module = self.root.get_submodule(target)
+        same = isinstance(module, torch.nn.modules.conv._ConvNd) and isinstance(module.padding, str)
+        # as for F.conv1d(..., padding="same"): see _needs_python_dispatcher
+        with enable_python_dispatcher() if same else contextlib.nullcontext():
+            # Parameters on the meta device take the swap too: their fake copies are CPU
+            # tensors (see SymbolicDimensions.from_real).
+            if next(module.buffers(), None) is None and all(
+                p.numel() > 1 and p.device.type != "meta" for p in module.parameters()
+            ):
+                return module(*args, **kwargs)
+            state = {
+                name: self.dims.from_real(t)
+                for name, t in (*module.named_parameters(), *module.named_buffers())
+            }
+            return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
+
+    def _new_guards(self, start: int, node: Node, known: tuple[dict, dict]) -> None:
+        """Guards added by an operation are facts taken from the example: adopted as
+        constraints when not provable from what was known before the operation."""
+        adopted = set()
+        for guard in self.shape_env.guards[start:]:
+            if self.state.allowed_guards or (
+                sympy.count_ops(guard.expr) <= _MAX_PROVED_GUARD_OPERATIONS
+                and self.dims.prove(guard.expr, known) is True
+            ):
+                continue
+            location = self.location()
+            expr = guard.expr
+            indices = self.loop_symbols(expr)
+            if indices:
+                # a fact on a loop's index: the loop is unrolled, the index is a constant
+                what = f"{operation_name(node)} needs `{self.dims.render(expr)}`"
+                self.loop_refuse(indices, what)
+                expr = expr.xreplace({s: self.dims.hint_of(s) for s in indices})
+                if expr is sympy.true:
+                    continue
+            constraint = self.refinements.adopt(expr, location, operation_name(node), known=True)
+            # a kernel may check the same fact twice (reshape: a remainder, then a product)
+            if constraint.expression not in adopted:
+                adopted.add(constraint.expression)
+                self.guards.append(Guard(constraint.expression, True, "adopted", location))

@@ -1,0 +1,597 @@
+"""Whether a loop region's steps are one computation, and the scan that replaces them.
+
+:func:`plan_scan` compares the steps a loop region recorded (see :mod:`.loops`): each
+step must record the same operations, on the same values from before the loop, on
+its own index, and on values of the step just before (the *carried* values: ``h`` in
+``h = a[:, i] * h + x[:, i]``; their first step reads them from before the loop). The
+values the operations compute must have the same shapes at every step. The index may
+only select one slice of a tensor from before the loop (``x[:, i]``, ``x[i]``,
+``x.select(1, i)``, ``x.narrow(1, i, 1)``): the scan then runs over that tensor's axis.
+
+:func:`emit_scan` writes the scan at the end of the trace: a body graph made from the
+second step's nodes, a :class:`~.control_flow.ScanCCOp` over the loop's symbolic
+length, and the scan's outputs in place of the last step's carried values and of the
+stacked per-step values; the unrolled steps are then erased.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import sympy
+import torch
+from torch.fx.node import Node, map_arg
+
+from ..errors import TracingError
+from .control_flow import ScanCCOp
+from .loops import LoopRegion, changed_locals, loop_index, loop_stacked
+
+
+@dataclasses.dataclass
+class ScanPlan:
+    """What :func:`plan_scan` found in a region whose steps are one computation."""
+
+    #: each step's compared nodes (no ``size`` nor ``get_attr``: shared between steps)
+    steps: list[list[Node]]
+    #: carried values: position in a step -> the node before the loop it starts from
+    carries: dict[int, Node]
+    #: positions where the index selects a slice: position -> (tensor, axis, rest) where
+    #: ``rest`` is what indexes the slice after it (None: the slice itself; "narrow": the
+    #: slice with the axis kept)
+    selections: dict[int, tuple[Node, int, Any]]
+    #: positions where a step writes its slice of a tensor made before the loop
+    #: (``out[:, i] = value``): position -> (tensor, axis, item, value)
+    writes: dict[int, tuple[Node, int, tuple, Node]] = dataclasses.field(default_factory=dict)
+
+
+class _NotUniform(Exception):
+    """The steps differ (the message says where)."""
+
+
+def _is_size(node: Node) -> bool:
+    return node.op == "call_method" and node.target == "size" and len(node.args) == 2
+
+
+def _compared(nodes: list[Node], graph) -> list[Node]:
+    return [
+        n
+        for n in nodes
+        if not getattr(n, "_erased", False)
+        and n.graph is graph
+        and n.op != "get_attr"
+        and not _is_size(n)
+        and n.target is not loop_index
+        and n.target is not loop_stacked
+    ]
+
+
+#: what each step's index symbol becomes in :func:`_value_key`
+_INDEX = sympy.Symbol("loop_index", integer=True)
+
+
+def _value_key(val: Any, index: dict | None = None) -> Any:
+    """What must be equal in the values two steps compute: shapes (the step's index
+    written ``loop_index``: ``x.narrow(1, i, 1)`` has size ``Min(1, s - i)``, which
+    the scan's slice of size 1 replaces), dtypes, devices."""
+
+    def expr(s: Any) -> Any:
+        return s if isinstance(s, int) else s.node.expr.xreplace(index or {})
+
+    if isinstance(val, torch.Tensor):
+        return ("tensor", tuple(expr(s) for s in val.shape), val.dtype, val.device.type)
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", expr(val))
+    if isinstance(val, (tuple, list)):
+        return ("seq", tuple(_value_key(v, index) for v in val))
+    return ("py", type(val).__name__)
+
+
+class _Operands:
+    """Operands of a step's nodes written independently of the step: ``("local", p)``
+    a value of the same step, ``("prev", p)`` of the step before, ``("index",)`` the
+    step's index, ``("outer", node)`` a value from before the loop."""
+
+    def __init__(self, steps: list[list[Node]], index_nodes: list[Node]):
+        self.where = {n: (k, p) for k, nodes in enumerate(steps) for p, n in enumerate(nodes)}
+        self.index_of = {n: k for k, n in enumerate(index_nodes)}
+        self.symbols = [{n.meta["val"].node.expr: _INDEX} for n in index_nodes]
+
+    def of(self, value: Any, step: int) -> Any:
+        if isinstance(value, Node):
+            return self._node(value, step)
+        if isinstance(value, (tuple, list)):
+            return (type(value).__name__, tuple(self.of(v, step) for v in value))
+        if isinstance(value, dict):
+            return ("dict", tuple((k, self.of(v, step)) for k, v in value.items()))
+        if isinstance(value, slice):
+            return ("slice", self.of(value.start, step), self.of(value.stop, step),
+                    self.of(value.step, step))  # fmt: skip
+        try:
+            hash(value)
+        except TypeError:
+            return ("const", type(value).__name__, repr(value))
+        return ("const", type(value).__name__, value)
+
+    def _node(self, node: Node, step: int) -> Any:
+        if node in self.index_of:
+            if self.index_of[node] != step:
+                raise _NotUniform(f"step {step} reads the index of step {self.index_of[node]}")
+            return ("index",)
+        if node.op == "get_attr":
+            return ("attr", node.target)
+        if _is_size(node):
+            return ("size", self.of(node.args[0], step), node.args[1])
+        where = self.where.get(node)
+        if where is None:
+            return ("outer", node)
+        other, position = where
+        if other == step:
+            return ("local", position)
+        if other == step - 1:
+            return ("prev", position)
+        raise _NotUniform(
+            f"step {step} reads `{node.name}` of step {other}, {step - other} steps back"
+        )
+
+    def signature(self, node: Node, step: int) -> tuple:
+        return (
+            node.op,
+            node.target,
+            self.of(node.args, step),
+            self.of(node.kwargs, step),
+            _value_key(node.meta.get("val"), self.symbols[step]),
+        )
+
+
+def _unify(first: Any, second: Any, carries: dict[int, Node]) -> bool:
+    """Whether an operand of step 0 and the same operand of step 1 are one: equal, or a
+    value from before the loop where step 1 reads the step before (a carried value,
+    recorded in ``carries``)."""
+    if first == second:
+        return True
+    if not (isinstance(first, tuple) and isinstance(second, tuple)):
+        return False
+    if len(first) == 2 and first[0] == "outer" and second[0] == "prev":
+        return carries.setdefault(second[1], first[1]) is first[1]
+    return len(first) == len(second) and all(_unify(a, b, carries) for a, b in zip(first, second))
+
+
+def _where(node: Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("File "):
+            return line.split(",")[0][5:].strip('"') + ":" + line.split("line ")[-1].split(",")[0]
+    return node.name
+
+
+def plan_scan(region: LoopRegion) -> ScanPlan | str:
+    """The plan of the scan replacing a closed region, or why there is none."""
+    count = region.count
+    if count < 2:
+        return (
+            f"the example runs it {count} time{'' if count == 1 else 's'}; at least 2 steps "
+            f"are needed to check that each step computes the same thing"
+        )
+    changed = sorted(
+        {n for a, b in zip(region.frames, region.frames[1:]) for n in changed_locals(a, b)}
+    )
+    if changed:
+        names = ", ".join(f"`{n}`" for n in changed)
+        return f"the Python value of {names} changes from one step to the next"
+    steps = [_compared(nodes, region.graph) for nodes in region.steps]
+    operands = _Operands(steps, region.index_nodes)
+    try:
+        signatures = [[operands.signature(n, k) for n in nodes] for k, nodes in enumerate(steps)]
+    except _NotUniform as e:
+        return str(e)
+    carries: dict[int, Node] = {}
+    for k in range(1, count):
+        if len(signatures[k]) != len(signatures[k - 1]):
+            return (
+                f"step {k - 1} records {len(signatures[k - 1])} operations and step {k} "
+                f"{len(signatures[k])}"
+            )
+        for position, (a, b) in enumerate(zip(signatures[k - 1], signatures[k])):
+            same = _unify(a, b, carries) if k == 1 else a == b
+            if not same:
+                node = steps[k][position]
+                return f"steps {k - 1} and {k} differ at `{node.name}` ({_where(node)})"
+    for position, init in carries.items():
+        if not isinstance(init.meta.get("val"), torch.Tensor):
+            return f"it carries `{init.name}`, which is not a tensor, from one step to the next"
+        if _value_key(init.meta["val"]) != _value_key(steps[0][position].meta.get("val")):
+            return f"`{init.name}` does not keep its shape from one step to the next"
+    plan = ScanPlan(steps, carries, {})
+    for position, node in enumerate(steps[1]):
+        uses_index = ("index",) in _flat(signatures[1][position][2:4])
+        if node.target is operator.setitem and uses_index:
+            write = _write(node, region, operands)
+            if isinstance(write, str):
+                return write
+            plan.writes[position] = write
+        elif uses_index:
+            selection = _selection(node, region.index_nodes[1], operands)
+            if isinstance(selection, str):
+                return selection
+            plan.selections[position] = selection
+        elif _writes_in_place(node):
+            return f"`{node.name}` writes in place ({_where(node)})"
+    return plan
+
+
+def _flat(operand: Any) -> list:
+    found = [operand]
+    if isinstance(operand, tuple):
+        for item in operand:
+            found.extend(_flat(item))
+    return found
+
+
+def _writes_in_place(node: Node) -> bool:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return node.target is operator.setitem or (name.endswith("_") and not name.endswith("__"))
+
+
+_SELECT = ("select",)
+_NARROW = ("narrow",)
+
+
+def _selection(node: Node, index: Node, operands: _Operands) -> tuple | str:
+    """(tensor, axis, rest) when ``node`` selects the slice ``index`` of a tensor from
+    before the loop, else why the index cannot be scanned over."""
+    why = f"the index is used by `{node.name}` ({_where(node)}), not to select one slice"
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    args, kwargs = node.args, node.kwargs
+    if kwargs or not args or not isinstance(args[0], Node):
+        return why
+    source = args[0]
+    if operands.where.get(source) is not None or source in operands.index_of:
+        return f"the index selects from `{source.name}`, computed in the loop ({_where(node)})"
+    val = source.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return why
+    if node.target is operator.getitem:
+        return _item_selection(args[1], source, index, val.dim()) or why
+    if name in _SELECT and len(args) == 3 and args[2] is index and type(args[1]) is int:
+        return source, args[1] % val.dim(), None
+    if (
+        name in _NARROW
+        and len(args) == 4
+        and args[2] is index
+        and args[3] == 1
+        and type(args[1]) is int
+    ):
+        return source, args[1] % val.dim(), "narrow"
+    return why
+
+
+def _item_selection(item: Any, source: Node, index: Node, ndim: int) -> tuple | None:
+    if item is index:
+        return source, 0, None
+    if not isinstance(item, tuple) or sum(1 for i in item if i is index) != 1:
+        return None
+    q = next(j for j, i in enumerate(item) if i is index)
+    full = slice(None, None, None)
+    before, after = item[:q], item[q + 1 :]
+    if any(i is None or isinstance(i, Node) for i in after) or any(
+        i is not Ellipsis and i != full for i in before
+    ):
+        return None
+    if any(isinstance(i, slice) and any(isinstance(v, Node) for v in (i.start, i.stop, i.step))
+           for i in after):  # fmt: skip
+        return None
+    axis = q if Ellipsis not in before else ndim - len(after) - 1
+    rest = before + after
+    if all(i is Ellipsis or i == full for i in rest):
+        return source, axis, None
+    return source, axis, tuple(rest)
+
+
+#: what makes a new tensor: writing into it cannot change another value
+_FRESH = {
+    torch.zeros, torch.zeros_like, torch.empty, torch.empty_like, torch.ones, torch.ones_like,
+    torch.full, torch.full_like, torch.clone, "new_zeros", "new_empty", "new_ones", "new_full",
+    "clone", "zeros_like", "empty_like",
+}  # fmt: skip
+
+
+def _write(node: Node, region: LoopRegion, operands: _Operands) -> tuple | str:
+    """(tensor, axis, item, value) for ``out[:, i] = value`` where ``out`` is a new
+    tensor made before the loop and only written by the loop's steps, else why not."""
+    out, item, value = node.args
+    why = f"`{node.name}` writes with the index ({_where(node)})"
+    if not isinstance(out, Node) or operands.where.get(out) is not None:
+        return why
+    try:
+        fresh = out.op in ("call_function", "call_method") and out.target in _FRESH
+    except TypeError:
+        fresh = False
+    if not fresh:
+        return f"{why} into `{out.name}`, which is not a new tensor made for it"
+    writers = {n for nodes in region.steps for n in nodes if n.target is operator.setitem}
+    if any(u not in writers for u in out.users):
+        return f"{why} into `{out.name}`, which is also read while the loop writes it"
+    if not isinstance(value, Node) or operands.where.get(value, (None,))[0] != 1:
+        return f"{why} a value not computed in the step"
+    selection = _item_selection(item, out, region.index_nodes[1], out.meta["val"].dim())
+    if selection is None:
+        return why
+    _, axis, _ = selection
+    return out, axis, item, value
+
+
+def outside_use_refusal(region: LoopRegion, node: Node | None, what: str) -> str | None:
+    """Why a use of the region's ``node`` (every use after the region when None) is not
+    one a scan gives, or None."""
+    plan = region.plan
+    last = region.count - 1
+    inside = set(region.index_nodes).union(*map(set, region.steps))
+    carried = {plan.steps[last][p] for p in plan.carries}
+    nodes = [node] if node is not None else [n for n in inside if not getattr(n, "_erased", False)]
+    for n in nodes:
+        if n.target is loop_stacked:
+            continue
+        if node is None and all(u in inside for u in n.users):
+            continue
+        if n in carried:
+            continue
+        if (n.op == "get_attr" or _is_size(n)) and (
+            not isinstance(n.args[0] if n.args else None, Node)
+            or n.args[0] not in inside
+            or n.args[0] in carried
+        ):
+            continue
+        step, _ = region.outputs.get(n, (None, None))
+        if n in region.index_nodes:
+            return f"its index is used after it by {what}"
+        which = f"of step {step}" if step is not None else "computed in it"
+        return f"`{n.name}` {which} is used after it by {what}, not a value a scan gives"
+    return None
+
+
+class _BodyBuilder:
+    """Builds the scan's body graph from the second step's nodes."""
+
+    def __init__(self, plan: ScanPlan, template: int):
+        self.plan = plan
+        self.template = template
+        self.nodes = plan.steps[template]
+        self.local = {n: p for p, n in enumerate(self.nodes)}
+        self.previous = {n: p for p, n in enumerate(plan.steps[template - 1])}
+        self.graph = torch.fx.Graph()
+        self.env: dict[Node, Node] = {}
+        self.sizes: dict[tuple, Node] = {}
+        self.carry_order = sorted(plan.carries)
+        self.sources: list[tuple[Node, int]] = []
+        for position in sorted(plan.selections):
+            source, axis, _ = plan.selections[position]
+            if (source, axis) not in self.sources:
+                self.sources.append((source, axis))
+        self.additional: list[Node] = []
+
+    def collect(self) -> None:
+        """First pass: the values from before the loop the body reads."""
+        for position, node in enumerate(self.nodes):
+            if position in self.plan.selections or position in self.plan.writes:
+                continue
+            map_arg((node.args, node.kwargs), self._collect)
+
+    def _collect(self, node: Node) -> Node:
+        if node in self.local or node in self.previous:
+            return node
+        if _is_size(node):
+            return self._collect(node.args[0])
+        if node.target is loop_index:
+            return node
+        if node not in self.additional:
+            self.additional.append(node)
+        return node
+
+    def build(self, fake_mode, outputs: list[int], written: list[Node]) -> torch.fx.Graph:
+        """The body: carried values, the slices of the scanned tensors, the values from
+        before the loop; it returns the new carried values, the values of
+        ``outputs`` (positions) and the ``written`` values."""
+        graph = self.graph
+        self.carry_inputs = {}
+        for c, position in enumerate(self.carry_order):
+            ph = graph.placeholder(f"carry_{c}")
+            ph.meta["val"] = self.plan.carries[position].meta["val"]
+            self.carry_inputs[position] = ph
+        self.slices = {}
+        for j, (source, axis) in enumerate(self.sources):
+            ph = graph.placeholder(f"xs_{j}")
+            with fake_mode:
+                ph.meta["val"] = source.meta["val"].select(axis, 0).contiguous()
+            self.slices[(source, axis)] = ph
+        self.lifted = {}
+        for j, outer in enumerate(self.additional):
+            ph = graph.placeholder(f"in_{j}")
+            ph.meta["val"] = outer.meta.get("val")
+            self.lifted[outer] = ph
+        for position, node in enumerate(self.nodes):
+            if position not in self.plan.writes:
+                self.env[node] = self._copy(position, node)
+        results = [self.env[self.nodes[p]] for p in self.carry_order]
+        results += [self.env[self.nodes[p]] for p in outputs]
+        results += [self.env[n] for n in written]
+        graph.output(tuple(results))
+        graph.lint()
+        return graph
+
+    def _copy(self, position: int, node: Node) -> Node:
+        selection = self.plan.selections.get(position)
+        if selection is None:
+            return self.graph.node_copy(node, self._value)
+        source, axis, rest = selection
+        value = self.slices[(source, axis)]
+        if rest == "narrow":
+            value = self.graph.call_method("unsqueeze", (value, axis))
+        elif rest is not None:
+            value = self.graph.call_function(operator.getitem, (value, rest))
+        value.meta.update(node.meta)
+        return value
+
+    def _value(self, node: Node) -> Node:
+        if node in self.local:
+            return self.env[node]
+        if node in self.previous:
+            return self.carry_inputs[self.previous[node]]
+        if _is_size(node):
+            key = (node.args[0], node.args[1])
+            if key not in self.sizes:
+                size = self.graph.call_method("size", (self._value(node.args[0]), node.args[1]))
+                size.meta.update(node.meta)
+                self.sizes[key] = size
+            return self.sizes[key]
+        return self.lifted[node]
+
+
+def emit_scan(tracer: Any, region: LoopRegion) -> None:
+    """Replaces the region's steps with a scan (the plan must be complete: every use
+    after the region is one :func:`outside_use_refusal` accepts)."""
+    plan, graph = region.plan, region.graph
+    positions = []
+    for node in region.stacked:
+        if node.args[1] not in positions:
+            positions.append(node.args[1])
+    if not plan.carries and not positions and not plan.writes:
+        # nothing the loop computes is used
+        _erase_steps(graph, region)
+        return
+    builder = _BodyBuilder(plan, template=1)
+    builder.collect()
+    writes = sorted(plan.writes)
+    body = builder.build(tracer.fake_mode, positions, [plan.writes[p][3] for p in writes])
+    emitter = _Emitter(tracer, region)
+    with graph.inserting_before(region.last.next):
+        xs = [emitter.scanned(source, axis) for source, axis in builder.sources]
+        body_node = tracer.register_callable(f"loop{region.number}_body", body)
+        inits = [plan.carries[p] for p in builder.carry_order]
+        per_step = [builder.nodes[p].meta["val"] for p in positions]
+        per_step += [plan.writes[p][3].meta["val"] for p in writes]
+        outputs = emitter.scan(
+            (body_node, inits, xs, builder.additional),
+            [builder.nodes[p].meta["val"] for p in builder.carry_order],
+            per_step,
+        )
+        stacked = outputs[len(inits) :]
+        for j, position in enumerate(writes):
+            emitter.write(plan.writes[position], stacked[len(positions) + j])
+    inside = set(region.index_nodes).union(*map(set, region.steps))
+    last = plan.steps[region.count - 1]
+    for c, position in enumerate(builder.carry_order):
+        last[position].replace_all_uses_with(outputs[c], delete_user_cb=lambda u: u not in inside)
+    for node in region.stacked:
+        _, position, dim, how = node.args
+        with graph.inserting_before(node):
+            value = emitter.stacked(stacked[positions.index(position)], dim, how)
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+    _erase_steps(graph, region)
+
+
+class _Emitter:
+    """Writes the nodes around the scan in the region's graph, with their values."""
+
+    def __init__(self, tracer: Any, region: LoopRegion):
+        self.tracer = tracer
+        self.region = region
+        self.graph = region.graph
+        self.length = region.length.node
+        self.trace = region.index_nodes[0].meta.get("stack_trace", "")
+
+    def node(self, target: Any, args: tuple, kind: str = "call_function") -> Node:
+        """A node whose value is computed from its arguments' values."""
+        node = self.graph.create_node(kind, target, args, {})
+        values = map_arg(args, lambda n: n.meta["val"])
+        with self.tracer.fake_mode:
+            node.meta["val"] = target(*values) if kind == "call_function" else None
+        node.meta["stack_trace"] = self.trace
+        return node
+
+    def scanned(self, source: Node, axis: int) -> Node:
+        """``source`` with the loop's axis first, cut to the loop's steps, in the order
+        the loop runs them."""
+        region = self.region
+        moved = self.node(torch.movedim, (source, axis, 0))
+        size = source.meta["val"].shape[axis]
+        length = self.length.meta["val"].node.expr
+        if region.start != 0 or not (isinstance(size, torch.SymInt) and size.node.expr == length):
+            moved = self.node(torch.narrow, (moved, 0, region.start, self.length))
+        if region.reverse:
+            moved = self.node(torch.flip, (moved, [0]))
+        return moved
+
+    def scan(self, args: tuple, carried: list, per_step: list) -> list[Node]:
+        """The scan node and one ``getitem`` per output."""
+        scan = self.graph.create_node("call_function", ScanCCOp(), args, {})
+        length = self.length.meta["val"]
+        with self.tracer.fake_mode:
+            stacked = [v.unsqueeze(0).expand(length, *v.shape).contiguous() for v in per_step]
+        scan.meta["val"] = tuple(carried + stacked)
+        scan.meta["stack_trace"] = self.trace
+        outputs = []
+        for j, val in enumerate(scan.meta["val"]):
+            item = self.graph.call_function(operator.getitem, (scan, j))
+            item.meta["val"] = val
+            item.meta["stack_trace"] = self.trace
+            outputs.append(item)
+        return outputs
+
+    def stacked(self, values: Node, dim: int, how: str) -> Node:
+        """``torch.stack``/``torch.cat`` of the per-step values, from the scan's: a new
+        contiguous tensor, as they make (a view of the scan's output would share its
+        memory with another join of the same values, and ``flatten()`` of it would copy
+        where eager's is a view that in-place updates go through)."""
+        moved = self.node(torch.movedim, (values, 0, dim))
+        if how == "cat":
+            moved = self.node(torch.flatten, (moved, dim, dim + 1))
+        fresh = self.graph.create_node(
+            "call_function", torch.clone, (moved,), {"memory_format": torch.contiguous_format}
+        )
+        with self.tracer.fake_mode:
+            fresh.meta["val"] = moved.meta["val"].clone(memory_format=torch.contiguous_format)
+        fresh.meta["stack_trace"] = self.trace
+        return fresh
+
+    def write(self, write: tuple, values: Node) -> None:
+        """``out[..., start:stop, ...] = values``, for ``out[..., i, ...] = value``."""
+        out, axis, item, value = write
+        region = self.region
+        if region.reverse:
+            values = self.node(torch.flip, (values, [0]))
+        index = region.index_nodes[1]
+        steps = slice(region.start, region.stop.node)
+        new_item = steps if item is index else tuple(steps if i is index else i for i in item)
+        fake_item = map_arg(new_item, lambda n: n.meta["val"])
+        with self.tracer.fake_mode:
+            target = out.meta["val"][fake_item].movedim(axis, 0).shape[1:]
+        missing = len(target) - value.meta["val"].dim()
+        if missing > 0:
+            values = self.node(operator.getitem, (values, (slice(None),) + (None,) * missing))
+        moved = self.node(torch.movedim, (values, 0, axis))
+        self.node(operator.setitem, (out, new_item, moved))
+
+
+def _erase_steps(graph, region: LoopRegion) -> None:
+    order = [n for nodes in region.steps for n in nodes] + list(region.index_nodes)
+    order = [n for n in order if not getattr(n, "_erased", False)]
+    remaining = set(order)
+    progress = True
+    while progress:
+        progress = False
+        for node in reversed(order):
+            if node in remaining and not node.users:
+                graph.erase_node(node)
+                remaining.discard(node)
+                progress = True
+    kept = [n for n in remaining if n.op != "get_attr" and not _is_size(n)]
+    if kept:
+        raise TracingError.at(
+            region.location,
+            f"the loop became a scan but its steps are still used by "
+            f"{sorted(u.name for n in kept for u in n.users)}",
+        )

@@ -1,0 +1,399 @@
+"""The tracer's side of loop regions (see :mod:`.loops`): opening one, recording its
+steps, closing it, watching how the rest of the code uses what it computed, and, at
+the end of the trace, making each region still standing a scan."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.node import Node, map_arg
+from torch.fx.proxy import Proxy
+
+from ..errors import exception_summary
+from .loop_rolling import emit_scan, outside_use_refusal, plan_scan
+from .loops import (
+    LoopRegion,
+    SymbolicPieces,
+    SymbolicRange,
+    frame_tokens,
+    iterated_at_once,
+    loop_index,
+    loop_stacked,
+    loop_symbol,
+    loop_symbols_in,
+)
+
+_STACKING = {torch.stack: "stack", torch.cat: "cat", torch.concat: "cat", torch.concatenate: "cat"}
+#: operations returning one piece per index of an axis
+_PIECES = {"unbind": "unbind", torch.unbind: "unbind", "split": "split", torch.split: "split"}
+#: the same, for a membership test that needs no hashing (targets may be unhashable)
+PIECE_TARGETS = tuple(_PIECES)
+
+
+class LoopsMixin:
+    """Mixed into :class:`~yobx.torch.tracing.CustomTracer` (``state``, ``dims``,
+    ``graph``, ``python_number``, ``location``...)."""
+
+    def loops_allowed(self) -> bool:
+        """Whether a loop over a symbolic size may open a region here: one at a time,
+        in the graph being traced (not inside a ``torch.cond`` branch or a scan body)."""
+        return (
+            self.dims is not None and self.state.active_loop is None and not self.state.lift_stack
+        )
+
+    def symbolic_pieces(self, kind: str, target, args, kwargs) -> SymbolicPieces | None:
+        """``x.unbind(d)`` / ``x.split(s, d)`` into a symbolic number of pieces: pieces
+        to iterate over as a loop region (when iterated right away where a loop may
+        open) or to join with ``torch.stack``/``torch.cat`` (None: the operation as
+        usual)."""
+        how = _PIECES[target]
+        if kind not in ("call_method", "call_function") or not args:
+            return None
+        tensor, rest = args[0], dict(kwargs)
+        if how == "unbind":
+            names = ("dim",)
+        else:
+            names = ("split_size_or_sections" if kind == "call_function" else "split_size", "dim")
+        for name, value in zip(names, args[1:]):
+            rest.setdefault(name, value)
+        dim = rest.pop("dim", 0)
+        size = rest.pop(names[0], 1) if how == "split" else 1
+        val = getattr(tensor, "node", None) and tensor.node.meta.get("val")
+        if rest or not isinstance(val, torch.Tensor) or type(dim) is not int:
+            return None
+        if type(size) is not int or size < 1 or not -val.dim() <= dim < val.dim():
+            return None
+        dim %= val.dim()
+        length = val.shape[dim]
+        if not isinstance(length, torch.SymInt) or length.node.maybe_as_int() is not None:
+            return None
+        loop = size == 1 and self.loops_allowed() and iterated_at_once(self._user_frame())
+
+        def call():
+            self.state.pieces_made += 1
+            try:
+                return self.create_proxy(kind, target, args, kwargs)
+            finally:
+                self.state.pieces_made -= 1
+
+        self.state.pieces_out += 1
+        return SymbolicPieces(self, self.proxy(tensor.node), dim, how, call, size, loop)
+
+    def join_pieces(self, target, args, kwargs) -> Proxy | None:
+        """``torch.stack``/``torch.cat`` of :class:`SymbolicPieces`: their join, or
+        None; pieces given to anything else are made for real."""
+        values = args[0] if args else kwargs.get("tensors")
+        if not isinstance(values, SymbolicPieces):
+            return None
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        joined = None
+        if (
+            target in _STACKING
+            and type(dim) is int
+            and len(args) <= 2
+            and set(kwargs) <= {"tensors", "dim"}
+        ):
+            joined = values.joined(_STACKING[target], dim)
+        if joined is not None:
+            return joined
+        real = values._real()
+        args = (real, *args[1:]) if args else args
+        kwargs = {**kwargs, "tensors": real} if "tensors" in kwargs else kwargs
+        return self.create_proxy("call_function", target, args, kwargs)
+
+    def loop_begin(self, symbolic_range: SymbolicRange, reverse: bool) -> LoopRegion:
+        """Opens the region of a loop over ``symbolic_range`` (``reversed()`` of it when
+        ``reverse``)."""
+        length = symbolic_range.length()
+        count = max(0, int(self.dims.hint(length.node.meta["val"])))
+        region = LoopRegion(
+            number=len(self.state.loops),
+            graph=self.graph,
+            location=self.location(),
+            start=symbolic_range.start,
+            stop=symbolic_range.stop,
+            length=length,
+            count=count,
+            reverse=reverse,
+        )
+        self.state.loops.append(region)
+        self.state.active_loop = region
+        return region
+
+    def loop_next(self, region: LoopRegion, frame) -> Proxy:
+        """The next step's index, or StopIteration after the example's last step."""
+        step = len(region.index_nodes)
+        if step > 0:
+            region.frames.append(frame_tokens(frame))
+        if step >= region.count:
+            self.state.active_loop = None
+            self._loop_close(region)
+            raise StopIteration
+        symint = loop_symbol(self.dims, region, step)
+        self.state.loop_symbols[symint.node.expr] = region
+        node = self.create_node(
+            "call_function", loop_index, (region.number, step), {}, name=f"loop{region.number}_i"
+        )
+        node.meta["val"] = symint
+        node.meta["stack_trace"] = self.stack_trace()
+        region.index_nodes.append(node)
+        region.steps.append([])
+        return self.proxy(node)
+
+    def record_in_loop(self, node: Node) -> None:
+        """Called for every node created: keeps the nodes of the step being run."""
+        region = self.state.active_loop
+        if (
+            region is not None
+            and region.steps
+            and node.graph is region.graph
+            and node.target is not loop_index
+        ):
+            region.steps[-1].append(node)
+
+    def _loop_close(self, region: LoopRegion) -> None:
+        region.last = next(reversed(region.graph.nodes))
+        if region.refusal is None:
+            plan = plan_scan(region)
+            if isinstance(plan, str):
+                region.refuse(plan)
+            else:
+                region.plan = plan
+                for step, nodes in enumerate(plan.steps):
+                    for position, node in enumerate(nodes):
+                        region.outputs[node] = (step, position)
+                for step, node in enumerate(region.index_nodes):
+                    region.outputs[node] = (step, -1)
+                for node in region.outputs:
+                    self.state.loop_outputs[node] = region
+        if region.refusal is not None:
+            self.unroll_loop(region, region.refusal)
+
+    def module_assigned(self, module: torch.nn.Module, name: str) -> None:
+        """``module.name = ...`` in the traced code: inside a loop's step, Python state
+        changes at every step (``self.count += 1``), which a scan cannot repeat."""
+        region = self.state.active_loop
+        if region is not None and not self.state.in_fake:
+            region.refuse(f"it assigns `{type(module).__name__}.{name}` at {self.location()}")
+
+    def loop_refuse(self, symbols, reason: str) -> None:
+        """A decision or a guard on the index of a step: its region cannot be a scan."""
+        for symbol in symbols:
+            region = self.state.loop_symbols.get(symbol)
+            if region is not None and not region.unrolled:
+                region.refuse(f"{reason} at {self.location()}")
+                if region.plan is not None:
+                    # closed already: the index is used after the loop
+                    self.unroll_loop(region, region.refusal)
+
+    def loop_symbols(self, expr) -> set:
+        """The loop-index symbols of ``expr`` (none outside loops)."""
+        return loop_symbols_in(self.dims, expr) if self.state.loop_symbols else set()
+
+    def unroll_loop(self, region: LoopRegion, reason: str, location: str | None = None) -> None:
+        """The region stays the unrolled steps of the example: its length is adopted
+        (an error for a dimension declared dynamic, as for any Python int)."""
+        if region.unrolled:
+            return
+        plan, region.plan = region.plan, None
+        region.unrolled = True
+        for node in region.outputs:
+            self.state.loop_outputs.pop(node, None)
+        location = location or self.location()
+        loop = "the loop" if location == region.location else f"the loop at {region.location}"
+        self.python_number(
+            region.length,
+            f"{loop} (not a scan: {reason}) needs its number of steps, a Python int (range()),",
+            location=location,
+        )
+        for step, node in enumerate(region.index_nodes):
+            value = region.index_value(step)
+            for user in list(node.users):
+                user.args = map_arg(user.args, lambda n, v=value, i=node: v if n is i else n)
+                user.kwargs = map_arg(user.kwargs, lambda n, v=value, i=node: v if n is i else n)
+            if node.graph is not None and not node.users:
+                node.graph.erase_node(node)
+        for node in region.stacked:
+            _, position, dim, how = node.args
+            values = [nodes[position] for nodes in plan.steps]
+            node.target = torch.stack if how == "stack" else torch.cat
+            node.args = (values, dim)
+
+    def loop_slice(self, kind: str, target, args, kwargs) -> Proxy | None:
+        """In a step, the slice of length 1 at the index (``x.narrow(d, i, 1)``,
+        ``x[:, i:i + 1]``) is recorded as ``x.select(d, i).unsqueeze(d)``: the same
+        values, with a size torch knows is 1 (``Min(1, n - i)`` otherwise, which differs
+        from one step to the next)."""
+        region = self.state.active_loop
+        if kwargs or not region.index_nodes or len(args) < 2:
+            return None
+        index = region.index_nodes[-1]
+        if target in ("narrow", torch.narrow) and len(args) == 4:
+            source, dim, start, length = args
+            if getattr(start, "node", None) is index and length == 1 and type(dim) is int:
+                return source.select(dim, start).unsqueeze(dim)
+            return None
+        if kind != "call_function" or target is not operator.getitem:
+            return None
+        source, item = args
+        items = item if isinstance(item, tuple) else (item,)
+        full = slice(None, None, None)
+        for axis, one in enumerate(items):
+            if isinstance(one, slice) and _one_at(one, index):
+                before = items[:axis]
+                if any(b is not full for b in before if not isinstance(b, slice)) or any(
+                    isinstance(b, slice) and b != full for b in before
+                ):
+                    return None
+                start = one.start
+                plus = one.stop.node
+                selected = source[(*before, start, *items[axis + 1 :])]
+                if not plus.users and plus.graph is not None:
+                    plus.graph.erase_node(plus)
+                return selected.unsqueeze(axis)
+        return None
+
+    # uses of what a closed region computed
+
+    def loop_use(self, kind: str, target, args, kwargs) -> Proxy | None:
+        """Checks an operation reading values of a closed region (called before its node
+        is made): ``torch.stack``/``torch.cat`` of a value of every step becomes the
+        scan's stacked output (returned); the carried values after the last step are
+        the scan's; any other use unrolls the region."""
+        used = [p for p in _proxies((args, kwargs)) if p.node in self.state.loop_outputs]
+        if not used:
+            return None
+        if kind == "call_function" and target in _STACKING:
+            stacked = self._loop_stacked(_STACKING[target], args, kwargs)
+            if stacked is not None:
+                return stacked
+        for proxy in used:
+            region = self.state.loop_outputs.get(proxy.node)
+            if region is None:
+                continue
+            operation = target if isinstance(target, str) else getattr(target, "__name__", target)
+            reason = outside_use_refusal(region, proxy.node, f"`{operation}`")
+            if reason is not None:
+                self.unroll_loop(region, reason)
+        return None
+
+    def _loop_stacked(self, how: str, args, kwargs) -> Proxy | None:
+        values = args[0] if args else kwargs.get("tensors")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if not isinstance(values, (list, tuple)) or not values or type(dim) is not int:
+            return None
+        if len(args) > 2 or set(kwargs) - {"tensors", "dim"}:
+            return None
+        found = self._loop_sequence(values)
+        if found is None:
+            return None
+        region, position = found
+        per_step = values[0].node.meta["val"]
+        ndim = per_step.dim() + (1 if how == "stack" else 0)
+        if not -ndim <= dim < ndim or (how == "cat" and per_step.dim() == 0):
+            return None
+        dim %= ndim
+        length = region.length.node.meta["val"]
+        # eager stacks and concatenates one tensor at least
+        self.decide(length >= 1, f"torch.{how} of the values of the loop at {region.location}")
+        try:
+            with self.fake_mode:
+                if how == "stack":
+                    val = per_step.unsqueeze(dim).expand(
+                        *per_step.shape[:dim], length, *per_step.shape[dim:]
+                    )
+                else:
+                    shape = list(per_step.shape)
+                    shape[dim] = shape[dim] * length
+                    val = per_step.new_empty(shape)
+                val = torch.empty_like(val, memory_format=torch.contiguous_format)
+        except Exception as e:
+            # torch.stack of the unrolled steps says it better: left to it
+            region.refuse(f"its stacked output fails on fake tensors ({exception_summary(e)})")
+            return None
+        node = self.create_node(
+            "call_function", loop_stacked, (region.number, position, dim, how), {}
+        )
+        node.meta["val"] = val
+        node.meta["stack_trace"] = self.stack_trace()
+        region.stacked.append(node)
+        return self.proxy(node)
+
+    def _loop_sequence(self, values) -> tuple[LoopRegion, int] | None:
+        """(region, position) when ``values`` are the values one position of a closed
+        region computes, one per step, in order."""
+        if not all(isinstance(v, Proxy) for v in values):
+            return None
+        region = self.state.loop_outputs.get(values[0].node)
+        if region is None or len(values) != region.count:
+            return None
+        position = region.outputs[values[0].node][1]
+        if position < 0:
+            return None
+        for step, value in enumerate(values):
+            if region.outputs.get(value.node) != (step, position):
+                return None
+        return region, position
+
+    def loop_length(self, values) -> Proxy | None:
+        """``len()`` of a list holding the values of a closed region: the symbolic number
+        of steps when it holds one per step of one position, else the region unrolls
+        (None: the builtin's answer)."""
+        if not self.state.loop_outputs or not isinstance(values, (list, tuple)):
+            return None
+        found = self._loop_sequence(values)
+        if found is not None:
+            return found[0].length
+        for value in values:
+            region = self.state.loop_outputs.get(getattr(value, "node", None))
+            if region is not None:
+                self.unroll_loop(region, "len() of a list holding some of its values")
+        return None
+
+    # end of the trace
+
+    def roll_loops(self, graph: torch.fx.Graph) -> None:
+        """Makes each closed region a scan (called once the user's code is traced).
+
+        The last region first: a later loop may start from the values an earlier one
+        carries, which its scan then reads, and the earlier scan replaces them there.
+        """
+        for region in reversed(self.state.loops):
+            if region.unrolled:
+                continue
+            if region.plan is None:
+                # a loop left by `break`, `return` or an exception caught inside it
+                self.state.active_loop = None
+                reason = region.refusal or "it was left before its last step"
+                self.unroll_loop(region, reason, location=region.location)
+                continue
+            reason = outside_use_refusal(region, None, "the rest of the graph")
+            if reason is not None:
+                self.unroll_loop(region, reason, location=region.location)
+                continue
+            emit_scan(self, region)
+
+
+def _one_at(item: slice, index: Node) -> bool:
+    """Whether ``item`` is ``i:i + 1`` for the index ``i``."""
+    start, stop = getattr(item.start, "node", None), getattr(item.stop, "node", None)
+    return (
+        start is index
+        and item.step is None
+        and stop is not None
+        and stop.op == "call_function"
+        and stop.target is operator.add
+        and stop.args == (index, 1)
+    )
+
+
+def _proxies(values) -> list[Proxy]:
+    found = []
+    for leaf in pytree.tree_leaves(values):
+        if isinstance(leaf, Proxy):
+            found.append(leaf)
+        elif isinstance(leaf, slice):
+            found.extend(v for v in (leaf.start, leaf.stop, leaf.step) if isinstance(v, Proxy))
+    return found

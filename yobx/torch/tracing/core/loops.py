@@ -1,0 +1,342 @@
+"""Loops over a dynamic range become a scan.
+
+``for i in range(x.shape[1]):`` needs a Python int: torch.export (and the tracer, until
+now) fixes the dimension to its example size, so a recurrent model's sequential loop
+(a state-space model's slow path, an RNN written by hand) refuses every other length.
+Inside the traced modules' code, ``range`` is replaced while a trace runs (as ``len``,
+``int`` and ``float`` are, see :mod:`.symbolic_builtins`) by ``traced_range``: on a
+symbolic size it returns a :class:`SymbolicRange`, whose iteration is a *loop region*.
+
+The loop still runs as many times as on the example, so that every Python value the
+code sees is the one eager would see; but each step's index is a new symbol ``i`` known
+to lie in ``[start, stop - 1]`` (:attr:`SymbolicDimensions.loop_bounds`), so that
+``x[:, i]`` needs no fact about the dimension, and the nodes each step records are kept
+apart. When the loop ends, :mod:`.loop_rolling` checks that every step recorded the
+same computation (up to the index, with values carried from one step to the next) and
+that the Python values of the loop's frame do not change from one step to the next.
+
+If so, the region is *closed*: its steps stay in the graph while the trace goes on, and
+at the end of the trace they become one scan (:class:`~.control_flow.ScanCCOp`, an
+ONNX ``Scan``) over the loop's real length. The values the rest of the code takes from
+the loop must be ones a scan gives: the carried values after the last step, and the
+list of one value per step given whole to ``torch.stack`` or ``torch.cat`` (or to
+``len``, which then answers the symbolic length). Anything else (``outs[-1]``, a
+decision on the index, a body that differs between steps, an example running the loop
+fewer than twice) *unrolls* the region: the example's length is adopted, as before,
+with the reason in the message.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import dis
+import sys
+from types import FrameType
+from typing import Any
+
+import sympy
+import torch
+from torch.fx.node import Node
+
+from yobx.torch.bounded_cache import BoundedCache
+
+from ..isolation.patch_window import in_patch_window
+
+_RANGE = builtins.range
+
+
+def loop_index(loop: int, step: int) -> int:
+    """Graph target standing for the index of a loop's step while the loop region is
+    open; it never runs (the region becomes a scan or its indices constants)."""
+    raise RuntimeError(f"loop_index({loop}, {step}) is a tracing placeholder")
+
+
+def loop_stacked(loop: int, position: int, dim: int, how: str) -> Any:
+    """Graph target standing for ``torch.stack``/``torch.cat`` of a value the loop
+    computes at every step; replaced by the scan's output (or the unrolled stack)."""
+    raise RuntimeError(f"loop_stacked({loop}, {position}) is a tracing placeholder")
+
+
+@dataclasses.dataclass(eq=False)
+class LoopRegion:
+    """One iteration over a :class:`SymbolicRange` while tracing."""
+
+    number: int
+    graph: torch.fx.Graph
+    #: the user's ``file:line`` of the loop
+    location: str
+    start: int
+    #: proxies of the range's end and of its length (``stop - start``)
+    stop: Any
+    length: Any
+    #: how many steps the example runs
+    count: int
+    index_nodes: list[Node] = dataclasses.field(default_factory=list)
+    #: the nodes each step recorded, in order
+    steps: list[list[Node]] = dataclasses.field(default_factory=list)
+    #: the Python locals of the loop's frame after each step, as comparable tokens
+    frames: list[dict] = dataclasses.field(default_factory=list)
+    #: why the loop cannot be a scan (None while it can)
+    refusal: str | None = None
+    #: the nodes the region hands out once closed: node -> (step, position)
+    outputs: dict[Node, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    #: what :func:`~.loop_rolling.plan_scan` found (set when the region closes)
+    plan: Any = None
+    #: ``loop_stacked`` nodes made for this region
+    stacked: list[Node] = dataclasses.field(default_factory=list)
+    #: the last node of the graph when the region closed (the scan goes after it)
+    last: Node | None = None
+    unrolled: bool = False
+    #: ``reversed(range(...))``: the steps run from the last index down
+    reverse: bool = False
+
+    def index_value(self, step: int) -> int:
+        """The index of ``step`` on the example."""
+        return self.start + (self.count - 1 - step if self.reverse else step)
+
+    def refuse(self, reason: str) -> None:
+        """Marks the region as not a scan (the first reason is kept)."""
+        if self.refusal is None:
+            self.refusal = reason
+
+
+class SymbolicRange:
+    """``range(start, stop)`` with a symbolic ``stop``, in the traced code.
+
+    Iterating over it, or over ``reversed()`` of it, opens a loop region (see the
+    module's docstring); ``len()`` of it is the symbolic length. Anything else a range
+    offers (indexing, ``in``, ``len`` outside the traced code) needs the real range:
+    the length is then fixed to the example's, as for the builtin.
+    """
+
+    def __init__(self, tracer: Any, start: int, stop: Any):
+        self.tracer = tracer
+        self.start = start
+        self.stop = stop
+
+    def __iter__(self):
+        return _LoopIterator(self, reverse=False)
+
+    def __reversed__(self):
+        return _LoopIterator(self, reverse=True)
+
+    def length(self) -> Any:
+        """The number of steps, a proxy of ``stop - start``."""
+        return self.stop if self.start == 0 else self.stop - self.start
+
+    def _real(self) -> range:
+        return _RANGE(self.start, self.tracer.to_int(self.stop))
+
+    def __len__(self) -> int:
+        return len(self._real())
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._real()[item]
+
+    def __contains__(self, value: Any) -> bool:
+        return value in self._real()
+
+    def __repr__(self) -> str:
+        return f"range({self.start}, {self.stop})"
+
+    def item(self, index: Any) -> Any:
+        """What a step gets from the index (the index itself for a range)."""
+        return index
+
+
+class SymbolicPieces(SymbolicRange):
+    """``x.unbind(d)`` or ``x.split(s, d)``: as many pieces as a symbolic size says.
+
+    Iterated over right away (``for p in x.unbind(1):``, ``loop`` is True), it is a
+    loop over ``range(x.shape[d])`` whose steps get ``x.select(d, i)``
+    (``x.select(d, i).unsqueeze(d)`` for ``split(1, d)``), see the module's docstring.
+    Given whole to ``torch.stack`` or ``torch.cat``, the pieces join into what they
+    make of ``x`` (:meth:`joined`: ``torch.stack(x.unbind(d), k)`` is ``x`` with axis
+    ``d`` moved to ``k``). ``len()`` of them in the traced code is symbolic. Anything
+    else (indexing, unpacking into names) makes the pieces for real: their number is
+    fixed to the example's, as before.
+    """
+
+    def __init__(
+        self, tracer: Any, tensor: Any, dim: int, how: str, call: Any, size: int, loop: bool
+    ):
+        super().__init__(tracer, 0, tensor.shape[dim])
+        self.tensor = tensor
+        self.dim = dim
+        self.how = how
+        #: the size of each piece (``split``)
+        self.size = size
+        self.loop = loop
+        self._call = call
+        self._pieces: Any = None
+
+    def length(self) -> Any:
+        """The number of pieces."""
+        return self.stop if self.size == 1 else (self.stop + self.size - 1) // self.size
+
+    def joined(self, how: str, dim: int) -> Any:
+        """``torch.stack``/``torch.cat`` (``how``) of the pieces along ``dim``, computed
+        from the tensor (a new one, as they make), or None for a join of pieces that
+        has no such form (the pieces are then made for real)."""
+        x, d = self.tensor, self.dim
+        rank = x.dim()
+        if self.how == "unbind" and how == "stack" and -rank <= dim < rank:
+            joined = x.movedim(d, dim % rank)
+        elif self.how == "unbind" and how == "cat" and rank > 1 and -rank < dim < rank - 1:
+            k = dim % (rank - 1)
+            joined = x.movedim(d, k).flatten(k, k + 1)
+        elif self.how == "split" and how == "cat" and -rank <= dim < rank and dim % rank == d:
+            joined = x
+        else:
+            return None
+        return joined.clone(memory_format=torch.contiguous_format)
+
+    def item(self, index: Any) -> Any:
+        if self.how == "unbind":
+            return self.tensor.select(self.dim, index)
+        # the same values as narrow(dim, index, 1), with a size torch knows is 1
+        return self.tensor.select(self.dim, index).unsqueeze(self.dim)
+
+    def _real(self) -> Any:
+        if self._pieces is None:
+            self._pieces = self._call()
+        return self._pieces
+
+    def __iter__(self):
+        if not self.loop or self._pieces is not None:
+            return iter(self._real())
+        return super().__iter__()
+
+    def __reversed__(self):
+        return reversed(self._real())
+
+    def __repr__(self) -> str:
+        return f"{self.how}({self.tensor}, dim={self.dim})"
+
+
+class _LoopIterator:
+    """The iterator of a :class:`SymbolicRange`: one step per ``__next__``."""
+
+    def __init__(self, symbolic_range: SymbolicRange, reverse: bool):
+        self.range = symbolic_range
+        self.reverse = reverse
+        self.region: LoopRegion | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Any:
+        tracer = self.range.tracer
+        frame = sys._getframe(1)
+        if self.region is None:
+            self.region = tracer.loop_begin(self.range, self.reverse)
+        return self.range.item(tracer.loop_next(self.region, frame))
+
+
+def symbolic_range(*args: Any) -> SymbolicRange | None:
+    """What ``range(*args)`` is in the traced code: a :class:`SymbolicRange` when the end
+    is a symbolic size (the start a Python int, no step) and a loop may start here,
+    else None (the builtin's range)."""
+    from .proxies import CustomProxyInt
+
+    if in_patch_window() and len(args) in (1, 2):
+        stop = args[-1]
+        start = args[0] if len(args) == 2 else 0
+        if (
+            isinstance(stop, CustomProxyInt)
+            and type(start) is int
+            and start >= 0
+            and isinstance(stop.node.meta.get("val"), torch.SymInt)
+            and stop.node.meta["val"].node.maybe_as_int() is None
+            and stop.tracer.loops_allowed()
+        ):
+            return SymbolicRange(stop.tracer, start, stop)
+    return None
+
+
+_ITERATED: dict[tuple, bool] = BoundedCache(4096)
+
+
+def iterated_at_once(frame: FrameType | None) -> bool:
+    """Whether what the frame's current call returns is iterated over right away (``for
+    p in x.unbind(1):``, a comprehension): the next instruction is ``GET_ITER``. The
+    pieces of ``torch.stack(x.unbind(1))`` are given whole to a function instead."""
+    if frame is None:
+        return False
+    key = (frame.f_code, frame.f_lasti)
+    found = _ITERATED.get(key)
+    if found is None:
+        following = (i for i in dis.get_instructions(frame.f_code) if i.offset > frame.f_lasti)
+        found = next((i.opname == "GET_ITER" for i in following), False)
+        _ITERATED[key] = found
+    return found
+
+
+# Python values of the loop's frame, compared between steps
+
+
+def frame_tokens(frame: FrameType | None) -> dict[str, Any]:
+    """What of the frame's locals must not change from one step to the next: Python
+    values (numbers, strings...) and the identity of other objects; a proxy may change
+    (each step computes new ones) and so may the proxies a list or tuple holds."""
+    if frame is None:
+        return {}
+    return {name: _token(value, 0) for name, value in frame.f_locals.items()}
+
+
+def _token(value: Any, depth: int) -> Any:
+    from torch.fx.proxy import Proxy
+
+    if isinstance(value, Proxy):
+        return "proxy"
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
+        return (type(value), value)
+    if depth < 3 and isinstance(value, (list, tuple)):
+        kept = tuple(_token(v, depth + 1) for v in value if not isinstance(v, Proxy))
+        return (type(value), id(value) if isinstance(value, list) else None, kept)
+    if depth < 3 and isinstance(value, dict):
+        kept = tuple(
+            (repr(k), _token(v, depth + 1)) for k, v in value.items() if not isinstance(v, Proxy)
+        )
+        return (dict, id(value), kept)
+    return ("object", id(value))
+
+
+def changed_locals(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Names whose Python value changed from one step to the next."""
+    return sorted(n for n, t in after.items() if n in before and before[n] != t)
+
+
+def loop_symbol(dims: Any, region: LoopRegion, step: int) -> torch.SymInt:
+    """A new symbol for the index of ``step``, in ``[start, stop - 1]``: the hint is the
+    example's index, the upper bound is known to the prover only (a relation)."""
+    hint = region.index_value(step)
+    symbol, symint = dims.new_symbol(
+        f"i{region.number}_{step}", hint, region.start, None, positive=None
+    )
+    stop = region.stop.node.meta["val"].node.expr
+    dims.loop_bounds[symbol] = stop - 1
+    return symint
+
+
+def loop_symbols_in(dims: Any, expr: sympy.Basic) -> set[sympy.Symbol]:
+    """The loop-index symbols an expression holds."""
+    if not dims.loop_bounds:
+        return set()
+    return {s for s in expr.free_symbols if s in dims.loop_bounds}
+
+
+__all__ = [
+    "LoopRegion",
+    "SymbolicPieces",
+    "SymbolicRange",
+    "changed_locals",
+    "frame_tokens",
+    "iterated_at_once",
+    "loop_index",
+    "loop_stacked",
+    "loop_symbol",
+    "loop_symbols_in",
+    "symbolic_range",
+]

@@ -1,0 +1,552 @@
+"""Functions replaced while tracing so that they accept proxies.
+
+``torch.zeros(x.size(0), 4)`` or ``torch.cat([proxy, tensor])`` never reach
+``__torch_function__`` (the proxies hide inside a size tuple or a list), and
+``torch.cond`` / ``torch.vmap`` / ``torch._check`` / ``scan`` need tracing of their own.
+:func:`replace_problematic_function_before_tracing` swaps them for versions that
+record a node when a proxy is involved and call the original otherwise; everything is
+restored on exit, also when tracing raises.
+
+Every replacement is installed inside a :mod:`patch window <.patch_window>`: one trace at
+a time in the process, and the functions installed on modules and classes answer with
+the original behaviour in every thread but the tracing one.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import operator
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.fx.proxy import Proxy
+
+from ..core.loops import SymbolicPieces
+from ..core.proxies import find_proxy
+from ..core.type_slots import restore_slots, saved_slots
+from ..symbolic.symbolic_builtins import TRACED_BUILTINS, as_builtin
+from .patch_window import any_thread, gated_value, patch_window, register_undo
+
+#: factories whose size arguments may hold symbolic dimensions
+TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
+    getattr(torch, name)
+    for name in (
+        "zeros",
+        "ones",
+        "full",
+        "empty",
+        "arange",
+        "randn",
+        "rand",
+        "randint",
+        "eye",
+        "tensor",
+        "as_tensor",
+        "linspace",
+        "empty_strided",
+        "tril_indices",
+        "triu_indices",
+    )
+)
+
+_LIST_FUNCTIONS = ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "broadcast_tensors")
+
+
+def traced_len(obj: Any) -> Any:
+    """``len`` in the traced code: the symbolic first dimension of a traced tensor.
+
+    Installed in the globals of the traced functions (see
+    :func:`patch_len_in`), as ``torch.fx.wrap("len")`` would do; anything else gets
+    the builtin's answer, so other threads using those modules see no difference.
+    """
+    from ..core.loops import SymbolicRange
+    from ..core.proxies import CustomProxy
+
+    if _BUILTIN_ISINSTANCE(obj, CustomProxy):
+        return obj.length()
+    if _BUILTIN_ISINSTANCE(obj, SymbolicRange):
+        return obj.length()
+    if _BUILTIN_ISINSTANCE(obj, list) and obj and _BUILTIN_ISINSTANCE(obj[0], CustomProxy):
+        # one value per step of a loop that becomes a scan: its symbolic length
+        length = obj[0].tracer.loop_length(obj)
+        if length is not None:
+            return length
+    return _BUILTIN_LEN(obj)
+
+
+_BUILTIN_LEN = builtins.len
+_BUILTIN_ISINSTANCE = builtins.isinstance
+
+
+def patch_len_in(function: Any) -> None:
+    """Replaces ``len``, ``int``, ``float`` and ``range`` in the globals of ``function``
+    while the current torch.fx trace lasts (its patcher restores them): see
+    :func:`traced_len` and :mod:`.symbolic_builtins`. A decorated function (transformers
+    wraps most ``forward`` methods: ``@capture_outputs``, ``@can_return_tuple``) runs its
+    code in the module of the function it wraps: the globals of every function of the
+    ``__wrapped__`` chain are patched."""
+    from .world_state import current_fx_patcher
+
+    patcher = current_fx_patcher()
+    if patcher is None:
+        return
+    seen: set[int] = set()
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        frame_dict = getattr(function, "__globals__", None)
+        if frame_dict is not None:
+            patcher.patch(frame_dict, "len", traced_len)
+            for name, replacement in TRACED_BUILTINS.items():
+                patcher.patch(frame_dict, name, replacement)
+        function = getattr(function, "__wrapped__", None)
+
+
+def _recording(original: Callable) -> Callable:
+    """Wraps ``original`` so that a call involving a proxy becomes a graph node."""
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if "dtype" in kwargs:
+            # torch.zeros(n, dtype=int) in the traced code, where `int` is traced_int
+            kwargs["dtype"] = as_builtin(kwargs["dtype"])
+        proxy = find_proxy(args, kwargs)
+        if proxy is None:
+            pieces = args[0] if args else kwargs.get("tensors")
+            if not _BUILTIN_ISINSTANCE(pieces, SymbolicPieces):
+                return original(*args, **kwargs)
+            # torch.stack(x.unbind(d)) on a symbolic size (see loops)
+            proxy = pieces.tensor
+        return proxy.tracer.create_proxy("call_function", original, args, kwargs)
+
+    wrapper.__yobx_original__ = original
+    return wrapper
+
+
+#: methods of real tensors taking a Python type for a dtype (``mask.to(int)``)
+_DTYPE_METHODS = ("to", "type", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor")
+
+
+#: methods of real tensors whose sizes, given one by one, torch's parser refuses when
+#: one is a proxy (`torch.ones(4).expand(x.shape[0], 4)` raises "expand() takes 1
+#: positional argument but 2 were given"), while it takes them in a list
+_SIZES_METHODS = ("expand", "new_zeros", "new_ones", "new_empty")
+#: other methods of real tensors that traced arguments reach unrecorded: ``split`` is
+#: Python code choosing ``split_with_sizes`` for anything but an int
+_TRACED_ARGUMENT_METHODS = ("split",)
+
+
+def _real_tensor_method(name: str) -> Callable:
+    """The method ``name`` of ``torch.Tensor`` taking the traced code's arguments:
+    Python types for dtypes (``mask.to(int)``, where ``int`` is
+    :data:`~.symbolic_builtins.traced_int`: torch receives the builtin), and traced
+    values, with which the call is recorded as the method it is (torch's dispatch to
+    the proxy would record this wrapper, which neither the passes nor the lowering
+    know), sizes given one by one passed in a list."""
+    original = getattr(torch.Tensor, name)
+
+    takes_dtype = name in _DTYPE_METHODS
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        if takes_dtype:
+            args = tuple(as_builtin(a) for a in args)
+            if "dtype" in kwargs:
+                kwargs["dtype"] = as_builtin(kwargs["dtype"])
+        if isinstance(self, Proxy):
+            return getattr(self, name)(*args, **kwargs)
+        proxy = find_proxy(args, kwargs)
+        if proxy is None:
+            return original(self, *args, **kwargs)
+        if name in _SIZES_METHODS and len(args) > 1:
+            args = (list(args),)
+        return proxy.tracer.create_proxy("call_method", name, (self, *args), kwargs)
+
+    return method
+
+
+def _exporting() -> bool:
+    """``torch.compiler.is_exporting()`` in the model's code: True.
+
+    Models write the paths that hold at every size behind it (transformers'
+    ``is_torchdynamo_exporting`` asks it on each call): gated delta-net attention
+    (Qwen3-Next, Qwen3.5, OLMo hybrid) replaces ``solve_triangular``, whose fake kernel
+    refuses symbolic batch sizes, by a loop over its static chunk. ``is_compiling()``
+    keeps its answer (False): compiled code takes kernels yobx cannot see into
+    (transformers' mixture of experts calls its own ``grouped_mm_fallback`` operator
+    instead of ``torch._grouped_mm``), and the Mamba family's scan is sequential where
+    exporting is True and compiling is False. ``torch.jit.is_tracing()`` and
+    ``is_scripting()`` stay False: their branches are TorchScript's (Swin turns its
+    sizes into tensors, ``F.interpolate`` fixes its output size). Measured on about 60
+    tiny Hugging Face architectures with both exporting and compiling answering True:
+    no graph differed, three families traced that did not (the test suite's
+    architectures with exporting alone).
+
+    torch's own code keeps its answer (False): it reads it to choose how to record
+    guards and metadata, which must stay the tracer's.
+    """
+    return not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _symbolic_extremum(original: Callable, symbolic: Callable) -> Callable:
+    """``max``/``min`` of dimensions stay symbolic (``torch.sym_max``)."""
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if kwargs or find_proxy(args) is None:
+            return original(*args, **kwargs)
+        # min(a, b, ...) or min(iterable): Swin's min(input_resolution)
+        items = list(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        if not items:
+            return original(*args, **kwargs)
+        result = items[0]
+        for other in items[1:]:
+            result = symbolic(result, other)
+        return result
+
+    return wrapper
+
+
+def _proxy_aware_is_tensor(original: Callable) -> Callable:
+    """``torch.is_tensor(x)`` is True for a proxy of a tensor (diffusers checks timesteps
+    that way); torch's own frames never call it with a proxy."""
+    from ..core.proxies import CustomProxy
+
+    @functools.wraps(original)
+    def is_tensor(obj):
+        if _BUILTIN_ISINSTANCE(obj, CustomProxy):
+            return _BUILTIN_ISINSTANCE(obj.node.meta.get("val"), torch.Tensor)
+        return original(obj)
+
+    return is_tensor
+
+
+def _proxy_aware_isinstance(original: Callable) -> Callable:
+    """``isinstance(x, torch.Tensor)`` is True for a proxy of a tensor, in model code.
+
+    Model code checks masks and caches that way (transformers does). torch's own code
+    keeps the real answer: it treats a proxy as a non-tensor with ``__torch_function__``
+    and dispatches to the tracer (a "tensor" there would reach C++ functions, as
+    ``autograd.Function.apply`` does). C-level checks never see this patch.
+    """
+    from ..core.proxies import CustomProxy
+
+    tensor = torch.Tensor
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+
+    # called very often: no thread gate, the original answers for anything but a proxy
+    @any_thread
+    def isinstance_(obj, classinfo):
+        if (
+            original(obj, CustomProxy)
+            and (classinfo is tensor or (original(classinfo, tuple) and tensor in classinfo))
+            and not sys._getframe(1).f_code.co_filename.startswith(torch_dir)
+        ):
+            return original(obj.node.meta.get("val"), tensor)
+        return original(obj, classinfo)
+
+    return isinstance_
+
+
+def _proxy_aware_callable(original: Callable) -> Callable:
+    """``callable(x)`` answers for the value a proxy stands for: False for a tensor or
+    a number. torch.fx's ``Proxy.__call__`` (there for traced methods, which are
+    :class:`~.proxies.CustomAttribute`, not this) made every proxy callable, and
+    transformers' ``torch_compilable_check(n_tokens == n_features, msg)`` calls a
+    callable condition: the trace then called a tensor."""
+    from ..core.proxies import CustomProxy
+
+    # called often: no thread gate, the original answers for anything but a proxy
+    @any_thread
+    def callable_(obj):
+        if _BUILTIN_ISINSTANCE(obj, CustomProxy):
+            value = obj.node.meta.get("val")
+            if value is not None:
+                return original(value)
+        return original(obj)
+
+    return callable_
+
+
+def _symbolic_max_pool1d(original: Callable) -> Callable:
+    """``torch.max_pool1d`` on fake tensors, keeping the length symbolic.
+
+    Its C++ kernel fixes the input length to the example's (it guards
+    ``length == 8``); the variant returning indices computes the same values with a
+    symbolic output length. Only fake tensors (the tracer computing ``meta["val"]``,
+    for ``F.max_pool1d`` and ``nn.MaxPool1d`` alike) take the detour.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def max_pool1d(input, *args, **kwargs):
+        if type(input) is FakeTensor:
+            return torch.max_pool1d_with_indices(input, *args, **kwargs)[0]
+        return original(input, *args, **kwargs)
+
+    return max_pool1d
+
+
+def _indexing_with_proxies(original: Callable) -> Callable:
+    """``tensor[:, n:]`` on a real tensor (built in ``forward``) with a symbolic ``n``.
+
+    torch's C++ indexing would ask the proxy for a Python int; the tensor becomes a
+    graph constant and the indexing a node instead.
+    """
+
+    @functools.wraps(original)
+    def __getitem__(self, key):
+        proxy = find_proxy(key)
+        if proxy is None:
+            return original(self, key)
+        return proxy.tracer.create_proxy("call_function", operator.getitem, (self, key), {})
+
+    return __getitem__
+
+
+def _check(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(cond, message=None):
+        if isinstance(cond, Proxy):
+            cond.tracer.check(cond, message)
+            return None
+        return original(cond, message) if message is not None else original(cond)
+
+    return wrapper
+
+
+def _check_with(original: Callable) -> Callable:
+    """``torch._check_with(error_type, cond, message)`` and
+    ``torch._check_tensor_all_with`` (transformers' ``torch_compilable_check``) on a
+    traced condition: recorded as ``torch._check`` records it (a check of every element
+    of a tensor condition, when the graph runs)."""
+
+    @functools.wraps(original)
+    def wrapper(error_type, cond, message=None):
+        if isinstance(cond, Proxy):
+            cond.tracer.check(cond, message)
+            return None
+        return original(error_type, cond, message)
+
+    return wrapper
+
+
+def _symbolic_baddbmm(original: Callable) -> Callable:
+    """``baddbmm`` on fake tensors: torch's meta kernel rejects symbolic sizes.
+
+    ``beta * input + alpha * (batch1 @ batch2)`` with the same broadcasting and dtype;
+    ``beta == 0`` ignores ``input`` as baddbmm does (its NaNs do not propagate).
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    @functools.wraps(original)
+    def baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
+        if out is None and type(input) is FakeTensor:
+            product = torch.bmm(batch1, batch2)
+            if alpha != 1:
+                product = product * alpha
+            if beta == 0:
+                return product
+            return product + (input if beta == 1 else input * beta)
+        if out is None:
+            return original(input, batch1, batch2, beta=beta, alpha=alpha)
+        return original(input, batch1, batch2, beta=beta, alpha=alpha, out=out)
+
+    return baddbmm
+
+
+_MISSING = object()
+
+
+def _settle_device_constructors() -> None:
+    """Computes now the set of tensor factories ``with torch.device(...)`` applies to.
+
+    torch computes it once per process (``torch.utils._device._device_constructors``,
+    cached) the first time a device context meets a torch function. Computed while
+    ``torch.arange`` or ``torch.ones`` are patched (a ``torch.device`` context inside a
+    trace, as scan's), it would hold the patches instead of the factories, and every
+    later ``with torch.device("meta")`` of the process would silently create tensors on
+    the CPU: a big model built "on meta" would allocate all its weights.
+    """
+    from torch.utils import _device
+
+    constructors = getattr(_device, "_device_constructors", None)
+    if constructors is not None:
+        constructors()
+
+
+#: lists kept per memoized build
+_MEMOIZED_LISTS = 4
+
+
+def memoized_replacements(build: Callable[[], list[tuple[Any, str, Any]]]) -> Callable:
+    """Wraps ``build`` (which reads the current attributes and returns the
+    ``(owner, name, replacement)`` list) so that its list is built once and reused as
+    long as every attribute it replaces is still the object it was built from.
+
+    The replacements find their tracer through the proxies they receive, so they hold
+    for every trace; building them (``functools.wraps`` copies attributes) and gating
+    them again would cost each trace a few milliseconds. Someone else patching one of
+    the attributes (a user's own patch, another library's) makes the next call rebuild.
+    """
+    # a few lists: the same build may run under different patches (the kernels'
+    # variants inside a trace, over its indexing patch, and in the ONNX lowering)
+    cache: list[tuple[list[tuple[Any, str, Any]], list[tuple[Any, str, Any]]]] = []
+
+    @functools.wraps(build)
+    def replacements() -> list[tuple[Any, str, Any]]:
+        for entries, originals in cache:
+            if all(getattr(owner, name, None) is found for owner, name, found in originals):
+                return entries
+        entries = build()
+        originals = [(owner, name, getattr(owner, name, None)) for owner, name, _ in entries]
+        cache.insert(0, (entries, originals))
+        del cache[_MEMOIZED_LISTS:]
+        return entries
+
+    return replacements
+
+
+@contextlib.contextmanager
+def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Sets ``owner.name = value`` for each replacement, restores all on exit.
+
+    An attribute the owner only inherited (``Tensor.__getitem__`` comes from the C
+    base class) is deleted again rather than set, so that inheritance is restored.
+    The block runs in a :func:`~.patch_window.patch_window` (one at a time in the
+    process); a function set on a module or a class is wrapped by
+    :func:`~.patch_window.thread_gate`, so that other threads keep the original; the
+    restoration is journaled on the window, which completes it if an interrupt cuts
+    this block's exit short.
+    """
+    _settle_device_constructors()
+    with patch_window():
+        saved: list[tuple[Any, str, Any]] = []
+        # a special method set and deleted again leaves a sequence slot behind
+        # (type_slots)
+        slots = saved_slots(
+            [(owner, name) for owner, name, _ in replacements if isinstance(owner, type)]
+        )
+
+        def undo() -> None:
+            for owner, name, value in reversed(saved):
+                if value is not _MISSING:
+                    setattr(owner, name, value)
+                elif name in vars(owner):
+                    delattr(owner, name)
+            restore_slots(slots)
+
+        restore = register_undo(undo)
+        try:
+            for owner, name, value in replacements:
+                # saved before the change: an interrupt in between is undone too
+                saved.append((owner, name, vars(owner).get(name, _MISSING)))
+                setattr(owner, name, gated_value(owner, name, value))
+            yield
+        finally:
+            restore()
+
+
+@contextlib.contextmanager
+def symbolic_kernels() -> Iterator[None]:
+    """Routes torch kernels that fail on or fix a dynamic size to symbolic variants.
+
+    Used while tracing and by anything that re-runs a traced graph on its fake values
+    (the ONNX lowering): ``torch.max_pool1d`` becomes ``max_pool1d_with_indices``,
+    ``baddbmm`` becomes ``bmm`` and additions, plus the variants of
+    :mod:`.symbolic_variants` (indexing with a symbolic integer, ``take_along_dim``,
+    ``reshape``/``flatten``, ``F.pad``, ``F.interpolate``, float32 ``_grouped_mm``).
+    Only fake tensors take the detour. Restored on exit.
+    """
+    from ..symbolic import symbolic_variants
+
+    with (
+        patch_window(),
+        patched_attributes(_kernel_replacements()),
+        symbolic_variants.grouped_mm_fake_values(),
+    ):
+        yield
+
+
+@memoized_replacements
+def _kernel_replacements() -> list[tuple[Any, str, Any]]:
+    from ..symbolic import symbolic_variants
+
+    return [
+        (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
+        (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
+        (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
+        *symbolic_variants.replacements(),
+    ]
+
+
+@contextlib.contextmanager
+def replace_problematic_function_before_tracing() -> Iterator[None]:
+    """Context manager replacing the functions that cannot take proxies as they are.
+
+    Inside it, ``torch.cat``/``torch.stack`` & co (lists mixing proxies and tensors),
+    tensor factories (``torch.zeros(x.size(0), 4)``, ``torch.full(x.shape[:2], 1.0)``),
+    indexing of a real tensor by symbolic sizes (``tensor[:, n:]``), ``torch.cond``,
+    ``torch.vmap``/``torch.func.vmap``, ``torch.ops.higher_order.scan``,
+    ``torch._check`` (``_check_with``, ``_check_tensor_all[_with]``) and the builtins
+    ``max``/``min`` accept proxies, and
+    ``isinstance(x, torch.Tensor)``/``torch.is_tensor(x)`` are True for a proxy of a
+    tensor in model code, ``callable(x)`` is False for a proxy of a tensor or a number.
+    Calls without proxies, and every call from another thread, behave as usual.
+    Everything is restored on exit, including when the body raises; only one such
+    block is open at a time in the process (another thread waits).
+    """
+    # the context expressions run in order: the originals are read inside the window,
+    # once another thread's trace is over
+    with (
+        patch_window(),
+        patched_attributes(_replacements()),
+        symbolic_kernels(),
+        # Inside torch, `guard_or_false(size == 1)` (broadcasting, contiguity) would
+        # otherwise decide from the example and guard on it. Size-oblivious answers
+        # pick the path that is right for every size, and what really needs a fact
+        # still asks for it with torch._check, which the tracer checks. The config is
+        # a ContextVar: only the tracing thread sees it.
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+    ):
+        yield
+
+
+@memoized_replacements
+def _replacements() -> list[tuple[Any, str, Any]]:
+    from ..core.control_flow import cond_function, scan_function, vmap_function
+
+    vmap = vmap_function(torch.vmap)
+    return [
+        *((torch, fn.__name__, _recording(fn)) for fn in TENSOR_FACTORIES),
+        *(
+            (torch, name, _recording(getattr(torch, name)))
+            for name in _LIST_FUNCTIONS
+            if hasattr(torch, name)
+        ),
+        *(
+            (torch.Tensor, name, _real_tensor_method(name))
+            for name in dict.fromkeys(_DTYPE_METHODS + _SIZES_METHODS + _TRACED_ARGUMENT_METHODS)
+        ),
+        (torch, "_check", _check(torch._check)),
+        (torch, "_check_tensor_all", _check(torch._check_tensor_all)),
+        (torch, "_check_with", _check_with(torch._check_with)),
+        (torch, "_check_tensor_all_with", _check_with(torch._check_tensor_all_with)),
+        (torch.Tensor, "__getitem__", _indexing_with_proxies(torch.Tensor.__getitem__)),
+        (torch, "cond", cond_function(torch.cond)),
+        (torch, "vmap", vmap),
+        (torch.func, "vmap", vmap),
+        (torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan)),
+        (torch.compiler, "is_exporting", _exporting),
+        (builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance)),
+        (builtins, "callable", _proxy_aware_callable(builtins.callable)),
+        (torch, "is_tensor", _proxy_aware_is_tensor(torch.is_tensor)),
+        (builtins, "max", _symbolic_extremum(builtins.max, torch.sym_max)),
+        (builtins, "min", _symbolic_extremum(builtins.min, torch.sym_min)),
+    ]
