@@ -450,3 +450,39 @@ def test_a_quotient_torch_decides_is_not_zero_gets_a_version_at_zero():
     for n in (5, 0, 1, 2, 3, 4, 7, 9):
         x = torch.randn(n, 3)
         assert_same(model(x), gm(x))
+
+
+class Wide(torch.nn.Module):
+    """A decision on the batch whose other side starts at 4097 rows of 1024 floats
+    (16 MB, 2048 times the example's 8 KB)."""
+
+    def forward(self, x):
+        if x.shape[0] > 4096:
+            return x * 2
+        return x + 1
+
+
+def test_a_witness_much_bigger_than_the_example_is_checked_by_its_capture(monkeypatch):
+    # a model's intermediate tensors grow with its inputs: diffusers' CogVideoX decoder,
+    # run eagerly on its 141 MB witness, allocated 22 GB; such a side is captured on
+    # fake tensors without the eager run
+    from yobx.torch.tracing.constraints import witness_inputs
+
+    rows = []
+    original = witness_inputs.run_eagerly
+
+    def counted(root, inputs, leaves):
+        rows.append(leaves[0].shape[0])
+        return original(root, inputs, leaves)
+
+    monkeypatch.setattr(versions, "run_eagerly", counted)
+    model = Wide()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 1024)}, {"x": {0: "batch"}})
+    assert [v.when for v in tracer.versions] == ["(batch <= 4096)", "(batch > 4096)"]
+    assert rows == [], rows
+    _check_sizes(model, gm, lambda n: torch.randn(n, 1024), [1, 3, 4096, 4097, 4100])
+    # a witness as small as the example's inputs allow is still run eagerly
+    monkeypatch.setattr(witness_inputs, "EAGER_BYTES", 64 * 2**20)
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 1024)}, {"x": {0: "batch"}})
+    assert rows == [4097], rows
+    _check_sizes(model, gm, lambda n: torch.randn(n, 1024), [3, 4097])

@@ -70,7 +70,13 @@ from .size_search import (
     holds,
     moves,
 )
-from .witness_inputs import bytes_text, leaves_for, run_eagerly, witness_bytes
+from .witness_inputs import (
+    bytes_text,
+    eager_affordable,
+    leaves_for,
+    run_eagerly,
+    witness_bytes,
+)
 
 #: candidate sizes tried at most to find a witness for one decision (conditions compile
 #: to Python: a few microseconds per candidate, 30 for hundreds of operations)
@@ -391,10 +397,12 @@ class Versioning:
             )
             return None
         leaves_ = leaves_for(version.tracer.dims, inputs, witness)
-        error = run_eagerly(self.root, inputs, leaves_)
-        if error is not None:
-            self._note(fact, f"eager raises for {sizes} ({error})")
-            return None
+        # a witness much bigger than the example is checked by its capture alone
+        if eager_affordable(version.tracer.dims, inputs, witness):
+            error = run_eagerly(self.root, inputs, leaves_)
+            if error is not None:
+                self._note(fact, f"eager raises for {sizes} ({error})")
+                return None
         example = dict(zip(inputs.arg_names, pytree.tree_unflatten(leaves_, inputs.in_spec)))
         child = self.tracer._version_tracer(path)
         try:
@@ -565,8 +573,8 @@ def example_beyond(tracer: Any, root: Any, facts: list[sympy.Basic]) -> dict | N
             if sizes is None:
                 continue
             needed, allowed = witness_bytes(tracer.dims, inputs, sizes)
-            if needed > allowed:
-                continue  # inputs too big to allocate (see witness_inputs.WITNESS_BYTES)
+            if needed > allowed or not eager_affordable(tracer.dims, inputs, sizes):
+                continue  # inputs too big to allocate or to run (see witness_inputs)
             leaves_ = leaves_for(tracer.dims, inputs, sizes)
             if run_eagerly(root, inputs, leaves_) is None:
                 return dict(zip(inputs.arg_names, pytree.tree_unflatten(leaves_, inputs.in_spec)))

@@ -5,7 +5,8 @@ The tracer captures a model again at other sizes (the other side of a decision, 
 :mod:`.versions`, or beside a size the example fixes): the example's tensors rebuilt
 at the witness's sizes (:func:`leaves_for`), within what a capture may allocate
 (:func:`witness_bytes`), and run eagerly first (:func:`run_eagerly`), which says
-whether the model takes them, the model left as it was.
+whether the model takes them, the model left as it was; a witness much bigger than the
+example is not run (:func:`eager_affordable`): its capture, on fake tensors, checks it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ from .size_search import compile_condition, tensor_like
 WITNESS_BYTES = 256 * 2**20
 WITNESS_BYTES_RATIO = 16
 
+#: inputs up to which a witness is also run eagerly, in bytes, at least (more when the
+#: example is big: 1024 times its inputs). Beyond, the eager run is skipped and the
+#: capture on fake tensors is the check of that side: a model's intermediate tensors
+#: grow with its inputs, and diffusers' CogVideoX video decoder, run eagerly on the
+#: 141 MB witness of its batch (16384), allocated 22 GB and was killed
+EAGER_BYTES = 16 * 2**20
+EAGER_BYTES_RATIO = 1024
+
 
 def size_function(dims: Any, witness: dict[str, int]):
     """Maps a size of the example (an int or a SymInt) to its value at the witness."""
@@ -43,16 +52,29 @@ def size_function(dims: Any, witness: dict[str, int]):
     return size
 
 
-def witness_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
-    """The bytes the witness's input tensors take, and the most a capture may
-    allocate for them (see :data:`WITNESS_BYTES`)."""
+def _input_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
+    """The bytes of the input tensors at the witness's sizes and in the example."""
     size = size_function(dims, witness)
     needed = example = 0
     for leaf, sizes in zip(inputs.leaves, inputs.sizes):
         if isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
             needed += math.prod(max(size(d), 0) for d in sizes) * leaf.element_size()
             example += leaf.numel() * leaf.element_size()
+    return needed, example
+
+
+def witness_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
+    """The bytes the witness's input tensors take, and the most a capture may
+    allocate for them (see :data:`WITNESS_BYTES`)."""
+    needed, example = _input_bytes(dims, inputs, witness)
     return needed, max(WITNESS_BYTES, WITNESS_BYTES_RATIO * example)
+
+
+def eager_affordable(dims: Any, inputs: Any, witness: dict[str, int]) -> bool:
+    """Whether the witness's inputs are small enough to run the model eagerly on them
+    (see :data:`EAGER_BYTES`)."""
+    needed, example = _input_bytes(dims, inputs, witness)
+    return needed <= max(EAGER_BYTES, EAGER_BYTES_RATIO * example)
 
 
 def bytes_text(count: int) -> str:
