@@ -46,14 +46,15 @@ def merge_filler_slots(model: ir.Model) -> int:
 
 
 def _is_filler(value: ir.Value | None) -> bool:
-    producer = _source(value).producer() if value is not None else None
+    source = _source(value) if value is not None else None
+    producer = source.producer() if source is not None else None
     if producer is None:
         return False
     if producer.meta.get(FILLER_KEY):
         return True
     if producer.op_type != "If" or producer.domain not in ("", "ai.onnx"):
         return False
-    index = value.index()
+    index = source.index()
     return all(
         _is_filler(producer.attributes[a].value.outputs[index])
         for a in ("then_branch", "else_branch")
@@ -64,7 +65,12 @@ def _source(value: ir.Value) -> ir.Value:
     """The value an ``Identity`` chain copies (a copy made for a graph returning a value
     twice is the same value)."""
     producer = value.producer()
-    while producer is not None and producer.op_type == "Identity" and producer.domain == "":
+    while (
+        producer is not None
+        and producer.op_type == "Identity"
+        and producer.domain == ""
+        and producer.inputs[0] is not None
+    ):
         value = producer.inputs[0]
         producer = value.producer()
     return value
