@@ -540,11 +540,24 @@ def _merged_shape(first: ir.Shape | None, second: ir.Shape | None) -> ir.Shape |
     return ir.Shape([a if a == b else None for a, b in zip(first, second)])
 
 
+def _source(value: ir.Value) -> ir.Value:
+    """The value an ``Identity`` chain copies (a copy made for a graph returning a value
+    twice is the same value)."""
+    producer = value.producer()
+    while (
+        producer is not None
+        and producer.op_type == "Identity"
+        and producer.domain == ""
+        and producer.inputs[0] is not None
+    ):
+        value = producer.inputs[0]
+        producer = value.producer()
+    return value
+
+
 def _fills(value: ir.Value) -> bool:
     """``value`` is a filler (or a copy of one): a constant, but not a weight."""
-    producer = value.producer()
-    while producer is not None and producer.op_type == "Identity" and producer.domain == "":
-        producer = producer.inputs[0].producer() if producer.inputs[0] is not None else None
+    producer = _source(value).producer()
     return producer is not None and bool(producer.meta.get(FILLER_KEY))
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from .branch_merging import FILLER_KEY, _merged_shape, _Names
+from .branch_merging import FILLER_KEY, _merged_shape, _Names, _source
 
 __all__ = ["merge_filler_slots"]
 
@@ -59,21 +59,6 @@ def _is_filler(value: ir.Value | None) -> bool:
         _is_filler(producer.attributes[a].value.outputs[index])
         for a in ("then_branch", "else_branch")
     )
-
-
-def _source(value: ir.Value) -> ir.Value:
-    """The value an ``Identity`` chain copies (a copy made for a graph returning a value
-    twice is the same value)."""
-    producer = value.producer()
-    while (
-        producer is not None
-        and producer.op_type == "Identity"
-        and producer.domain == ""
-        and producer.inputs[0] is not None
-    ):
-        value = producer.inputs[0]
-        producer = value.producer()
-    return value
 
 
 class _Group:
