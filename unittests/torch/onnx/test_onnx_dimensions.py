@@ -171,3 +171,31 @@ def test_numbers_from_sizes_stay_symbolic_in_onnx():
     assert result.constraints == []
     shapes = [(1, 3, 5, 9), (3, 3, 13, 4), (2, 3, 2, 2)]
     _check_other_sizes(model, result, [(torch.randn(*s),) for s in shapes])
+
+
+class _HalvesThenPadIfOdd(torch.nn.Module):
+    # `width % 2 != 0` gives two versions; the even one knows `width == 2*q` and the
+    # odd one `width == 2*q + 1`, each naming its own q after `width`
+    def forward(self, x):
+        a, b = x.split([x.shape[0] // 2, x.shape[0] - x.shape[0] // 2], 0)
+        y = a.sum(0, keepdim=True) + b
+        if x.shape[0] % 2 != 0:
+            y = F.pad(y, (0, 1))
+        return y
+
+
+def test_versions_name_the_quotients_of_their_divisibility_apart():
+    """Two versions name their quotient of ``width`` by 2 alike but mean other sizes
+    (``width/2`` and ``(width - 1)/2``): the input stays ``width`` and the nodes both
+    versions share get no name that onnxruntime would take for one size (it refused
+    odd widths: "Shape mismatch attempting to re-use buffer")."""
+    model = _HalvesThenPadIfOdd()
+    result = to_onnx(model, (torch.randn(6),), dynamic_shapes={"x": {0: "width"}})
+    assert onnx_dims(result.model_proto)["x"] == ["width"]
+    names = {
+        d.dim_param
+        for v in [*result.model_proto.graph.value_info, *result.model_proto.graph.output]
+        for d in v.type.tensor_type.shape.dim
+    }
+    assert names and not any("div2" in name for name in names), names
+    _check_other_sizes(model, result, [(torch.randn(n),) for n in (2, 3, 5, 6, 7, 10)])

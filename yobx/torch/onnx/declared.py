@@ -180,9 +180,9 @@ _NUMBER = re.compile(r"^-?\d+$")
 
 def remove_numeric_dim_params(model: ir.Model) -> None:
     """A dimension whose name is a number (``"4"``) is the number: ``dim_value``."""
-    from yobx.torch.onnx.dimensions import _all_values
+    from yobx.torch.onnx.dimensions import all_values
 
-    for value in _all_values(model):
+    for value in all_values(model):
         shape = value.shape
         if shape is None:
             continue

@@ -16,6 +16,8 @@ from typing import Any
 import onnx_ir as ir
 import sympy
 
+from yobx.torch.tracing.constraints.versions import DIMENSIONS_KEY
+
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
 
@@ -26,14 +28,34 @@ class DimensionRenamer:
     :param shape_env: used to replace symbols known equal to others
     """
 
-    def __init__(self, dimension_names: Mapping[str, str], shape_env: Any = None):
+    def __init__(self, dimension_names: Mapping[str, str | sympy.Expr], shape_env: Any = None):
         self.dimension_names = dict(dimension_names)
         self.shape_env = shape_env
+        #: the names of sizes known only at run time (see
+        #: :func:`data_dependent_dimension_names`), kept by :meth:`for_capture`
+        self.data_dependent: dict[str, str] = {}
         self._cache: dict[str, str] = {}
         self._symbols = {
-            name: sympy.Symbol(user, integer=True, positive=True)
-            for name, user in self.dimension_names.items()
+            name: _user_expression(user) for name, user in self.dimension_names.items()
         }
+
+    @classmethod
+    def for_capture(cls, dims: Any, data_dependent: Mapping[str, str]) -> DimensionRenamer:
+        """The renamer of the sizes of one capture (the ShapeEnv of ``dims``, a
+        :class:`~yobx.torch.tracing.symbolic.symbolic.SymbolicDimensions`).
+
+        A dimension is written in the user's names (``batch``), and so is a symbol the
+        capture introduced for a divisibility (``width == 2*q + 1`` writes ``q`` as
+        ``width/2 - 1/2``, and the input's axis as ``width``): a name of its own would
+        stand for another size in a version where ``width`` is even, and onnxruntime
+        takes equal names for equal sizes.
+
+        :param data_dependent: names of the sizes known only at run time (by ShapeEnv
+            symbol: ``u0 -> nonzero_dim0``)
+        """
+        renamer = cls({**data_dependent, **dims.user_symbols()}, dims.shape_env)
+        renamer.data_dependent = dict(data_dependent)
+        return renamer
 
     def expression(self, expr: sympy.Expr) -> str:
         """Renders a sympy expression of ShapeEnv symbols with the user's names."""
@@ -84,6 +106,13 @@ class DimensionRenamer:
         return ir.Shape(dims) if changed else shape
 
 
+def _user_expression(user: str | sympy.Expr) -> sympy.Expr:
+    """A user's dimension name as a sympy symbol (an expression stays as it is)."""
+    if isinstance(user, str):
+        return sympy.Symbol(user, integer=True, positive=True)
+    return user
+
+
 def data_dependent_dimension_names(graph_module: Any) -> dict[str, str]:
     """Names for the sizes only known at run time (``x[mask]``, ``nonzero``...).
 
@@ -115,22 +144,51 @@ def data_dependent_dimension_names(graph_module: Any) -> dict[str, str]:
     return names
 
 
-def _all_values(model: ir.Model) -> Iterator[ir.Value]:
-    yield from model.graph.inputs
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+def all_values(model: ir.Model) -> Iterator[ir.Value]:
+    """Every value of ``model``: of its graph, its functions and their subgraphs."""
+    for graph in (model.graph, *model.functions.values()):
+        yield from _graph_values(graph)
+
+
+def _graph_values(graph: ir.Graph | ir.Function) -> Iterator[ir.Value]:
+    """The values of a graph or a function, those of its subgraphs too."""
+    yield from graph.inputs
+    for node in ir.traversal.RecursiveGraphIterator(graph):
         yield from node.outputs
-    for function in model.functions.values():
-        yield from function.inputs
-        for node in ir.traversal.RecursiveGraphIterator(function):
-            yield from node.outputs
+        # the inputs of a subgraph (a loop's body) are nobody's outputs
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                yield from attribute.value.inputs
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                for subgraph in attribute.value:
+                    yield from subgraph.inputs
 
 
 def rename_dimensions(model: ir.Model, renamer: DimensionRenamer) -> None:
-    """Renames the dynamic dimensions of every value of ``model`` in place."""
-    for value in _all_values(model):
-        shape = renamer.rename_shape(value.shape)
-        if shape is not value.shape:
-            value.shape = shape
+    """Renames the dynamic dimensions of every value of ``model`` in place.
+
+    The graph of a version (a local function marked with its capture's dimensions, see
+    :mod:`yobx.torch.onnx.version_lowering`) has the sizes of its own ShapeEnv, whose
+    symbol names (``s38``) the other captures reuse for other sizes: it is renamed with
+    :meth:`DimensionRenamer.for_capture` of its capture.
+    """
+    renamers: dict[int, DimensionRenamer] = {}
+
+    def renamer_of(function: ir.Function) -> DimensionRenamer:
+        dims = function.meta.get(DIMENSIONS_KEY)
+        if dims is None or dims.shape_env is renamer.shape_env:
+            return renamer
+        if id(dims) not in renamers:
+            renamers[id(dims)] = DimensionRenamer.for_capture(dims, renamer.data_dependent)
+        return renamers[id(dims)]
+
+    graphs = [(model.graph, renamer)]
+    graphs += [(f, renamer_of(f)) for f in model.functions.values()]
+    for graph, graph_renamer in graphs:
+        for value in _graph_values(graph):
+            shape = graph_renamer.rename_shape(value.shape)
+            if shape is not value.shape:
+                value.shape = shape
 
 
 def dynamic_dimensions(model: ir.Model) -> list[str]:

@@ -610,12 +610,21 @@ def _translate(
         value.meta[PLACEHOLDER_KEY] = target
     _rename_cache_inputs(ir_model, model, args, kwargs)
     _keep_argument_names(ir_model, captured.graph_module)
-    renamer = DimensionRenamer(dict(captured.dimension_names), captured.shape_env)
+    renamer = _renamer(captured)
     rename_dimensions(ir_model, renamer)
     # parameters on the meta device: the graph is exported, the data comes later
     info["pending_weights"] = mark_pending(ir_model)
     info["onnx_nodes"] = len(ir_model.graph)
     return ir_model, renamer, inputs
+
+
+def _renamer(captured: Any) -> DimensionRenamer:
+    """The names of the ONNX model's dimensions: the user's, from the capture."""
+    dims = getattr(captured.tracer, "dims", None)
+    if dims is None:
+        return DimensionRenamer(dict(captured.dimension_names), captured.shape_env)
+    data_dependent = {k: v for k, v in captured.dimension_names.items() if k not in dims.names}
+    return DimensionRenamer.for_capture(dims, data_dependent)
 
 
 def _optimize(ir_model: ir.Model, opset: int) -> list[str]:

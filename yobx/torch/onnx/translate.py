@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import onnx_ir as ir
 import torch
@@ -19,6 +20,7 @@ from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx.errors import OnnxExportError, UnsupportedOperatorError
 from yobx.torch.onnx.lowering import SOURCE_NODE_KEY, LoweredGraph
 from yobx.torch.onnx.opsets import DEFAULT_OPSET
+from yobx.torch.tracing.constraints.versions import DIMENSIONS_KEY
 
 
 def _rename_aten_nodes(
@@ -193,6 +195,9 @@ def _translate_graphs(lowered: LoweredGraph, model: ir.Model, opset: int) -> dic
                 scoped.setdefault(scope, {})[sub_name] = function
                 model.functions[function.identifier()] = function
                 graph_like = function
+                dims = _dimensions_of(graph_module, module_name)
+                if dims is not None:
+                    function.meta[DIMENSIONS_KEY] = dims
             values = internals.translate_graph(
                 module.graph, model, graph_like=graph_like, owned_graphs=owned, opset=opset
             )
@@ -221,6 +226,19 @@ def _translate_graphs(lowered: LoweredGraph, model: ir.Model, opset: int) -> dic
         raise error_class(message, origin, target=target) from exc
     assert values is not None
     return values
+
+
+def _dimensions_of(graph_module: torch.fx.GraphModule, module_name: str) -> Any:
+    """The dimensions of the capture a subgraph belongs to: a version's graph (and any
+    graph nested in it, a loop's body) was lowered with its own ShapeEnv, whose symbols
+    (``s38``) are not the joined graph's; None for the joined graph's own."""
+    parts = module_name.split(".")
+    for end in range(len(parts), 0, -1):
+        module = graph_module.get_submodule(".".join(parts[:end]))
+        dims = getattr(module, "meta", {}).get(DIMENSIONS_KEY)
+        if dims is not None:
+            return dims
+    return None
 
 
 #: in-place writes the passes leave when they cannot tell what the target aliases

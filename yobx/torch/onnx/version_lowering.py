@@ -56,8 +56,13 @@ def record_cond(
     n, n_true = len(operands), len(states[0])
     true_graph = _taking(lowered[0].graph_module, n + n_true, _fakes(states[1], lowered[0]))
     false_graph = _taking(lowered[1].graph_module, n, _fakes(states[0], lowered[1]))
-    for graph_module, low in ((true_graph, lowered[0]), (false_graph, lowered[1])):
+    for graph_module, low, branch in zip((true_graph, false_graph), lowered, branches):
         _tensor_outputs(graph_module, low.fake_mode)
+        # its sizes are symbols of its own capture's ShapeEnv: the ONNX translation
+        # names them with that capture's names (yobx.torch.onnx.dimensions)
+        dims = branch.meta.get(DIMENSIONS_KEY)
+        if dims is not None:
+            graph_module.meta[DIMENSIONS_KEY] = dims
     all_operands = (*operands, *states[0], *states[1])
     index = 0
     while hasattr(mode.tracer.root, f"true_graph_{index}"):

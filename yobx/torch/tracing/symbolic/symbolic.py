@@ -431,6 +431,14 @@ class SymbolicDimensions:
             return None
         return expr.xreplace({s: self._rename.get(self.original(s), s) for s in expr.free_symbols})
 
+    def user_symbols(self) -> dict[str, sympy.Expr]:
+        """Maps the name of each ShapeEnv symbol the user knows to its expression in the
+        user's dimension names: ``s26 -> batch``, and for the quotient a divisibility
+        introduced (``width == 2*q + 1``), ``q -> width/2 - 1/2``: its own name
+        (``width_div2``) would stand for another size in a capture where ``width`` is
+        even."""
+        return {str(symbol): expr for symbol, expr in self._rename.items()}
+
     def canonical(self, value: Any) -> Any:
         """``value``, or the same integer written in a form the provers reduce: a
         padding to a multiple becomes a ceiling (see
