@@ -104,6 +104,47 @@ def test_imports_point_down():
     assert not upward, "imports pointing up the layers:\n" + "\n".join(sorted(upward))
 
 
+#: the rooms of ``yobx.torch.tracing``, bottom to top (see its package docstring): the
+#: modules every room names (errors, the dynamic-shape specs, the graph operators, the
+#: node arguments), the process isolation, the shape rules, the symbolic dimensions,
+#: the inputs and the constraints, the tracer itself, robust tracing
+TRACING_ROOMS = {
+    "errors": 0,
+    "dynamic_shapes": 0,
+    "graph_operators": 0,
+    "node_arguments": 0,
+    "isolation": 1,
+    "shape_rules": 2,
+    "symbolic": 3,
+    "inputs": 4,
+    "constraints": 4,
+    "core": 5,
+    "robust": 6,
+}
+
+
+def _room(name: str) -> str | None:
+    prefix = "yobx.torch.tracing."
+    return name[len(prefix) :].split(".")[0] if name.startswith(prefix) else None
+
+
+def test_every_module_of_the_tracer_belongs_to_a_room():
+    unplaced = [m for m in _modules() if _room(m) is not None and _room(m) not in TRACING_ROOMS]
+    assert not unplaced, f"add these modules' room to TRACING_ROOMS: {unplaced}"
+
+
+def test_the_tracer_imports_point_down_its_rooms():
+    upward = [
+        f"{source} -> {target}"
+        for source, targets in _graph().items()
+        for target in targets
+        if _room(source) in TRACING_ROOMS
+        and _room(target) in TRACING_ROOMS
+        and TRACING_ROOMS[_room(target)] > TRACING_ROOMS[_room(source)]
+    ]
+    assert not upward, "imports pointing up the tracer's rooms:\n" + "\n".join(sorted(upward))
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}

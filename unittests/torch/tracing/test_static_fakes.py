@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.core.static_fakes import StaticFakes
+from yobx.torch.tracing.symbolic.static_fakes import StaticFakes
 
 
 def _mode() -> FakeTensorMode:

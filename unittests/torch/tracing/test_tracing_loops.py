@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from yobx.torch.tracing import ConstraintViolationError, CustomTracer, SpecializationError
-from yobx.torch.tracing.core.control_flow import ScanCCOp
+from yobx.torch.tracing.graph_operators import ScanCCOp
 
 from ._helpers import assert_same, trace_module
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from yobx.torch.tracing import ConstraintViolationError
-from yobx.torch.tracing.symbolic.symbolic_builtins import traced_float, traced_int
+from yobx.torch.tracing.core.symbolic_builtins import traced_float, traced_int
 
 from ._helpers import assert_same, trace_module
 

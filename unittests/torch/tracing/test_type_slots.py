@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.core.type_slots import restore_slots, saved_slots
+from yobx.torch.tracing.isolation.type_slots import restore_slots, saved_slots
 
 
 def test_a_subclass_dropped_during_a_trace_lives_until_its_slots_are_written_back():

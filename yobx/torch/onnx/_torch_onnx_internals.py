@@ -30,7 +30,7 @@ from torch.onnx._internal.fx.passes import type_promotion
 from yobx.torch.fx_code import recompile_alone
 from yobx.torch.onnx.opsets import DEFAULT_OPSET
 from yobx.torch.quiet_logs import quieted
-from yobx.torch.tracing.isolation.patches import patched_attributes
+from yobx.torch.tracing.isolation.patching import patched_attributes
 
 #: ONNX domain of the local functions holding subgraphs (cond, scan bodies).
 LOCAL_FUNCTION_DOMAIN = "pkg.torch.__subgraph__"

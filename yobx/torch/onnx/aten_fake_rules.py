@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from yobx.torch.tracing import shape_rules
-from yobx.torch.tracing.isolation.patches import patched_attributes
+from yobx.torch.tracing.isolation.patching import patched_attributes
 from yobx.torch.tracing.shape_rules import elementwise, views
 from yobx.torch.tracing.shape_rules import nn as nn_rules
 from yobx.torch.tracing.shape_rules._base import (

@@ -114,7 +114,7 @@ def _run_default_passes(graph: torch.fx.Graph) -> dict[str, Any]:
     writes: the final values of mutated inputs and buffers become extra outputs (listed
     in the output node's meta["yobx_mutations"])."""
     from yobx.torch.passes import run_default_passes
-    from yobx.torch.tracing.isolation.patches import symbolic_kernels
+    from yobx.torch.tracing.symbolic.symbolic_kernels import symbolic_kernels
 
     # fake values of new nodes with the tracer's symbolic kernels (torch's would
     # specialize x[:, n - 1] = v to the example's n)

@@ -40,10 +40,11 @@ from yobx.torch.passes import writes_anything
 from yobx.torch.tracing import shape_rules
 from yobx.torch.tracing.constraints.decided_layouts import decided_layouts
 from yobx.torch.tracing.constraints.versions import CONDITION_KEY, DIMENSIONS_KEY
-from yobx.torch.tracing.core.control_flow import CondCCOp, ScanCCOp
-from yobx.torch.tracing.core.static_fakes import StaticFakes
-from yobx.torch.tracing.isolation.patches import patched_attributes, symbolic_kernels
+from yobx.torch.tracing.graph_operators import CondCCOp, ScanCCOp
+from yobx.torch.tracing.isolation.patching import patched_attributes
+from yobx.torch.tracing.symbolic.static_fakes import StaticFakes
 from yobx.torch.tracing.symbolic.symbolic import static_fake
+from yobx.torch.tracing.symbolic.symbolic_kernels import symbolic_kernels
 from yobx.torch.tracing.symbolic.symbolic_memo import memoized_symbolic_arithmetic
 from yobx.torch.tracing.symbolic.symbolic_variants import function_variant
 
@@ -457,7 +458,7 @@ def _state_fakes(fake_mode: FakeTensorMode, tensors: list[torch.Tensor]) -> list
     """Static fakes of the lifted parameters and buffers, detached (meta weights compute
     as on the CPU). A plain tensor (contiguous, owning its storage, which no other one
     shares) gets its fake made directly, as the capture does
-    (:class:`~yobx.torch.tracing.core.static_fakes.StaticFakes`); the others go through
+    (:class:`~yobx.torch.tracing.symbolic.static_fakes.StaticFakes`); the others go through
     torch's converter, which keeps shared storages shared."""
     detached = [t.detach() for t in tensors]
     direct = StaticFakes(fake_mode)

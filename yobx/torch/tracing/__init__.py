@@ -1,17 +1,26 @@
 """Capture of PyTorch models as torch.fx graphs with sound symbolic shapes.
 
-The package holds one concern per folder:
+The package holds one concern per folder, listed from the top of the imports down (a
+module imports its own room and those below it; ``unittests/test_package_imports.py``
+checks it):
 
+* ``robust/``: robust and recursive tracing, the collection of graphs, recorded calls;
 * ``core/``: the tracer, its mixins and per-trace state, proxies and their dispatch,
-  fake execution, control flow and loops, the finish and code of the graph;
-* ``symbolic/``: symbolic dimensions, their names and text, proofs and bounds on them;
+  the functions replaced so that they take proxies (``proxy_patches.py``: factories,
+  ``torch.cat``, ``torch.cond``, ``isinstance``, builtins of sizes), fake execution,
+  control flow and loops, the finish and code of the graph;
 * ``constraints/``: constraints adopted from the example, versions, runtime checks,
   input layouts, checks on tensor values, the search of sizes that validate a graph;
-* ``isolation/``: the patch window and what keeps a trace from changing the world
-  (world state, torch.fx's isolation, module classes, deferred Ctrl-C, frames);
-* ``robust/``: robust and recursive tracing, the collection of graphs, recorded calls;
+  beside them, ``inputs.py``: the binding of example inputs;
+* ``symbolic/``: symbolic dimensions, their names and text, proofs and bounds on them,
+  and the symbolic variants of torch kernels that fix a size;
 * ``shape_rules/``: the output shapes of torch operators, decided without the example;
-* here: the errors, the binding of example inputs and the ``dynamic_shapes`` argument.
+* ``isolation/``: the patch window and the patching helper (``patching.py``, which the
+  ONNX lowering uses too), and what keeps a trace from changing the world (world state,
+  the user's modules restored, torch.fx's isolation, module classes, deferred Ctrl-C,
+  frames);
+* at the bottom: the errors, the ``dynamic_shapes`` argument, the graph operators of
+  ``torch.cond`` and ``scan``, the node arguments stored as they are.
 
 The torch.fx hooks :class:`CustomTracer` overrides, and where:
 
@@ -25,7 +34,6 @@ The torch.fx hooks :class:`CustomTracer` overrides, and where:
 """
 
 from .constraints.constraints import Constraint, ConstraintViolationError
-from .core.control_flow import CondCCOp, ScanCCOp
 from .core.proxies import (
     CustomAttribute,
     CustomParameterProxy,
@@ -35,6 +43,7 @@ from .core.proxies import (
     CustomProxyInt,
     CustomProxyShape,
 )
+from .core.proxy_patches import replace_problematic_function_before_tracing
 from .core.tracer import CustomTracer, graph_fingerprint
 from .errors import (
     DataDependentError,
@@ -42,8 +51,8 @@ from .errors import (
     StrictDimensionError,
     TracingError,
 )
+from .graph_operators import CondCCOp, ScanCCOp
 from .inputs import register_cache_flattening
-from .isolation.patches import replace_problematic_function_before_tracing
 from .robust.collection import GraphCollection, ModuleEntry, ModuleFailure
 from .robust.recorded_calls import RecordedCall, record_calls
 from .robust.recursive import recursive_trace

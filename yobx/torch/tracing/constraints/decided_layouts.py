@@ -25,7 +25,7 @@ import torch._prims_common as prims_common
 import torch._subclasses.fake_impls as fake_impls
 import torch.fx.passes.shape_prop as shape_prop
 
-from ..isolation.patches import memoized_replacements, patched_attributes
+from ..isolation.patching import memoized_replacements, patched_attributes
 from ..shape_rules import check_enabled, rule_or_torch
 from ..shape_rules._strides import decided_contiguity, decided_perm
 

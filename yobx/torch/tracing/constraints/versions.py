@@ -46,9 +46,9 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.utils._sympy.functions import FloorDiv, Max
 
-from ..core.control_flow import CondCCOp
 from ..dynamic_shapes import STRICT
 from ..errors import exception_summary
+from ..graph_operators import CondCCOp
 from ..inputs import NO_EXAMPLE
 from ..symbolic.expression_text import pretty
 from ..symbolic.symbolic import DEFAULT_MIN

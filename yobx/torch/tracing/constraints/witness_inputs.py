@@ -18,8 +18,8 @@ from typing import Any
 import sympy
 import torch
 
-from ..core.module_state import preserved_modules
 from ..errors import exception_summary
+from ..isolation.module_snapshot import preserved_modules
 from .size_search import compile_condition, tensor_like
 
 #: inputs a version's witness may allocate, in bytes, at least (more when the example

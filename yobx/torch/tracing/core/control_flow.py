@@ -18,68 +18,14 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch._ops import HigherOrderOperator
 from torch.fx.node import Node
 from torch.fx.proxy import Proxy
 
 from ..errors import TracingError, exception_summary
+from ..graph_operators import CondCCOp, ScanCCOp
 from .proxies import find_proxy
 
-_ORIGINAL_COND = torch.cond
-_ORIGINAL_SCAN = torch.ops.higher_order.scan
 _ORIGINAL_VMAP = torch.vmap
-
-
-class _GraphOperator(HigherOrderOperator):
-    """A HigherOrderOperator with one instance per class: torch registers operators in
-    a global table by name, and graphs compare their targets by identity."""
-
-    _registered_name = ""
-    _instances: dict[type, _GraphOperator] = {}
-
-    def __new__(cls):
-        if cls not in _GraphOperator._instances:
-            instance = super().__new__(cls)
-            HigherOrderOperator.__init__(instance, cls._registered_name)
-            _GraphOperator._instances[cls] = instance
-        return _GraphOperator._instances[cls]
-
-    def __init__(self):
-        pass
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class CondCCOp(_GraphOperator):
-    """Graph target of ``torch.cond``: ``CondCCOp()(pred, true_gm, false_gm, operands)``.
-
-    A torch :class:`~torch._ops.HigherOrderOperator` registered as
-    ``torch.ops.higher_order.yobx_cond``, so generated code, pickling and graph
-    printing resolve it like torch's own control-flow operators. Calling it runs
-    ``torch.cond``, so ``make_fx`` and ``torch.export`` of a traced graph still see a
-    ``cond``. Every ``CondCCOp()`` is the same operator.
-    """
-
-    _registered_name = "yobx_cond"
-
-    def __call__(self, pred, true_fn, false_fn, operands):
-        return _ORIGINAL_COND(pred, true_fn, false_fn, tuple(operands))
-
-
-class ScanCCOp(_GraphOperator):
-    """Graph target of scan: ``ScanCCOp()(body_gm, init, xs, additional_inputs)``.
-
-    A torch :class:`~torch._ops.HigherOrderOperator` registered as
-    ``torch.ops.higher_order.yobx_scan``. Calling it runs
-    ``torch.ops.higher_order.scan`` and returns the final carries followed by the
-    stacked per-step outputs. Every ``ScanCCOp()`` is the same operator.
-    """
-
-    _registered_name = "yobx_scan"
-
-    def __call__(self, combine_fn, init, xs, additional_inputs):
-        return _ORIGINAL_SCAN(combine_fn, list(init), list(xs), list(additional_inputs))
 
 
 def trace_subgraph(tracer, fn: Callable, inputs: list[Any], prefix: str):

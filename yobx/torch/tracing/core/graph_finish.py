@@ -29,7 +29,7 @@ from ..constraints.runtime_checks import (
     insert_shape_checks,
 )
 from ..inputs import NO_EXAMPLE
-from ..isolation.patches import symbolic_kernels
+from ..symbolic.symbolic_kernels import symbolic_kernels
 from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
 
 # Nodes computing shapes and scalars have no side effect: removed when unused.

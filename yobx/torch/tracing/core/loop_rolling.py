@@ -25,7 +25,7 @@ import torch
 from torch.fx.node import Node, map_arg
 
 from ..errors import TracingError
-from .control_flow import ScanCCOp
+from ..graph_operators import ScanCCOp
 from .loops import LoopRegion, changed_locals, loop_index, loop_stacked
 
 

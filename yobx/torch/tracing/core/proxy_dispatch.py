@@ -16,25 +16,11 @@ from typing import Any
 import torch
 from torch.fx.proxy import Proxy
 
+from ..node_arguments import ATOMIC_ARGUMENTS
+
 #: torch.fx's method, for the arguments the direct path does not handle
 _FX_TORCH_FUNCTION = Proxy.__torch_function__.__func__
 
-#: argument types a node stores as they are, never proxies (torch.fx's answer for
-#: them, reached without its chain of isinstance tests: most arguments are these)
-ATOMIC_ARGUMENTS = frozenset(
-    {
-        int,
-        float,
-        bool,
-        str,
-        type(None),
-        type(...),
-        torch.dtype,
-        torch.device,
-        torch.memory_format,
-        torch.layout,
-    }
-)
 #: argument types that are pytree leaves and never proxies (a slice holds no proxy
 #: for pytree, which does not look inside it)
 _ATOMS = ATOMIC_ARGUMENTS | {slice}

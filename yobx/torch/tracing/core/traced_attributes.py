@@ -21,11 +21,11 @@ from torch.fx.proxy import Proxy
 
 from ...ops.rnn import leaf_module_call
 from ..errors import TracingError
-from ..isolation.patches import patch_len_in
+from ..node_arguments import ATOMIC_ARGUMENTS
 from .graph_finish import _CallableModule
 from .module_state import assign_traced_buffer
 from .proxies import CustomParameterProxy, CustomProxyShape, find_proxy
-from .proxy_dispatch import ATOMIC_ARGUMENTS
+from .proxy_patches import patch_len_in
 
 #: prefix of the constants the tracer stores on ``traced_model``
 CONSTANT_PREFIX = "_yobx_constant"

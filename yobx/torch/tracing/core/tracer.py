@@ -43,12 +43,8 @@ from ..isolation.deferred_interrupts import PENDING as PENDING_INTERRUPT
 from ..isolation.deferred_interrupts import deferred_interrupts, raise_pending_interrupt
 from ..isolation.fx_isolation import fx_tracing_per_thread
 from ..isolation.module_classes import traced_module_classes
+from ..isolation.module_snapshot import preserved_modules
 from ..isolation.patch_window import PatchWindow, close_window, current_window
-from ..isolation.patches import (
-    TENSOR_FACTORIES,
-    patch_len_in,
-    replace_problematic_function_before_tracing,
-)
 from ..isolation.torch_frames import cheap_uninteresting_files
 from ..symbolic.symbolic import DEFAULT_MIN, Guard, SymbolicDimensions
 from ..symbolic.symbolic_memo import memoized_symbolic_arithmetic
@@ -56,11 +52,16 @@ from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value, user_locati
 from .fake_execution import FakeExecutionMixin
 from .graph_finish import GraphFinishMixin, _CallableModule, graph_fingerprint
 from .loop_tracing import PIECE_TARGETS, LoopsMixin
-from .module_state import buffer_assignments, preserved_modules
+from .module_state import buffer_assignments
 from .proxies import (
     CustomProxy,
     CustomProxyShape,
     proxy_class_for,
+)
+from .proxy_patches import (
+    TENSOR_FACTORIES,
+    patch_len_in,
+    replace_problematic_function_before_tracing,
 )
 from .state_writes import StateWrites, writes_in_place
 from .trace_state import TraceState

@@ -45,7 +45,7 @@ from torch.fx.experimental import proxy_tensor
 
 from .module_classes import class_level_targets
 from .patch_window import _WINDOW_LOCK, any_thread, patch_window, thread_gate
-from .patches import memoized_replacements, patched_attributes
+from .patching import memoized_replacements, patched_attributes
 from .world_state import (
     THREAD_STATE,
     PatchedClasses,

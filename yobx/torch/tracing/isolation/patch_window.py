@@ -225,7 +225,7 @@ def any_thread(function: Callable) -> Callable:
 
 
 def gated_value(owner: Any, name: str, value: Any) -> Any:
-    """What :func:`~.patches.patched_attributes` installs for ``owner.name = value``.
+    """What :func:`~.patching.patched_attributes` installs for ``owner.name = value``.
 
     Functions replacing a module's or a class's attribute are gated; values set on a
     trace's own objects (a fake mode), non-callables and :func:`any_thread`

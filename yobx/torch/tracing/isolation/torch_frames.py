@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import torch
 import torch.fx.experimental.symbolic_shapes as symbolic_shapes
 
-from .patches import patched_attributes
+from .patching import patched_attributes
 
 #: the modules torch's ``uninteresting_files`` lists (torch 2.13)
 _MODULES = (

@@ -35,7 +35,7 @@ from torch.fx.node import Node
 
 from yobx.torch.bounded_cache import BoundedCache
 
-from ..core.proxy_dispatch import ATOMIC_ARGUMENTS
+from ..node_arguments import ATOMIC_ARGUMENTS
 from ._base import (
     ARGUMENT_SEQUENCES,
     TensorFactory,

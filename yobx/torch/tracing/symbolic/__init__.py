@@ -2,5 +2,6 @@
 
 Their user names and text, the proofs and bounds the tracer uses to decide questions
 on sizes without looking at the example (ranges, residues, integral conditions), the
-memo of decisions, and the symbolic variants of builtins and of torch kernels.
+memo of decisions, the static fakes of weights, and the symbolic variants of torch
+kernels (installed by ``symbolic_kernels.py``).
 """

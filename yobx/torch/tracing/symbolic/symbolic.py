@@ -32,11 +32,11 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 from yobx.torch.bounded_cache import BoundedCache
 
-from ..core.static_fakes import StaticFakes
 from ..dynamic_shapes import UNBOUNDED
 from .expression_text import pretty
 from .range_proofs import prove_from_ranges
 from .residues import padding_as_ceiling
+from .static_fakes import StaticFakes
 
 
 @dataclass_with_cached_hash(frozen=True)

@@ -38,7 +38,7 @@ from torch.fx.experimental.sym_node import SymNode
 from yobx.torch.bounded_cache import BoundedCache
 
 from ..isolation.patch_window import patch_window, register_undo
-from ..isolation.patches import memoized_replacements, patched_attributes
+from ..isolation.patching import memoized_replacements, patched_attributes
 
 #: binary operations of ``SymNode`` (its ``_<name>`` implementations)
 _BINARY = (

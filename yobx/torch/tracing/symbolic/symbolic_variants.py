@@ -8,7 +8,7 @@ dtype their CPU kernel accepts (``_grouped_mm`` on float32). Each variant here c
 the same values with operations that keep the sizes symbolic, and only fake tensors
 with symbolic sizes take the detour: real tensors and static shapes run torch's code.
 
-They are installed by :func:`yobx.torch.tracing.isolation.patches.symbolic_kernels`, while
+They are installed by :func:`yobx.torch.tracing.symbolic.symbolic_kernels.symbolic_kernels`, while
 tracing and while the ONNX lowering re-runs a traced graph through ``make_fx``, which
 then records the operations of the variant (``select``, ``gather``, ``clone`` and
 ``view``...): all have the values of the original for every size.
@@ -312,7 +312,7 @@ _STABLE_REPLACEMENTS = _stable_replacements()
 
 def replacements() -> list[tuple[Any, str, Any]]:
     """``(owner, name, variant)`` for
-    :func:`~yobx.torch.tracing.isolation.patches.patched_attributes`.
+    :func:`~yobx.torch.tracing.isolation.patching.patched_attributes`.
 
     Indexing wraps the ``Tensor.__getitem__``/``__setitem__`` in place now: the tracer
     patches them too while tracing.

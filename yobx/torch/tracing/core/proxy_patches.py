@@ -7,9 +7,11 @@
 record a node when a proxy is involved and call the original otherwise; everything is
 restored on exit, also when tracing raises.
 
-Every replacement is installed inside a :mod:`patch window <.patch_window>`: one trace at
-a time in the process, and the functions installed on modules and classes answer with
-the original behaviour in every thread but the tracing one.
+Every replacement is installed by :func:`~..isolation.patching.patched_attributes`
+inside a :mod:`patch window <..isolation.patch_window>`: one trace at a time in the
+process, and the functions installed on modules and classes answer with the original
+behaviour in every thread but the tracing one. The kernels that fail on symbolic sizes
+are :mod:`..symbolic.symbolic_kernels`'.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from typing import Any
 import torch
 from torch.fx.proxy import Proxy
 
-from ..core.loops import SymbolicPieces
-from ..core.proxies import find_proxy
-from ..core.type_slots import restore_slots, saved_slots
-from ..symbolic.symbolic_builtins import TRACED_BUILTINS, as_builtin
-from .patch_window import any_thread, gated_value, patch_window, register_undo
+from ..isolation.patch_window import any_thread, patch_window
+from ..isolation.patching import memoized_replacements, patched_attributes
+from ..symbolic.symbolic_kernels import symbolic_kernels
+from .loops import SymbolicPieces
+from .proxies import find_proxy
+from .symbolic_builtins import TRACED_BUILTINS, as_builtin
 
 #: factories whose size arguments may hold symbolic dimensions
 TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
@@ -64,8 +67,8 @@ def traced_len(obj: Any) -> Any:
     :func:`patch_len_in`), as ``torch.fx.wrap("len")`` would do; anything else gets
     the builtin's answer, so other threads using those modules see no difference.
     """
-    from ..core.loops import SymbolicRange
-    from ..core.proxies import CustomProxy
+    from .loops import SymbolicRange
+    from .proxies import CustomProxy
 
     if _BUILTIN_ISINSTANCE(obj, CustomProxy):
         return obj.length()
@@ -90,7 +93,7 @@ def patch_len_in(function: Any) -> None:
     wraps most ``forward`` methods: ``@capture_outputs``, ``@can_return_tuple``) runs its
     code in the module of the function it wraps: the globals of every function of the
     ``__wrapped__`` chain are patched."""
-    from .world_state import current_fx_patcher
+    from ..isolation.world_state import current_fx_patcher
 
     patcher = current_fx_patcher()
     if patcher is None:
@@ -217,7 +220,7 @@ def _symbolic_extremum(original: Callable, symbolic: Callable) -> Callable:
 def _proxy_aware_is_tensor(original: Callable) -> Callable:
     """``torch.is_tensor(x)`` is True for a proxy of a tensor (diffusers checks timesteps
     that way); torch's own frames never call it with a proxy."""
-    from ..core.proxies import CustomProxy
+    from .proxies import CustomProxy
 
     @functools.wraps(original)
     def is_tensor(obj):
@@ -236,7 +239,7 @@ def _proxy_aware_isinstance(original: Callable) -> Callable:
     and dispatches to the tracer (a "tensor" there would reach C++ functions, as
     ``autograd.Function.apply`` does). C-level checks never see this patch.
     """
-    from ..core.proxies import CustomProxy
+    from .proxies import CustomProxy
 
     tensor = torch.Tensor
     torch_dir = os.path.dirname(torch.__file__) + os.sep
@@ -261,7 +264,7 @@ def _proxy_aware_callable(original: Callable) -> Callable:
     :class:`~.proxies.CustomAttribute`, not this) made every proxy callable, and
     transformers' ``torch_compilable_check(n_tokens == n_features, msg)`` calls a
     callable condition: the trace then called a tensor."""
-    from ..core.proxies import CustomProxy
+    from .proxies import CustomProxy
 
     # called often: no thread gate, the original answers for anything but a proxy
     @any_thread
@@ -273,24 +276,6 @@ def _proxy_aware_callable(original: Callable) -> Callable:
         return original(obj)
 
     return callable_
-
-
-def _symbolic_max_pool1d(original: Callable) -> Callable:
-    """``torch.max_pool1d`` on fake tensors, keeping the length symbolic.
-
-    Its C++ kernel fixes the input length to the example's (it guards
-    ``length == 8``); the variant returning indices computes the same values with a
-    symbolic output length. Only fake tensors (the tracer computing ``meta["val"]``,
-    for ``F.max_pool1d`` and ``nn.MaxPool1d`` alike) take the detour.
-    """
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    def max_pool1d(input, *args, **kwargs):
-        if type(input) is FakeTensor:
-            return torch.max_pool1d_with_indices(input, *args, **kwargs)[0]
-        return original(input, *args, **kwargs)
-
-    return max_pool1d
 
 
 def _indexing_with_proxies(original: Callable) -> Callable:
@@ -337,155 +322,6 @@ def _check_with(original: Callable) -> Callable:
     return wrapper
 
 
-def _symbolic_baddbmm(original: Callable) -> Callable:
-    """``baddbmm`` on fake tensors: torch's meta kernel rejects symbolic sizes.
-
-    ``beta * input + alpha * (batch1 @ batch2)`` with the same broadcasting and dtype;
-    ``beta == 0`` ignores ``input`` as baddbmm does (its NaNs do not propagate).
-    """
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    @functools.wraps(original)
-    def baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
-        if out is None and type(input) is FakeTensor:
-            product = torch.bmm(batch1, batch2)
-            if alpha != 1:
-                product = product * alpha
-            if beta == 0:
-                return product
-            return product + (input if beta == 1 else input * beta)
-        if out is None:
-            return original(input, batch1, batch2, beta=beta, alpha=alpha)
-        return original(input, batch1, batch2, beta=beta, alpha=alpha, out=out)
-
-    return baddbmm
-
-
-_MISSING = object()
-
-
-def _settle_device_constructors() -> None:
-    """Computes now the set of tensor factories ``with torch.device(...)`` applies to.
-
-    torch computes it once per process (``torch.utils._device._device_constructors``,
-    cached) the first time a device context meets a torch function. Computed while
-    ``torch.arange`` or ``torch.ones`` are patched (a ``torch.device`` context inside a
-    trace, as scan's), it would hold the patches instead of the factories, and every
-    later ``with torch.device("meta")`` of the process would silently create tensors on
-    the CPU: a big model built "on meta" would allocate all its weights.
-    """
-    from torch.utils import _device
-
-    constructors = getattr(_device, "_device_constructors", None)
-    if constructors is not None:
-        constructors()
-
-
-#: lists kept per memoized build
-_MEMOIZED_LISTS = 4
-
-
-def memoized_replacements(build: Callable[[], list[tuple[Any, str, Any]]]) -> Callable:
-    """Wraps ``build`` (which reads the current attributes and returns the
-    ``(owner, name, replacement)`` list) so that its list is built once and reused as
-    long as every attribute it replaces is still the object it was built from.
-
-    The replacements find their tracer through the proxies they receive, so they hold
-    for every trace; building them (``functools.wraps`` copies attributes) and gating
-    them again would cost each trace a few milliseconds. Someone else patching one of
-    the attributes (a user's own patch, another library's) makes the next call rebuild.
-    """
-    # a few lists: the same build may run under different patches (the kernels'
-    # variants inside a trace, over its indexing patch, and in the ONNX lowering)
-    cache: list[tuple[list[tuple[Any, str, Any]], list[tuple[Any, str, Any]]]] = []
-
-    @functools.wraps(build)
-    def replacements() -> list[tuple[Any, str, Any]]:
-        for entries, originals in cache:
-            if all(getattr(owner, name, None) is found for owner, name, found in originals):
-                return entries
-        entries = build()
-        originals = [(owner, name, getattr(owner, name, None)) for owner, name, _ in entries]
-        cache.insert(0, (entries, originals))
-        del cache[_MEMOIZED_LISTS:]
-        return entries
-
-    return replacements
-
-
-@contextlib.contextmanager
-def patched_attributes(replacements: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Sets ``owner.name = value`` for each replacement, restores all on exit.
-
-    An attribute the owner only inherited (``Tensor.__getitem__`` comes from the C
-    base class) is deleted again rather than set, so that inheritance is restored.
-    The block runs in a :func:`~.patch_window.patch_window` (one at a time in the
-    process); a function set on a module or a class is wrapped by
-    :func:`~.patch_window.thread_gate`, so that other threads keep the original; the
-    restoration is journaled on the window, which completes it if an interrupt cuts
-    this block's exit short.
-    """
-    _settle_device_constructors()
-    with patch_window():
-        saved: list[tuple[Any, str, Any]] = []
-        # a special method set and deleted again leaves a sequence slot behind
-        # (type_slots)
-        slots = saved_slots(
-            [(owner, name) for owner, name, _ in replacements if isinstance(owner, type)]
-        )
-
-        def undo() -> None:
-            for owner, name, value in reversed(saved):
-                if value is not _MISSING:
-                    setattr(owner, name, value)
-                elif name in vars(owner):
-                    delattr(owner, name)
-            restore_slots(slots)
-
-        restore = register_undo(undo)
-        try:
-            for owner, name, value in replacements:
-                # saved before the change: an interrupt in between is undone too
-                saved.append((owner, name, vars(owner).get(name, _MISSING)))
-                setattr(owner, name, gated_value(owner, name, value))
-            yield
-        finally:
-            restore()
-
-
-@contextlib.contextmanager
-def symbolic_kernels() -> Iterator[None]:
-    """Routes torch kernels that fail on or fix a dynamic size to symbolic variants.
-
-    Used while tracing and by anything that re-runs a traced graph on its fake values
-    (the ONNX lowering): ``torch.max_pool1d`` becomes ``max_pool1d_with_indices``,
-    ``baddbmm`` becomes ``bmm`` and additions, plus the variants of
-    :mod:`.symbolic_variants` (indexing with a symbolic integer, ``take_along_dim``,
-    ``reshape``/``flatten``, ``F.pad``, ``F.interpolate``, float32 ``_grouped_mm``).
-    Only fake tensors take the detour. Restored on exit.
-    """
-    from ..symbolic import symbolic_variants
-
-    with (
-        patch_window(),
-        patched_attributes(_kernel_replacements()),
-        symbolic_variants.grouped_mm_fake_values(),
-    ):
-        yield
-
-
-@memoized_replacements
-def _kernel_replacements() -> list[tuple[Any, str, Any]]:
-    from ..symbolic import symbolic_variants
-
-    return [
-        (torch, "max_pool1d", _symbolic_max_pool1d(torch.max_pool1d)),
-        (torch, "baddbmm", _symbolic_baddbmm(torch.baddbmm)),
-        (torch.Tensor, "baddbmm", _symbolic_baddbmm(torch.Tensor.baddbmm)),
-        *symbolic_variants.replacements(),
-    ]
-
-
 @contextlib.contextmanager
 def replace_problematic_function_before_tracing() -> Iterator[None]:
     """Context manager replacing the functions that cannot take proxies as they are.
@@ -520,7 +356,7 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
 
 @memoized_replacements
 def _replacements() -> list[tuple[Any, str, Any]]:
-    from ..core.control_flow import cond_function, scan_function, vmap_function
+    from .control_flow import cond_function, scan_function, vmap_function
 
     vmap = vmap_function(torch.vmap)
     return [

@@ -5,7 +5,7 @@ CPython keeps a class's special methods twice: in its ``__dict__`` and in C slot
 its type object, which C code calls directly. Four special methods have two slots, one
 in the mapping table and one in the sequence table: ``__len__``, ``__getitem__``,
 ``__setitem__`` and ``__delitem__``. Setting ``torch.Tensor.__getitem__`` (as the
-tracer does while a trace runs, see :mod:`.patches`) fills both the mapping slot
+tracer does while a trace runs, see :mod:`..core.proxy_patches`) fills both the mapping slot
 (``mp_subscript``) and the sequence slot (``sq_item``) with generic dispatchers;
 deleting it again restores the ``__dict__`` and the mapping slot but not the sequence
 slot, which ``torch.Tensor`` never had: its C base class only answers to mapping

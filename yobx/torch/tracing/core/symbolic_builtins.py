@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from ..core.loops import symbolic_range
 from ..isolation.patch_window import in_patch_window
+from .loops import symbolic_range
 
 _INT = builtins.int
 _FLOAT = builtins.float
@@ -75,7 +75,7 @@ def _symbolic_conversion(builtin: type, value: Any) -> Any:
     one-element tensor (``int(mask.sum())`` is ``mask.sum().item()``, as in eager and
     torch.export), else None (a bool stays a decision: ``int(n > 4)`` is a branch on
     the sizes)."""
-    from ..core.proxies import CustomProxy, CustomProxyFloat, CustomProxyInt, _ScalarProxy
+    from .proxies import CustomProxy, CustomProxyFloat, CustomProxyInt, _ScalarProxy
 
     if isinstance(value, CustomProxy) and not isinstance(value, _ScalarProxy):
         # a tensor: its value, a number read from the data (see CustomProxy.item)
