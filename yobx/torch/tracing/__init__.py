@@ -31,6 +31,10 @@ The torch.fx hooks :class:`CustomTracer` overrides, and where:
   ``core/traced_attributes.py`` (``AttributesMixin``);
 * ``trace``, ``call_module``, ``is_leaf_module`` again in ``robust/robust.py``
   (:class:`RobustTracer`, which runs untraceable submodules as leaves).
+
+What the mixins read from the tracer and call on each other is declared once, with
+types, in ``core/tracer_contract.py`` (:class:`~.core.tracer_contract.TracerContract`),
+which mypy checks (``.ci/run``).
 """
 
 from .constraints.constraints import Constraint, ConstraintViolationError

@@ -242,6 +242,8 @@ def _tensor_axes(value: torch.Tensor, spec: Any, path: str) -> dict:
 
 def solve_root(spec: DimSpec, size: int) -> int:
     """The size of a derived dim's root that gives ``size``."""
+    # a derived dim: axis_spec sets its function and its root together
+    assert spec.derived is not None and spec.root is not None
     for candidate in range(0, size + 1):
         if spec.derived(candidate) == size:
             return candidate

@@ -9,6 +9,7 @@ dimension names) and :attr:`TracingError.dimensions`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from torch.fx.proxy import TraceError
 
@@ -37,17 +38,21 @@ class TracingError(TraceError):
 
     @classmethod
     def at(
-        cls,
+        cls: type[_Error],
         location: str,
         text: str,
         *,
         expression: str = "",
         dimensions: Sequence[str] = (),
-    ) -> TracingError:
+    ) -> _Error:
         """The error for ``text`` at the user's ``location``: the one place where a
         message is built from the fields (``file:line: text``)."""
         message = f"{location}: {text}" if location else text
         return cls(message, location=location, expression=expression, dimensions=dimensions)
+
+
+#: the class :meth:`TracingError.at` is called on, which it returns an instance of
+_Error = TypeVar("_Error", bound=TracingError)
 
 
 class DataDependentError(TracingError):
@@ -63,7 +68,7 @@ class SpecializationError(TracingError):
     version.
     """
 
-    fact = None
+    fact: Any = None
 
 
 class LayoutAliasNeeded(TracingError):

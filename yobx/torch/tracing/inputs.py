@@ -52,7 +52,7 @@ class FlatInputs:
     in_spec: pytree.TreeSpec
     names: list[str]
     leaves: list[Any]
-    sizes: list[list[int | torch.SymInt] | None]
+    sizes: list[list[int | torch.SymInt] | torch.SymInt | None]
     var_positional: str | None = None
 
     def call(self, fn: Callable, leaves: list[Any], self_arg: Any = None) -> Any:
@@ -238,7 +238,8 @@ def flatten_example_inputs(
     leaves_with_path, in_spec = pytree.tree_flatten_with_path(tuple(values))
     specs = axes_per_leaf(arg_names, values, dynamic_shapes)
     names = leaf_names(arg_names, [path for path, _ in leaves_with_path])
-    leaves, sizes = [], []
+    leaves: list[Any] = []
+    sizes: list[list[int | torch.SymInt] | torch.SymInt | None] = []
     for (_, leaf), spec, name in zip(leaves_with_path, specs, names):
         leaves.append(leaf)
         if isinstance(leaf, torch.Tensor):
@@ -310,12 +311,16 @@ def _leaf_name(arg_names: list[str], path: tuple) -> str:
 def _scalar(name: str, value: int, entry: Any, dims: SymbolicDimensions) -> torch.SymInt:
     """The SymInt of an int argument declared dynamic."""
     spec = axis_spec(entry, name, SCALAR)
+    # a static entry (None, Dim.STATIC) was left out by axes_per_leaf
+    assert spec is not None
     if spec.derived is not None:
         return dims.derived_dimension(spec, value, source=(name, SCALAR))
     return dims.dimension(spec.name, value, spec.min, spec.max, spec.policy, source=(name, SCALAR))
 
 
-def _sizes(name: str, tensor: torch.Tensor, axes: dict, dims: SymbolicDimensions) -> list:
+def _sizes(
+    name: str, tensor: torch.Tensor, axes: dict, dims: SymbolicDimensions
+) -> list[int | torch.SymInt]:
     sizes: list[int | torch.SymInt] = list(tensor.shape)
     for axis, entry in axes.items():
         spec = axis_spec(entry, name, axis)
@@ -353,9 +358,10 @@ def register_cache_flattening(values: Any = None) -> None:
         if values is not None:
             return
         try:
-            import transformers.cache_utils as cache_utils
+            import transformers.cache_utils as imported
         except ImportError:  # pragma: no cover - transformers is optional
             return
+        cache_utils = imported
     classes = (cache_utils.DynamicCache, cache_utils.EncoderDecoderCache)
     if all(cls in pytree.SUPPORTED_NODES for cls in classes):
         return
@@ -452,7 +458,7 @@ def recount_sliding_layers(values: Any) -> None:
     for cache in _caches_in(values):
         for layer in getattr(cache, "layers", None) or ():
             keys = getattr(layer, "keys", None)
-            if not isinstance(layer, sliding) or getattr(keys, "dim", None) is None:
+            if not isinstance(layer, sliding) or keys is None or getattr(keys, "dim", None) is None:
                 continue
             length = keys.shape[-2] if keys.dim() >= 2 else 0
             if not isinstance(length, int) and type(layer.cumulative_length) is int:
@@ -499,7 +505,7 @@ def _caches_in(values: Any) -> list[Any]:
     cache_utils = sys.modules.get("transformers.cache_utils")
     if cache_utils is None:
         return []
-    caches = []
+    caches: list[Any] = []
     for value in _walk(values):
         if isinstance(value, cache_utils.EncoderDecoderCache):
             caches.extend(getattr(value, part) for part in _CACHE_PARTS)
@@ -585,7 +591,7 @@ def _layer_windows(cache: Any) -> list[int | None]:
     """The sliding window of each layer of a DynamicCache (None for a plain layer)."""
     import transformers.cache_utils as cache_utils
 
-    windows = []
+    windows: list[int | None] = []
     for layer in cache.layers:
         if type(layer) is cache_utils.DynamicLayer:
             windows.append(None)

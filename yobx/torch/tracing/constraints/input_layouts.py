@@ -22,7 +22,8 @@ the placeholders, removed before ONNX, whose inputs are always dense).
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -80,7 +81,7 @@ def check_contiguous(tensor: Any, name: str, reason: str) -> None:
 
 
 def layout_dependent_inputs(
-    graph: torch.fx.Graph, reads: list[tuple[Node, str]] = ()
+    graph: torch.fx.Graph, reads: Sequence[tuple[Node, str]] = ()
 ) -> dict[Node, tuple[str, str]]:
     """The tensor placeholders the graph's values depend on the layout of, each with
     what depends on it (``"it writes into it"``) and the user's ``file:line`` doing it.
@@ -153,9 +154,9 @@ def _input_writes(graph: torch.fx.Graph, placeholders: list[Node], reasons: dict
     conditional = [n for n in graph.nodes if _aliases_if_contiguous(n)]
     if not conditional:
         return
-    storages = {}
-    for placeholder in placeholders:
-        storages.setdefault(_storage(placeholder), placeholder)
+    storages: dict[StorageWeakRef | None, Node] = {}
+    for input_node in placeholders:
+        storages.setdefault(_storage(input_node), input_node)
     storages.pop(None, None)
     for start in conditional:
         storage = _storage(start)
@@ -250,7 +251,9 @@ def insert_layout_checks(graph: torch.fx.Graph, reasons: dict[Node, tuple[str, s
     with graph.inserting_before(anchor):
         for placeholder, (what, location) in reasons.items():
             reason = f"{what} at {location}" if location else what
-            node = graph.call_function(check_contiguous, (placeholder, placeholder.target, reason))
+            # a placeholder's target is its name
+            name = cast(str, placeholder.target)
+            node = graph.call_function(check_contiguous, (placeholder, name, reason))
             node.meta["val"] = None
             node.meta[RUNTIME_CHECK] = True
     return len(reasons)

@@ -233,6 +233,8 @@ class Refinements:
         )
         dims.definitions[quotient] = FloorDiv(base - remainder, modulus)
         base_name = dims.user_expression(base)
+        # a sympy symbol is its own expression: never None
+        assert base_name is not None
         dims._rename[quotient] = (base_name - remainder) / modulus
         dims.shape_env._set_replacement(base, modulus * quotient + remainder, "divisibility")
 

@@ -20,8 +20,8 @@ import dataclasses
 import fractions
 import math
 import operator
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import sympy
 import torch
@@ -268,7 +268,7 @@ def insert_runtime_checks(
     graph: torch.fx.Graph,
     dims: SymbolicDimensions,
     checks: list[RuntimeCheck],
-    input_sizes: dict[str, list[Any]] | None = None,
+    input_sizes: Mapping[str, Sequence[Any] | torch.SymInt] | None = None,
 ) -> int:
     """Inserts the nodes checking ``checks`` after the placeholders.
 
@@ -293,7 +293,7 @@ def insert_condition(
     graph: torch.fx.Graph,
     dims: SymbolicDimensions,
     condition: sympy.Basic,
-    input_sizes: dict[str, list[Any]] | None = None,
+    input_sizes: Mapping[str, Sequence[Any] | torch.SymInt] | None = None,
 ) -> torch.fx.Node | bool:
     """Appends to ``graph`` the nodes computing ``condition`` (on ShapeEnv symbols of
     ``dims``) from the sizes of its placeholders, as the runtime checks do; returns the
@@ -325,7 +325,7 @@ class _CheckBuilder:
         graph: torch.fx.Graph,
         dims: SymbolicDimensions,
         placeholders: dict,
-        input_sizes: dict[str, list[Any]],
+        input_sizes: Mapping[str, Sequence[Any] | torch.SymInt],
     ):
         self.graph = graph
         self.dims = dims
@@ -341,8 +341,9 @@ class _CheckBuilder:
         if condition is sympy.true:
             return 0
         symbols = sorted(condition.free_symbols, key=str)
-        proxies = {s: self._symbol(s) for s in symbols}
-        if any(p is None for p in proxies.values()):
+        found = {s: self._symbol(s) for s in symbols}
+        proxies = {s: p for s, p in found.items() if p is not None}
+        if len(proxies) < len(found):
             raise self._unchecked(check)
         result = self._interpret(condition)
         values = {self._display(s): proxies[s].node for s in symbols}
@@ -398,7 +399,8 @@ class _CheckBuilder:
                 self.proxies[key] = Proxy(placeholder, self.tracer)
                 return self.proxies[key]
             node = self.graph.call_method("size", (placeholder, axis))
-            sizes = self.input_sizes.get(leaf)
+            # a tensor's sizes: an int input's SymInt (its value) is read above
+            sizes = cast("Sequence[Any] | None", self.input_sizes.get(leaf))
             node.meta["val"] = (
                 sizes[axis] if sizes is not None else placeholder.meta["val"].shape[axis]
             )
@@ -451,7 +453,7 @@ def _parse_size(name: str) -> tuple[str, int | None]:
     return leaf, None if axis == "None" else int(axis)
 
 
-_RELATIONS = {
+_RELATIONS: dict[type, Callable[..., Any]] = {
     sympy.Eq: operator.eq,
     sympy.Ne: operator.ne,
     sympy.Lt: operator.lt,
@@ -480,7 +482,7 @@ def size_max(a: Any, b: Any) -> Any:
 _SYMBOLIC = (torch.SymInt, torch.SymFloat)
 # a check reads sizes and raises: nothing for the graph passes to rewrite
 register_untouched_functions(check_constraint, size_min, size_max)
-_FOLDED = {
+_FOLDED: dict[type, Callable[..., Any]] = {
     sympy.Add: operator.add,
     sympy.Mul: operator.mul,
     sympy.Min: size_min,
@@ -490,7 +492,7 @@ _FOLDED = {
     sympy.And: operator.and_,
     sympy.Or: operator.or_,
 }
-_BINARY = {
+_BINARY: dict[type, Callable[..., Any]] = {
     torch_sympy.FloorDiv: operator.floordiv,  # CleanDiv too (a subclass)
     torch_sympy.Mod: operator.mod,
     torch_sympy.PythonMod: operator.mod,

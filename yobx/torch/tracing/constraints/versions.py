@@ -428,6 +428,8 @@ class Versioning:
         # another version folded to a constant is returned as that constant)
         self.computed = sorted(set().union(*(_computed_positions(v) for v in leaves(tree))))
         self.joined = leaves(tree)
+        # the tracer joins two versions or more, whose tree is a Split
+        assert isinstance(tree, Split)
         graph = self._router(tree, operands, holder, root=True)
         return graph, holder
 
@@ -829,13 +831,13 @@ def _flat_module(
         if node.target in operands:
             continue
         constant = node.meta.get("val")
+
+        def replaced(a: torch.fx.Node, c: Any = constant, n: torch.fx.Node = node) -> Any:
+            return c if a is n else a
+
         for user in list(node.users):
-            user.args = torch.fx.node.map_arg(
-                user.args, lambda a, c=constant, n=node: c if a is n else a
-            )
-            user.kwargs = torch.fx.node.map_arg(
-                user.kwargs, lambda a, c=constant, n=node: c if a is n else a
-            )
+            user.args = torch.fx.node.map_arg(user.args, replaced)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, replaced)
         graph.erase_node(node)
     flat = pytree.tree_leaves(output)
     graph.output(tuple(flat[i] for i in computed))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import linecache
 import os
 import sys
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import sympy
 import torch
@@ -21,6 +22,7 @@ from torch.fx.proxy import Proxy
 from ..constraints.value_checks import asserting, check_value
 from ..errors import TracingError
 from ..symbolic.symbolic import Guard
+from .tracer_contract import MixinBase
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 #: the ``yobx`` package's directory (this file is yobx/torch/tracing/core/decisions.py)
@@ -63,7 +65,7 @@ def is_internal(filename: str) -> bool:
 def user_location() -> str:
     """``file:line`` of the first frame outside torch and yobx's torch package (the
     user's call of ``trace`` or ``to_onnx``), ``""`` when there is none."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if not is_internal(frame.f_code.co_filename):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
@@ -94,13 +96,13 @@ def constant_value(val: Any) -> Any:
     return NOT_CONSTANT
 
 
-class DecisionsMixin:
+class DecisionsMixin(MixinBase):
     """Conversions of proxies to Python values, source locations, ``torch._check``.
 
     Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
     ``guards``, ``refinements``, ``state``, ``create_proxy`` (torch.fx's) and, from
     :class:`~yobx.torch.tracing.core.loop_tracing.LoopsMixin`, ``loop_symbols`` and
-    ``loop_refuse``.
+    ``loop_refuse`` (all declared in :class:`~.tracer_contract.TracerContract`).
     """
 
     # Python conversions
@@ -111,14 +113,15 @@ class DecisionsMixin:
         Names the parameters to give examples for: the placeholders without value
         ``obj`` is computed from.
         """
-        missing, stack, seen = [], [obj.node], set()
+        missing: list[str] = []
+        stack, seen = [obj.node], set()
         while stack:
             node = stack.pop()
             if node in seen or "val" in node.meta:
                 continue
             seen.add(node)
             if node.op == "placeholder":
-                missing.append(node.target)
+                missing.append(str(node.target))
             stack.extend(node.all_input_nodes)
         names = ", ".join(repr(n) for n in sorted(missing)) or "an input"
         example = ", ".join(f"{n!r}: <example>" for n in sorted(missing)) or "..."
@@ -137,7 +140,7 @@ class DecisionsMixin:
             raise self.missing_example_error(obj, "a Python bool (if, assert, and/or)")
         val = obj.node.meta.get("val")
         on_values = isinstance(val, torch.Tensor) or (
-            isinstance(val, torch.SymBool) and self.dims.is_data_dependent(val)
+            isinstance(val, torch.SymBool) and self.trace_dims().is_data_dependent(val)
         )
         if on_values and asserting(self._user_frame()):
             # `assert lengths.max() <= n`: checked when the graph runs, as torch.export
@@ -145,7 +148,8 @@ class DecisionsMixin:
         if isinstance(val, torch.SymBool):
             return self.decide(val)
         if isinstance(val, (torch.SymInt, torch.SymFloat)):
-            return self.decide(val != 0)
+            # a comparison of symbolic numbers is a SymBool (torch's stubs say bool)
+            return self.decide(cast(torch.SymBool, val != 0))
         if isinstance(val, torch.Tensor):
             raise TracingError.at(
                 self.location(),
@@ -171,27 +175,30 @@ class DecisionsMixin:
 
     def decide(self, val: torch.SymBool, what: str = "") -> bool:
         """Decides a condition: proved, or adopted from the example as a constraint."""
-        decided = self.dims.decide(val)
+        dims = self.trace_dims()
+        decided = dims.decide(val)
         location = self.location()
         # rendered before adopting: adopting may replace the symbols it names
-        expression = self.dims.render(val)
+        expression = dims.render(val)
         indices = self.loop_symbols(val.node.expr) if decided is None else ()
         if indices:
             # on a loop's index: its steps differ, the loop cannot be a scan and is
             # unrolled at the example's length, where the index is the example's
-            decided = bool(self.dims.hint(val))
+            decided = bool(dims.hint(val))
             self.loop_refuse(indices, f"a decision on `{expression}`")
             reason = "loop"
         elif decided is None:
             what = what or "the condition"
-            if self.dims.is_data_dependent(val):
-                raise self.refinements.data_dependent_error(val, location, what)
-            decided = bool(self.dims.hint(val))
+            if dims.is_data_dependent(val):
+                raise self.trace_refinements().data_dependent_error(val, location, what)
+            decided = bool(dims.hint(val))
             fact = val if decided else torch.sym_not(val)
-            self.refinements.adopt(fact.node.expr, location, what, origin="branch")
+            self.trace_refinements().adopt(fact.node.expr, location, what, origin="branch")
             reason = "adopted"
         else:
-            self.refinements.rely_on_default_bounds(_itself, [val.node.expr], decided, location)
+            self.trace_refinements().rely_on_default_bounds(
+                _itself, [val.node.expr], decided, location
+            )
             reason = "bounds"
         self.guards.append(Guard(expression, decided, reason, location))
         return decided
@@ -199,15 +206,18 @@ class DecisionsMixin:
     def _rely_on_default_bounds(self, condition: sympy.Basic, value: bool) -> None:
         """A condition torch decided inside an operator from the ranges alone (see
         :attr:`SymbolicDimensions.on_default_bound_division`), judged as a decision."""
-        self.refinements.rely_on_default_bounds(_itself, [condition], value, self.location())
+        self.trace_refinements().rely_on_default_bounds(
+            _itself, [condition], value, self.location()
+        )
 
     def _assume(self, fact: torch.SymBool | sympy.Basic) -> None:
         """Makes ``fact`` known to the ShapeEnv (its guard is not judged again)."""
+        dims = self.trace_dims()
         if isinstance(fact, sympy.Basic):
-            fact = self.dims.shape_env.create_symboolnode(fact)
+            fact = dims.shape_env.create_symboolnode(fact)
         self.state.allowed_guards += 1
         try:
-            self.dims.assume(fact)
+            dims.assume(fact)
         finally:
             self.state.allowed_guards -= 1
 
@@ -240,10 +250,11 @@ class DecisionsMixin:
                 self.location(), f"{what} is needed here but the value is a {type(val).__name__}"
             )
         location = location or self.location()
-        if self.dims.is_data_dependent(val):
-            raise self.refinements.data_dependent_error(val, location, what)
-        hint = self.dims.hint(val)
-        expression = self.dims.render(val)
+        dims, refinements = self.trace_dims(), self.trace_refinements()
+        if dims.is_data_dependent(val):
+            raise refinements.data_dependent_error(val, location, what)
+        hint = dims.hint(val)
+        expression = dims.render(val)
         indices = self.loop_symbols(val.node.expr)
         if indices:
             self.loop_refuse(indices, f"{what} for `{expression}`")
@@ -252,14 +263,13 @@ class DecisionsMixin:
         if len(symbols) == 1 and isinstance(val, torch.SymFloat):
             # float(sqrt(seq)) fixes seq itself: an equality of floats is no range
             (symbol,) = symbols
-            fact = self.dims.symint(symbol) == self.dims.hint_of(symbol)
+            fact = cast(torch.SymBool, dims.symint(symbol) == dims.hint_of(symbol))
         else:
             # range((seq + 255) // 256) needs the expression's value, a range of seq
-            # (seq <= 256), not seq itself, as torch.export adopts
-            fact = val == hint
-        self.refinements.adopt(
-            fact.node.expr, location, f"{what} for `{expression}`", origin="number"
-        )
+            # (seq <= 256), not seq itself, as torch.export adopts (a comparison of
+            # symbolic numbers is a SymBool: torch's stubs say bool)
+            fact = cast(torch.SymBool, val == hint)
+        refinements.adopt(fact.node.expr, location, f"{what} for `{expression}`", origin="number")
         self.guards.append(Guard(f"{expression} == {hint!r}", True, "adopted", location))
         return hint
 
@@ -310,7 +320,7 @@ class DecisionsMixin:
         val = condition.node.meta.get("val") if isinstance(condition, Proxy) else condition
         if isinstance(condition, Proxy) and (
             isinstance(val, torch.Tensor)
-            or (isinstance(val, torch.SymBool) and self.dims.is_data_dependent(val))
+            or (isinstance(val, torch.SymBool) and self.trace_dims().is_data_dependent(val))
         ):
             # torch._check(n.item() >= 0): on values, checked when the graph runs
             self.value_check(condition)
@@ -322,22 +332,23 @@ class DecisionsMixin:
                 f"{type(val).__name__}; data-dependent checks on tensor values cannot be traced",
             )
         location = self.location()
+        dims = self.trace_dims()
         # read before assuming it: the ShapeEnv then rewrites it to True
-        condition, text = val.node.expr, self.dims.render(val)
-        known = self.dims.decide(val)
+        condition, text = val.node.expr, dims.render(val)
+        known = dims.decide(val)
         if known is False:
             raise TracingError.at(
                 location,
-                f"torch._check(`{self.dims.render(val)}`) is false for every "
-                f"allowed size ({self.dims.describe_ranges(val)})",
+                f"torch._check(`{dims.render(val)}`) is false for every "
+                f"allowed size ({dims.describe_ranges(val)})",
             )
         if known is None:
-            if not self.dims.hint(val):
+            if not dims.hint(val):
                 raise TracingError.at(
                     location,
-                    f"torch._check(`{self.dims.render(val)}`) does not hold for the example inputs",
+                    f"torch._check(`{dims.render(val)}`) does not hold for the example inputs",
                 )
             self._assume(val)
         # eager raises where the fact does not hold: so does the graph
-        self.refinements.user_checks.append((condition, text, location))
+        self.trace_refinements().user_checks.append((condition, text, location))
         self.guards.append(Guard(text, True, "torch._check", location))

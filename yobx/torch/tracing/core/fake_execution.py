@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import operator
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -35,6 +35,7 @@ from ..shape_rules._strides import decided_contiguity
 from ..symbolic.symbolic import Guard
 from ..symbolic.symbolic_variants import function_variant
 from .decisions import user_location
+from .tracer_contract import MixinBase
 
 #: a guard longer than this is adopted without trying to prove it. Swin's windows of
 #: padded, merged patches guard on products of nested minima and remainders of 95 to
@@ -58,7 +59,7 @@ _CONVOLUTIONS = frozenset(
 
 
 # how a scalar node's value is built from its operands' expressions
-_SYMPY_OPERATIONS = {
+_SYMPY_OPERATIONS: dict[Any, Any] = {
     operator.eq: sympy.Eq,
     operator.ne: sympy.Ne,
     operator.lt: sympy.Lt,
@@ -187,12 +188,13 @@ def _splits_into_pieces(node: Node) -> bool:
     return target in _CHUNKING
 
 
-class FakeExecutionMixin:
+class FakeExecutionMixin(MixinBase):
     """The fake value of each node, and the decisions taken while computing it.
 
     Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
     ``shape_env``, ``fake_mode``, ``shape_rules``, ``refinements``, ``guards``, ``root``
-    and the decisions of :class:`~yobx.torch.tracing.core.decisions.DecisionsMixin`.
+    and the decisions of :class:`~yobx.torch.tracing.core.decisions.DecisionsMixin` (all
+    declared in :class:`~.tracer_contract.TracerContract`).
     """
 
     def bind_unbacked(self, node: Node, val: Any) -> None:
@@ -222,11 +224,12 @@ class FakeExecutionMixin:
         operands = [_fake_value(a) if isinstance(a, Node) else a for a in node.args]
         location = self.location()
         if node.target in _COMPARISONS:
-            lhs, rhs = (self.dims.render(o) for o in operands)
+            dims = self.trace_dims()
+            lhs, rhs = (dims.render(o) for o in operands)
             expression = f"{lhs} {_COMPARISONS[node.target]} {rhs}"
             self.guards.append(Guard(expression, value, "bounds", location))
         build = _SYMPY_OPERATIONS.get(node.target) if node.op == "call_function" else None
-        self.refinements.rely_on_default_bounds(build, operands, value, location)
+        self.trace_refinements().rely_on_default_bounds(build, operands, value, location)
 
     def _run_fake(self, node: Node) -> Any:
         """Runs the node's operation on the fake values of its arguments."""
@@ -237,12 +240,14 @@ class FakeExecutionMixin:
                 # torch's fake kernel of an in-place squeeze of a symbolic dimension
                 # crashes the process (a segmentation fault, torch 2.13): the dimensions
                 # decided not to be 1 stay as they are, torch squeezes the others
-                dims = _remaining_dims(args, kwargs, not_one)
-                if not dims:
+                kept = _remaining_dims(args, kwargs, not_one)
+                if not kept:
                     return args[0]
-                args, kwargs = (args[0], dims), {}
-        guards_before = len(self.shape_env.guards)
-        known = self.dims.snapshot()
+                args, kwargs = (args[0], kept), {}
+        dims, rules = self.trace_dims(), self.shape_rules
+        assert rules is not None, "a trace with dimensions has shape rules"
+        guards_before = len(dims.shape_env.guards)
+        known = dims.snapshot()
         if _is_contiguous_call(node) and self.location() not in self.aliased_layouts:
             with self.fake_mode, torch.no_grad():
                 copy = _copy_when_layout_undecided(args, kwargs)
@@ -251,7 +256,7 @@ class FakeExecutionMixin:
                     self.location(),
                     args[0],
                 )
-                return self.dims.canonical(copy)
+                return dims.canonical(copy)
         if self.state.layout_copies:
             self._decide_write_into_layout_copy(node)
         self.state.in_fake += 1
@@ -263,14 +268,19 @@ class FakeExecutionMixin:
             # (see SymbolicDimensions.on_default_bound_division); elsewhere (a reshape
             # to `d // 2` rows) such a decision changes nothing at 0 and would only
             # cost a version
-            self.dims.on_default_bound_division = self._rely_on_default_bounds
+            dims.on_default_bound_division = self._rely_on_default_bounds
         try:
             # Fake values carry no autograd history: recording it costs time, and a
             # rule's output must not be a leaf that requires grad (in-place ops on it
             # would then fail where eager succeeds).
             torch._C._set_grad_enabled(False)
-            module = self.root.get_submodule(node.target) if node.op == "call_module" else None
-            val = self.shape_rules.run(node, args, kwargs, module)
+            # a call_module's target: the module's qualified name
+            module = (
+                self.root.get_submodule(cast(str, node.target))
+                if node.op == "call_module"
+                else None
+            )
+            val = rules.run(node, args, kwargs, module)
             if val is NotImplemented or self._check_shape_rules:
                 # The fake convolution picks a memory format (strides only) by asking
                 # the example's batch size (`batch < 16`): decided without recording
@@ -284,26 +294,26 @@ class FakeExecutionMixin:
                     if _is_convolution(node, module) or val is not NotImplemented
                     else contextlib.nullcontext()
                 )
-                knowledge_before = self.shape_rules.what_is_known()
+                knowledge_before = rules.what_is_known()
                 with self.fake_mode, quiet:
                     expected = self._dispatch_fake(node, args, kwargs)
                 if val is NotImplemented:
                     val = expected
-                    unchanged = self.shape_rules.what_is_known() == knowledge_before
-                    self.shape_rules.remember(node, val, unchanged)
+                    unchanged = rules.what_is_known() == knowledge_before
+                    rules.remember(node, val, unchanged)
                 else:
                     shape_rules.compare(
                         val,
                         expected,
                         pytree.tree_leaves((args, kwargs)),
                         operation_name(node),
-                        self.dims.prove,
+                        dims.prove,
                     )
         except (TraceError, shape_rules.ShapeRuleMismatch):
             raise
         except GuardOnDataDependentSymNode as e:
             # an operation whose result depends on tensor values (x[mask].view(n, ...))
-            raise self.refinements.data_dependent_error(
+            raise self.trace_refinements().data_dependent_error(
                 e.cond if hasattr(e, "cond") else sympy.true,
                 self.location(),
                 f"{operation_name(node)} needs a decision on",
@@ -313,10 +323,10 @@ class FakeExecutionMixin:
         finally:
             torch._C._set_grad_enabled(grad_mode)
             self.state.in_fake -= 1
-            self.dims.on_default_bound_division = None
-        if len(self.shape_env.guards) > guards_before:
+            dims.on_default_bound_division = None
+        if len(dims.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
-        return self.dims.canonical(val)
+        return dims.canonical(val)
 
     def _dispatch_again(self, node: Node, args: tuple, kwargs: dict, error: Exception) -> Any:
         """The node's fake value after ``error``: computed again where the failure has a
@@ -355,7 +365,7 @@ class FakeExecutionMixin:
             if found is None:
                 continue
             where, source = found
-            guards_before, known = len(self.shape_env.guards), self.dims.snapshot()
+            guards_before, known = len(self.shape_env.guards), self.trace_dims().snapshot()
             with self.fake_mode:
                 contiguous = source.is_contiguous()
             if len(self.shape_env.guards) > guards_before:
@@ -425,7 +435,7 @@ class FakeExecutionMixin:
         x = args[0] if args else kwargs.get("input", kwargs.get("self"))
         if not isinstance(x, torch.Tensor):
             return []
-        not_one = []
+        not_one: list[int] = []
         for d in _squeezed_dims(x, args, kwargs):
             size = x.shape[d]
             if (
@@ -444,9 +454,10 @@ class FakeExecutionMixin:
                 with enable_python_dispatcher():
                     return function(*args, **kwargs)
             return function(*args, **kwargs)
+        # a method's or a module's target: its name
         if node.op == "call_method":
-            return getattr(args[0], node.target)(*args[1:], **kwargs)
-        return self._run_leaf_module(node.target, args, kwargs)
+            return getattr(args[0], cast(str, node.target))(*args[1:], **kwargs)
+        return self._run_leaf_module(cast(str, node.target), args, kwargs)
 
     def _run_leaf_module(self, target: str, args, kwargs) -> Any:
         """Runs a leaf module on fake inputs with fake parameters and buffers.
@@ -469,7 +480,7 @@ class FakeExecutionMixin:
             ):
                 return module(*args, **kwargs)
             state = {
-                name: self.dims.from_real(t)
+                name: self.trace_dims().from_real(t)
                 for name, t in (*module.named_parameters(), *module.named_buffers())
             }
             return torch.func.functional_call(module, state, tuple(args), kwargs, strict=False)
@@ -481,7 +492,7 @@ class FakeExecutionMixin:
         for guard in self.shape_env.guards[start:]:
             if self.state.allowed_guards or (
                 sympy.count_ops(guard.expr) <= _MAX_PROVED_GUARD_OPERATIONS
-                and self.dims.prove(guard.expr, known) is True
+                and self.trace_dims().prove(guard.expr, known) is True
             ):
                 continue
             location = self.location()
@@ -489,12 +500,14 @@ class FakeExecutionMixin:
             indices = self.loop_symbols(expr)
             if indices:
                 # a fact on a loop's index: the loop is unrolled, the index is a constant
-                what = f"{operation_name(node)} needs `{self.dims.render(expr)}`"
+                what = f"{operation_name(node)} needs `{self.trace_dims().render(expr)}`"
                 self.loop_refuse(indices, what)
-                expr = expr.xreplace({s: self.dims.hint_of(s) for s in indices})
+                expr = expr.xreplace({s: self.trace_dims().hint_of(s) for s in indices})
                 if expr is sympy.true:
                     continue
-            constraint = self.refinements.adopt(expr, location, operation_name(node), known=True)
+            constraint = self.trace_refinements().adopt(
+                expr, location, operation_name(node), known=True
+            )
             # a kernel may check the same fact twice (reshape: a remainder, then a product)
             if constraint.expression not in adopted:
                 adopted.add(constraint.expression)

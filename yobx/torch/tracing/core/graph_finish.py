@@ -31,6 +31,7 @@ from ..constraints.runtime_checks import (
 from ..inputs import NO_EXAMPLE
 from ..symbolic.symbolic_kernels import symbolic_kernels
 from .codegen import CheckedCodeGen, CheckedPyTreeCodeGen
+from .tracer_contract import MixinBase
 
 # Nodes computing shapes and scalars have no side effect: removed when unused.
 _PURE_SCALAR_FUNCTIONS = frozenset(
@@ -113,26 +114,27 @@ class _CallableModule(torch.nn.Module):
         return self.fn(*args, **kwargs)
 
 
-class GraphFinishMixin:
+class GraphFinishMixin(MixinBase):
     """What :meth:`CustomTracer.trace` does once the user's code has been traced.
 
     Mixed into :class:`~yobx.torch.tracing.CustomTracer`, which provides ``dims``,
     ``refinements``, ``guards``, ``constraints``, ``runtime_checks`` and the per-trace
-    tables set by its ``_clear``.
+    tables set by its ``_clear`` (all declared in :class:`~.tracer_contract.TracerContract`).
     """
 
     def _finish(self, graph, module, root, update_model_with_callable) -> None:
         if self.state.loops:
             self.roll_loops(graph)
         constants = self._traced_constants(graph)
+        inputs = self.state.inputs
+        assert inputs is not None, "a trace with examples binds its inputs first"
         if self.state.structured:
             # the forward takes `*args` as the model does: gm(x, y, z) for forward(x, *rest)
             arg_names = [
-                f"*{name}" if name == self.state.inputs.var_positional else name
-                for name in self.state.inputs.arg_names
+                f"*{name}" if name == inputs.var_positional else name for name in inputs.arg_names
             ]
             graph._codegen = CheckedPyTreeCodeGen(
-                _PyTreeInfo(arg_names, self.state.inputs.in_spec, self.state.out_spec), constants
+                _PyTreeInfo(arg_names, inputs.in_spec, self.state.out_spec), constants
             )
         elif constants:
             graph._codegen = CheckedCodeGen(constants)
@@ -144,14 +146,9 @@ class GraphFinishMixin:
         # torch.fx's own tracer does that job (it needs no example inputs).
         graph._tracer_cls = None
         if self.runtime_checks:
-            inputs = self.state.inputs
-            sizes = (
-                {n: s for n, s in zip(inputs.names, inputs.sizes) if s is not None}
-                if inputs is not None
-                else {}
-            )
-            checks = graph_checks(self.dims, self.refinements)
-            insert_runtime_checks(graph, self.dims, checks, sizes)
+            sizes = {n: s for n, s in zip(inputs.names, inputs.sizes) if s is not None}
+            checks = graph_checks(self.trace_dims(), self.refinements)
+            insert_runtime_checks(graph, self.trace_dims(), checks, sizes)
             # inserted before the others: a size read by index needs the rank first
             insert_shape_checks(graph, sizes)
         for n in graph.nodes:
@@ -180,7 +177,7 @@ class GraphFinishMixin:
         """Placeholder name -> the Python constant it was traced with."""
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         inputs = self.state.inputs
-        if len(placeholders) != len(inputs.leaves):
+        if inputs is None or len(placeholders) != len(inputs.leaves):
             return {}
         return {
             node.name: leaf
@@ -228,7 +225,9 @@ class GraphFinishMixin:
 
         # only the tensors the graph reads: the inputs, and the parameters, buffers and
         # plain attributes (``self.alias = self.buf[:2]`` aliases too) of its get_attr
-        tensors: dict[str, Any] = dict(zip(self.state.inputs.names, self.state.inputs.leaves))
+        inputs = self.state.inputs
+        assert inputs is not None, "a trace with examples binds its inputs first"
+        tensors: dict[str, Any] = dict(zip(inputs.names, inputs.leaves))
         for node in graph.find_nodes(op="get_attr"):
             try:
                 value = self._attribute(node.target)

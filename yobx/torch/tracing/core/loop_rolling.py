@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -383,7 +383,8 @@ class _BodyBuilder:
         if node in self.local or node in self.previous:
             return node
         if _is_size(node):
-            return self._collect(node.args[0])
+            # a size's first argument is the tensor's node
+            return self._collect(cast(Node, node.args[0]))
         if node.target is loop_index:
             return node
         if node not in self.additional:
@@ -442,7 +443,8 @@ class _BodyBuilder:
         if _is_size(node):
             key = (node.args[0], node.args[1])
             if key not in self.sizes:
-                size = self.graph.call_method("size", (self._value(node.args[0]), node.args[1]))
+                tensor = cast(Node, node.args[0])  # a size's first argument: the tensor's node
+                size = self.graph.call_method("size", (self._value(tensor), node.args[1]))
                 size.meta.update(node.meta)
                 self.sizes[key] = size
             return self.sizes[key]
@@ -453,10 +455,11 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     """Replaces the region's steps with a scan (the plan must be complete: every use
     after the region is one :func:`outside_use_refusal` accepts)."""
     plan, graph = region.plan, region.graph
-    positions = []
+    # a stacked node's arguments: (values, position in the step, dim, how)
+    positions: list[int] = []
     for node in region.stacked:
         if node.args[1] not in positions:
-            positions.append(node.args[1])
+            positions.append(cast(int, node.args[1]))
     if not plan.carries and not positions and not plan.writes:
         # nothing the loop computes is used
         _erase_steps(graph, region)
@@ -466,6 +469,7 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     writes = sorted(plan.writes)
     body = builder.build(tracer.fake_mode, positions, [plan.writes[p][3] for p in writes])
     emitter = _Emitter(tracer, region)
+    assert region.last is not None, "a closed region has a last node"
     with graph.inserting_before(region.last.next):
         xs = [emitter.scanned(source, axis) for source, axis in builder.sources]
         body_node = tracer.register_callable(f"loop{region.number}_body", body)
@@ -485,7 +489,7 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     for c, position in enumerate(builder.carry_order):
         last[position].replace_all_uses_with(outputs[c], delete_user_cb=lambda u: u not in inside)
     for node in region.stacked:
-        _, position, dim, how = node.args
+        _, position, dim, how = cast(tuple[Any, int, int, str], node.args)
         with graph.inserting_before(node):
             value = emitter.stacked(stacked[positions.index(position)], dim, how)
         node.replace_all_uses_with(value)

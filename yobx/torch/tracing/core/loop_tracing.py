@@ -5,6 +5,8 @@ the end of the trace, making each region still standing a scan."""
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -24,6 +26,7 @@ from .loops import (
     loop_symbol,
     loop_symbols_in,
 )
+from .tracer_contract import MixinBase
 
 _STACKING = {torch.stack: "stack", torch.cat: "cat", torch.concat: "cat", torch.concatenate: "cat"}
 #: operations returning one piece per index of an axis
@@ -32,9 +35,10 @@ _PIECES = {"unbind": "unbind", torch.unbind: "unbind", "split": "split", torch.s
 PIECE_TARGETS = tuple(_PIECES)
 
 
-class LoopsMixin:
+class LoopsMixin(MixinBase):
     """Mixed into :class:`~yobx.torch.tracing.CustomTracer` (``state``, ``dims``,
-    ``graph``, ``python_number``, ``location``...)."""
+    ``graph``, ``python_number``, ``location``...: see
+    :class:`~.tracer_contract.TracerContract`)."""
 
     def loops_allowed(self) -> bool:
         """Whether a loop over a symbolic size may open a region here: one at a time,
@@ -52,6 +56,7 @@ class LoopsMixin:
         if kind not in ("call_method", "call_function") or not args:
             return None
         tensor, rest = args[0], dict(kwargs)
+        names: tuple[str, ...]
         if how == "unbind":
             names = ("dim",)
         else:
@@ -107,7 +112,7 @@ class LoopsMixin:
         """Opens the region of a loop over ``symbolic_range`` (``reversed()`` of it when
         ``reverse``)."""
         length = symbolic_range.length()
-        count = max(0, int(self.dims.hint(length.node.meta["val"])))
+        count = max(0, int(self.trace_dims().hint(length.node.meta["val"])))
         region = LoopRegion(
             number=len(self.state.loops),
             graph=self.graph,
@@ -211,8 +216,8 @@ class LoopsMixin:
         for step, node in enumerate(region.index_nodes):
             value = region.index_value(step)
             for user in list(node.users):
-                user.args = map_arg(user.args, lambda n, v=value, i=node: v if n is i else n)
-                user.kwargs = map_arg(user.kwargs, lambda n, v=value, i=node: v if n is i else n)
+                user.args = map_arg(user.args, _replacing(node, value))
+                user.kwargs = map_arg(user.kwargs, _replacing(node, value))
             if node.graph is not None and not node.users:
                 node.graph.erase_node(node)
         for node in region.stacked:
@@ -249,7 +254,8 @@ class LoopsMixin:
                     return None
                 start = one.start
                 plus = one.stop.node
-                selected = source[(*before, start, *items[axis + 1 :])]
+                key = (*before, start, *items[axis + 1 :])
+                selected = source[key]
                 if not plus.users and plus.graph is not None:
                     plus.graph.erase_node(plus)
                 return selected.unsqueeze(axis)
@@ -347,7 +353,8 @@ class LoopsMixin:
         if found is not None:
             return found[0].length
         for value in values:
-            region = self.state.loop_outputs.get(getattr(value, "node", None))
+            node = getattr(value, "node", None)
+            region = self.state.loop_outputs.get(node) if node is not None else None
             if region is not None:
                 self.unroll_loop(region, "len() of a list holding some of its values")
         return None
@@ -374,6 +381,11 @@ class LoopsMixin:
                 self.unroll_loop(region, reason, location=region.location)
                 continue
             emit_scan(self, region)
+
+
+def _replacing(node: Node, value: Any) -> Callable[[Node], Any]:
+    """For ``map_arg``: ``value`` where an argument is ``node``, the argument elsewhere."""
+    return lambda n: value if n is node else n
 
 
 def _one_at(item: slice, index: Node) -> bool:

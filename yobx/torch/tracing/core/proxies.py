@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
@@ -21,6 +21,10 @@ from torch.fx.proxy import Attribute, Proxy
 from ..errors import TracingError
 from ..symbolic.symbolic_text import shape_text, symbolic_text
 from .proxy_dispatch import proxy_torch_function
+
+if TYPE_CHECKING:
+    # the contract, not the tracer's module: the tracer imports this one
+    from .tracer_contract import TracerHost
 
 # torch.cat as imported, not the recording replacement installed while tracing
 _TORCH_CAT = torch.cat
@@ -45,6 +49,9 @@ def find_proxy(*values: Any) -> Proxy | None:
 
 class CustomProxy(Proxy):
     """Proxy of a tensor (or of any non-scalar value) whose node carries ``meta["val"]``."""
+
+    #: the tracer recording the node (torch.fx types it as any tracer)
+    tracer: TracerHost
 
     @classmethod
     def __torch_function__(cls, orig_method, types, args=None, kwargs=None):
@@ -96,8 +103,9 @@ class CustomProxy(Proxy):
         shape = self.tracer.shape_of(self)
         return shape if dim is None else shape[dim]
 
-    def dim(self) -> int:
-        """Rank of the tensor (always static; a node when the value is unknown)."""
+    def dim(self) -> Any:
+        """Rank of the tensor: an int (always static), a node when the value is
+        unknown."""
         if not self.known:
             return self.tracer.create_proxy("call_method", "dim", (self,), {})
         return self.val.dim()
@@ -114,7 +122,7 @@ class CustomProxy(Proxy):
         if isinstance(length, int):
             return length
         # Python requires an int here: the dimension would become a constant
-        return self.tracer.python_number(length, "len() (x.shape[0] would stay symbolic)")
+        return int(self.tracer.python_number(length, "len() (x.shape[0] would stay symbolic)"))
 
     def length(self) -> Any:
         """``len(x)``: an int when static, the symbolic first dimension otherwise.
@@ -457,6 +465,9 @@ class CustomProxyShape(tuple):
     concatenation with tuples and lists, ``numel()``.
     """
 
+    #: the tracer of the proxies it holds (None: a shape of static sizes only)
+    tracer: TracerHost | None
+
     def __new__(cls, items, tracer=None):
         self = super().__new__(cls, items)
         self.tracer = tracer
@@ -487,7 +498,7 @@ class CustomProxyShape(tuple):
             return proxy.tracer.shape_of(proxy)
         if isinstance(val, (tuple, list, torch.Size)):
             return cls([proxy[i] for i in range(len(val))], proxy.tracer)
-        where = proxy.tracer.location() if isinstance(proxy, Proxy) else "from_proxy"
+        where = proxy.tracer.location() if isinstance(proxy, CustomProxy) else "from_proxy"
         raise TracingError.at(
             where,
             f"CustomProxyShape.from_proxy needs the proxy of a traced tensor or "

@@ -19,7 +19,7 @@ from torch.fx.proxy import Proxy
 from ..node_arguments import ATOMIC_ARGUMENTS
 
 #: torch.fx's method, for the arguments the direct path does not handle
-_FX_TORCH_FUNCTION = Proxy.__torch_function__.__func__
+_FX_TORCH_FUNCTION = Proxy.__dict__["__torch_function__"].__func__
 
 #: argument types that are pytree leaves and never proxies (a slice holds no proxy
 #: for pytree, which does not look inside it)

@@ -126,7 +126,8 @@ def _recording(original: Callable) -> Callable:
             proxy = pieces.tensor
         return proxy.tracer.create_proxy("call_function", original, args, kwargs)
 
-    wrapper.__yobx_original__ = original
+    # a marker on the function, read by tools that unwrap the replacement
+    wrapper.__yobx_original__ = original  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -349,7 +350,8 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
         # pick the path that is right for every size, and what really needs a fact
         # still asks for it with torch._check, which the tracer checks. The config is
         # a ContextVar: only the tracing thread sees it.
-        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+        # (torch gives its config modules `patch` when they are installed: no stub)
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),  # type: ignore[attr-defined]
     ):
         yield
 

@@ -106,7 +106,7 @@ def _tensor_attribute(func: Any) -> tuple[str, str]:
     if getattr(func, "__name__", "") == "__get__":
         descriptor = getattr(func, "__self__", None)
         owner = getattr(descriptor, "__objclass__", None)
-        if owner is not None and issubclass(owner, torch._C.TensorBase):
+        if descriptor is not None and owner is not None and issubclass(owner, torch._C.TensorBase):
             return "property", descriptor.__name__
     if getattr(func, "__qualname__", "").startswith(("Tensor.", "TensorBase.")):
         # methods torch writes in Python (split), and the tracer's wrappers of methods

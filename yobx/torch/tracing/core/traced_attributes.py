@@ -12,7 +12,7 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -26,6 +26,7 @@ from .graph_finish import _CallableModule
 from .module_state import assign_traced_buffer
 from .proxies import CustomParameterProxy, CustomProxyShape, find_proxy
 from .proxy_patches import patch_len_in
+from .tracer_contract import MixinBase
 
 #: prefix of the constants the tracer stores on ``traced_model``
 CONSTANT_PREFIX = "_yobx_constant"
@@ -53,11 +54,12 @@ def _identifier_of(name: str) -> str:
     return text if text and not text[0].isdigit() else f"_{text}"
 
 
-class AttributesMixin:
+class AttributesMixin(MixinBase):
     """Leaf modules, ``get_attr`` proxies, constants and registered callables.
 
     Mixed into :class:`~yobx.torch.tracing.CustomTracer` (a ``torch.fx.Tracer``), which
-    provides ``dims``, ``module_leaves`` and the per-trace tables set by its ``_clear``.
+    provides ``dims``, ``module_leaves`` and the per-trace tables set by its ``_clear``
+    (all declared in :class:`~.tracer_contract.TracerContract`).
     """
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
@@ -156,7 +158,7 @@ class AttributesMixin:
                 return node
             name = self.add_constant(tensor)
         node = self.create_node("get_attr", name, (), {})
-        node.meta["val"] = self.dims.from_real(tensor)
+        node.meta["val"] = self.trace_dims().from_real(tensor)
         self.state.constant_nodes[key] = node
         return node
 
@@ -222,7 +224,7 @@ class AttributesMixin:
         lifted = self.state.lift_stack[-1]
         if node not in lifted:
             if node.op == "get_attr":
-                new = self.graph.get_attr(node.target)
+                new = self.graph.get_attr(cast(str, node.target))  # a get_attr's: a name
             else:
                 placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
                 anchor = placeholders[-1].next if placeholders else next(iter(self.graph.nodes))

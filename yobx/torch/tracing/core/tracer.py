@@ -30,7 +30,7 @@ from ..constraints.decided_layouts import decided_layouts
 from ..constraints.input_layouts import reads_layout
 from ..constraints.refinement import Refinements
 from ..constraints.runtime_checks import RuntimeCheck, graph_checks
-from ..errors import LayoutAliasNeeded, SpecializationError, autocast_refused
+from ..errors import LayoutAliasNeeded, SpecializationError, TracingError, autocast_refused
 from ..inputs import (
     NO_EXAMPLE,
     FlatInputs,
@@ -188,7 +188,7 @@ class CustomTracer(
         if max_versions < 1:
             raise ValueError(f"max_versions must be at least 1, not {max_versions}")
         # what a version's tracer is built with (see _version_tracer)
-        self._init_kwargs = {
+        self._init_kwargs: dict[str, Any] = {
             "autowrap_modules": autowrap_modules,
             "autowrap_functions": autowrap_functions,
             "param_shapes_constant": param_shapes_constant,
@@ -257,6 +257,26 @@ class CustomTracer(
         """The ShapeEnv of the last trace."""
         return None if self.dims is None else self.dims.shape_env
 
+    def trace_dims(self) -> SymbolicDimensions:
+        """The dimensions of the trace in progress, which has examples: the tracer's
+        symbolic machinery runs only then (without examples it works like torch.fx)."""
+        if self.dims is None:
+            raise TracingError.at(
+                self.location(),
+                "this step of the trace needs the example inputs' symbolic dimensions, "
+                "and the trace has no example inputs: pass examples to trace(...) "
+                "(concrete_args), or report the model to yobx",
+            )
+        return self.dims
+
+    def trace_refinements(self) -> Refinements:
+        """The refinements of the trace in progress, which has examples (see
+        :meth:`trace_dims`)."""
+        if self.refinements is None:
+            self.trace_dims()  # the same error
+            raise AssertionError("a trace with dimensions has refinements")
+        return self.refinements
+
     @property
     def constraints(self) -> list[Constraint]:
         """Facts on dynamic dimensions adopted from the example inputs (last trace);
@@ -293,7 +313,7 @@ class CustomTracer(
 
     # tracing
 
-    def trace(  # type: ignore[override]
+    def trace(
         self,
         root: torch.nn.Module | Callable[..., Any],
         concrete_args: dict[str, Any] | None = None,
@@ -488,14 +508,16 @@ class CustomTracer(
     ) -> torch.fx.Graph:
         """:meth:`trace` inside its patch window."""
         self._reset()
-        fake_mode = self.dims.fake_mode
-        current_window().push(lambda: _settle_fake_mode(fake_mode))
+        fake_mode = self.trace_dims().fake_mode
+        window = current_window()
+        assert window is not None, "_trace runs in the window _trace_in_window opened"
+        window.push(lambda: _settle_fake_mode(fake_mode))
         module = root if isinstance(root, torch.nn.Module) else _CallableModule(root)
         forward = root.forward if isinstance(root, torch.nn.Module) else root
         self.state.inputs = flatten_example_inputs(
             bind_example_inputs(forward, concrete_args, allow_missing=True),
             dynamic_shapes,
-            self.dims,
+            self.trace_dims(),
         )
         if self._path_conditions:
             self._assume_path()
@@ -514,11 +536,11 @@ class CustomTracer(
             try:
                 graph = super().trace(module)
             except TraceError as e:
-                strict = self.refinements.strict_error()
+                strict = self.trace_refinements().strict_error()
                 if strict is None:
                     raise
                 raise strict from e
-        strict = self.refinements.strict_error()
+        strict = self.trace_refinements().strict_error()
         if strict is not None:
             raise strict
         self._finish(graph, module, root, update_model_with_callable)
@@ -585,13 +607,18 @@ class CustomTracer(
 
         from ..constraints.versions import in_dimensions
 
+        dims = self.trace_dims()
         for condition in self._path_conditions:
-            fact = in_dimensions(self.dims, condition.condition)
+            fact = in_dimensions(dims, condition.condition)
             # with its value on the example (the version's witness satisfies it): the
             # ShapeEnv then knows it as a fact, not as an assertion deferred to run time
-            known = torch.SymBool(SymNode(fact, self.dims.shape_env, bool, hint=True))
-            self.refinements.assume_path(fact, lambda _, known=known: self._assume(known))
+            known = torch.SymBool(SymNode(fact, dims.shape_env, bool, hint=True))
+            self.trace_refinements().assume_path(fact, self._assuming(known))
             self.guards.append(Guard(condition.expression, True, "version", condition.location))
+
+    def _assuming(self, known: torch.SymBool) -> Callable[[Any], None]:
+        """What assuming a version's condition runs: ``known`` becomes a fact."""
+        return lambda _: self._assume(known)
 
     def _reset(self) -> None:
         self.dims = SymbolicDimensions()
@@ -616,7 +643,7 @@ class CustomTracer(
         ]
         for name, tensor in named:
             self.state.tensor_names.setdefault(id(tensor), name)
-        self.dims.static_fakes.index(tensor for _, tensor in named)
+        self.trace_dims().static_fakes.index(tensor for _, tensor in named)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         """Creates one placeholder per flattened input leaf (see :mod:`.inputs`)."""
@@ -843,6 +870,7 @@ class CustomTracer(
                 items.append(int(constant))
             else:
                 items.append(self.create_proxy("call_method", "size", (proxy, i), {}))
+        shape: torch.Size | CustomProxyShape
         if all(isinstance(i, int) for i in items):
             shape = torch.Size(items)
         else:

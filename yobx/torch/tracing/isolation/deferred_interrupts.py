@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from .patch_window import register_undo
 
@@ -25,7 +25,7 @@ from .patch_window import register_undo
 #: tracer at each operation: a list, so that the check is one index)
 PENDING = [False]
 #: the thread whose trace the noted Ctrl-C stops (the main thread's ident)
-_OWNER = [None]
+_OWNER: list[int | None] = [None]
 #: ``[True]`` while a block has its handler installed (a handler found installed
 #: otherwise was left by a block an interrupt cut short: it is replaced)
 _ACTIVE = [False]
@@ -75,7 +75,7 @@ class deferred_interrupts:
         signal.signal(signal.SIGINT, _note_interrupt)
         return self
 
-    def __exit__(self, *error: Any) -> bool:
+    def __exit__(self, *error: Any) -> Literal[False]:
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()

@@ -36,6 +36,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -78,7 +79,8 @@ def _thread_aware_flag() -> None:
     # `_new_patcher`), other threads may see it: eager torch.cond would refuse to compile
     # and may save and restore True after the trace is over
     if _symbolic_trace._is_fx_tracing_flag is True:
-        _symbolic_trace._is_fx_tracing_flag = FX_TRACING_FLAG
+        # torch types the flag a bool; an object with __bool__ is what it reads
+        _symbolic_trace._is_fx_tracing_flag = FX_TRACING_FLAG  # type: ignore[assignment]
 
 
 class _ThreadPatcher(_symbolic_trace._Patcher):
@@ -115,7 +117,8 @@ class _ThreadPatcher(_symbolic_trace._Patcher):
             originals[name] = value
             gates[name] = _function_gate(value, _cached_wrapped_func(value), True)
         if gates:
-            patch = PatchedDictItems(frame_dict, None, originals, gates)
+            # torch's patch fields reused: no name, the dicts of originals and gates
+            patch = PatchedDictItems(frame_dict, None, originals, gates)  # type: ignore[arg-type]
             self.patches_made.append(patch)
             patch.patch()
 
@@ -131,7 +134,8 @@ class _ThreadPatcher(_symbolic_trace._Patcher):
         super().patch_method(cls, name, _gate(original, new_fn, deduplicate), deduplicate)
 
     def _patch_classes(self, classes, name, new_fn, deduplicate) -> None:
-        values, gates = [], {}
+        values: list[tuple[type, Any]] = []
+        gates: dict[int, Any] = {}
         for cls in classes:
             original = getattr(cls, name)
             if getattr(original, "__fx_already_patched", False):
@@ -221,7 +225,8 @@ def _function_gate(original: Any, replacement: Any, deduplicate: bool) -> Any:
 def _gate(original: Any, replacement: Any, deduplicate: bool) -> Any:
     gate = thread_gate(original, replacement)
     # functools.wraps copied the original's attributes: the flag is the patch's own
-    gate.__fx_already_patched = deduplicate
+    # (an attribute of the function object, which torch.fx reads)
+    gate.__fx_already_patched = deduplicate  # type: ignore[attr-defined]
     return gate
 
 
@@ -262,7 +267,7 @@ def _in_foreign_code_of_this_thread() -> bool:
         proxy_tensor._MakefxTracer.trace.__code__,
         proxy_tensor._MakefxTracer.trace_subgraph.__code__,
     }
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code in codes:
             return True

@@ -213,14 +213,16 @@ def thread_gate(original: Any, replacement: Callable) -> Callable:
             return replacement(*args, **kwargs)
         return original(*args, **kwargs)
 
-    gate.__yobx_gate__ = (original, replacement)
+    # an attribute of the function object: what the gate stands between
+    gate.__yobx_gate__ = (original, replacement)  # type: ignore[attr-defined]
     return gate
 
 
 def any_thread(function: Callable) -> Callable:
     """Marks a replacement that is right in every thread (it calls the original for
     anything but the tracer's proxies): it is installed without a gate."""
-    function.__yobx_any_thread__ = True
+    # an attribute of the function object, read by the patchers
+    function.__yobx_any_thread__ = True  # type: ignore[attr-defined]
     return function
 
 

@@ -20,6 +20,7 @@ import glob
 import os
 import sys
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 import torch.fx.experimental.symbolic_shapes as symbolic_shapes
@@ -87,7 +88,8 @@ def _located_files() -> frozenset[str] | None:
     higher_order_ops = os.path.join(os.path.dirname(torch.__file__), "_higher_order_ops")
     files.update(glob.glob(os.path.join(higher_order_ops, "*.py")))
     files.add("<string>")
-    return frozenset(files)
+    # None was ruled out above
+    return frozenset(cast("set[str]", files))
 
 
 @contextlib.contextmanager
@@ -104,4 +106,7 @@ def cheap_uninteresting_files() -> Iterator[None]:
 
 
 def _cheap() -> frozenset[str]:
-    return uninteresting_files()
+    files = uninteresting_files()
+    # installed once the set was located, and a located set is kept for the process
+    assert files is not None
+    return files

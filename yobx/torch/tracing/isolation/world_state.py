@@ -239,7 +239,8 @@ class PatchedClasses(fx_symbolic_trace._PatchedFn):
         """The patch setting ``name`` to each ``(class, value)``, with what each class
         holds now."""
         entries = tuple((c, vars(c).get(name, _MISSING), value) for c, value in values)
-        return cls(entries, name, None, values[0][1] if values else None)
+        # torch's patch fields reused: new_fn is the first value, None for no class
+        return cls(entries, name, None, values[0][1] if values else None)  # type: ignore[arg-type]
 
 
 class PatchedDictItems(fx_symbolic_trace._PatchedFn):
@@ -301,7 +302,8 @@ def clear_interrupted_frames(error: BaseException) -> None:
     were entered, before the world is restored. The traceback keeps its lines; only
     the local variables of the traced code are lost.
     """
-    frames, seen, pending = [], set(), [error]
+    frames, seen = [], set()
+    pending: list[BaseException | None] = [error]
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:

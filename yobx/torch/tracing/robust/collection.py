@@ -161,6 +161,8 @@ class GraphCollection:
         """
         entry = self.entry(module)
         graph = self[module]
+        # set with the graph, by the trace of the module
+        assert entry.traced_model is not None
         return torch.fx.GraphModule(entry.traced_model, graph)
 
     def inputs(self, module: torch.nn.Module | str) -> tuple[tuple, dict] | None:

@@ -9,6 +9,7 @@ failing module on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, ClassVar
 
@@ -54,6 +55,7 @@ def _leaf_root_wrapper(root: torch.nn.Module) -> torch.nn.Module:
     def forward(self, *args, **kwargs):
         return self.root(*args, **kwargs)
 
+    # what inspect reads first: the wrapper shows the model's signature (no stub has it)
     forward.__signature__ = inspect.signature(type(root).forward)  # type: ignore[attr-defined]
     cls = type(f"LeafRoot_{type(root).__name__}", (_LeafRoot,), {"forward": forward})
     return cls(root)
@@ -62,6 +64,38 @@ def _leaf_root_wrapper(root: torch.nn.Module) -> torch.nn.Module:
 def is_container(module: torch.nn.Module) -> bool:
     """ModuleList, ModuleDict and the like define no forward of their own."""
     return type(module).forward is torch.nn.Module.forward
+
+
+@dataclasses.dataclass
+class RobustTraceState:
+    """What :class:`RobustTracer` finds over the attempts of one trace (a fresh one for
+    each :meth:`RobustTracer.trace`): the failures persist from one attempt to the next,
+    the modules called are those of the last attempt."""
+
+    #: the model traced (None before any trace)
+    root: torch.nn.Module | None = None
+    #: the inputs each module received in one eager run, when one was needed
+    recording: dict[torch.nn.Module, list[RecordedCall]] | None = None
+    #: the submodules that cannot be traced, run as leaves in the next attempts
+    failures: dict[torch.nn.Module, ModuleFailure] = dataclasses.field(default_factory=dict)
+    #: the attempts so far
+    attempts: int = 0
+    #: the modules the last attempt traced into, with their paths
+    called: dict[torch.nn.Module, str] = dataclasses.field(default_factory=dict)
+    #: the modules the last attempt called as leaves, with their paths
+    leaves_called: dict[torch.nn.Module, str] = dataclasses.field(default_factory=dict)
+    #: how many times the last attempt called each leaf
+    leaf_call_count: dict[torch.nn.Module, int] = dataclasses.field(default_factory=dict)
+    #: the modules the last attempt never reached, with their paths
+    unvisited: dict[torch.nn.Module, str] = dataclasses.field(default_factory=dict)
+
+    def start_attempt(self) -> None:
+        """A new attempt: the failures stay, the calls start again."""
+        self.attempts += 1
+        self.called = {}
+        self.leaves_called = {}
+        self.leaf_call_count = {}
+        self.unvisited = {}
 
 
 class RobustTracer(CustomTracer):
@@ -118,17 +152,14 @@ class RobustTracer(CustomTracer):
         :param kwargs: see :class:`~yobx.torch.tracing.CustomTracer`
         """
         super().__init__(**kwargs)
-        self._failures: dict[torch.nn.Module, ModuleFailure] = {}
-        self._called: dict[torch.nn.Module, str] = {}
-        self._leaves_called: dict[torch.nn.Module, str] = {}
-        self._leaf_call_count: dict[torch.nn.Module, int] = {}
-        self._unvisited: dict[torch.nn.Module, str] = {}
-        self._recording: dict[torch.nn.Module, list[RecordedCall]] | None = None
         self._shared_recording = recording
-        self._user_root: torch.nn.Module | None = None
-        self._example: tuple[tuple, dict] | None = None
-        #: number of attempts the last :meth:`trace` needed
-        self.attempts = 0
+        #: what the last :meth:`trace` found, over its attempts
+        self.robust_state = RobustTraceState()
+
+    @property
+    def attempts(self) -> int:
+        """The number of attempts the last :meth:`trace` needed."""
+        return self.robust_state.attempts
 
     # leaf registration
 
@@ -172,39 +203,42 @@ class RobustTracer(CustomTracer):
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         """Failed and registered modules are leaves, then as in CustomTracer."""
-        if m in self._failures or self.is_registered_leaf(m):
+        if m in self.robust_state.failures or self.is_registered_leaf(m):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
     def is_failed(self, m: torch.nn.Module) -> bool:
         """Whether tracing into ``m`` failed during the last :meth:`trace`."""
-        return m in self._failures
+        return m in self.robust_state.failures
 
     def failure_msg(self, m: torch.nn.Module) -> str | None:
         """``"<ExceptionType>: <message>"`` of the failure of ``m``, None if it did not fail."""
-        failure = self._failures.get(m)
+        failure = self.robust_state.failures.get(m)
         return None if failure is None else str(failure)
 
     def failure(self, m: torch.nn.Module) -> ModuleFailure | None:
         """The :class:`~yobx.torch.tracing.robust.collection.ModuleFailure` of ``m`` or None."""
-        return self._failures.get(m)
+        return self.robust_state.failures.get(m)
 
     @property
     def failures(self) -> dict[str, ModuleFailure]:
         """Failures of the last :meth:`trace` by module path (``""`` is the root)."""
-        return {f.path: f for f in self._failures.values()}
+        return {f.path: f for f in self.robust_state.failures.values()}
 
     def is_unvisited(self, m: torch.nn.Module) -> bool:
         """Whether ``m`` (a submodule of the root) was never called in the final trace."""
-        return m in self._unvisited
+        return m in self.robust_state.unvisited
 
     def unvisited_modules(self) -> dict[str, torch.nn.Module]:
         """Unvisited modules of the last :meth:`trace` by path."""
-        return {path: m for m, path in self._unvisited.items()}
+        return {path: m for m, path in self.robust_state.unvisited.items()}
 
     def called_modules(self) -> dict[torch.nn.Module, tuple[str, bool]]:
         """Modules called in the final trace: ``{module: (path, is_leaf)}``."""
-        return {m: (path, m in self._leaves_called) for m, path in self._called.items()}
+        return {
+            m: (path, m in self.robust_state.leaves_called)
+            for m, path in self.robust_state.called.items()
+        }
 
     def record_call_module(
         self, m: torch.nn.Module, e: BaseException | None = None
@@ -214,7 +248,7 @@ class RobustTracer(CustomTracer):
         :return: the failure recorded for ``e``, else None
         """
         path = self._path(m)
-        self._called.setdefault(m, path)
+        self.robust_state.called.setdefault(m, path)
         if e is None:
             return None
         failure = ModuleFailure(
@@ -224,11 +258,11 @@ class RobustTracer(CustomTracer):
             message=str(e).strip() or repr(e),
             location=failure_location(e),
         )
-        self._failures.setdefault(m, failure)
+        self.robust_state.failures.setdefault(m, failure)
         return failure
 
     def _path(self, m: torch.nn.Module) -> str:
-        if m is self._user_root:
+        if m is self.robust_state.root:
             return ""
         try:
             path = self.path_of_module(m)
@@ -238,6 +272,8 @@ class RobustTracer(CustomTracer):
 
     # tracing
 
+    # narrower than CustomTracer.trace on purpose: a module, not any callable (its
+    # submodules are what become leaves)
     def trace(  # type: ignore[override]
         self,
         root: torch.nn.Module,
@@ -266,26 +302,24 @@ class RobustTracer(CustomTracer):
         flatten_example_inputs(
             bind_example_inputs(root.forward, concrete_args), dynamic_shapes, SymbolicDimensions()
         )
-        self._failures = {}
-        self._user_root = root
-        self._concrete_args = concrete_args
         # recursive_trace shares its eager run; otherwise it is made when first needed
-        self._recording = self._shared_recording
-        self.attempts = 0
+        self.robust_state = RobustTraceState(root, self._shared_recording)
         while True:
-            self._start_attempt()
-            count = len(self._failures)
-            leaf_root = root in self._failures or self.is_registered_leaf(root)
+            self.robust_state.start_attempt()
+            count = len(self.robust_state.failures)
+            leaf_root = root in self.robust_state.failures or self.is_registered_leaf(root)
             traced = _leaf_root_wrapper(root) if leaf_root else root
             try:
                 graph = super().trace(
                     traced, concrete_args, dynamic_shapes=dynamic_shapes, **kwargs
                 )
             except _NeedExampleRun:
-                self._recording = record_calls(root, *example_call(root.forward, concrete_args))
+                self.robust_state.recording = record_calls(
+                    root, *example_call(root.forward, concrete_args)
+                )
                 continue
             except _ModuleFailed:
-                if len(self._failures) == count:  # pragma: no cover - defensive
+                if len(self.robust_state.failures) == count:  # pragma: no cover - defensive
                     raise RuntimeError("a module failure was signalled but not recorded") from None
                 continue
             except Exception as e:
@@ -301,28 +335,21 @@ class RobustTracer(CustomTracer):
             self._collect_unvisited(traced)
             return graph
 
-    def _start_attempt(self) -> None:
-        self.attempts += 1
-        self._called = {}
-        self._leaves_called = {}
-        self._leaf_call_count = {}
-        self._unvisited = {}
-
     def call_module(self, m, forward, args, kwargs):
         """Traces into ``m``; if that raises, records the failure and restarts the trace."""
         if self.state.in_fake:
             return forward(*args, **kwargs)
-        if m is self._user_root:
+        if m is self.robust_state.root:
             # the root of a leaf-root wrapper
-            self._called.setdefault(m, "")
-            self._leaves_called[m] = ""
-            self._leaf_call_count[m] = self._leaf_call_count.get(m, 0) + 1
+            self.robust_state.called.setdefault(m, "")
+            self.robust_state.leaves_called[m] = ""
+            self.robust_state.leaf_call_count[m] = self.robust_state.leaf_call_count.get(m, 0) + 1
             return super().call_module(m, forward, args, kwargs)
         name = self.path_of_module(m)
         self.record_call_module(m)
         if self.is_leaf_module(m, name):
-            self._leaves_called[m] = self._called[m]
-            self._leaf_call_count[m] = self._leaf_call_count.get(m, 0) + 1
+            self.robust_state.leaves_called[m] = self.robust_state.called[m]
+            self.robust_state.leaf_call_count[m] = self.robust_state.leaf_call_count.get(m, 0) + 1
             return super().call_module(m, forward, args, kwargs)
         try:
             return super().call_module(m, forward, args, kwargs)
@@ -330,33 +357,34 @@ class RobustTracer(CustomTracer):
             raise
         except Exception as e:
             self.record_call_module(m, e)
-            raise _ModuleFailed(self._called[m]) from e
+            raise _ModuleFailed(self.robust_state.called[m]) from e
 
     def _collect_unvisited(self, traced: torch.nn.Module) -> None:
-        root = self._user_root
-        leaf_paths = list(self._leaves_called.values())
+        root = self.robust_state.root
+        assert root is not None, "called at the end of a trace, which set its root"
+        leaf_paths = list(self.robust_state.leaves_called.values())
         if "" in leaf_paths:
             return
-        called_paths = list(self._called.values())
+        called_paths = list(self.robust_state.called.values())
         for path, m in root.named_modules():
-            if m is root or m in self._called:
+            if m is root or m in self.robust_state.called:
                 continue
             if any(path.startswith(p + ".") for p in leaf_paths):
                 continue
             if is_container(m) and any(c.startswith(path + ".") for c in called_paths):
                 continue
-            self._unvisited[m] = path
+            self.robust_state.unvisited[m] = path
 
     # leaves on fake tensors
 
     def _is_opaque(self, m: torch.nn.Module) -> bool:
-        return m in self._failures or self.is_registered_leaf(m)
+        return m in self.robust_state.failures or self.is_registered_leaf(m)
 
     def _run_leaf_module(self, target: str, args, kwargs) -> Any:
         module = self.root.get_submodule(target)
         if not self._is_opaque(module):
             return super()._run_leaf_module(target, args, kwargs)
-        path = self._called.get(module, target)
+        path = self.robust_state.called.get(module, target)
         try:
             # The module runs eagerly in the graph; on fake tensors it follows the
             # example's branches. Its decisions must not narrow what is known about the
@@ -377,7 +405,7 @@ class RobustTracer(CustomTracer):
             )
             if symbolic:
                 shapes_text = ", ".join(
-                    f"[{', '.join(self.dims.render(d) for d in t.shape)}]"
+                    f"[{', '.join(self.trace_dims().render(d) for d in t.shape)}]"
                     for t in pytree.tree_leaves(output)
                     if isinstance(t, torch.Tensor)
                 )
@@ -396,15 +424,15 @@ class RobustTracer(CustomTracer):
             Guard(f"output shapes of {path or '<root>'} == {shapes_text}", True, "example")
         )
         return pytree.tree_map(
-            lambda t: self.dims.from_real(t) if isinstance(t, torch.Tensor) else t, output
+            lambda t: self.trace_dims().from_real(t) if isinstance(t, torch.Tensor) else t, output
         )
 
     def _example_output(self, module: torch.nn.Module, args, kwargs) -> Any:
         """The output of the same call in the eager run, if its input shapes match."""
-        if self._recording is None:
+        if self.robust_state.recording is None:
             raise _NeedExampleRun()
-        calls = self._recording.get(module, [])
-        index = self._leaf_call_count.get(module, 1) - 1
+        calls = self.robust_state.recording.get(module, [])
+        index = self.robust_state.leaf_call_count.get(module, 1) - 1
         if index >= len(calls):
             return None
         call = calls[index]
@@ -415,7 +443,7 @@ class RobustTracer(CustomTracer):
         if len(fake) != len(real):
             return None
         for f, r in zip(fake, real):
-            if f.dtype != r.dtype or [self.dims.hint(d) for d in f.shape] != list(r.shape):
+            if f.dtype != r.dtype or [self.trace_dims().hint(d) for d in f.shape] != list(r.shape):
                 return None
         return call.output
 

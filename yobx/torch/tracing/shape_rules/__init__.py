@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -109,7 +109,8 @@ class ShapeRules:
         if node.op == "call_function":
             rule = _FUNCTION_RULES.get(node.target)
         elif node.op == "call_method":
-            rule = _METHOD_RULES.get(node.target)
+            # a call_method's target is the method's name
+            rule = _METHOD_RULES.get(cast(str, node.target))
         else:
             rule = _MODULE_RULES.get(type(module))
         if rule is None:

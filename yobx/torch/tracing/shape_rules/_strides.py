@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -88,9 +88,12 @@ class RangeDecider:
         """The smallest and largest values of ``key`` (``math.inf``: unbounded)."""
         if type(key) is int:
             return key, key
-        found = self._bounds.get(key, _MISSING)
-        if found is _MISSING:
+        cached = self._bounds.get(key, _MISSING)
+        found: tuple[int, float] | None
+        if cached is _MISSING:
             found = self._bounds[key] = self._monomial_bounds(key)
+        else:
+            found = cast("tuple[int, float] | None", cached)
         if found is None:
             raise _Undecided
         return found
@@ -102,7 +105,8 @@ class RangeDecider:
         if monomial is None:
             return None
         coeff, factors = monomial
-        low: float = coeff
+        # positive exponents of integer bounds: the lower bound stays an int
+        low: int = coeff
         high: float = coeff
         for symbol, exponent in factors:
             symbol_bounds = self._symbol_bounds(symbol)

@@ -8,7 +8,7 @@ contiguous input of such a shape is never also channels-last contiguous).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -66,7 +66,9 @@ def _window_output(size: int, kernel: int, stride: int, padding: int, dilation: 
     return out
 
 
-def convolution_module(factory: TensorFactory, module: nn.Module, args, kwargs):
+def convolution_module(
+    factory: TensorFactory, module: nn.Conv1d | nn.Conv2d | nn.Conv3d, args, kwargs
+):
     """``nn.Conv1d/2d/3d`` with zero padding mode, numeric padding or ``"valid"``
     (none) or ``"same"`` (as many outputs as inputs: torch takes it with stride 1 only,
     and pads one more on the right for an even kernel)."""
@@ -83,7 +85,10 @@ def convolution_module(factory: TensorFactory, module: nn.Module, args, kwargs):
         # would fix them to the example's
         out = list(spatial)
     else:
-        padding = (0,) * rank if module.padding == "valid" else module.padding
+        # torch keeps only "same" and "valid" as text, any other padding as a tuple
+        padding = (
+            (0,) * rank if module.padding == "valid" else cast("tuple[int, ...]", module.padding)
+        )
         out = [
             _window_output(size, k, s, p, d)
             for size, k, s, p, d in zip(
@@ -94,7 +99,12 @@ def convolution_module(factory: TensorFactory, module: nn.Module, args, kwargs):
     return factory.new([x.shape[0], module.out_channels, *out], x.dtype, x.device, grad)
 
 
-def batch_norm_module(factory: TensorFactory, module: nn.Module, args, kwargs):
+def batch_norm_module(
+    factory: TensorFactory,
+    module: nn.BatchNorm1d | nn.BatchNorm2d | nn.BatchNorm3d,
+    args,
+    kwargs,
+):
     """``nn.BatchNorm1d/2d/3d`` in eval mode with running statistics: same shape."""
     x = _single_input(args, kwargs)
     rank = {nn.BatchNorm1d: x.dim() - 2, nn.BatchNorm2d: 2, nn.BatchNorm3d: 3}[type(module)]
@@ -105,7 +115,7 @@ def batch_norm_module(factory: TensorFactory, module: nn.Module, args, kwargs):
     return factory.new(x.shape, x.dtype, x.device, grad)
 
 
-def max_pool_module(factory: TensorFactory, module: nn.Module, args, kwargs):
+def max_pool_module(factory: TensorFactory, module: nn.MaxPool1d | nn.MaxPool2d, args, kwargs):
     """``nn.MaxPool1d/2d`` without indices nor ceil mode."""
     rank = {nn.MaxPool1d: 1, nn.MaxPool2d: 2}[type(module)]
     x = _single_input(args, kwargs)
@@ -120,13 +130,19 @@ def max_pool_module(factory: TensorFactory, module: nn.Module, args, kwargs):
     return factory.new([*x.shape[:2], *out], x.dtype, x.device, needs_grad([x]))
 
 
-def adaptive_avg_pool_module(factory: TensorFactory, module: nn.Module, args, kwargs):
+def adaptive_avg_pool_module(
+    factory: TensorFactory,
+    module: nn.AdaptiveAvgPool1d | nn.AdaptiveAvgPool2d,
+    args,
+    kwargs,
+):
     """``nn.AdaptiveAvgPool1d/2d`` to a fixed output size."""
     rank = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2}[type(module)]
     x = _single_input(args, kwargs)
     spatial = _spatial(x, rank, None)
-    out = _tuple(module.output_size, rank)
-    out = [s if o is None else o for s, o in zip(spatial, out)]
+    # None keeps the input's size
+    sizes: tuple[int | None, ...] = _tuple(module.output_size, rank)
+    out = [s if o is None else o for s, o in zip(spatial, sizes)]
     return factory.new([*x.shape[:2], *out], x.dtype, x.device, needs_grad([x]))
 
 

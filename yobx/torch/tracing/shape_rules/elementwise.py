@@ -10,11 +10,12 @@ kind); anything else falls back to torch.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch._prims_common import is_contiguous_for_memory_format_or_false
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ._base import (
     FLOATING,
@@ -116,7 +117,8 @@ def _output_strides(
         # no broadcasting, no size-1 dimension: torch's layout search keeps the order
         return None
     expanded = [
-        t if is_full else factory.view(t, shape, _expanded(t, shape))
+        # the operands are the nodes' fake values
+        t if is_full else factory.view(cast(FakeTensor, t), shape, _expanded(t, shape))
         for t, is_full in zip(tensors, full)
     ]
     return elementwise_output_strides(factory.fake_mode.shape_env, expanded)

@@ -24,7 +24,7 @@ size torch took from its own memo of an earlier call) is not remembered.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -87,7 +87,8 @@ def _is_torch_operation(node: Node) -> bool:
         module = getattr(node.target, "__module__", None) or ""
         return module == "torch" or module.startswith("torch.") or module == "_operator"
     # a method writing into its tensor ends with "_" (add_, copy_, resize_...)
-    return node.op == "call_method" and not node.target.endswith("_")
+    # a call_method's target is the method's name
+    return node.op == "call_method" and not cast(str, node.target).endswith("_")
 
 
 class RememberedOutputs:

@@ -15,6 +15,7 @@ from typing import Any
 import sympy
 import torch
 from torch._prims_common import is_contiguous_for_memory_format_or_false
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ._base import (
     TensorFactory,
@@ -123,7 +124,7 @@ def expand(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     return factory.view(x, out_sizes, out_strides)
 
 
-def _view_sizes(x: torch.Tensor, target: tuple) -> list[Any]:
+def _view_sizes(x: FakeTensor, target: tuple) -> list[Any]:
     """:func:`infer_sizes`, remembered across traces (:data:`_VIEW_SIZES`).
 
     The sizes are a function of the expressions and hints of ``x.shape`` and
@@ -451,8 +452,8 @@ def _contiguous_at_example(x: torch.Tensor) -> bool:
     """``x.is_contiguous()`` at the example's sizes (size-1 dimensions skipped),
     computed from the hints, without a guard."""
     expected = 1
-    for size, stride in reversed(list(zip(x.shape, x.stride()))):
-        size, stride = _hint(size), _hint(stride)
+    for dim_size, dim_stride in reversed(list(zip(x.shape, x.stride()))):
+        size, stride = _hint(dim_size), _hint(dim_stride)
         if size is None or stride is None:
             return False
         if size == 0:

@@ -44,8 +44,9 @@ def _integral(expr: sympy.Basic) -> sympy.Basic:
                 return FloorDiv(numerator, d * args[1])
             return expr.func(numerator, d * args[1]) / d
     if isinstance(expr, _MIN_MAX):
-        splits = [_split(a) for a in args]
-        if all(s is not None for s in splits) and any(s[1] != 1 for s in splits):
+        maybe_splits = [_split(a) for a in args]
+        splits = [s for s in maybe_splits if s is not None]
+        if len(splits) == len(maybe_splits) and any(s[1] != 1 for s in splits):
             common = math.lcm(*(s[1] for s in splits))
             return expr.func(*(n * (common // d) for n, d in splits)) / common
     return expr.func(*args) if args != list(expr.args) else expr

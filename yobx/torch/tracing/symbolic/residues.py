@@ -57,15 +57,16 @@ def is_identity(
     return True
 
 
-def _plain(expr: sympy.Expr, positive) -> sympy.Expr | None:
+def _plain(expr: sympy.Expr, positive: Callable[[sympy.Expr], bool] | None) -> sympy.Expr | None:
     """``expr`` with sympy's ``Mod`` only: ``a // c`` is ``(a - a % c) / c``; None when
     a division or a remainder is not by a positive integer constant (or an exact
     division by a positive expression), or anything else than sums, products and
     integer powers appears."""
     if expr.is_Atom:
         return expr if (expr.is_Symbol or expr.is_Integer or expr.is_Rational) else None
-    args = [_plain(a, positive) for a in expr.args]
-    if any(a is None for a in args):
+    plain = [_plain(a, positive) for a in expr.args]
+    args = [a for a in plain if a is not None]
+    if len(args) != len(plain):
         return None
     if isinstance(expr, (FloorDiv, Mod, PythonMod, sympy.Mod)):
         base, divisor = args

@@ -54,7 +54,7 @@ class StaticFakes:
     def index(self, tensors: Iterable[torch.Tensor]) -> None:
         """Finds the plain tensors among all the tensors of a module (tied ones
         included): a storage shared by two tensor objects keeps them both out."""
-        owners: dict[int, dict[int, torch.Tensor]] = {}
+        owners: dict[int, dict[int, torch.Tensor | None]] = {}
         for tensor in tensors:
             if _plain(tensor):
                 owners.setdefault(tensor.untyped_storage()._cdata, {})[id(tensor)] = tensor
@@ -63,9 +63,9 @@ class StaticFakes:
                 owners.setdefault(tensor.untyped_storage()._cdata, {})[id(tensor)] = None
         for same_storage in owners.values():
             if len(same_storage) == 1:
-                (key, tensor), *_ = same_storage.items()
-                if tensor is not None:
-                    self._plain[key] = tensor
+                (key, owner), *_ = same_storage.items()
+                if owner is not None:
+                    self._plain[key] = owner
 
     def get(self, tensor: torch.Tensor) -> FakeTensor | None:
         """The fake copy of an indexed plain tensor, ``None`` for any other tensor."""

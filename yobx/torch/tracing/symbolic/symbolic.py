@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -142,9 +142,10 @@ class SymbolicDimensions:
         #: symbol -> :data:`~yobx.torch.tracing.dynamic_shapes.DYNAMIC`, ``AUTO``, ``STRICT``
         self.policies: dict[sympy.Symbol, str] = {}
         #: symbol -> (input leaf name, axis, a, b): the axis has size ``a * symbol + b``
-        self.sources: dict[sympy.Symbol, tuple[str, int, int, int]] = {}
+        #: (axis None: an int input declared dynamic, its value)
+        self.sources: dict[sympy.Symbol, tuple[str, int | None, int, int]] = {}
         #: every declared dynamic axis: (input leaf name, axis, expected size expression)
-        self.occurrences: list[tuple[str, int, sympy.Expr]] = []
+        self.occurrences: list[tuple[str, int | None, sympy.Expr]] = []
         #: declared bounds of each symbol, checked when the graph runs
         self.declared: dict[sympy.Symbol, tuple[int, int | None]] = {}
         #: ``file:line`` of the call declaring them (``trace(..., dynamic_shapes=...)``),
@@ -260,10 +261,11 @@ class SymbolicDimensions:
                 answers[expr] = None if proved is None else sympy.sympify(proved)
             return answers[expr]
 
-        # torch clears the method's lru_cache when ranges change
-        maybe_evaluate_static.cache_clear = original.cache_clear
-        maybe_evaluate_static.cache_info = original.cache_info
-        shape_env._maybe_evaluate_static = maybe_evaluate_static
+        # torch clears the method's lru_cache when ranges change; the hook is a plain
+        # function standing for that lru_cache wrapper, given its methods
+        maybe_evaluate_static.cache_clear = original.cache_clear  # type: ignore[attr-defined]
+        maybe_evaluate_static.cache_info = original.cache_info  # type: ignore[attr-defined]
+        shape_env._maybe_evaluate_static = maybe_evaluate_static  # type: ignore[assignment]
 
     # creation
 
@@ -274,7 +276,7 @@ class SymbolicDimensions:
         min_value: int | None = None,
         max_value: int | None = None,
         policy: str = "dynamic",
-        source: tuple[str, int] | None = None,
+        source: tuple[str, int | None] | None = None,
     ) -> torch.SymInt:
         """Returns the SymInt for dimension ``name``, creating it the first time.
 
@@ -347,13 +349,16 @@ class SymbolicDimensions:
         self.shape_env.constrain_symbol_range(
             symbol, compiler_min=low, compiler_max=int_oo if high is None else int(high)
         )
-        symint = self.shape_env.create_symintnode(symbol, hint=hint, source=source)
+        # a new symbol (specialize_zero_one=False, DYNAMIC): a SymInt, never a folded int
+        symint = cast(
+            torch.SymInt, self.shape_env.create_symintnode(symbol, hint=hint, source=source)
+        )
         self.names[str(symbol)] = name
         self._rename[symbol] = sympy.Symbol(name, integer=True)
         return symbol, symint
 
     def derived_dimension(
-        self, spec: Any, hint: int, source: tuple[str, int] | None = None
+        self, spec: Any, hint: int, source: tuple[str, int | None] | None = None
     ) -> torch.SymInt:
         """The SymInt of a derived dim (``2 * seq``) whose axis has size ``hint``."""
         from ..dynamic_shapes import solve_root
@@ -374,7 +379,9 @@ class SymbolicDimensions:
         self._record(root_sym.node.expr, source, a, b)
         return derived
 
-    def _record(self, symbol: sympy.Expr, source: tuple[str, int] | None, a: int, b: int):
+    def _record(
+        self, symbol: sympy.Expr, source: tuple[str, int | None] | None, a: int, b: int
+    ) -> None:
         if source is None:
             return
         self.occurrences.append((*source, a * symbol + b))
@@ -418,7 +425,10 @@ class SymbolicDimensions:
 
     def symint(self, symbol: sympy.Symbol) -> torch.SymInt:
         """A SymInt standing for ``symbol``."""
-        return self.shape_env.create_symintnode(symbol, hint=self.hint_of(symbol))
+        # a symbol, not an integer: torch wraps it in a SymInt
+        return cast(
+            torch.SymInt, self.shape_env.create_symintnode(symbol, hint=self.hint_of(symbol))
+        )
 
     def hint_of(self, symbol: sympy.Symbol) -> int:
         """The size of a dimension in the example inputs."""
@@ -604,9 +614,12 @@ class SymbolicDimensions:
         # in every layer (`seq > 1` in each attention: milliseconds of bounds each) and
         # every trace: kept for the process
         key = (expr, frozenset(ranges.items()), frozenset(replacements.items()))
-        proved = _PROOFS.get(key, _UNPROVED)
-        if proved is _UNPROVED:
+        cached = _PROOFS.get(key, _UNPROVED)
+        proved: bool | None
+        if cached is _UNPROVED:
             proved = _PROOFS[key] = prove_from_ranges(expr, ranges, replacements)
+        else:
+            proved = cast("bool | None", cached)
         if proved is None and self.loop_bounds:
             proved = self._prove_in_loops(expr, ranges, replacements)
         return proved

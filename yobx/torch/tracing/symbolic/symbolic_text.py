@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from ..isolation.patch_window import current_window
+from ..isolation.patch_window import PatchWindow, current_window
 
 #: str methods whose answer depends on the text's content (run on the example's text)
 _CONTENT_OPERATIONS = (
@@ -113,6 +113,10 @@ class SymbolicText(str):
     :param values: the proxies of the symbolic values shown
     """
 
+    example: str | None
+    values: tuple[Any, ...]
+    window: PatchWindow | None
+
     def __new__(cls, text: str, example: str | None, values: Sequence[Any]):
         self = super().__new__(cls, text)
         self.example = example
@@ -141,6 +145,10 @@ class SymbolicText(str):
                 tracer.decide(proxy.node.meta["val"], what)
             else:
                 tracer.python_number(proxy, what)
+        if self.example is None:
+            # a data-dependent value shown: the decisions above raise for it, and a
+            # str method given None raises this same TypeError
+            raise TypeError(f"`{operation}` on a text with no example: {_plain(self)!r}")
         return self.example
 
     # str() of it is the plain text: what libraries (logging, exceptions, warnings) do
@@ -221,8 +229,12 @@ def _apply(value: Any, function, *args) -> Any:
 
 def _join(left: str, right: str) -> SymbolicText:
     parts = [p for p in (left, right) if isinstance(p, SymbolicText)]
-    examples = [p.example if isinstance(p, SymbolicText) else p for p in (left, right)]
-    example = None if None in examples else examples[0] + examples[1]
+    left_example, right_example = (
+        p.example if isinstance(p, SymbolicText) else p for p in (left, right)
+    )
+    example = (
+        None if left_example is None or right_example is None else left_example + right_example
+    )
     values = tuple(v for p in parts for v in p.values)
     return SymbolicText(_plain(left) + _plain(right), example, values)
 
@@ -323,7 +335,8 @@ def shape_text(shape: Sequence[Any], tracer: Any, spec: str = "") -> str:
     values = [v for item in items if isinstance(item, SymbolicText) for v in item.values]
     text = f"torch.Size([{', '.join(_plain(i) for i in items)}])"
     examples = [i.example if isinstance(i, SymbolicText) else i for i in items]
-    example = None if None in examples else f"torch.Size([{', '.join(examples)}])"
+    known = [e for e in examples if e is not None]
+    example = None if len(known) < len(examples) else f"torch.Size([{', '.join(known)}])"
     return SymbolicText(_format_text(text, spec), _format(example, spec), values)
 
 

@@ -284,7 +284,8 @@ _PYTHON_DISPATCHED_NN = (
 _PYTHON_DISPATCHED = (
     (torch._C._nn, _PYTHON_DISPATCHED_NN),
     (torch, ("polar",)),
-    (torch._C._linalg, ("linalg_solve_triangular",)),
+    # torch._C._linalg exists at run time, torch's stubs leave it out
+    (torch._C._linalg, ("linalg_solve_triangular",)),  # type: ignore[attr-defined]
     (torch.linalg, ("solve_triangular",)),
 )
 
