@@ -13,10 +13,18 @@ from yobx.torch.tracing.core.decisions import DecisionsMixin
 from yobx.torch.tracing.core.fake_execution import FakeExecutionMixin
 from yobx.torch.tracing.core.graph_finish import GraphFinishMixin
 from yobx.torch.tracing.core.loop_tracing import LoopsMixin
+from yobx.torch.tracing.core.trace_results import TraceResultsMixin
 from yobx.torch.tracing.core.traced_attributes import AttributesMixin
 from yobx.torch.tracing.core.tracer_contract import MixinBase, TracerContract
 
-MIXINS = (DecisionsMixin, FakeExecutionMixin, GraphFinishMixin, LoopsMixin, AttributesMixin)
+MIXINS = (
+    DecisionsMixin,
+    FakeExecutionMixin,
+    GraphFinishMixin,
+    LoopsMixin,
+    AttributesMixin,
+    TraceResultsMixin,
+)
 
 
 def _declared_members() -> list[str]:

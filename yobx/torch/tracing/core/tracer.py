@@ -29,8 +29,8 @@ from ..constraints.constraints import Constraint
 from ..constraints.decided_layouts import decided_layouts
 from ..constraints.input_layouts import reads_layout
 from ..constraints.refinement import Refinements
-from ..constraints.runtime_checks import RuntimeCheck, graph_checks
-from ..errors import LayoutAliasNeeded, SpecializationError, TracingError, autocast_refused
+from ..constraints.runtime_checks import RuntimeCheck
+from ..errors import LayoutAliasNeeded, SpecializationError, autocast_refused
 from ..inputs import (
     NO_EXAMPLE,
     FlatInputs,
@@ -64,6 +64,7 @@ from .proxy_patches import (
     replace_problematic_function_before_tracing,
 )
 from .state_writes import StateWrites, writes_in_place
+from .trace_results import TraceResultsMixin
 from .trace_state import TraceState
 from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
 
@@ -115,6 +116,7 @@ class CustomTracer(
     AttributesMixin,
     GraphFinishMixin,
     DecisionsMixin,
+    TraceResultsMixin,
     torch.fx.Tracer,
 ):
     """A symbolic tracer whose proxies carry fake tensors with symbolic dimensions.
@@ -244,72 +246,6 @@ class CustomTracer(
         # leaves entries behind, and a tracer may be used again.
         self.module_stack = _ModuleStack()
         self.num_calls = {}
-
-    # public state
-
-    @property
-    def fake_mode(self):
-        """The FakeTensorMode of the last trace."""
-        return None if self.dims is None else self.dims.fake_mode
-
-    @property
-    def shape_env(self):
-        """The ShapeEnv of the last trace."""
-        return None if self.dims is None else self.dims.shape_env
-
-    def trace_dims(self) -> SymbolicDimensions:
-        """The dimensions of the trace in progress, which has examples: the tracer's
-        symbolic machinery runs only then (without examples it works like torch.fx)."""
-        if self.dims is None:
-            raise TracingError.at(
-                self.location(),
-                "this step of the trace needs the example inputs' symbolic dimensions, "
-                "and the trace has no example inputs: pass examples to trace(...) "
-                "(concrete_args), or report the model to yobx",
-            )
-        return self.dims
-
-    def trace_refinements(self) -> Refinements:
-        """The refinements of the trace in progress, which has examples (see
-        :meth:`trace_dims`)."""
-        if self.refinements is None:
-            self.trace_dims()  # the same error
-            raise AssertionError("a trace with dimensions has refinements")
-        return self.refinements
-
-    @property
-    def constraints(self) -> list[Constraint]:
-        """Facts on dynamic dimensions adopted from the example inputs (last trace);
-        with versions, what the versions still assume beyond their conditions."""
-        if self._version_constraints is not None:
-            return list(self._version_constraints)
-        return [] if self.refinements is None else self.refinements.constraints
-
-    @property
-    def checks(self) -> list[RuntimeCheck]:
-        """Every condition the last trace assumes of its inputs' sizes, in the order
-        its runtime checks (and an exported model's) verify them: declared ranges,
-        ``torch._check`` calls, adopted constraints; with versions, each version's
-        constraints checked when its conditions select it."""
-        if self._version_checks is not None:
-            return list(self._version_checks)
-        if self.dims is None or self.refinements is None:
-            return []
-        return graph_checks(self.dims, self.refinements)
-
-    @property
-    def range_constraints(self) -> dict[str, tuple[int | float, int | float]]:
-        """The range of every named dimension, ``math.inf`` when unbounded (last trace)."""
-        if self.dims is None:
-            return {}
-        return {
-            name: self.dims.range_of(symint.node.expr) for name, symint in self.dims.by_name.items()
-        }
-
-    @property
-    def dimension_names(self) -> dict[str, str]:
-        """Maps ShapeEnv symbol names (``s26``) to the user's names (``batch``)."""
-        return {} if self.dims is None else dict(self.dims.names)
 
     # tracing
 

@@ -3,14 +3,15 @@
 :class:`~yobx.torch.tracing.CustomTracer` is a ``torch.fx.Tracer`` assembled from
 mixins, one concern each (:class:`~.decisions.DecisionsMixin`,
 :class:`~.fake_execution.FakeExecutionMixin`, :class:`~.traced_attributes.AttributesMixin`,
-:class:`~.graph_finish.GraphFinishMixin`, :class:`~.loop_tracing.LoopsMixin`). Each reads
-what the tracer holds (its dimensions, refinements, per-trace state) and calls what the
-others provide (a decision, the user's location). :class:`TracerContract` lists all of
-it, with types; for the type checker only, each mixin derives from
-:data:`MixinBase`, a ``torch.fx.Tracer`` that follows the contract, so that every
-attribute a mixin reads and every method it calls is declared once, here, and checked
-against the mixin that defines it (``mypy``, run by ``.ci/run``). At run time the mixins
-derive from ``object`` and this module costs nothing.
+:class:`~.graph_finish.GraphFinishMixin`, :class:`~.loop_tracing.LoopsMixin`,
+:class:`~.trace_results.TraceResultsMixin`). Each reads what the tracer holds (its
+dimensions, refinements, per-trace state) and calls what the others provide (a decision,
+the user's location). :class:`TracerContract` lists all of it, with types; for the type
+checker only, each mixin derives from :data:`MixinBase`, a ``torch.fx.Tracer`` that
+follows the contract, so that every attribute a mixin reads and every method it calls is
+declared once, here, and checked against the mixin that defines it (``mypy``, run by
+``.ci/run``). At run time the mixins derive from ``object`` and this module costs
+nothing.
 
 ``dims`` and ``refinements`` are None outside a trace and in a trace without examples
 (torch.fx's behaviour); the methods reading them run inside a trace with examples and
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from ..constraints.constraints import Constraint
     from ..constraints.refinement import Refinements
+    from ..constraints.runtime_checks import RuntimeCheck
     from ..errors import TracingError
     from ..shape_rules import ShapeRules
     from ..symbolic.symbolic import Guard, SymbolicDimensions
@@ -57,6 +59,10 @@ class TracerContract(Protocol):
     aliased_layouts: set[str]
     #: whether every shape rule is checked against torch's kernel (a test mode)
     _check_shape_rules: bool
+    #: with versions: what they still assume beyond their conditions, and the checks
+    #: of each (None without versions)
+    _version_constraints: list[Constraint] | None
+    _version_checks: list[RuntimeCheck] | None
 
     @property
     def fake_mode(self) -> Any:
@@ -69,6 +75,8 @@ class TracerContract(Protocol):
     @property
     def constraints(self) -> list[Constraint]:
         """Facts on dynamic dimensions adopted from the example inputs."""
+
+    # core/trace_results.py
 
     def trace_dims(self) -> SymbolicDimensions:
         """``dims`` inside a trace with examples (an error otherwise)."""
