@@ -29,6 +29,7 @@ from torch.nn.utils import stateless
 from yobx.torch.fx_code import recompile_alone
 from yobx.torch.onnx import _torch_onnx_internals as internals
 from yobx.torch.onnx import custom_ops, direct_lowering
+from yobx.torch.onnx.adaptive_pooling import adaptive_avg_pool2d, adaptive_max_pool2d
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.inplace_copies import functional_copies
@@ -573,7 +574,12 @@ def lower_to_aten(
             counts["direct"] = interpreter.n_direct
         return pytree.tree_map_only((int, float, bool), _constant_output, outputs)
 
-    table = internals.decomposition_table(opset)
+    table = {
+        **internals.decomposition_table(opset),
+        # torch's ask whether the input size is a multiple of the output's (see there)
+        torch.ops.aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+        torch.ops.aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
+    }
     # fake tensors remember data-dependent sizes (nonzero, item) per epoch: the
     # lowering computes them again and binds the new symbols to the capture's ones
     fake_mode.epoch += 1
