@@ -336,3 +336,58 @@ def test_a_version_pinning_a_dimension_to_two_is_checked_in_the_model():
             continue
         for expected, value in zip(model(x, y), got):
             np.testing.assert_allclose(value, expected.numpy(), atol=1e-6)
+
+
+class _WritesAHalfThenBranches(torch.nn.Module):
+    def forward(self, x):
+        x[: x.shape[0] // 2] *= 2
+        if x.shape[1] % 2 != 0:
+            return x + 1
+        return x * 3
+
+
+class _OneVersionWritesAndReturnsIt(torch.nn.Module):
+    def forward(self, x, y):
+        if x.shape[1] % 2 != 0:
+            x.add_(1)
+        y.mul_(2)
+        return x, x[:, :1] * 1
+
+
+@pytest.mark.parametrize(
+    ("model", "shapes", "sizes"),
+    [
+        (_WritesAHalfThenBranches(), [(4, 6)], [[(5, 7)], [(2, 3)], [(4, 4)], [(1, 9)]]),
+        (
+            _OneVersionWritesAndReturnsIt(),
+            [(4, 6), (3,)],
+            [[(5, 7), (3,)], [(2, 3), (1,)], [(4, 4), (2,)]],
+        ),
+    ],
+)
+def test_versions_writing_into_their_inputs_export_both_sides(model, shapes, sizes):
+    """A version writing into an input in place: the branches write into copies, the
+    joined graph writes back once after the choice, the ONNX model returns the new
+    values (`x_updated`) at every size (it fell back to the example's side alone)."""
+    names = ["x", "y"][: len(shapes)]
+    dynamic = {"x": {0: "rows", 1: "cols"}, "y": {0: "n"}}
+    args = tuple(torch.randn(*s) for s in shapes)
+    result = to_onnx(
+        model, tuple(a.clone() for a in args), dynamic_shapes={n: dynamic[n] for n in names}
+    )
+    assert result.version_fallback == "" and len(result.versions) == 2
+    outputs = [o.name for o in result.model_proto.graph.output]
+    session = _session(result)
+    for case in [shapes, *sizes]:
+        inputs = [torch.randn(*s) for s in case]
+        eager_inputs = [t.clone() for t in inputs]
+        with torch.no_grad():
+            expected = model(*eager_inputs)
+        expected = list(expected) if isinstance(expected, tuple) else [expected]
+        got = session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})
+        for name, value in zip(outputs, got):
+            if name.endswith("_updated"):
+                reference = eager_inputs[names.index(name[: -len("_updated")])]
+            else:
+                reference = expected[outputs.index(name)]
+            np.testing.assert_allclose(value, reference.numpy(), rtol=1e-6, err_msg=name)

@@ -486,3 +486,31 @@ def test_a_witness_much_bigger_than_the_example_is_checked_by_its_capture(monkey
     tracer, _, gm = trace_module(model, {"x": torch.randn(2, 1024)}, {"x": {0: "batch"}})
     assert rows == [4097], rows
     _check_sizes(model, gm, lambda n: torch.randn(n, 1024), [3, 4097])
+
+
+class _WritesIntoItsInputInOneVersion(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[1] % 2 != 0:
+            x[: x.shape[0] // 2] += 1
+        return x * 2
+
+
+def test_a_version_writing_into_an_input_writes_into_it_once_after_the_choice():
+    """The branches write into copies and return them; the graph writes the chosen
+    value back into the caller's tensor, as eager does, at every size."""
+    from yobx.torch.tracing import CustomTracer
+
+    model = _WritesIntoItsInputInOneVersion()
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        model, concrete_args={"x": torch.randn(4, 6)}, dynamic_shapes={"x": {0: "r", 1: "c"}}
+    )
+    assert len(tracer.versions) == 2
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for shape in [(4, 6), (5, 7), (2, 3), (3, 4)]:
+        x = torch.randn(*shape)
+        mine, theirs = x.clone(), x.clone()
+        expected = model(theirs)
+        got = gm(mine)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(mine, theirs)

@@ -70,6 +70,7 @@ from .size_search import (
     holds,
     moves,
 )
+from .version_writes import copy_back, fresh_value, write_into_copies, written_inputs
 from .witness_inputs import (
     bytes_text,
     eager_affordable,
@@ -428,6 +429,8 @@ class Versioning:
         # another version folded to a constant is returned as that constant)
         self.computed = sorted(set().union(*(_computed_positions(v) for v in leaves(tree))))
         self.joined = leaves(tree)
+        # the inputs some version writes into: every branch returns their new values
+        self.written = written_inputs(self.joined, operands)
         # the tracer joins two versions or more, whose tree is a Split
         assert isinstance(tree, Split)
         graph = self._router(tree, operands, holder, root=True)
@@ -452,7 +455,7 @@ class Versioning:
         branches = []
         for subtree in (tree.true, tree.false):
             if isinstance(subtree, Version):
-                module = _flat_module(subtree, operands, self.computed)
+                module = _flat_module(subtree, operands, self.computed, self.written)
                 name = f"version_{subtree.index}"
             else:
                 module = torch.fx.GraphModule(holder, self._router(subtree, operands, holder))
@@ -467,20 +470,24 @@ class Versioning:
         cond.meta[DIMENSIONS_KEY] = first.tracer.dims
         cond.meta[CONDITION_KEY] = condition
         outputs = [
-            graph.call_function(operator.getitem, (cond, i)) for i in range(len(self.computed))
+            graph.call_function(operator.getitem, (cond, i))
+            for i in range(len(self.computed) + len(self.written))
         ]
         for node in graph.nodes:
             if node.op not in ("placeholder",) and node not in outputs and node is not cond:
                 node.meta.setdefault("val", None)
         if root:
-            self._finish_root(graph, outputs, cond)
+            self._finish_root(graph, outputs, cond, placeholders)
         else:
             graph.output(tuple(outputs))
         return graph
 
-    def _finish_root(self, graph: torch.fx.Graph, outputs: list, cond: torch.fx.Node) -> None:
+    def _finish_root(
+        self, graph: torch.fx.Graph, outputs: list, cond: torch.fx.Node, placeholders: dict
+    ) -> None:
         """The joined graph returns what the first capture returns (constants included),
-        takes its inputs the same way and checks their ranks and static sizes."""
+        writes into the inputs the versions write into, takes its inputs the same way and
+        checks their ranks and static sizes."""
         first = self.first
         old_output = next(n for n in first.graph.nodes if n.op == "output")
         flat, spec = pytree.tree_flatten(old_output.args[0])
@@ -490,6 +497,11 @@ class Versioning:
             node.meta["val"] = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
             vals.append(node.meta["val"])
             flat[position] = node
+        new_values = outputs[len(self.computed) :]
+        for name, node in zip(self.written, new_values):
+            node.meta["val"] = fresh_value(placeholders[name].meta.get("val"))
+            vals.append(node.meta["val"])
+        copy_back(graph, placeholders, self.written, new_values)
         graph.output(pytree.tree_unflatten(flat, spec))
         cond.meta["val"] = tuple(vals)
         graph._codegen = copy.copy(first.graph._codegen)
@@ -819,11 +831,12 @@ def _computed_positions(version: Version) -> set[int]:
 
 
 def _flat_module(
-    version: Version, operands: list[str], computed: list[int]
+    version: Version, operands: list[str], computed: list[int], written: list[str]
 ) -> torch.fx.GraphModule:
     """The version's graph taking the operands flat and returning, flat, its outputs at
-    the positions ``computed`` (by a version at least): what a branch of the joined
-    graph's ``torch.cond`` is."""
+    the positions ``computed`` (by a version at least), then the new values of the
+    inputs ``written`` (by a version at least, see :mod:`.version_writes`): what a branch
+    of the joined graph's ``torch.cond`` is."""
     graph = torch.fx.Graph()
     values: dict[torch.fx.Node, torch.fx.Node] = {}
     output = graph.graph_copy(version.graph, values)
@@ -840,7 +853,10 @@ def _flat_module(
             user.kwargs = torch.fx.node.map_arg(user.kwargs, replaced)
         graph.erase_node(node)
     flat = pytree.tree_leaves(output)
-    graph.output(tuple(flat[i] for i in computed))
+    returned = graph.output(tuple(flat[i] for i in computed))
+    # after the output: an output that is a written input returns its new value too
+    new_values = write_into_copies(graph, written)
+    returned.args = ((*returned.args[0], *new_values),)
     graph.lint()
     module = torch.fx.GraphModule(version.tracer.traced_model, graph)
     # lowered alone, on its own example (yobx.torch.onnx.version_lowering)
