@@ -22,6 +22,8 @@ taking a cache (``input_ids``, ``attention_mask``, ``past_key_values.<layer>.key
   ``yobx-ort`` without the passes making the versions' nested ``If`` nodes fewer
   (:mod:`yobx.torch.onnx.filler_slots`, :mod:`yobx.torch.onnx.if_trees`): what they
   are worth;
+* ``yobx-unchecked`` (not run by default): ``yobx`` with ``runtime_checks=False``, the
+  model then not checking its constraints: what the checks cost;
 * ``torch.onnx``: ``torch.onnx.export(dynamo=True)`` with ``torch.export.Dim`` shapes;
 * ``builder`` and ``builder-int4``: onnxruntime-genai's model builder run offline on
   the saved checkpoint (``-p fp32`` and ``-p int4``, ``-e cpu``), its ``model.onnx`` run
@@ -91,7 +93,13 @@ VARIANTS = (
     "builder-int4",
 )
 #: variants run only when asked for
-OPTIONAL_VARIANTS = ("yobx-in-out", "yobx-ort-attention", "yobx-nested", "yobx-ort-nested")
+OPTIONAL_VARIANTS = (
+    "yobx-in-out",
+    "yobx-ort-attention",
+    "yobx-nested",
+    "yobx-ort-nested",
+    "yobx-unchecked",
+)
 #: the names a cache's tensors get: yobx's and the builder's, torch.onnx's
 _CACHE_NAMES = (
     re.compile(r"^past_key_values\.(?P<layer>\d+)\.(?P<kind>key|value)$"),
@@ -328,6 +336,7 @@ def export_all(
         "yobx-ort-attention": lambda: export_ort_attention(model, kwargs),
         "yobx-nested": lambda: export_nested(model, kwargs),
         "yobx-ort-nested": lambda: export_nested(model, kwargs, optimize="ort"),
+        "yobx-unchecked": lambda: export_yobx(model, kwargs, runtime_checks=False),
         "torch.onnx": lambda: export_torch_onnx(model, kwargs),
         "builder": lambda: export_builder(checkpoint, os.path.join(workdir, "fp32"), "fp32"),
         "builder-int4": lambda: export_builder(checkpoint, os.path.join(workdir, "int4"), "int4"),
