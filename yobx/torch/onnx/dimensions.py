@@ -24,7 +24,9 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 class DimensionRenamer:
     """Renders the symbolic dimensions of ONNX shapes with the user's names.
 
-    :param dimension_names: ShapeEnv symbol name -> user dimension name
+    :param dimension_names: ShapeEnv symbol name -> user dimension name, or an
+        expression of user dimension names (a divisibility's quotient, see
+        :meth:`for_capture`)
     :param shape_env: used to replace symbols known equal to others
     """
 
