@@ -12,6 +12,7 @@ import ast
 import pathlib
 import subprocess
 import sys
+from collections.abc import Callable
 
 import yobx
 
@@ -94,14 +95,19 @@ def test_every_module_belongs_to_a_layer():
     assert not unplaced, f"add these modules to a layer in LAYERS: {unplaced}"
 
 
-def test_imports_point_down():
-    upward = [
+def _upward(rank: Callable[[str], int | None]) -> list[str]:
+    """The imports from a ranked module to a module of a higher rank."""
+    return sorted(
         f"{source} -> {target}"
         for source, targets in _graph().items()
         for target in targets
-        if _rank(source) is not None and _rank(target) is not None and _rank(target) > _rank(source)
-    ]
-    assert not upward, "imports pointing up the layers:\n" + "\n".join(sorted(upward))
+        if rank(source) is not None and rank(target) is not None and rank(target) > rank(source)
+    )
+
+
+def test_imports_point_down():
+    upward = _upward(_rank)
+    assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
 
 
 #: the rooms of ``yobx.torch.tracing``, bottom to top (see its package docstring): the
@@ -134,15 +140,8 @@ def test_every_module_of_the_tracer_belongs_to_a_room():
 
 
 def test_the_tracer_imports_point_down_its_rooms():
-    upward = [
-        f"{source} -> {target}"
-        for source, targets in _graph().items()
-        for target in targets
-        if _room(source) in TRACING_ROOMS
-        and _room(target) in TRACING_ROOMS
-        and TRACING_ROOMS[_room(target)] > TRACING_ROOMS[_room(source)]
-    ]
-    assert not upward, "imports pointing up the tracer's rooms:\n" + "\n".join(sorted(upward))
+    upward = _upward(lambda name: TRACING_ROOMS.get(_room(name) or ""))
+    assert not upward, "imports pointing up the tracer's rooms:\n" + "\n".join(upward)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

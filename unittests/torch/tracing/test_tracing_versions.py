@@ -506,7 +506,13 @@ def test_a_version_writing_into_an_input_writes_into_it_once_after_the_choice():
         model, concrete_args={"x": torch.randn(4, 6)}, dynamic_shapes={"x": {0: "r", 1: "c"}}
     )
     assert len(tracer.versions) == 2
+    # the joined graph writes into the input; the versions write into their copies only
+    assert any(n.op == "call_method" and n.target == "copy_" for n in graph.nodes)
     gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for name in ("version_1", "version_2"):
+        branch = getattr(gm, name).graph
+        (placeholder,) = [n for n in branch.nodes if n.op == "placeholder"]
+        assert [u.target for u in placeholder.users] == ["clone"], name
     for shape in [(4, 6), (5, 7), (2, 3), (3, 4)]:
         x = torch.randn(*shape)
         mine, theirs = x.clone(), x.clone()
