@@ -3,6 +3,8 @@ input sizes; what a version still assumes is checked when the model selects it."
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -391,3 +393,57 @@ def test_versions_writing_into_their_inputs_export_both_sides(model, shapes, siz
             else:
                 reference = expected[outputs.index(name)]
             np.testing.assert_allclose(value, reference.numpy(), rtol=1e-6, err_msg=name)
+
+
+class _Accumulator(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("acc", torch.arange(16.0))
+
+    def forward(self, x):
+        self.acc[: x.shape[0]] += x.sum(1)
+        if x.shape[0] % 2:
+            return x + 1
+        return x * 2
+
+
+class _WritesASubmodulesBufferInOneVersion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.state = _Accumulator()
+
+    def forward(self, x):
+        if x.shape[1] % 2:
+            self.state.acc[: x.shape[1]] *= 3
+        return self.state(x) - self.state.acc[: x.shape[0]].unsqueeze(1)
+
+
+@pytest.mark.parametrize(
+    ("model_class", "buffer", "sizes"),
+    [
+        (_Accumulator, "acc", [(4, 3), (5, 3), (2, 3), (1, 3), (16, 3)]),
+        (_WritesASubmodulesBufferInOneVersion, "state.acc", [(4, 6), (5, 3), (2, 7), (6, 2)]),
+    ],
+)
+def test_versions_writing_into_a_buffer_export_both_sides(model_class, buffer, sizes):
+    """A version writing into the model's buffer: the joined graph reads the buffer,
+    the branches write into a copy, the new value is written back once after the
+    choice, and the ONNX model returns it (`..._updated`) on both sides of the
+    decision (it fell back to the example's side alone)."""
+    model = model_class()
+    result = to_onnx(
+        copy.deepcopy(model), (torch.randn(*sizes[0]),), dynamic_shapes={"x": {0: "n", 1: "m"}}
+    )
+    assert result.version_fallback == "" and len(result.versions) >= 2
+    outputs = [o.name for o in result.model_proto.graph.output]
+    assert len(outputs) == 2 and outputs[1].endswith("_updated"), outputs
+    session = _session(result)
+    for size in sizes:
+        x = torch.randn(*size)
+        eager = copy.deepcopy(model)
+        with torch.no_grad():
+            expected = eager(x.clone())
+        got = session.run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got[0], expected.numpy(), atol=1e-5, err_msg=str(size))
+        updated = eager.get_buffer(buffer).numpy()
+        np.testing.assert_allclose(got[1], updated, atol=1e-5, err_msg=str(size))

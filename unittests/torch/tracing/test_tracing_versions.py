@@ -520,3 +520,43 @@ def test_a_version_writing_into_an_input_writes_into_it_once_after_the_choice():
         got = gm(mine)
         torch.testing.assert_close(got, expected)
         torch.testing.assert_close(mine, theirs)
+
+
+class _AccumulatesThenBranches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(16))
+
+    def forward(self, x):
+        self.acc[: x.shape[0]] += x.sum(1)
+        if x.shape[0] % 2:
+            return x + 1
+        return x * 2
+
+
+def test_a_version_writing_into_a_buffer_writes_into_it_once_after_the_choice():
+    """The joined graph reads the buffer and passes it to the choice; the branches
+    write into a copy; the graph writes the chosen value back into the model's buffer,
+    as eager does, call after call, at every size."""
+    import copy
+
+    from yobx.torch.tracing import CustomTracer
+
+    model = _AccumulatesThenBranches()
+    eager = copy.deepcopy(model)
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        model, concrete_args={"x": torch.randn(4, 3)}, dynamic_shapes={"x": {0: "n"}}
+    )
+    assert len(tracer.versions) == 2
+    (read,) = graph.find_nodes(op="get_attr", target="acc")
+    assert [u.target for u in read.users if u.op == "call_method"] == ["copy_"]
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for name in ("version_1", "version_2"):
+        branch = getattr(gm, name).graph
+        assert not branch.find_nodes(op="get_attr", target="acc"), name
+    for rows in [4, 5, 2, 1, 7, 16]:
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(gm(x), eager(x))
+        torch.testing.assert_close(model.acc, eager.acc)
+    assert model.acc.abs().sum() > 0

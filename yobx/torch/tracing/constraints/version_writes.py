@@ -9,10 +9,17 @@ write into a copy of such an input, which they return as an extra output, and th
 joined graph copies that value back into the input after the choice
 (``x.copy_(cond(...)[k])``): the passes make the copy an extra output of the graph, as
 for any model writing into its inputs, and every version then runs functionally.
+
+A buffer a version writes into (``self.acc[:n] += ...``, a cache held by the model) is
+treated the same way once it is an input of the branches: the joined graph reads it
+(``get_attr``), passes it to the ``cond`` and writes its new value back, so the export
+sees one write into the model's own buffer (``acc`` in, ``acc_updated`` out) instead of
+writes into a version's attribute inside a branch.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -29,8 +36,26 @@ def written_operands(
 ) -> set[str]:
     """The inputs (placeholder targets among ``operands``) a version's ``graph`` writes
     into, itself or through a view, as the passes find them on a copy of it."""
+    return {
+        record["target"]
+        for record in _mutations(graph, module)
+        if record["kind"] == "USER_INPUT_MUTATION" and record["target"] in operands
+    }
+
+
+def written_buffers(graph: torch.fx.Graph, module: torch.nn.Module) -> set[str]:
+    """The buffers (``get_attr`` targets) a version's ``graph`` writes into."""
+    return {
+        record["target"]
+        for record in _mutations(graph, module)
+        if record["kind"] == "BUFFER_MUTATION"
+    }
+
+
+def _mutations(graph: torch.fx.Graph, module: torch.nn.Module) -> list[dict]:
+    """The writes into inputs and buffers the passes find on a copy of ``graph``."""
     if not writes_in(graph):
-        return set()
+        return []
     copied = torch.fx.Graph()
     copied.output(copied.graph_copy(graph, {}))
     gm = torch.fx.GraphModule(module, copied)
@@ -38,11 +63,7 @@ def written_operands(
     with symbolic_kernels():
         run_default_passes(gm.graph, mutations="outputs", exc=False, recursive=False)
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    return {
-        record["target"]
-        for record in output.meta.get(MUTATIONS_KEY, ())
-        if record["kind"] == "USER_INPUT_MUTATION" and record["target"] in operands
-    }
+    return list(output.meta.get(MUTATIONS_KEY, ()))
 
 
 def written_inputs(versions: list, operands: list[str]) -> list[str]:
@@ -51,6 +72,53 @@ def written_inputs(versions: list, operands: list[str]) -> list[str]:
     for version in versions:
         written |= written_operands(version.graph, version.tracer.traced_model, operands)
     return sorted(written, key=operands.index)
+
+
+def buffer_operands(versions: list, operands: list[str]) -> dict[str, str]:
+    """The buffers some of the ``versions`` write into, each with the name of the
+    branches' input that replaces it (a name no operand has)."""
+    written: set[str] = set()
+    for version in versions:
+        written |= written_buffers(version.graph, version.tracer.traced_model)
+    names: dict[str, str] = {}
+    taken = set(operands)
+    for target in sorted(written):
+        name = "buffer_" + "".join(c if c.isalnum() else "_" for c in target)
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        names[target] = name
+    return names
+
+
+def buffers_as_inputs(graph: torch.fx.Graph, buffers: dict[str, str]) -> None:
+    """Makes a branch's ``graph`` read each buffer of ``buffers`` (target: name) from a
+    new input after the others (in the order of ``buffers``) instead of its attribute."""
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    for target, name in buffers.items():
+        with graph.inserting_after(last):
+            last = graph.placeholder(name)
+        for node in list(graph.find_nodes(op="get_attr", target=target)):
+            last.meta.setdefault("val", node.meta.get("val"))
+            node.replace_all_uses_with(last)
+            graph.erase_node(node)
+
+
+def lift_buffers(holder: torch.nn.Module, module: torch.nn.Module, targets: list[str]) -> None:
+    """Registers in ``holder`` (the joined graph's module) each buffer of ``module`` at
+    ``targets``, under the same name, so that the joined graph reads and writes it."""
+    for target in targets:
+        *path, leaf = target.split(".")
+        owner = holder
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, torch.nn.Module())
+            owner = getattr(owner, part)
+        # a buffer or a plain tensor attribute: the tensor itself, shared with the model
+        tensor = functools.reduce(getattr, target.split("."), module)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{target!r} is written in place but is not a tensor")
+        owner.register_buffer(leaf, tensor)
 
 
 def write_into_copies(graph: torch.fx.Graph, written: list[str]) -> list[torch.fx.Node]:

@@ -70,7 +70,15 @@ from .size_search import (
     holds,
     moves,
 )
-from .version_writes import copy_back, fresh_value, write_into_copies, written_inputs
+from .version_writes import (
+    buffer_operands,
+    buffers_as_inputs,
+    copy_back,
+    fresh_value,
+    lift_buffers,
+    write_into_copies,
+    written_inputs,
+)
 from .witness_inputs import (
     bytes_text,
     eager_affordable,
@@ -431,6 +439,10 @@ class Versioning:
         self.joined = leaves(tree)
         # the inputs some version writes into: every branch returns their new values
         self.written = written_inputs(self.joined, operands)
+        # the buffers some version writes into: the branches take them as inputs and
+        # return their new values, the joined graph writes them back
+        self.buffers = buffer_operands(self.joined, operands)
+        lift_buffers(holder, self.first.tracer.traced_model, list(self.buffers))
         # the tracer joins two versions or more, whose tree is a Split
         assert isinstance(tree, Split)
         graph = self._router(tree, operands, holder, root=True)
@@ -448,6 +460,11 @@ class Versioning:
             copy_ = graph.placeholder(node.target)
             copy_.meta.update({k: v for k, v in node.meta.items() if k in ("val", "example_value")})
             placeholders[node.target] = copy_
+        for target, name in self.buffers.items():
+            # the joined graph reads the buffer, a choice inside it receives it
+            read = graph.get_attr(target) if root else graph.placeholder(name)
+            read.meta["val"] = _buffer_value(self.joined, target)
+            placeholders[name] = read
         inputs = first.tracer.state.inputs
         sizes = {n: s for n, s in zip(inputs.names, inputs.sizes) if isinstance(s, (list, tuple))}
         condition = in_dimensions(first.tracer.dims, tree.condition.condition)
@@ -455,7 +472,7 @@ class Versioning:
         branches = []
         for subtree in (tree.true, tree.false):
             if isinstance(subtree, Version):
-                module = _flat_module(subtree, operands, self.computed, self.written)
+                module = _flat_module(subtree, operands, self.computed, self.written, self.buffers)
                 name = f"version_{subtree.index}"
             else:
                 module = torch.fx.GraphModule(holder, self._router(subtree, operands, holder))
@@ -463,7 +480,7 @@ class Versioning:
                 name = f"choice_{len(holder._modules)}"
             holder.add_module(name, module)
             branches.append(graph.get_attr(name))
-        arguments = tuple(placeholders[name] for name in operands)
+        arguments = tuple(placeholders[name] for name in [*operands, *self.buffers.values()])
         cond = graph.call_function(CondCCOp(), (pred, *branches, arguments))
         cond.meta["stack_trace"] = f"  version choice: {tree.condition}\n"
         # the sizes of the joined graph, to which the ONNX lowering maps the versions'
@@ -471,7 +488,7 @@ class Versioning:
         cond.meta[CONDITION_KEY] = condition
         outputs = [
             graph.call_function(operator.getitem, (cond, i))
-            for i in range(len(self.computed) + len(self.written))
+            for i in range(len(self.computed) + len(self.written) + len(self.buffers))
         ]
         for node in graph.nodes:
             if node.op not in ("placeholder",) and node not in outputs and node is not cond:
@@ -498,10 +515,11 @@ class Versioning:
             vals.append(node.meta["val"])
             flat[position] = node
         new_values = outputs[len(self.computed) :]
-        for name, node in zip(self.written, new_values):
+        written = [*self.written, *self.buffers.values()]
+        for name, node in zip(written, new_values):
             node.meta["val"] = fresh_value(placeholders[name].meta.get("val"))
             vals.append(node.meta["val"])
-        copy_back(graph, placeholders, self.written, new_values)
+        copy_back(graph, placeholders, written, new_values)
         graph.output(pytree.tree_unflatten(flat, spec))
         cond.meta["val"] = tuple(vals)
         graph._codegen = copy.copy(first.graph._codegen)
@@ -804,6 +822,14 @@ def _output_mismatch(first: Version, other: Version) -> str:
     return ""
 
 
+def _buffer_value(versions: list[Version], target: str) -> Any:
+    """The value a version's graph gives the buffer at ``target`` (its ``get_attr``)."""
+    for version in versions:
+        for node in version.graph.find_nodes(op="get_attr", target=target):
+            return node.meta.get("val")
+    return None
+
+
 def _is_number(value: Any) -> bool:
     """A Python number or a node computing one (a size returned by the model)."""
     if isinstance(value, torch.fx.Node):
@@ -831,12 +857,17 @@ def _computed_positions(version: Version) -> set[int]:
 
 
 def _flat_module(
-    version: Version, operands: list[str], computed: list[int], written: list[str]
+    version: Version,
+    operands: list[str],
+    computed: list[int],
+    written: list[str],
+    buffers: dict[str, str],
 ) -> torch.fx.GraphModule:
-    """The version's graph taking the operands flat and returning, flat, its outputs at
-    the positions ``computed`` (by a version at least), then the new values of the
-    inputs ``written`` (by a version at least, see :mod:`.version_writes`): what a branch
-    of the joined graph's ``torch.cond`` is."""
+    """The version's graph taking the operands flat, then the ``buffers`` written (by a
+    version at least), and returning, flat, its outputs at the positions ``computed``
+    (by a version at least), then the new values of the inputs ``written`` and of the
+    buffers (see :mod:`.version_writes`): what a branch of the joined graph's
+    ``torch.cond`` is."""
     graph = torch.fx.Graph()
     values: dict[torch.fx.Node, torch.fx.Node] = {}
     output = graph.graph_copy(version.graph, values)
@@ -852,10 +883,12 @@ def _flat_module(
             user.args = torch.fx.node.map_arg(user.args, replaced)
             user.kwargs = torch.fx.node.map_arg(user.kwargs, replaced)
         graph.erase_node(node)
+    if buffers:
+        buffers_as_inputs(graph, buffers)
     flat = pytree.tree_leaves(output)
     returned = graph.output(tuple(flat[i] for i in computed))
     # after the output: an output that is a written input returns its new value too
-    new_values = write_into_copies(graph, written)
+    new_values = write_into_copies(graph, [*written, *buffers.values()])
     returned.args = ((*returned.args[0], *new_values),)
     graph.lint()
     module = torch.fx.GraphModule(version.tracer.traced_model, graph)
