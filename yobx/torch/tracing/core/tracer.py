@@ -506,6 +506,7 @@ class CustomTracer(
     ) -> torch.fx.Graph:
         """Captures the other sides of the undecided decisions, for at most ``seconds``
         (None: within ``max_versions`` only), and joins the versions."""
+        from ..constraints.version_join import VersionJoin
         from ..constraints.versions import Versioning, leaves, version_checks
 
         versioning = Versioning(self, root, graph, seconds, **trace_arguments)
@@ -514,7 +515,7 @@ class CustomTracer(
         versions = leaves(tree)
         if len(versions) == 1:
             return graph
-        joined, holder = versioning.join(tree)
+        joined, holder = VersionJoin(self, versioning.first).join(tree)
         self.versions = versions
         self.traced_model = holder
         constraints: list[Constraint] = []
