@@ -324,10 +324,15 @@ class PinnedAtTwo(torch.nn.Module):
         return t - 1, x - 1
 
 
-def test_a_version_pinning_a_dimension_to_two_is_checked_in_the_model():
+def test_a_version_pinning_a_dimension_to_two_is_checked_beyond_the_budget():
     model = PinnedAtTwo()
     y = torch.randn(2, 3)
-    result = to_onnx(model, (torch.randn(8, 3), y), dynamic_shapes={"x": {0: "batch"}, "y": None})
+    result = to_onnx(
+        model,
+        (torch.randn(8, 3), y),
+        dynamic_shapes={"x": {0: "batch"}, "y": None},
+        max_versions=2,
+    )
     session = _session(result)
     for batch in (8, 3, 2, 1, 0):
         x = torch.randn(batch, 3)
@@ -336,6 +341,20 @@ def test_a_version_pinning_a_dimension_to_two_is_checked_in_the_model():
         except Exception as e:  # refused at 1 and 0, naming the check
             assert batch < 2 and "batch >= 2 when" in (failed_check(str(e)) or ""), str(e)
             continue
+        assert batch >= 2
+        for expected, value in zip(model(x, y), got):
+            np.testing.assert_allclose(value, expected.numpy(), atol=1e-6)
+
+
+def test_a_version_pinning_a_dimension_to_two_has_versions_below_it_in_the_model():
+    model = PinnedAtTwo()
+    y = torch.randn(2, 3)
+    result = to_onnx(model, (torch.randn(8, 3), y), dynamic_shapes={"x": {0: "batch"}, "y": None})
+    assert len(result.versions) == 4
+    session = _session(result)
+    for batch in (8, 3, 2, 1, 0):
+        x = torch.randn(batch, 3)
+        got = session.run(None, {"x": x.numpy(), "y": y.numpy()})
         for expected, value in zip(model(x, y), got):
             np.testing.assert_allclose(value, expected.numpy(), atol=1e-6)
 

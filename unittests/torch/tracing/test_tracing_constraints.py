@@ -552,9 +552,14 @@ def test_a_decision_repeated_in_every_layer_is_relied_on_once_and_checked():
         RepeatedDecision(),
         {"x": torch.randn(2, 7, 4)},
         {"x": {0: "batch", 1: "seq"}},
-        [{"x": torch.randn(3, 1, 4)}, {"x": torch.randn(1, 64, 4)}],
+        [{"x": torch.randn(3, 1, 4)}, {"x": torch.randn(1, 64, 4)}, {"x": torch.randn(2, 0, 4)}],
     )
-    assert len(tracer.versions) == 2
+    # and the side seq == 0 below the version captured at 1
+    assert [v.when for v in tracer.versions] == [
+        "(seq >= 2)",
+        "(seq < 2) and (seq >= 1)",
+        "(seq < 2) and (seq < 1)",
+    ]
     with pytest.raises(ConstraintViolationError, match="seq <= 64"):
         gm(torch.randn(2, 65, 4))
 

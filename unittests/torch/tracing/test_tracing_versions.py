@@ -415,21 +415,68 @@ class PinnedAtTwo(torch.nn.Module):
         return t - 1, x - 1
 
 
-def test_a_version_pinning_a_dimension_to_two_refuses_one_and_zero():
-    # the version computed batch 1 as batch 2 (y's 2 rows instead of 1), silently
+def test_a_version_pinning_a_dimension_to_two_has_versions_below_it():
+    # the version computed batch 1 as batch 2 (y's 2 rows instead of 1), silently;
+    # then it refused 1 and 0 with a check; the sizes below are versions of their own
     model = PinnedAtTwo()
     y = torch.randn(2, 3)
     tracer, _, gm = trace_module(
         model, {"x": torch.randn(8, 3), "y": y}, {"x": {0: "batch"}, "y": None}
     )
+    assert [v.when for v in tracer.versions] == [
+        "(batch >= 3)",
+        "(batch < 3) and (batch >= 2)",
+        "(batch < 3) and (batch < 2) and (batch >= 1)",
+        "(batch < 3) and (batch < 2) and (batch < 1)",
+    ]
+    assert not any("when" in c.expression and ">= 2" in c.expression for c in tracer.checks)
+    for batch in (8, 3, 2, 1, 0):
+        x = torch.randn(batch, 3)
+        assert_same(model(x, y), gm(x, y))
+
+
+def test_a_version_pinning_a_dimension_checks_it_beyond_the_budget():
+    # no budget left for the sizes below: the version refuses them, naming the check
+    model = PinnedAtTwo()
+    y = torch.randn(2, 3)
+    tracer, _, gm = trace_module(
+        model,
+        {"x": torch.randn(8, 3), "y": y},
+        {"x": {0: "batch"}, "y": None},
+        tracer_kwargs={"max_versions": 2},
+    )
     assert len(tracer.versions) == 2
     assert any(c.expression == "batch >= 2 when (batch < 3)" for c in tracer.checks)
+    assert any("batch >= 2 when" in note for note in tracer.version_notes)
     for batch in (8, 3, 2):
         x = torch.randn(batch, 3)
         assert_same(model(x, y), gm(x, y))
     for batch in (1, 0):
         with pytest.raises(ConstraintViolationError, match="batch >= 2 when"):
             gm(torch.randn(batch, 3), y)
+
+
+class PinnedAtOne(torch.nn.Module):
+    """The side ``batch < 2`` of a decision, captured at batch 1: batch is the constant 1
+    there, while 0 takes that side too (``y[:batch]`` kept one row at 0, silently)."""
+
+    def forward(self, x, y):
+        t = y[: x.shape[0]]
+        if x.shape[0] < 2:
+            return t * 2, x * 2
+        return t - 1, x - 1
+
+
+def test_a_version_captured_at_one_has_a_version_at_zero():
+    model = PinnedAtOne()
+    y = torch.randn(3, 3)
+    tracer, _, gm = trace_module(
+        model, {"x": torch.randn(8, 3), "y": y}, {"x": {0: "batch"}, "y": None}
+    )
+    assert [v.when for v in tracer.versions][-1] == "(batch < 2) and (batch < 1)"
+    for batch in (8, 3, 2, 1, 0):
+        x = torch.randn(batch, 3)
+        assert_same(model(x, y), gm(x, y))
 
 
 class ChunkCount(torch.nn.Module):

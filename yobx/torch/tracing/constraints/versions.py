@@ -252,7 +252,9 @@ class Versioning:
         caller passes), and nearer the example first (a version's own decisions
         before those its captures meet in turn)."""
         splits: dict[int, list[tuple[int, VersionCondition, Version]]] = {}
-        pending: list[tuple[tuple[int, int], int, Version, int]] = []
+        # a decision's position among the facts a version adopted, or a pinned
+        # dimension's (position after them, name, size)
+        pending: list[tuple[tuple[int, int], int, Version, int | tuple[int, str, int]]] = []
         counter = itertools.count()
 
         def look_at(version: Version, unusual: int) -> None:
@@ -263,11 +265,20 @@ class Versioning:
                 odd = not _usual_side(fact, dims.user_expression(fact.condition))
                 rank = (unusual + odd, len(version.conditions))
                 heapq.heappush(pending, (rank, next(counter), version, position))
+            # a dimension pinned to 2 (or 1) has sizes below it: a batch of one comes
+            # with the usual sides, an empty one after them
+            for offset, (name, size) in enumerate(pinned_sizes(version).items()):
+                rank = (unusual + (size < DEFAULT_MIN), len(version.conditions))
+                item = (rank, next(counter), version, (len(adopted) + offset, name, size))
+                heapq.heappush(pending, item)
 
         look_at(self.first, 0)
         while pending:
             (unusual, _), _, version, position = heapq.heappop(pending)
-            found = self._side(version, position, splits[id(version)], unusual)
+            if isinstance(position, tuple):
+                found = self._below_pinned(version, *position, splits[id(version)])
+            else:
+                found = self._side(version, position, splits[id(version)], unusual)
             if found is not None:
                 splits[id(version)].append(found)
                 look_at(found[2], unusual)
@@ -356,6 +367,43 @@ class Versioning:
             return None
         self.count += 1
         version.routed.append(fact)
+        return position, VersionCondition(user, pretty(user), location), other
+
+    def _below_pinned(
+        self,
+        version: Version,
+        position: int,
+        name: str,
+        size: int,
+        taken: list[tuple[int, VersionCondition, Version]],
+    ) -> tuple[int, VersionCondition, Version] | None:
+        """The sizes below ``size`` of the dimension ``name`` that ``version``'s capture
+        pins to ``size`` (2 by its conditions and the default range, ``n < 3`` with
+        ``n`` from 2; 1 for a version captured there): ``(position, n >= size, the
+        version capturing n < size)``, or None (then the version checks ``n >= size``,
+        see :func:`pinned_checks`). The capture takes the dimension for a constant, and
+        its conditions leave the sizes below to other versions; eager runs there."""
+        symbol = sympy.Symbol(name, integer=True)
+        user, negation = sympy.Ge(symbol, size), sympy.Lt(symbol, size)
+        location = version.conditions[-1].location if version.conditions else ""
+        fact = _Pinned(f"{name} >= {size} when {version.when}")
+        if self.count >= self.tracer.max_versions:
+            budget = self.tracer.max_versions
+            self._note(fact, f"beyond the budget of {budget} version{'s' * (budget != 1)}")
+            return None
+        if self.deadline is not None and time.perf_counter() > self.deadline and size < 2:
+            self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
+            return None  # an empty input is no usual side (a batch of one is)
+        sides = [*version.conditions, *(c for _, c, _ in taken)]
+        candidates = self._witnesses(version, [*(c.condition for c in sides), negation])
+        side = VersionCondition(negation, pretty(negation), location)
+        for witness in candidates:
+            other = self._capture(version, witness, [*sides, side], fact)
+            if other is not None:
+                break
+        else:
+            return None
+        self.count += 1
         return position, VersionCondition(user, pretty(user), location), other
 
     def _note(self, fact: Any, why: str) -> None:
@@ -560,34 +608,57 @@ def version_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck
     return checks + pinned_checks(first, versions)
 
 
+@dataclasses.dataclass
+class _Pinned:
+    """What a note names when the sizes below a pinned dimension get no version."""
+
+    constraint: str
+
+
+def pinned_sizes(version: Version) -> dict[str, int]:
+    """The user's dimensions that ``version``'s capture takes for a constant 2 or 1,
+    with that size: declared without a ``min`` (the default range starts at 2, a graph
+    accepts 1 and 0 too) and held there by the decisions it stands on (``n < 3``) or by
+    a capture at 1 (whose conditions select 0 too, ``n < 2``)."""
+    own = version.tracer.dims
+    sizes = {}
+    for name, symint in own.by_name.items():
+        symbol = symint.node._expr
+        bounds = own.shape_env.var_to_range.get(symbol)
+        if symbol not in own.default_min or bounds is None:
+            continue
+        if bounds.lower == bounds.upper and 0 < bounds.lower <= DEFAULT_MIN:
+            sizes[name] = int(bounds.lower)
+    return sizes
+
+
 def pinned_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]:
     """Checks that a dimension is at least 2 where a version's conditions and the
-    default range pin it to 2 (``n < 3``, ``(n + 1)//2 == 1`` with ``n`` from 2), on the
-    symbols of the ``first`` capture, checked when the version's conditions select it.
+    default range pin it to 2 (``n < 3``, ``(n + 1)//2 == 1`` with ``n`` from 2), or at
+    least 1 where a version captured at 1 is selected by ``n < 2`` (see
+    :func:`pinned_sizes`), on the symbols of the ``first`` capture, checked when the
+    version's conditions select it, unless they imply it (the sizes below have versions
+    of their own, :meth:`Versioning._below_pinned`).
 
-    Such a capture takes the dimension for the constant 2, while its conditions also
-    select 1 and 0, which the default range leaves unchecked (so that the other
-    versions run there): without the check, the version computes sizes 1 and 0 as 2."""
+    Such a capture takes the dimension for a constant, while its conditions also select
+    the sizes below, which the default range leaves unchecked (so that the other
+    versions run there): without the check, the version computes sizes 1 and 0 as 2
+    (``y[: n]`` keeps two rows)."""
     dims = first.tracer.dims
     checks = []
     for version in versions:
-        own = version.tracer.dims
         path = sympy.And(*(in_dimensions(dims, c.condition) for c in version.conditions))
-        for name, symint in own.by_name.items():
-            symbol = symint.node._expr
-            bounds = own.shape_env.var_to_range.get(symbol)
-            if (
-                symbol not in own.default_min
-                or name not in dims.by_name
-                or bounds is None
-                or not bounds.lower == bounds.upper == DEFAULT_MIN
-            ):
+        user_path = sympy.And(*(c.condition for c in version.conditions))
+        for name, size in pinned_sizes(version).items():
+            if name not in dims.by_name:
                 continue
-            at_least = sympy.Ge(dims.by_name[name].node._expr, DEFAULT_MIN)
+            if _implied(sympy.Ge(sympy.Symbol(name, integer=True), size), user_path):
+                continue  # the sizes below have versions (Versioning._below_pinned)
+            at_least = sympy.Ge(dims.by_name[name].node._expr, size)
             checks.append(
                 RuntimeCheck(
                     sympy.Or(sympy.Not(path), at_least),
-                    f"{name} >= {DEFAULT_MIN} when {version.when}",
+                    f"{name} >= {size} when {version.when}",
                     version.conditions[-1].location if version.conditions else "",
                     "range",
                 )
