@@ -199,3 +199,51 @@ def test_versions_name_the_quotients_of_their_divisibility_apart():
     }
     assert names and not any("div2" in name for name in names), names
     _check_other_sizes(model, result, [(torch.randn(n),) for n in (2, 3, 5, 6, 7, 10)])
+
+
+class _MaskOverCacheAndTokens(torch.nn.Module):
+    def forward(self, ids, mask, past):
+        total = past.shape[1] + ids.shape[1]
+        if mask.shape[1] > total:
+            mask = mask[:, -total:]
+        elif mask.shape[1] < total:
+            mask = F.pad(mask, (total - mask.shape[1], 0))
+        return torch.cat([past, ids], 1) * mask
+
+
+def test_an_axis_declared_as_a_sum_of_dimensions_is_named_and_checked():
+    """``"past + seq"``: the ONNX input carries the sum as its dimension, the model has
+    no version for masks longer or shorter than the sum, is exact at other sizes and
+    refuses a mask of another length, naming the declaration."""
+    import onnxruntime
+
+    from yobx.torch.onnx.runtime_checks import failed_check
+
+    model = _MaskOverCacheAndTokens()
+
+    def inputs(batch, seq, past, extra=0):
+        return {
+            "ids": torch.randn(batch, seq),
+            "mask": torch.rand(batch, past + seq + extra),
+            "past": torch.randn(batch, past),
+        }
+
+    shapes = {
+        "ids": {0: "batch", 1: "seq"},
+        "mask": {0: "batch", 1: "past + seq"},
+        "past": {0: "batch", 1: "past"},
+    }
+    result = export_and_validate(model, kwargs=inputs(2, 3, 5), dynamic_shapes=shapes)
+    assert not result.versions
+    assert onnx_dims(result.model_proto)["mask"] == ["batch", "past+seq"]
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for case in [(2, 3, 5), (1, 1, 0), (3, 1, 9), (1, 6, 0)]:
+        feeds = inputs(*case)
+        (got,) = session.run(None, {k: v.numpy() for k, v in feeds.items()})
+        torch.testing.assert_close(torch.from_numpy(got), model(**feeds))
+    feeds = inputs(2, 3, 5, extra=2)
+    with pytest.raises(Exception) as info:
+        session.run(None, {k: v.numpy() for k, v in feeds.items()})
+    assert "mask.size(1) == past + seq" in (failed_check(str(info.value)) or ""), info.value

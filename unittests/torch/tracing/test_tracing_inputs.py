@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing import ConstraintViolationError, CustomTracer
 
 from ._helpers import assert_same, check_trace, trace_module
 
@@ -242,3 +242,61 @@ def test_one_binder_reads_a_call_as_each_caller_needs():
     assert _placeholder_values(graph, (1,), {"y": 2}) == (1, 2)
     with pytest.raises(TypeError, match="do not match the graph's signature"):
         _placeholder_values(graph, (1,), {"z": 2})
+
+
+class MaskOverCacheAndTokens(torch.nn.Module):
+    """A decode step's mask: eager runs a mask longer, shorter or as long as the cache
+    and the new tokens, each its own way."""
+
+    def forward(self, ids, mask, past):
+        total = past.shape[1] + ids.shape[1]
+        if mask.shape[1] > total:
+            mask = mask[:, -total:]
+        elif mask.shape[1] < total:
+            mask = torch.nn.functional.pad(mask, (total - mask.shape[1], 0))
+        return torch.cat([past, ids], 1) * mask
+
+
+_MASK_SHAPES = {
+    "ids": {0: "batch", 1: "seq"},
+    "mask": {0: "batch", 1: "past + seq"},
+    "past": {0: "batch", 1: "past"},
+}
+
+
+def _mask_inputs(batch: int, seq: int, past: int, extra: int = 0) -> dict:
+    return {
+        "ids": torch.randn(batch, seq),
+        "mask": torch.rand(batch, past + seq + extra),
+        "past": torch.randn(batch, past),
+    }
+
+
+def test_an_axis_declared_by_an_expression_of_other_dimensions():
+    """``"past + seq"``: the mask's length is that sum, not a dimension of its own, so
+    the decisions comparing it with the sum are settled (no version, no constraint),
+    and the graph checks the sum on its inputs, wherever the names are declared."""
+    model = MaskOverCacheAndTokens()
+    tracer, _, gm = trace_module(model, _mask_inputs(2, 3, 5), _MASK_SHAPES)
+    assert not tracer.versions and not tracer.constraints
+    assert "mask.size(1) == past + seq (declared)" in [c.expression for c in tracer.checks]
+    for batch, seq, past in [(2, 3, 5), (1, 1, 0), (3, 1, 9), (1, 7, 0)]:
+        inputs = _mask_inputs(batch, seq, past)
+        assert_same(model(**inputs), gm(**inputs))
+    with pytest.raises(ConstraintViolationError, match=r"mask.size\(1\) == past \+ seq"):
+        gm(**_mask_inputs(2, 3, 5, extra=1))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("past + cache", "names 'cache', a dimension no other axis declares"),
+        ("past / seq", "only names, integers, \\+, -, \\* and parentheses"),
+        ("past + seq + 1", "has size 8 in the example, but is declared 'past \\+ seq \\+ 1'"),
+        ("seq -", "does not parse"),
+    ],
+)
+def test_an_axis_expression_that_cannot_hold_says_why(entry, message):
+    shapes = {**_MASK_SHAPES, "mask": {0: "batch", 1: entry}}
+    with pytest.raises(ValueError, match=message):
+        trace_module(MaskOverCacheAndTokens(), _mask_inputs(2, 3, 5), shapes)

@@ -11,6 +11,10 @@ Accepted forms (as :func:`torch.export.export`):
 * an axis spec is a string (a dimension name), ``torch.export.Dim("name", min=, max=)``,
   a derived dim (``2 * seq``, ``cache + 1``), ``Dim.DYNAMIC``, ``Dim.AUTO``, or
   ``None`` / ``Dim.STATIC`` for a static axis;
+* beyond torch.export, a string may be an expression of dimensions other axes name
+  (``"past + seq"``, ``"2 * n - 1"``: names, integers, ``+``, ``-``, ``*``): the axis
+  is that size, not a dimension of its own (a decode step's attention mask spans the
+  cache and the new tokens), and the graph checks it on its inputs;
 * an ``int`` argument takes one such spec (``{"k": Dim.DYNAMIC}``): it becomes an
   input of the graph instead of a constant baked in (its "axis" is :data:`SCALAR`).
 
@@ -23,9 +27,11 @@ static (``"auto"``), a named ``Dim`` adopts nothing (``"strict"``).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
@@ -48,6 +54,8 @@ class DimSpec:
     :param max: declared upper bound, if any
     :param derived: for a derived dim (``2 * seq``), the function of its root
     :param root: for a derived dim, the spec of its root
+    :param expression: for an axis declared by an expression of other dimensions
+        (``"past + seq"``), that expression, in sympy with a symbol per name
     """
 
     name: str
@@ -56,6 +64,7 @@ class DimSpec:
     max: int | None = None
     derived: Callable[[Any], Any] | None = None
     root: DimSpec | None = None
+    expression: sympy.Expr | None = None
 
 
 #: the "axis" of an int argument declared dynamic (``{"k": Dim.DYNAMIC}``): the value
@@ -68,6 +77,10 @@ def axis_spec(entry: Any, leaf_name: str, axis: int | None) -> DimSpec | None:
     if entry is None:
         return None
     if isinstance(entry, str):
+        if _EXPRESSION_OPERATORS.search(entry):
+            where = f"dynamic_shapes for input {leaf_name!r} axis {axis}"
+            expression = parse_dimension_expression(entry, where)
+            return DimSpec(str(expression), DYNAMIC, expression=expression)
         return DimSpec(entry, DYNAMIC)
     kind = type(entry).__name__
     if kind == "_DimHint":
@@ -86,6 +99,40 @@ def axis_spec(entry: Any, leaf_name: str, axis: int | None) -> DimSpec | None:
     raise ValueError(
         f"dynamic_shapes for input {leaf_name!r} axis {axis}: expected a dimension name, "
         f"torch.export.Dim(...), Dim.DYNAMIC, Dim.AUTO, Dim.STATIC or None, got {entry!r}"
+    )
+
+
+#: what makes a string axis spec an expression instead of a name
+_EXPRESSION_OPERATORS = re.compile(r"[+\-*/]")
+_EXPRESSION_TEXT = re.compile(r"^[\sA-Za-z0-9_+\-*()]+$")
+
+
+def parse_dimension_expression(text: str, where: str) -> sympy.Expr:
+    """The sympy expression of an axis spec like ``"past + seq"``: integer symbols for
+    the names, integers, ``+``, ``-``, ``*`` and parentheses, nothing else (a quotient
+    has no single size for every input, and nothing is evaluated but arithmetic)."""
+    problem = ""
+    if not _EXPRESSION_TEXT.match(text):
+        problem = "only names, integers, +, -, * and parentheses are allowed"
+    else:
+        names = set(re.findall(r"[A-Za-z_]\w*", text))
+        symbols = {name: sympy.Symbol(name, integer=True) for name in names}
+        try:
+            expression = sympy.sympify(text, locals=symbols, rational=False)
+        except (sympy.SympifyError, SyntaxError, TypeError) as e:
+            problem = f"it does not parse ({e})"
+        else:
+            if not isinstance(expression, sympy.Expr) or not expression.free_symbols:
+                problem = "it names no dimension"
+            elif not expression.is_polynomial() or any(
+                not c.is_integer for c in sympy.Poly(expression).coeffs()
+            ):
+                problem = "it is not a sum of products of dimensions and integers"
+            else:
+                return expression
+    raise ValueError(
+        f"{where}: {text!r} is no dimension expression: {problem}; write a sum of "
+        f"dimensions other axes name, like 'past + seq' or '2 * n - 1'"
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .dynamic_shapes import SCALAR, axes_per_leaf, axis_spec
+from .dynamic_shapes import SCALAR, DimSpec, axes_per_leaf, axis_spec
 from .symbolic.symbolic import SymbolicDimensions
 
 
@@ -240,10 +240,13 @@ def flatten_example_inputs(
     names = leaf_names(arg_names, [path for path, _ in leaves_with_path])
     leaves: list[Any] = []
     sizes: list[list[int | torch.SymInt] | torch.SymInt | None] = []
+    # axes declared by an expression of other dimensions ("past + seq"), computed
+    # once every dimension is known, whichever input names it
+    expressions: list[tuple[list, int, DimSpec, str]] = []
     for (_, leaf), spec, name in zip(leaves_with_path, specs, names):
         leaves.append(leaf)
         if isinstance(leaf, torch.Tensor):
-            sizes.append(_sizes(name, leaf, spec, dims))
+            sizes.append(_sizes(name, leaf, spec, dims, expressions))
         elif SCALAR in spec and type(leaf) is int:
             sizes.append(_scalar(name, leaf, spec[SCALAR], dims))
         elif leaf is NO_EXAMPLE:
@@ -260,6 +263,9 @@ def flatten_example_inputs(
                     f"which is a {type(leaf).__name__}, not a tensor"
                 )
             sizes.append(None)
+    for leaf_sizes, axis, axis_spec_, name in expressions:
+        hint = int(leaf_sizes[axis])
+        leaf_sizes[axis] = dims.expression_dimension(axis_spec_, hint, (name, axis))
     return FlatInputs(
         arg_names, bound.keyword_names, in_spec, names, leaves, sizes, bound.var_positional
     )
@@ -313,21 +319,32 @@ def _scalar(name: str, value: int, entry: Any, dims: SymbolicDimensions) -> torc
     spec = axis_spec(entry, name, SCALAR)
     # a static entry (None, Dim.STATIC) was left out by axes_per_leaf
     assert spec is not None
+    if spec.expression is not None:
+        raise ValueError(
+            f"dynamic_shapes declares the int argument {name!r} as {spec.name!r}: an int "
+            f"argument takes a dimension name or a Dim, not an expression; compute "
+            f"{spec.name!r} in the model from the inputs it names"
+        )
     if spec.derived is not None:
         return dims.derived_dimension(spec, value, source=(name, SCALAR))
     return dims.dimension(spec.name, value, spec.min, spec.max, spec.policy, source=(name, SCALAR))
 
 
 def _sizes(
-    name: str, tensor: torch.Tensor, axes: dict, dims: SymbolicDimensions
+    name: str, tensor: torch.Tensor, axes: dict, dims: SymbolicDimensions, expressions: list
 ) -> list[int | torch.SymInt]:
+    """The sizes of a tensor input, a SymInt for each axis declared dynamic; the axes
+    declared by an expression are appended to ``expressions`` (sizes, axis, spec,
+    name) and keep their example size until the caller computes them."""
     sizes: list[int | torch.SymInt] = list(tensor.shape)
     for axis, entry in axes.items():
         spec = axis_spec(entry, name, axis)
         if spec is None:
             continue
         hint = int(tensor.shape[axis])
-        if spec.derived is not None:
+        if spec.expression is not None:
+            expressions.append((sizes, axis, spec, name))
+        elif spec.derived is not None:
             sizes[axis] = dims.derived_dimension(spec, hint, source=(name, axis))
         else:
             sizes[axis] = dims.dimension(

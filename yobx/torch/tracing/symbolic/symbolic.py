@@ -13,7 +13,9 @@ never the example's size.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -379,6 +381,34 @@ class SymbolicDimensions:
         self._record(root_sym.node.expr, source, a, b)
         return derived
 
+    def expression_dimension(
+        self, spec: Any, hint: int, source: tuple[str, int | None]
+    ) -> torch.SymInt | int:
+        """The size of an axis declared by an expression of other dimensions
+        (``"past + seq"``, see :func:`~yobx.torch.tracing.dynamic_shapes.axis_spec`),
+        whose example size is ``hint``: the expression of their SymInts, which the
+        graph checks on its inputs (``mask.size(1) == past + seq``)."""
+        values: dict[sympy.Basic, Any] = {}
+        for symbol in sorted(spec.expression.free_symbols, key=str):
+            if symbol.name not in self.by_name:
+                raise ValueError(
+                    f"input {source[0]!r} axis {source[1]} is declared {spec.name!r}, "
+                    f"which names {symbol.name!r}, a dimension no other axis declares; "
+                    f"declare {symbol.name!r} on the axis it is the size of"
+                )
+            values[symbol] = self.by_name[symbol.name]
+        size = _evaluate(spec.expression, values)
+        if self.hint(size) != hint:
+            known = ", ".join(f"{s} = {self.hint(v)}" for s, v in values.items())
+            raise ValueError(
+                f"input {source[0]!r} axis {source[1]} has size {hint} in the example, "
+                f"but is declared {spec.name!r}, which is {self.hint(size)} there "
+                f"({known}); give an example where it holds, or another name"
+            )
+        if isinstance(size, torch.SymInt):
+            self.occurrences.append((*source, size.node.expr))
+        return size
+
     def _record(
         self, symbol: sympy.Expr, source: tuple[str, int | None] | None, a: int, b: int
     ) -> None:
@@ -709,3 +739,20 @@ def _quotient_is_zero(expr: sympy.Basic) -> bool:
         and 0 in (expr.lhs, expr.rhs)
         and isinstance(expr.lhs + expr.rhs, FloorDiv)
     )
+
+
+def _evaluate(expression: sympy.Expr, values: dict[sympy.Basic, Any]) -> Any:
+    """``expression`` (a polynomial with integer coefficients) computed on ``values``
+    (SymInts by symbol) with Python's arithmetic, which SymInts follow."""
+    if expression in values:
+        return values[expression]
+    if expression.is_Integer:
+        return int(expression)
+    args = [_evaluate(a, values) for a in expression.args]
+    if expression.is_Add:
+        return functools.reduce(operator.add, args)
+    if expression.is_Mul:
+        return functools.reduce(operator.mul, args)
+    if expression.is_Pow and expression.exp.is_Integer and expression.exp > 0:
+        return functools.reduce(operator.mul, [args[0]] * int(expression.exp))
+    raise ValueError(f"cannot compute {expression} from sizes")
