@@ -70,7 +70,7 @@ from transformers.exporters.metadata import (
 from transformers.exporters.runners.runner_onnx import OnnxModelRunner
 from transformers.exporters.utils import get_leaf_tensors, prepare_for_export
 
-from yobx.models.roles import ROLE_AXES
+from yobx.models.roles import ROLE_AXES, attention_mask_length
 from yobx.torch.onnx.export import to_onnx
 from yobx.torch.onnx.generate import end_tokens, mask_positions, next_tokens
 from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
@@ -334,7 +334,9 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
             roles = dict(ROLE_AXES.get(name, {}))
             if name == "attention_mask" and value.dim() == 2 and (encoded or holds_cache):
                 # over the encoder's tokens, or over the cache and the new tokens
-                roles = dict(ENCODER_ROLES) if encoded else {0: "batch", 1: "total"}
+                # ("past + seq" as generation passes it, no version for another length)
+                length = attention_mask_length(dict(inputs), _cache_of(inputs))
+                roles = dict(ENCODER_ROLES) if encoded else {0: "batch", 1: length}
             if name == "position_ids" and value.dim() == 3:  # (sections, batch, seq)
                 roles = {1: "batch", 2: "seq"}
             shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
@@ -347,6 +349,11 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
         else:
             shapes[name] = None
     return shapes
+
+
+def _cache_of(inputs: Mapping[str, Any]) -> Any:
+    """The cache among a step's inputs (None when there is none)."""
+    return next((value for value in inputs.values() if is_cache_object(value)), None)
 
 
 def _name_inputs_as_runner_binds(

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from yobx.models.hf_configs import TINY_SIZES
+from yobx.models.roles import attention_mask_length
 
 #: Small sizes applied to any configuration having these attributes: those of
 #: :data:`yobx.models.hf_configs.TINY_SIZES` for a decoder, and a few of its own.
@@ -255,7 +256,9 @@ def hf_generation_model(
     cache_dims = cache_dynamic_shapes(cache, {0: "batch", 2: "past"})
     dynamic_shapes = {
         "input_ids": {0: "batch", 1: "seq"},
-        "attention_mask": {0: "batch", 1: "total"},
+        # "past + seq": the mask spans the cache and the new tokens, as generation
+        # passes it (no version for a longer or shorter mask)
+        "attention_mask": {0: "batch", 1: attention_mask_length(kwargs, cache)},
         argument: cache_dims,
         "position_ids": {0: "batch", 1: "seq"},
     }

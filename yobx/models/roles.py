@@ -84,3 +84,38 @@ def derive_dynamic_shapes(
 
 
 __all__ = ["ROLE_AXES", "UndeclaredDynamicShapesError", "derive_dynamic_shapes"]
+
+
+#: the length of a decode step's attention mask when it spans the cache and the new
+#: tokens, as a dimension expression (see yobx.torch.tracing.dynamic_shapes)
+PAST_PLUS_SEQ = "past + seq"
+
+
+def attention_mask_length(inputs: dict[str, Any], cache: Any) -> str:
+    """The role of axis 1 of the ``attention_mask`` of a step given ``cache`` (a
+    ``transformers`` cache, empty for a prefill): ``"past + seq"`` when the example's
+    mask spans the cache's positions and the new tokens, as generation passes it (then
+    the graph has no version for a mask longer or shorter than that, and checks it);
+    ``"seq"`` for an empty cache and a mask over the new tokens; ``"total"``, a
+    dimension of its own, otherwise: a cache whose layers hold other lengths (a
+    sliding window holds fewer positions than the mask spans once it is full), or a
+    mask of another length in the example."""
+    mask = inputs.get("attention_mask")
+    tokens = inputs.get("input_ids", inputs.get("inputs_embeds"))
+    layers = getattr(cache, "layers", None)
+    if not isinstance(mask, torch.Tensor) or not isinstance(tokens, torch.Tensor):
+        return "total"
+    if layers is None or mask.dim() != 2 or tokens.dim() < 2:
+        return "total"
+    if any(hasattr(layer, "sliding_window") for layer in layers):
+        return "total"
+    keys = [getattr(layer, "keys", None) for layer in layers]
+    lengths = {k.shape[2] for k in keys if isinstance(k, torch.Tensor) and k.dim() == 4}
+    if any(not isinstance(k, torch.Tensor) for k in keys) and lengths:
+        return "total"  # some layers filled, others not: no single past
+    seq = tokens.shape[1]
+    if not lengths:
+        return "seq" if mask.shape[1] == seq else "total"
+    if len(lengths) == 1 and mask.shape[1] == lengths.pop() + seq:
+        return PAST_PLUS_SEQ
+    return "total"
