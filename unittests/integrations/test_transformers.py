@@ -88,6 +88,10 @@ def test_generation_components_take_the_runner_s_names(llama_for_generation):
     # one graph for one token and for several: the sequence stays dynamic
     assert decode.inputs[0].shape[1] == "seq"
     assert decode.inputs[3].shape[2] == "past"
+    # the mask spans the cache and the new tokens, as generation passes it: the graph
+    # has no version for a longer or a shorter one
+    assert str(decode.inputs[1].shape[1]) == "past+seq"
+    assert str(exported.components["prefill"].program.graph.inputs[1].shape[1]) == "seq"
 
 
 def test_the_decode_step_runs_several_tokens_on_a_cache(llama_for_generation):
