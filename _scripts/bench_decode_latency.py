@@ -7,7 +7,9 @@ tiny word-level tokenizer into a temporary directory, then exported as a decode 
 taking a cache (``input_ids``, ``attention_mask``, ``past_key_values.<layer>.key|value``;
 ``logits`` and ``present.<layer>.key|value`` out) by each variant:
 
-* ``yobx``: ``to_onnx`` with a ``DynamicCache`` and dynamic batch, sequence and past;
+* ``yobx``: ``to_onnx`` with a ``DynamicCache`` and dynamic batch, sequence and past,
+  the mask's length declared ``"past + seq"`` (as ``hf:`` and the transformers backend
+  declare it);
 * ``yobx-ort``: the same with ``optimize="ort"`` (onnxruntime's fused operators);
 * ``yobx-int4``: the same with ``quantize="int4"`` (``MatMulNBits``, blocks of 32);
 * ``yobx-int4-l4``: the same with ``quantize_accuracy_level=4`` (int8 activations, as
@@ -24,6 +26,10 @@ taking a cache (``input_ids``, ``attention_mask``, ``past_key_values.<layer>.key
   are worth;
 * ``yobx-unchecked`` (not run by default): ``yobx`` with ``runtime_checks=False``, the
   model then not checking its constraints: what the checks cost;
+* ``yobx-total`` (not run by default): ``yobx`` with the mask's length a dimension of
+  its own (``"total"``, as torch.onnx declares it), whose versions for a mask longer or
+  shorter than the cache and the new tokens the model then chooses between: what
+  declaring ``"past + seq"`` is worth;
 * ``torch.onnx``: ``torch.onnx.export(dynamo=True)`` with ``torch.export.Dim`` shapes;
 * ``builder`` and ``builder-int4``: onnxruntime-genai's model builder run offline on
   the saved checkpoint (``-p fp32`` and ``-p int4``, ``-e cpu``), its ``model.onnx`` run
@@ -99,6 +105,7 @@ OPTIONAL_VARIANTS = (
     "yobx-nested",
     "yobx-ort-nested",
     "yobx-unchecked",
+    "yobx-total",
 )
 #: the names a cache's tensors get: yobx's and the builder's, torch.onnx's
 _CACHE_NAMES = (
@@ -196,13 +203,17 @@ def example_kwargs(config: transformers.LlamaConfig) -> dict:
     }
 
 
-def dynamic_shapes(cache: Any) -> dict:
-    """yobx's dynamic shapes: names for batch, seq, total and past."""
+def dynamic_shapes(cache: Any, mask: str = "past + seq") -> dict:
+    """yobx's dynamic shapes: names for batch, seq and past, and the mask's length:
+    ``"past + seq"`` as generation passes it (what ``hf:`` and yobx's transformers
+    backend declare), or ``"total"``, a dimension of its own (a mask longer or
+    shorter than the cache and the new tokens gets versions), as torch.onnx needs it
+    (a ``Dim`` cannot be a sum of two)."""
     from yobx.torch.tracing.inputs import cache_dynamic_shapes
 
     return {
         "input_ids": {0: "batch", 1: "seq"},
-        "attention_mask": {0: "batch", 1: "total"},
+        "attention_mask": {0: "batch", 1: mask},
         "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
     }
 
@@ -227,7 +238,7 @@ def export_yobx(
     from yobx.torch.onnx import to_onnx
 
     kwargs = copy.deepcopy(kwargs)
-    shapes = dynamic_shapes(kwargs["cache"])
+    shapes = dynamic_shapes(kwargs["cache"], options.pop("mask", "past + seq"))
     result = to_onnx(model, (), kwargs, dynamic_shapes=shapes, **options)
     note = f"{len(result.versions)} versions"
     if result.version_fallback:
@@ -283,7 +294,7 @@ def export_nested(model: torch.nn.Module, kwargs: dict, **options: Any) -> tuple
 def export_torch_onnx(model: torch.nn.Module, kwargs: dict) -> onnx.ModelProto:
     """``torch.onnx.export(dynamo=True)`` of the step, the same shapes as Dims."""
     kwargs = copy.deepcopy(kwargs)
-    shapes = _as_dims(dynamic_shapes(kwargs["cache"]), {})
+    shapes = _as_dims(dynamic_shapes(kwargs["cache"], "total"), {})
     with contextlib.redirect_stdout(io.StringIO()):
         program = torch.onnx.export(model, (), kwargs=kwargs, dynamic_shapes=shapes, dynamo=True)
     return program.model_proto
@@ -337,6 +348,7 @@ def export_all(
         "yobx-nested": lambda: export_nested(model, kwargs),
         "yobx-ort-nested": lambda: export_nested(model, kwargs, optimize="ort"),
         "yobx-unchecked": lambda: export_yobx(model, kwargs, runtime_checks=False),
+        "yobx-total": lambda: export_yobx(model, kwargs, mask="total"),
         "torch.onnx": lambda: export_torch_onnx(model, kwargs),
         "builder": lambda: export_builder(checkpoint, os.path.join(workdir, "fp32"), "fp32"),
         "builder-int4": lambda: export_builder(checkpoint, os.path.join(workdir, "int4"), "int4"),
