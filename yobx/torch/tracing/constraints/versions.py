@@ -17,7 +17,12 @@ other side too:
    turn (nested decisions give nested choices);
 4. it joins the captures into one graph choosing at run time from the input sizes: a
    ``torch.cond`` (:class:`~yobx.torch.tracing.CondCCOp`) on the decision, whose
-   branches are the versions' graphs (ONNX ``If`` once exported).
+   branches are the versions' graphs (ONNX ``If`` once exported; :mod:`.version_join`).
+
+A version whose conditions pin a dimension declared without ``min`` to 2 (``n < 3``
+from the default range), or that was captured at 1, takes it for a constant: the sizes
+below it (a batch of one, an empty one) are decisions of their own, captured as the
+others are (:meth:`Versioning._below_pinned`), or checked beyond the budget.
 
 A budget bounds the cost: ``max_versions`` (8 by default) versions; decisions beyond
 stay constraints. It is a count, so that a model gives the same versions on every
@@ -391,7 +396,7 @@ class Versioning:
             budget = self.tracer.max_versions
             self._note(fact, f"beyond the budget of {budget} version{'s' * (budget != 1)}")
             return None
-        if self.deadline is not None and time.perf_counter() > self.deadline and size < 2:
+        if self.deadline is not None and time.perf_counter() > self.deadline and size < DEFAULT_MIN:
             self._note(fact, f"beyond the time budget of {self.seconds:.3g} s")
             return None  # an empty input is no usual side (a batch of one is)
         sides = [*version.conditions, *(c for _, c, _ in taken)]
