@@ -28,12 +28,14 @@ from yobx.torch.onnx.filler_slots import merge_filler_slots
 from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
 from yobx.torch.onnx.if_trees import collapse_if_trees
 from yobx.torch.onnx.ort_fusions import fusions_for_ort, takes_a_cache
+from yobx.torch.onnx.reshape_rules import repair_zero_reshapes
 
 
 def _linear_rules() -> list:
     from onnxscript import rewriter
 
     from .exact_rules import exact_no_op_rules, tolerant_no_op_rules
+    from .reshape_rules import replaced_reshape_rule
 
     tolerant = tolerant_no_op_rules()
     rules = []
@@ -43,7 +45,8 @@ def _linear_rules() -> list:
             continue
         if any(rule is other for other in tolerant):
             continue  # `x + 1e-8` is no `x + 0` (see .exact_rules)
-        rules.append(rule)
+        # no `[-1, 0]` shape under allowzero=1 (see .reshape_rules)
+        rules.append(replaced_reshape_rule(rule))
     return [*rules, *exact_no_op_rules()]
 
 
@@ -350,6 +353,9 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
         # what a step with a cache gets instead, for one new token (see .gqa_fusion)
         counts["group_query_attention"] = fuse_group_query_attention(model)
     split = _split_skip_layer_normalizations(model)
+    # onnxscript's optimizer, which the fusions run, writes `[-1, 0]` reshapes
+    # onnxruntime refuses to load (see .reshape_rules); mended while shapes are known
+    repaired = repair_zero_reshapes(model)
     # the fusions leave stale shapes on values whose producer they changed (a Reshape
     # dropped: 2-d on a 3-d value); onnxruntime infers the intermediate ones itself
     boundary = {*model.graph.inputs, *model.graph.outputs}
@@ -362,6 +368,8 @@ def fuse_for_onnxruntime(model: ir.Model) -> dict[str, int]:
         fusions["gemm_to_matmul_add"] = unfused
     if split:
         fusions["skip_layer_normalization_split"] = split
+    if repaired:
+        fusions["zero_reshape_repaired"] = repaired
     return fusions
 
 
