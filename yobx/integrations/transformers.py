@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 import types
 from collections.abc import Mapping, MutableMapping
@@ -52,7 +53,7 @@ import onnx_ir as ir
 import torch
 import torch.utils._pytree as pytree
 from transformers.exporters.auto import register_backend
-from transformers.exporters.base import HfExporter
+from transformers.exporters.base import ExportedComponent, ExportedModel, HfExporter
 from transformers.exporters.configs import ExportConfigMixin, ExportFormat
 from transformers.exporters.exporter_dynamo import (
     _pytree_flatten,
@@ -68,13 +69,19 @@ from transformers.exporters.metadata import (
     record_output_structure,
 )
 from transformers.exporters.runners.runner_onnx import OnnxModelRunner
-from transformers.exporters.utils import get_leaf_tensors, prepare_for_export
+from transformers.exporters.utils import (
+    decompose_for_generation,
+    get_leaf_tensors,
+    prepare_for_export,
+)
 
+from yobx.integrations.prefill_program import prefill_from_decode
 from yobx.models.roles import ROLE_AXES, attention_mask_length
 from yobx.torch.onnx.export import to_onnx
 from yobx.torch.onnx.generate import end_tokens, mask_positions, next_tokens
 from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
 from yobx.torch.pytree_paths import flatten_with_paths
+from yobx.torch.tracing.constraints.versions import covers
 from yobx.torch.tracing.inputs import (
     bind_arguments,
     cache_dynamic_shapes,
@@ -152,6 +159,8 @@ class YobxExporter(HfExporter):
 
     export_format = EXPORT_FORMAT
     config_class = YobxExportConfig
+    #: the result of the last ``to_onnx`` (its versions tell which sizes it covers)
+    _last_result: Any = None
     program_suffix = ".onnx"
     requires_trust_remote_code = False
     required_packages = ["torch", "onnx", "onnxscript", "onnxruntime"]
@@ -181,9 +190,26 @@ class YobxExporter(HfExporter):
                 runtime_checks=config.runtime_checks,
                 narrowing=config.narrowing,
             )
+        # what export_for_generation asks of the decode step before it makes the
+        # prefill from it (see _prefill_of)
+        self._last_result = result
         program = result.model
         _name_inputs_as_runner_binds(program, result.input_placeholders, model, sample_inputs)
         _name_outputs(program, tensors)
+        return self._finish_program(program, model, sample_inputs, config, outputs)
+
+    def _finish_program(
+        self,
+        program: ir.Model,
+        model: Any,
+        sample_inputs: MutableMapping[str, Any],
+        config: YobxExportConfig,
+        outputs: Any,
+    ) -> tuple[ir.Model, ExportMetadata]:
+        """The metadata of ``program`` (exported from ``model`` called with
+        ``sample_inputs``, which returned ``outputs``), its outputs in the order the
+        runner reads them, quantized as ``config`` says."""
+        tensors = _output_names(outputs)
         spec = pytree.tree_flatten(((), dict(sample_inputs)))[1]
         shim = types.SimpleNamespace(call_spec=types.SimpleNamespace(in_spec=spec, out_spec=spec))
         metadata = build_export_metadata(model, sample_inputs, shim, self.required_packages)
@@ -205,14 +231,77 @@ class YobxExporter(HfExporter):
         """transformers' ``export_for_generation``, the ``decode`` component captured
         from two new tokens by default (``multi_token_decode``): its graph runs one
         token or several on a cache, and the decisions a single token would take
-        (``if q_length == 1``) keep both sides (a version at ``seq == 1``)."""
-        return super().export_for_generation(
+        (``if q_length == 1``) keep both sides (a version at ``seq == 1``).
+
+        The ``prefill`` component is made from the decode step's graph, its cache
+        empty (:mod:`yobx.integrations.prefill_program`), when that graph takes the
+        prefill's inputs and a cache of plain keys and values over ``past``, covers
+        ``past = 0``, and one configuration without quantizer applies to both;
+        otherwise it is exported as transformers' exporters do."""
+        components = decompose_for_generation(
             model,
             sample_inputs,
-            config,
             generation_config=generation_config,
             multi_token_decode=multi_token_decode,
         )
+        if isinstance(config, dict) or config.quantizer is not None:
+            return super().export_for_generation(
+                model,
+                sample_inputs,
+                config,
+                generation_config=generation_config,
+                multi_token_decode=multi_token_decode,
+            )
+        exported: dict[str, ExportedComponent] = {}
+        if "decode" in components:
+            exported["decode"] = self._component("decode", *components["decode"], config)
+        for name, (submodel, subinputs) in components.items():
+            if name == "prefill" and "decode" in exported:
+                derived = self._prefill_of(exported["decode"], submodel, subinputs, config)
+                if derived is not None:
+                    exported[name] = derived
+            if name not in exported:
+                exported[name] = self._component(name, submodel, subinputs, config)
+        return ExportedModel(
+            {name: exported[name] for name in components},
+            self.export_format,
+            config=getattr(model, "config", None),
+            generation_config=generation_config,
+        )
+
+    def _component(self, name: str, submodel: Any, subinputs: Any, config: Any) -> Any:
+        try:
+            return self._export_component(submodel, subinputs, config)
+        except Exception as e:
+            raise RuntimeError(
+                f"{self.__class__.__name__}.export_program failed on component '{name}' "
+                f"(submodel={type(submodel).__name__}, input keys={list(subinputs)})."
+            ) from e
+
+    def _prefill_of(
+        self, decode: Any, model: Any, sample_inputs: Any, config: YobxExportConfig
+    ) -> ExportedComponent | None:
+        """The prefill component made from the ``decode`` component (None when it
+        cannot be: see :meth:`export_for_generation`)."""
+        model, sample_inputs, output_flags = prepare_for_export(model, sample_inputs)
+        names = list(get_leaf_tensors(dict(sample_inputs)))
+        tokens = sample_inputs.get("input_ids")
+        if self._last_result is None or not isinstance(tokens, torch.Tensor):
+            return None
+        sizes = {"batch": tokens.shape[0], "seq": tokens.shape[1], "past": 0}
+        if not _covers(self._last_result, sizes):
+            return None
+        program = prefill_from_decode(decode.program, names)
+        if program is None:
+            return None
+        with torch.no_grad(), patch_model_config(model, output_flags):
+            outputs = model(**copy.deepcopy(dict(sample_inputs)))
+        decoded = [v.name for v in decode.program.graph.outputs]
+        if [v.name for v in program.graph.outputs] != decoded:
+            return None
+        program, metadata = self._finish_program(program, model, sample_inputs, config, outputs)
+        metadata.export_config = json.loads(config.to_json_string())
+        return ExportedComponent(program, metadata)
 
     @classmethod
     def save_program(cls, program: ir.Model, path) -> None:
@@ -349,6 +438,15 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
         else:
             shapes[name] = None
     return shapes
+
+
+def _covers(result: Any, sizes: dict[str, int]) -> bool:
+    """Whether the model of ``result`` (``to_onnx``'s) runs inputs of ``sizes`` (by
+    dimension name, each one the capture declares): one of its versions takes them."""
+    tracer = getattr(result._captured, "tracer", None)
+    if tracer is None or not set(sizes) <= set(tracer.dims.by_name):
+        return False
+    return covers(tracer, sizes, from_zero=True)
 
 
 def _cache_of(inputs: Mapping[str, Any]) -> Any:

@@ -547,13 +547,20 @@ def example_sizes(dims: Any) -> dict[str, int]:
     return {name: int(dims.hint(symint)) for name, symint in dims.by_name.items()}
 
 
-def covers(tracer: Any, sizes: dict[str, int]) -> bool:
+def covers(tracer: Any, sizes: dict[str, int], from_zero: bool = False) -> bool:
     """Whether the graph of the last trace (its versions joined) runs inputs of
-    ``sizes`` (by dimension name): one version's conditions and constraints hold."""
+    ``sizes`` (by dimension name): one version's conditions and constraints hold.
+
+    :param from_zero: a dimension declared without ``min`` counts from 0, not from the
+        default 2: the graph does not check that range, and the decisions it settled
+        are versions or checks of their own (a prefill's ``past == 0``)"""
     symbols = [sympy.Symbol(name, integer=True) for name in sizes]
     values = list(sizes.values())
     for name, size in sizes.items():
-        low, high = tracer.dims.declared.get(tracer.dims.by_name[name].node._expr, (0, None))
+        expr = tracer.dims.by_name[name].node._expr
+        low, high = tracer.dims.declared.get(expr, (0, None))
+        if from_zero and expr in tracer.dims.default_min:
+            low = 0
         if size < low or (high is not None and size > high):
             return False
     for version in tracer.versions or [None]:
