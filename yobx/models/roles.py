@@ -97,17 +97,20 @@ def attention_mask_length(inputs: dict[str, Any], cache: Any) -> str:
     mask spans the cache's positions and the new tokens, as generation passes it (then
     the graph has no version for a mask longer or shorter than that, and checks it);
     ``"seq"`` for an empty cache and a mask over the new tokens; ``"total"``, a
-    dimension of its own, otherwise: a cache whose layers hold other lengths (a
-    sliding window holds fewer positions than the mask spans once it is full), or a
-    mask of another length in the example."""
+    dimension of its own, otherwise: a cache whose layers hold other lengths (a full
+    sliding window holds fewer positions than the mask spans), or a mask of another
+    length in the example.
+
+    A sliding-window layer not full yet holds every position, as the other layers: the
+    step yobx exports checks that it is not full (``past < window - 1``, see
+    :func:`yobx.torch.tracing.inputs.recount_sliding_layers`), so the mask spans
+    ``past + seq`` wherever the step runs."""
     mask = inputs.get("attention_mask")
     tokens = inputs.get("input_ids", inputs.get("inputs_embeds"))
     layers = getattr(cache, "layers", None)
     if not isinstance(mask, torch.Tensor) or not isinstance(tokens, torch.Tensor):
         return "total"
     if layers is None or mask.dim() != 2 or tokens.dim() < 2:
-        return "total"
-    if any(hasattr(layer, "sliding_window") for layer in layers):
         return "total"
     keys = [getattr(layer, "keys", None) for layer in layers]
     lengths = {k.shape[2] for k in keys if isinstance(k, torch.Tensor) and k.dim() == 4}
