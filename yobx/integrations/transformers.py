@@ -159,8 +159,10 @@ class YobxExporter(HfExporter):
 
     export_format = EXPORT_FORMAT
     config_class = YobxExportConfig
-    #: the result of the last ``to_onnx`` (its versions tell which sizes it covers)
+    #: the result of the decode step's ``to_onnx`` (its versions tell which sizes it
+    #: covers), kept while export_for_generation needs it
     _last_result: Any = None
+    _keep_result: bool = False
     program_suffix = ".onnx"
     requires_trust_remote_code = False
     required_packages = ["torch", "onnx", "onnxscript", "onnxruntime"]
@@ -190,9 +192,10 @@ class YobxExporter(HfExporter):
                 runtime_checks=config.runtime_checks,
                 narrowing=config.narrowing,
             )
-        # what export_for_generation asks of the decode step before it makes the
-        # prefill from it (see _prefill_of)
-        self._last_result = result
+        if self._keep_result:
+            # what export_for_generation asks of the decode step before it makes the
+            # prefill from it (see _prefill_of)
+            self._last_result = result
         program = result.model
         _name_inputs_as_runner_binds(program, result.input_placeholders, model, sample_inputs)
         _name_outputs(program, tensors)
@@ -253,11 +256,18 @@ class YobxExporter(HfExporter):
                 multi_token_decode=multi_token_decode,
             )
         exported: dict[str, ExportedComponent] = {}
+        decoded = None
         if "decode" in components:
-            exported["decode"] = self._component("decode", *components["decode"], config)
+            self._keep_result = True
+            try:
+                exported["decode"] = self._component("decode", *components["decode"], config)
+            finally:
+                self._keep_result = False
+            # the decode step's capture: which sizes its versions cover
+            decoded, self._last_result = self._last_result, None
         for name, (submodel, subinputs) in components.items():
-            if name == "prefill" and "decode" in exported:
-                derived = self._prefill_of(exported["decode"], submodel, subinputs, config)
+            if name == "prefill" and decoded is not None:
+                derived = self._prefill_of(exported["decode"], decoded, submodel, subinputs, config)
                 if derived is not None:
                     exported[name] = derived
             if name not in exported:
@@ -279,25 +289,32 @@ class YobxExporter(HfExporter):
             ) from e
 
     def _prefill_of(
-        self, decode: Any, model: Any, sample_inputs: Any, config: YobxExportConfig
+        self,
+        decode: Any,
+        result: Any,
+        model: Any,
+        sample_inputs: Any,
+        config: YobxExportConfig,
     ) -> ExportedComponent | None:
-        """The prefill component made from the ``decode`` component (None when it
-        cannot be: see :meth:`export_for_generation`)."""
+        """The prefill component made from the ``decode`` component, whose ``to_onnx``
+        gave ``result`` (None when it cannot be: see :meth:`export_for_generation`)."""
         model, sample_inputs, output_flags = prepare_for_export(model, sample_inputs)
         names = list(get_leaf_tensors(dict(sample_inputs)))
         tokens = sample_inputs.get("input_ids")
-        if self._last_result is None or not isinstance(tokens, torch.Tensor):
+        if not isinstance(tokens, torch.Tensor):
             return None
         sizes = {"batch": tokens.shape[0], "seq": tokens.shape[1], "past": 0}
-        if not _covers(self._last_result, sizes):
+        if not _covers(result, sizes):
             return None
         program = prefill_from_decode(decode.program, names)
         if program is None:
             return None
         with torch.no_grad(), patch_model_config(model, output_flags):
             outputs = model(**copy.deepcopy(dict(sample_inputs)))
-        decoded = [v.name for v in decode.program.graph.outputs]
-        if [v.name for v in program.graph.outputs] != decoded:
+        # the prefill's output names (its tensors' paths) are the decode step's
+        expected = [v.name for v in program.graph.outputs]
+        _name_outputs(program, _output_names(outputs))
+        if [v.name for v in program.graph.outputs] != expected:
             return None
         program, metadata = self._finish_program(program, model, sample_inputs, config, outputs)
         metadata.export_config = json.loads(config.to_json_string())
