@@ -19,12 +19,15 @@ the model's output (``logits``, ``present.<i>.key|value``), the decode step's to
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import numpy as np
 import onnx_ir as ir
 import sympy
 
 from yobx.torch.onnx.optimize import optimize_model
+from yobx.torch.onnx.weights import weights_kept_apart
+from yobx.torch.quiet_logs import quieted
 
 #: the dimension of a cache's positions (yobx.integrations.transformers.CACHE_ROLES)
 PAST = "past"
@@ -33,7 +36,10 @@ CHECKED = "__checked"
 
 
 def prefill_from_decode(
-    decode: ir.Model, prefill_inputs: list[str], batch_input: str = "input_ids"
+    decode: ir.Model,
+    prefill_inputs: list[str],
+    weights: Iterable[str] = (),
+    batch_input: str = "input_ids",
 ) -> ir.Model | None:
     """The prefill's model: a copy of ``decode`` (weights shared) whose inputs are
     ``prefill_inputs`` (the names the runner binds), every other input being a
@@ -41,6 +47,11 @@ def prefill_from_decode(
     have that form (an input of the prefill it does not take, another input than a
     4-d cache tensor over ``past``).
 
+    :param weights: the initializers holding the model's weights, which the optimizer
+        run on the copy leaves as they are (see
+        :func:`~yobx.torch.onnx.weights.weights_kept_apart`); the small constants it
+        lifted to initializers when it optimized ``decode`` stay visible, so that the
+        choices comparing with them fold
     :param batch_input: the input whose first axis is the batch of the empty cache
     """
     names = [value.name for value in decode.graph.inputs]
@@ -75,8 +86,11 @@ def prefill_from_decode(
         value.replace_all_uses_with(empty.outputs[0])
         graph.inputs.remove(value)
         _known_shapes(empty.outputs[0], [batch.outputs[0], heads, 0, head], shape.outputs[0])
-    # the choices on past == 0 fold into the prefill's side
-    optimize_model(model)
+    # the choices on past == 0 fold into the prefill's side; the weights stay as they
+    # are, named after the state dict (see weights_kept_apart)
+    weights = [name for name in weights if name in graph.initializers]
+    with quieted("onnxscript.optimizer._constant_folding"), weights_kept_apart(model, weights):
+        optimize_model(model)
     _without_past(model)
     return model
 

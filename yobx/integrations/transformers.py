@@ -306,7 +306,7 @@ class YobxExporter(HfExporter):
         sizes = {"batch": tokens.shape[0], "seq": tokens.shape[1], "past": 0}
         if not _covers(result, sizes):
             return None
-        program = prefill_from_decode(decode.program, names)
+        program = prefill_from_decode(decode.program, names, result.weight_names.names)
         if program is None:
             return None
         with torch.no_grad(), patch_model_config(model, output_flags):
