@@ -405,12 +405,18 @@ def test_empty_sides_are_versions_of_their_own():
 
 
 class PinnedAtTwo(torch.nn.Module):
-    """The side ``batch < 3`` of a decision, captured at batch 2: with the default range
-    (from 2), batch is the constant 2 there, while 1 and 0 take that side too."""
+    """The side ``batch < bound`` of a decision. With ``bound=3`` it is captured at
+    batch 2: with the default range (from 2), batch is the constant 2 there, while 1
+    and 0 take that side too. With ``bound=2`` it is captured at batch 1, the constant
+    1, while 0 takes that side too (``y[:batch]`` kept one row at 0, silently)."""
+
+    def __init__(self, bound: int = 3):
+        super().__init__()
+        self.bound = bound
 
     def forward(self, x, y):
         t = y[: x.shape[0]]
-        if x.shape[0] < 3:
+        if x.shape[0] < self.bound:
             return t * 2, x * 2
         return t - 1, x - 1
 
@@ -456,19 +462,8 @@ def test_a_version_pinning_a_dimension_checks_it_beyond_the_budget():
             gm(torch.randn(batch, 3), y)
 
 
-class PinnedAtOne(torch.nn.Module):
-    """The side ``batch < 2`` of a decision, captured at batch 1: batch is the constant 1
-    there, while 0 takes that side too (``y[:batch]`` kept one row at 0, silently)."""
-
-    def forward(self, x, y):
-        t = y[: x.shape[0]]
-        if x.shape[0] < 2:
-            return t * 2, x * 2
-        return t - 1, x - 1
-
-
 def test_a_version_captured_at_one_has_a_version_at_zero():
-    model = PinnedAtOne()
+    model = PinnedAtTwo(bound=2)
     y = torch.randn(3, 3)
     tracer, _, gm = trace_module(
         model, {"x": torch.randn(8, 3), "y": y}, {"x": {0: "batch"}, "y": None}
