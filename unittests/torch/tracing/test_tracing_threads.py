@@ -298,3 +298,45 @@ def test_math_is_restored_after_a_failed_trace_and_wrapped_once_in_a_branch():
         for sign in (1, -1):
             x = sign * torch.rand(2, width)
             torch.testing.assert_close(gm(x), Branches()(x))
+
+
+class ParityModel(torch.nn.Module):
+    """A decision on the parity of the batch: two versions, joined after their traces."""
+
+    def forward(self, x):
+        if x.shape[0] % 2:
+            return x * 2
+        return x - 1
+
+
+def test_a_trace_holds_the_tracing_lock_between_its_windows(monkeypatch):
+    # the versions' join computes on fake tensors outside any window: FakeTensorMode's
+    # process-wide flags, saved and restored by two threads' joins interleaved, stayed
+    # set (torch.utils._python_dispatch._is_in_torch_dispatch_mode)
+    from yobx.torch.tracing.constraints import version_join
+    from yobx.torch.tracing.isolation.patch_window import _WINDOW_LOCK, in_patch_window
+
+    seen = []
+    join = version_join.VersionJoin.join
+
+    def observed_join(self, tree):
+        seen.append((in_patch_window(), _WINDOW_LOCK._is_owned()))
+        other_owns = []
+
+        def try_lock():
+            other_owns.append(_WINDOW_LOCK.acquire(False))
+            if other_owns[-1]:
+                _WINDOW_LOCK.release()
+
+        other = threading.Thread(target=try_lock)
+        other.start()
+        other.join()
+        seen.append(other_owns[0])
+        return join(self, tree)
+
+    monkeypatch.setattr(version_join.VersionJoin, "join", observed_join)
+    gm = interrupt_sweep.trace(ParityModel(), {"x": torch.randn(4, 3)}, {"x": {0: "batch"}})
+    assert seen == [(False, True), False]
+    for size in (3, 4, 5):
+        x = torch.randn(size, 3)
+        torch.testing.assert_close(gm(x), ParityModel()(x))

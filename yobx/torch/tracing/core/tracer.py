@@ -44,7 +44,12 @@ from ..isolation.deferred_interrupts import deferred_interrupts, raise_pending_i
 from ..isolation.fx_isolation import fx_tracing_per_thread
 from ..isolation.module_classes import traced_module_classes
 from ..isolation.module_snapshot import preserved_modules
-from ..isolation.patch_window import PatchWindow, close_window, current_window
+from ..isolation.patch_window import (
+    PatchWindow,
+    close_window,
+    current_window,
+    one_trace_at_a_time,
+)
 from ..isolation.torch_frames import cheap_uninteresting_files
 from ..symbolic.symbolic import DEFAULT_MIN, Guard, SymbolicDimensions
 from ..symbolic.symbolic_memo import memoized_symbolic_arithmetic
@@ -302,6 +307,10 @@ class CustomTracer(
         """
         _check_traceable(root)
         arguments = (dynamic_shapes, remove_inplace, update_model_with_callable, verbose)
+        with one_trace_at_a_time():
+            return self._trace_until_layouts_settle(root, concrete_args, arguments)
+
+    def _trace_until_layouts_settle(self, root, concrete_args, arguments: tuple):
         while True:
             try:
                 return self._trace_or_from_other_size(root, concrete_args, arguments)

@@ -46,6 +46,21 @@ def _dynamo_compile_lock() -> Any:
     return convert_frame.compile_lock
 
 
+@contextlib.contextmanager
+def one_trace_at_a_time() -> Iterator[None]:
+    """Holds the window's lock (reentrant) for a whole trace, windows opened and
+    closed inside included.
+
+    Between its windows a trace still computes on fake tensors (the versions' join
+    clones values). Every fake operation enters torch's ``FakeTensorMode``, whose
+    ``__enter__``/``__exit__`` save and restore process-wide flags
+    (``torch.utils._python_dispatch._is_in_torch_dispatch_mode``): two threads
+    interleaving them leave the flag set for good. Two traces run one after the other.
+    """
+    with _WINDOW_LOCK:
+        yield
+
+
 def in_patch_window() -> bool:
     """True in the thread that has a patch window open (the tracing thread)."""
     return _THREAD.window is not None
