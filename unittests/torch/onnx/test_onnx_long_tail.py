@@ -13,6 +13,7 @@ from unittests.torch.tracing.test_tracing_long_tail import (
     KeywordForms,
     NumpyConstants,
     OptionalThroughModule,
+    PositionGrid,
     RealTensorSizes,
     SquareGrid,
 )
@@ -109,6 +110,12 @@ def test_a_square_root_of_a_size_exports_with_its_check():
 
 def test_arange_to_a_symbolic_float_exports():
     export_and_validate(ArangeToAFloat(), (torch.randn(2, 6),), dynamic_shapes=({1: "n"},))
+
+
+def test_linspace_between_sizes_exports():
+    export_and_validate(
+        PositionGrid(), (torch.randn(2, 4, 6),), dynamic_shapes=({0: "b", 1: "h", 2: "w"},)
+    )
 
 
 class ComplexFrequencyGrid(torch.nn.Module):

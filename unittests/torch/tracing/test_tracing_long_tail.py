@@ -249,6 +249,30 @@ def test_arange_to_a_symbolic_float():
     )
 
 
+class PositionGrid(torch.nn.Module):
+    """Position grids of video transformers: ``linspace`` from sizes, its largest value
+    read back as a number, a centred grid from a half size."""
+
+    def forward(self, x):
+        h, w = x.shape[1], x.shape[2]
+        rows = torch.linspace(0, h, h + 1, dtype=torch.float32)[:h]
+        columns = torch.linspace(-w / 2, w / 2, w)
+        text = torch.arange(3) + rows.max().item() + 1
+        return x + rows[:, None] + columns + text.sum()
+
+
+def test_linspace_between_sizes_keeps_them_symbolic():
+    # the kernel takes start and end as plain numbers: `h == 4` was adopted (refused
+    # for a dimension declared dynamic); torch.export specializes as well
+    tracer, _, _ = check_trace(
+        PositionGrid(),
+        {"x": torch.randn(2, 4, 6)},
+        {"x": {0: "b", 1: "h", 2: "w"}},
+        other_inputs=[{"x": torch.randn(3, 7, 5)}, {"x": torch.randn(1, 1, 2)}],
+    )
+    assert tracer.constraints == [] and tracer.versions == []
+
+
 class AsTensorWithDevice(torch.nn.Module):
     """``torch.as_tensor(indices, device=indices.device)`` (TAPAS's index maps)."""
 

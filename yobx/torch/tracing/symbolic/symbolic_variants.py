@@ -389,6 +389,26 @@ def _symbolic_tensor(original: Callable) -> Callable:
     return tensor
 
 
+def _symbolic_linspace(original: Callable) -> Callable:
+    """``torch.linspace`` with a symbolic start, end or number of steps: torch's Python
+    reference (an ``arange`` scaled from both ends, as the kernel computes it).
+
+    The kernel takes its ``start`` and ``end`` as plain numbers, which fixes a size they
+    depend on to the example's (``torch.linspace(0, h, h + 1)``, the position grids of
+    video transformers); the reference keeps them symbolic. It agrees with the kernel
+    to the last bit or one ulp.
+    """
+
+    @functools.wraps(original)
+    def linspace(*args, **kwargs):
+        values = (*args[:3], *(kwargs.get(k) for k in ("start", "end", "steps")))
+        if not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in values):
+            return original(*args, **kwargs)
+        return torch._refs.linspace(*args, **kwargs)
+
+    return linspace
+
+
 #: call_function targets (the builtins recorded in graphs) -> their variant; attribute
 #: patches do not reach a graph node holding the builtin itself
 FUNCTION_VARIANTS: dict[Any, Callable] = {
@@ -396,6 +416,7 @@ FUNCTION_VARIANTS: dict[Any, Callable] = {
 }
 FUNCTION_VARIANTS[torch.tensor] = _symbolic_tensor(torch.tensor)
 FUNCTION_VARIANTS[torch.as_tensor] = _symbolic_tensor(torch.as_tensor)
+FUNCTION_VARIANTS[torch.linspace] = _symbolic_linspace(torch.linspace)
 
 
 #: Python math functions -> their symbolic twins, which keep a SymInt/SymFloat symbolic
