@@ -12,6 +12,7 @@ from unittests.torch.tracing.test_tracing_long_tail import (
     HalfWrite,
     KeywordForms,
     NumpyConstants,
+    NumpyOfSizes,
     OptionalThroughModule,
     PositionGrid,
     RealTensorSizes,
@@ -30,8 +31,9 @@ from ._helpers import export_and_validate
         (RealTensorSizes(), (torch.randn(2, 4),), ({0: "b"},)),
         (NumpyConstants(), (torch.randn(2, 3),), ({0: "b"},)),
         (HalfWrite(), (torch.randn(5, 3),), ({0: "b"},)),
+        (NumpyOfSizes(), (torch.randn(2, 3, 4, 5),), ({0: "b", 1: "h", 2: "w"},)),
     ],
-    ids=["identity-none", "keywords", "real-tensor-sizes", "numpy", "half-write"],
+    ids=["identity-none", "keywords", "real-tensor-sizes", "numpy", "half-write", "numpy-sizes"],
 )
 def test_long_tail_models_export_exact(model, args, dynamic_shapes):
     export_and_validate(model, args, dynamic_shapes=dynamic_shapes)

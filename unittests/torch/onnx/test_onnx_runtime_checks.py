@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import numpy as np
 import onnxruntime
@@ -370,3 +371,36 @@ def test_a_shared_division_keeps_its_condition_in_every_check():
     assert failing(8, 3) == CHECK_NODE_PREFIX + "first"
     # n // 4 == 0: the first check holds (its guard), the second divides by zero
     assert failing(3, 5) == CHECK_NODE_PREFIX + "second"
+
+
+class MathOfASize(torch.nn.Module):
+    """A decision on ``math.<function>(n / 20)``: torch keeps it as
+    ``OpaqueUnaryFn_<function>``; increasing on (0, 1.5] but for ``cos``."""
+
+    def __init__(self, function: str):
+        super().__init__()
+        self.function = function
+        self.sign = -1 if function == "cos" else 1
+
+    def forward(self, x):
+        # read from math while tracing: torch.fx wraps math's functions in place
+        function = getattr(math, self.function)
+        if self.sign * function(x.shape[0] / 20) > self.sign * function(0.2):
+            return x * 2
+        return x - 1
+
+
+@pytest.mark.parametrize("function", ["sqrt", "cos", "sin", "tan", "cosh", "sinh", "tanh", "log2"])
+def test_a_math_function_of_a_size_is_checked(function):
+    # onnxruntime has float64 kernels for some of them only: the others are composed
+    model = MathOfASize(function)
+    result = to_onnx(model, (torch.randn(6, 3),), dynamic_shapes={"x": {0: "n"}})
+    assert any(f"OpaqueUnaryFn_{function}" in c.expression for c in result.runtime_checks), [
+        c.expression for c in result.runtime_checks
+    ]
+    session = _session(result)
+    for n in (5, 6, 9, 30):
+        x = torch.randn(n, 3)
+        np.testing.assert_allclose(_run(session, x=x)[0], model(x).numpy())
+    for n in (1, 3, 4):
+        assert _refused(session, x=torch.randn(n, 3))

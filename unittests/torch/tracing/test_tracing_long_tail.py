@@ -1,6 +1,8 @@
 """The long tail of real Python that torch.export takes: each mechanism of issue 29 on
 a small model written from its description, compared with eager at other sizes."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -271,6 +273,50 @@ def test_linspace_between_sizes_keeps_them_symbolic():
         other_inputs=[{"x": torch.randn(3, 7, 5)}, {"x": torch.randn(1, 1, 2)}],
     )
     assert tracer.constraints == [] and tracer.versions == []
+
+
+class NumpyOfSizes(torch.nn.Module):
+    """numpy's functions on numbers computed from sizes (Cosmos' position norm:
+    ``np.sqrt(norm.numel() / emb.numel())``), and math.exp, which has no symbolic form."""
+
+    def forward(self, x):
+        emb = x.flatten(1, 2)
+        norm = torch.linalg.vector_norm(emb, dim=-1, keepdim=True, dtype=torch.float32)
+        norm = torch.add(1e-6, norm, alpha=np.sqrt(norm.numel() / emb.numel()))
+        scale = np.floor(x.shape[2] / 3) + np.maximum(x.shape[1], 2) + np.cos(x.shape[0])
+        return emb / norm * scale + math.exp(x.shape[3] / 10)
+
+
+def test_numpy_functions_of_sizes_stay_symbolic():
+    tracer, _, _ = check_trace(
+        NumpyOfSizes(),
+        {"x": torch.randn(2, 3, 4, 5)},
+        {"x": {0: "b", 1: "h", 2: "w"}},
+        other_inputs=[{"x": torch.randn(3, 5, 7, 5)}, {"x": torch.randn(1, 1, 2, 5)}],
+    )
+    assert tracer.constraints == [] and tracer.versions == []
+
+
+def test_math_exp_of_a_size_is_a_decision_on_its_value():
+    # torch has no symbolic exp: the value is the example's, each value a version
+    # (torch.export refuses: "Constraints violated"); torch.fx's wrapper crashed on it
+    # beyond the versions' budget, the graph checks the value it assumes
+    from yobx.torch.tracing.constraints.constraints import ConstraintViolationError
+
+    model = NumpyOfSizes()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 3, 4, 5)}, {"x": {3: "d"}})
+    assert tracer.versions
+    exact = 0
+    for d in range(1, 13):
+        x = torch.randn(2, 3, 4, d)
+        try:
+            got = gm(x)
+        except ConstraintViolationError as e:
+            assert "IntTrueDiv(d, 10)" in str(e)
+            continue
+        assert_same(model(x), got)
+        exact += 1
+    assert exact > len(tracer.versions) // 2, exact
 
 
 class AsTensorWithDevice(torch.nn.Module):

@@ -409,6 +409,9 @@ class _CheckGraph:
         for classes, method in _OPERATIONS:
             if isinstance(expr, classes):
                 return method(self, expr, args)
+        function = _opaque_function(expr)
+        if function is not None:
+            return self._unary(function, args[0])
         raise NotImplementedError(f"no check for {type(expr).__name__} ({expr})")
 
     def _size(self, symbol: sympy.Symbol) -> _Exact:
@@ -561,6 +564,25 @@ class _CheckGraph:
                 result = self._mul(result, base)
             return result
         return _Real(self._op("Pow", [self._real(base).value, self._real(exponent).value]))
+
+    def _unary(self, function: str, number: _Number) -> _Number:
+        """``math.sqrt(n)`` and its kind (torch's ``OpaqueUnaryFn_sqrt``), in float."""
+        if _constant(number):
+            return float(getattr(math, function)(number))
+        value = self._real(number).value
+        # onnxruntime has no float64 kernel of Tan, Cosh, Sinh and Log2: their
+        # definitions instead (the checks compute in float64, as Python does)
+        if function == "log2":
+            ln2 = self._constant(np.array([math.log(2.0)], dtype=np.float64))
+            return _Real(self._op("Div", [self._op("Log", [value]), ln2]))
+        if function == "tan":
+            return _Real(self._op("Div", [self._op("Sin", [value]), self._op("Cos", [value])]))
+        if function in ("cosh", "sinh"):
+            up, down = self._op("Exp", [value]), self._op("Exp", [self._op("Neg", [value])])
+            half = self._constant(np.array([0.5], dtype=np.float64))
+            both = self._op("Add" if function == "cosh" else "Sub", [up, down])
+            return _Real(self._op("Mul", [both, half]))
+        return _Real(self._op(_ONNX_UNARY[function], [value]))
 
     def _truncated(self, number: _Number) -> _Number:
         """``int(x)``: towards zero, the floor of a positive number and the ceiling
@@ -717,6 +739,29 @@ _ONNX_RELATIONS = {
     sympy.Gt: ("Greater", False, False),
     sympy.Ge: ("GreaterOrEqual", False, False),
 }
+
+#: the functions of torch's ``OpaqueUnaryFn_<name>`` (``math.<name>`` of a symbolic
+#: number) -> the ONNX operator; ``tan``, ``cosh``, ``sinh`` and ``log2`` are computed
+#: from them, the inverse trigonometric functions have no float64 kernel in onnxruntime
+_ONNX_UNARY = {
+    "sqrt": "Sqrt",
+    "exp": "Exp",
+    "log": "Log",
+    "cos": "Cos",
+    "sin": "Sin",
+    "tanh": "Tanh",
+}
+_COMPOSED_UNARY = ("tan", "cosh", "sinh", "log2")
+
+
+def _opaque_function(expr: sympy.Basic) -> str | None:
+    """``sqrt`` for ``OpaqueUnaryFn_sqrt(...)``, None for anything else."""
+    name = type(expr).__name__
+    if not name.startswith("OpaqueUnaryFn_") or len(expr.args) != 1:
+        return None
+    function = name[len("OpaqueUnaryFn_") :]
+    return function if function in _ONNX_UNARY or function in _COMPOSED_UNARY else None
+
 
 _OPERATIONS: tuple = (
     (sympy.Add, _fold(_CheckGraph._add)),

@@ -306,6 +306,18 @@ class _ScalarProxy(CustomProxy):
     def _call(self, function, *args):
         return self.tracer.create_proxy("call_function", function, (self, *args), {})
 
+    # np.sqrt(n / d) (Cosmos' position norm): numpy hands a number it does not know to
+    # this hook; without it, it called the proxy's ``sqrt`` method, which fails
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        function = _UFUNCS.get(ufunc.__name__)
+        if method != "__call__" or kwargs or function is None:
+            # anything else is computed by numpy on the example's value: the value is
+            # fixed as float() or int() fixes it (refused for a dimension declared
+            # dynamic, with the user's line)
+            plain = [_example_number(i) if isinstance(i, _ScalarProxy) else i for i in inputs]
+            return getattr(ufunc, method)(*plain, **kwargs)
+        return self.tracer.create_proxy("call_function", function, inputs, {})
+
     def __len__(self) -> int:
         raise TypeError(f"object of type {type(self).__name__} has no len()")
 
@@ -349,6 +361,39 @@ class _ScalarProxy(CustomProxy):
 
     def __ifloordiv__(self, other):
         return self // other
+
+
+#: numpy's elementwise functions on a number -> the Python function the tracer keeps
+#: symbolic (``math.sqrt`` becomes ``torch._sym_sqrt`` on a symbolic number)
+_UFUNCS: dict[str, Any] = {
+    **{
+        name: getattr(math, name)
+        for name in ("sqrt", "exp", "log", "log2", "sin", "cos", "tan", "sinh", "cosh", "tanh")
+    },
+    "arcsin": math.asin,
+    "arccos": math.acos,
+    "arctan": math.atan,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "trunc": math.trunc,
+    "absolute": operator.abs,
+    "negative": operator.neg,
+    "add": operator.add,
+    "subtract": operator.sub,
+    "multiply": operator.mul,
+    "true_divide": operator.truediv,
+    "divide": operator.truediv,
+    "floor_divide": operator.floordiv,
+    "power": operator.pow,
+    "maximum": torch.sym_max,
+    "minimum": torch.sym_min,
+}
+
+
+def _example_number(proxy: _ScalarProxy) -> Any:
+    if isinstance(proxy, CustomProxyBool):
+        return bool(proxy)
+    return int(proxy) if isinstance(proxy, CustomProxyInt) else float(proxy)
 
 
 def _not_a_number(value: Any) -> bool:

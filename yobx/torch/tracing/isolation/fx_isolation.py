@@ -151,8 +151,27 @@ class _ThreadPatcher(_symbolic_trace._Patcher):
             patch.patch()
 
 
-#: the code of torch.fx's autowrap replacements (``_create_wrapped_func``'s closure)
-_AUTOWRAP_CODE = _symbolic_trace._create_wrapped_func(len).__code__
+def _create_wrapped_func(original: Any) -> Any:
+    """torch.fx's ``_create_wrapped_func``, except that the tracer may answer with a
+    number: ``math.exp`` of a dimension has no symbolic form, its value is the
+    example's (a decision on the dimension), and torch.fx's wrapper then failed
+    marking the number as a node (``'float' object has no attribute 'node'``)."""
+
+    @functools.wraps(original)
+    def wrapped(*args, **kwargs):
+        proxy = _symbolic_trace._find_proxy(args, kwargs)
+        if proxy is None:
+            return original(*args, **kwargs)
+        result = proxy.tracer.create_proxy("call_function", original, args, kwargs)
+        if isinstance(result, torch.fx.Proxy):
+            result.node.meta["is_wrapped"] = True
+        return result
+
+    return wrapped
+
+
+#: the code of the autowrap replacements (:func:`_create_wrapped_func`'s closure)
+_AUTOWRAP_CODE = _create_wrapped_func(len).__code__
 
 #: id(original) -> (original, gate) of torch.fx's autowrap replacement of ``original``
 _AUTOWRAP_GATES: dict[int, tuple[Any, Any]] = {}
@@ -173,7 +192,7 @@ def _autowrap_check(patcher: Any, frame_dict: dict[str, Any], function_ids: set[
 
 _MATH_DICT = math.__dict__
 
-_CREATE_WRAPPED_FUNC = _symbolic_trace._create_wrapped_func
+_CREATE_WRAPPED_FUNC = _create_wrapped_func
 #: id(original) -> (original, torch.fx's autowrap wrapper of it)
 _WRAPPED_FUNCS: dict[int, tuple[Any, Any]] = {}
 

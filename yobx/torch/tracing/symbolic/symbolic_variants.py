@@ -436,6 +436,7 @@ SYMBOLIC_MATH: dict[Callable, Callable] = {
         "asin",
         "acos",
         "atan",
+        "log2",
     )
     if hasattr(torch, f"_sym_{name}")
 }
