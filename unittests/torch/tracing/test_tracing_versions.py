@@ -602,3 +602,38 @@ def test_a_version_writing_into_a_buffer_writes_into_it_once_after_the_choice():
         torch.testing.assert_close(gm(x), eager(x))
         torch.testing.assert_close(model.acc, eager.acc)
     assert model.acc.abs().sum() > 0
+
+
+class NestedLargeSides(torch.nn.Module):
+    """Two decisions on the batch: the second is met inside the version of the first,
+    whose example (3001 rows of 4 KB) is already 1500 times the user's."""
+
+    def forward(self, x):
+        if x.shape[0] > 3000:
+            if x.shape[0] > 10000:
+                return x * 3
+            return x * 2
+        return x - 1
+
+
+def test_nested_versions_budget_eager_runs_on_the_users_example(monkeypatch):
+    # the eager budget is a multiple of the user's example: multiplied from a version's
+    # example instead, it let diffusers' KVAE video VAE run 3-D convolutions eagerly on
+    # a batch of 24576 (40 s per run)
+    from yobx.torch.tracing.constraints import witness_inputs
+
+    ran = []
+    run_eagerly = versions.run_eagerly
+
+    def recorded(root, inputs, leaves_):
+        ran.append(sum(t.numel() * t.element_size() for t in leaves_ if hasattr(t, "numel")))
+        return run_eagerly(root, inputs, leaves_)
+
+    monkeypatch.setattr(versions, "run_eagerly", recorded)
+    model = NestedLargeSides()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 1024)}, {"x": {0: "batch"}})
+    assert len(tracer.versions) == 3, [v.when for v in tracer.versions]
+    assert ran and max(ran) <= witness_inputs.EAGER_BYTES, ran
+    for batch in (2, 3001, 10001):
+        x = torch.randn(batch, 1024)
+        assert_same(model(x), gm(x))

@@ -433,7 +433,8 @@ class Versioning:
         None (and a note) when eager or the trace fails there."""
         inputs = version.tracer.state.inputs
         sizes = ", ".join(f"{k}={v}" for k, v in witness.items() if v != _hint(version, k))
-        needed, allowed = witness_bytes(version.tracer.dims, inputs, witness)
+        reference = self.first.tracer.state.inputs
+        needed, allowed = witness_bytes(version.tracer.dims, inputs, witness, reference)
         if needed > allowed:
             self._note(
                 fact,
@@ -443,7 +444,7 @@ class Versioning:
             return None
         leaves_ = leaves_for(version.tracer.dims, inputs, witness)
         # a witness much bigger than the example is checked by its capture alone
-        if eager_affordable(version.tracer.dims, inputs, witness):
+        if eager_affordable(version.tracer.dims, inputs, witness, reference):
             error = run_eagerly(self.root, inputs, leaves_)
             if error is not None:
                 self._note(fact, f"eager raises for {sizes} ({error})")

@@ -63,17 +63,38 @@ def _input_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, 
     return needed, example
 
 
-def witness_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
+def _example_bytes(inputs: Any) -> int:
+    return sum(
+        leaf.numel() * leaf.element_size()
+        for leaf, sizes in zip(inputs.leaves, inputs.sizes)
+        if isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor)
+    )
+
+
+def witness_bytes(
+    dims: Any, inputs: Any, witness: dict[str, int], reference: Any = None
+) -> tuple[int, int]:
     """The bytes the witness's input tensors take, and the most a capture may
-    allocate for them (see :data:`WITNESS_BYTES`)."""
+    allocate for them (see :data:`WITNESS_BYTES`).
+
+    :param reference: the user's example inputs when ``inputs`` are a version's: the
+        budgets are multiples of what the user gave, not of a version's example,
+        which may already be a multiple of it (versions nest)
+    """
     needed, example = _input_bytes(dims, inputs, witness)
+    if reference is not None:
+        example = min(example, _example_bytes(reference))
     return needed, max(WITNESS_BYTES, WITNESS_BYTES_RATIO * example)
 
 
-def eager_affordable(dims: Any, inputs: Any, witness: dict[str, int]) -> bool:
+def eager_affordable(
+    dims: Any, inputs: Any, witness: dict[str, int], reference: Any = None
+) -> bool:
     """Whether the witness's inputs are small enough to run the model eagerly on them
-    (see :data:`EAGER_BYTES`)."""
+    (see :data:`EAGER_BYTES`; ``reference`` as for :func:`witness_bytes`)."""
     needed, example = _input_bytes(dims, inputs, witness)
+    if reference is not None:
+        example = min(example, _example_bytes(reference))
     return needed <= max(EAGER_BYTES, EAGER_BYTES_RATIO * example)
 
 
