@@ -16,7 +16,7 @@ import re
 import sys
 
 PATHS = ("eager", "export", "yobx", "yobx-onnx", "torch-onnx")
-_STATUS = r"(ok|fail|timeout|crash|WRONG|-)"
+_STATUS = r"(ok|fail|timeout|crash|WRONG|UNSTABLE|-)"
 _LINE = re.compile(r"^(\w+)" + (r"\s+" + _STATUS) * len(PATHS) + r"\s*$")
 
 
@@ -55,6 +55,10 @@ def main(files: list[str]) -> None:
     print(f"every path fails ({len(failing)}): {', '.join(failing)}")
     wrong = [f"{n} ({PATHS[i]})" for n, v in ran.items() for i, s in enumerate(v) if s == "WRONG"]
     print(f"WRONG ({len(wrong)}): {', '.join(wrong)}")
+    unstable = [
+        f"{n} ({PATHS[i]})" for n, v in ran.items() for i, s in enumerate(v) if s == "UNSTABLE"
+    ]
+    print(f"UNSTABLE ({len(unstable)}): {', '.join(unstable)}")
 
 
 if __name__ == "__main__":

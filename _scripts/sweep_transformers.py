@@ -18,14 +18,17 @@ a dimension is dynamic where eager runs the model with it at another size)::
 Every architecture runs in a forked process (a crash or a hang costs that line only).
 A line per architecture, then the counts per path and the architectures torch.export
 (or torch.onnx) takes and yobx (or yobx's ONNX) does not. Statuses: ``ok`` (exact at
-the other size), ``WRONG`` (values differ: the worst outcome), ``fail`` (an error, its
-first line), ``timeout``, ``-`` (eager itself fails on the tiny configuration).
+the other size), ``WRONG`` (values differ: the worst outcome), ``UNSTABLE`` (values
+differ, and so does eager in float64 on the same inputs: eager's output is not determined
+there, see :func:`unstable_reference`), ``fail`` (an error, its first line), ``timeout``,
+``-`` (eager itself fails on the tiny configuration).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import multiprocessing
 import os
 import sys
@@ -215,6 +218,59 @@ def _close(expected, got) -> bool:
     )
 
 
+def _max_diff(expected, got) -> float:
+    """The largest difference between the first tensors of ``expected`` and ``got``."""
+    import torch
+
+    expected = torch.utils._pytree.tree_leaves(expected)[0]
+    got = torch.as_tensor(torch.utils._pytree.tree_leaves(got)[0])
+    if expected.shape != got.shape:
+        return math.inf
+    return float((expected.float() - got.float()).abs().max())
+
+
+def unstable_reference(model, run, expected) -> float | None:
+    """Whether eager itself is determined to the sweep's tolerance on these inputs.
+
+    ``run(model, cast)`` calls ``model`` on the inputs with ``cast`` applied to each
+    tensor. A float64 copy of the model runs them in float64; when its outputs are not
+    close to ``expected`` (eager in float32), returns the largest difference: the
+    model's outputs are not determined there (``topk`` over equal scores, a threshold
+    met exactly), and a path that differs from eager is then ``UNSTABLE``, not
+    ``WRONG``. None when both agree, or when the copy cannot run in float64.
+    """
+    import copy
+
+    import torch
+
+    def to_double(value):
+        is_float = isinstance(value, torch.Tensor) and value.is_floating_point()
+        return value.double() if is_float else value
+
+    try:
+        double = copy.deepcopy(model).double()
+        with torch.no_grad():
+            reference = run(double, to_double)
+    except Exception:
+        return None
+    if _close(expected, reference):
+        return None
+    return _max_diff(expected, reference)
+
+
+def compared(expected, got, model, run) -> str:
+    """The status of a path's outputs ``got`` against eager's ``expected``: ``ok``,
+    ``UNSTABLE`` (eager in float64 differs as much: see :func:`unstable_reference`)
+    or ``WRONG``, with the largest difference."""
+    if _close(expected, got):
+        return "ok"
+    difference = _max_diff(expected, got)
+    unstable = unstable_reference(model, run, expected)
+    if unstable is not None:
+        return f"UNSTABLE: max diff {difference:.3g}, eager float64 {unstable:.3g}"
+    return f"WRONG: max diff {difference:.3g}"
+
+
 def _run_path(path: str, model, example: dict, other: dict, dims: dict) -> str:
     import torch
 
@@ -236,7 +292,9 @@ def _run_path(path: str, model, example: dict, other: dict, dims: dict) -> str:
             got = torch.fx.GraphModule(tracer.traced_model, graph)(**other)
     else:
         got = _run_onnx(path, model, example, other, dims)
-    return "ok" if _close(expected, got) else "WRONG"
+    return compared(
+        expected, got, model, lambda m, cast: m(**{k: cast(v) for k, v in other.items()})
+    )
 
 
 def _run_onnx(path: str, model, example: dict, other: dict, dims: dict):
@@ -375,6 +433,8 @@ def main(argv: list[str]) -> None:
         for p in ["eager", *paths]:
             if results[p][0].startswith("fail"):
                 print(f"    {p}: {results[p][0][6:]}", flush=True)
+            elif results[p][0].startswith(("WRONG", "UNSTABLE")):
+                print(f"    {p}: {results[p][0]}", flush=True)
     print(f"\n{len(todo)} architectures in {time.perf_counter() - start:.0f} s")
     for p in ["eager", *paths]:
         print(f"  {p:12s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts[p].items())))
