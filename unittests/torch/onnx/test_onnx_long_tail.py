@@ -16,6 +16,7 @@ from unittests.torch.tracing.test_tracing_long_tail import (
     OptionalThroughModule,
     PositionGrid,
     RealTensorSizes,
+    RepeatedLists,
     SquareGrid,
 )
 from yobx.torch.onnx import to_onnx
@@ -32,8 +33,17 @@ from ._helpers import export_and_validate
         (NumpyConstants(), (torch.randn(2, 3),), ({0: "b"},)),
         (HalfWrite(), (torch.randn(5, 3),), ({0: "b"},)),
         (NumpyOfSizes(), (torch.randn(2, 3, 4, 5),), ({0: "b", 1: "h", 2: "w"},)),
+        (RepeatedLists(), (torch.randn(2, 3),), ({0: "b"},)),
     ],
-    ids=["identity-none", "keywords", "real-tensor-sizes", "numpy", "half-write", "numpy-sizes"],
+    ids=[
+        "identity-none",
+        "keywords",
+        "real-tensor-sizes",
+        "numpy",
+        "half-write",
+        "numpy-sizes",
+        "repeated-lists",
+    ],
 )
 def test_long_tail_models_export_exact(model, args, dynamic_shapes):
     export_and_validate(model, args, dynamic_shapes=dynamic_shapes)

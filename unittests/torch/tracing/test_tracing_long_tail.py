@@ -9,6 +9,7 @@ import torch
 from torch.export import Dim
 
 from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing.errors import SpecializationError
 
 from ._helpers import assert_same, check_trace, trace_module
 
@@ -317,6 +318,56 @@ def test_math_exp_of_a_size_is_a_decision_on_its_value():
         assert_same(model(x), got)
         exact += 1
     assert exact > len(tracer.versions) // 2, exact
+
+
+class RepeatedLists(torch.nn.Module):
+    """Lists as long as the batch: ``torch.tensor([0] * batch_size)`` fed to an
+    embedding (Chroma's guidance), a list of rows repeated, ``len`` of one, a traced
+    tensor repeated in a list given to ``torch.cat`` and ``torch.stack``."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(4, 3)
+
+    def forward(self, x):
+        batch = x.shape[0]
+        guidance = self.embedding(torch.tensor([0] * batch))
+        rows = torch.tensor(batch * [[1.0, 2.0, 3.0]], dtype=torch.float32)
+        summed = x + guidance + rows + len([0] * batch)
+        return summed, torch.cat([x] * batch, dim=1), torch.stack(batch * [x[0]], dim=-1)
+
+
+def test_a_list_repeated_by_a_size_stays_symbolic():
+    tracer, _, _ = check_trace(
+        RepeatedLists(),
+        {"x": torch.randn(2, 3)},
+        {"x": {0: "batch"}},
+        other_inputs=[{"x": torch.randn(5, 3)}, {"x": torch.randn(1, 3)}],
+    )
+    assert tracer.constraints == [] and tracer.versions == []
+
+
+class RepeatedListsUsedAsLists(torch.nn.Module):
+    """``sum([1.0] * n)`` (a loop in C over constants) and a list written into: the
+    list is made for real, its length the example's."""
+
+    def forward(self, x):
+        values = [1.0] * x.shape[0]
+        values.append(3.0)
+        return x.sum() + sum(values)
+
+
+def test_a_list_repeated_by_a_size_used_as_a_list_fixes_its_length():
+    # its steps give constants: looping over it would add the example's count of them
+    # without recording anything, silently wrong at other sizes
+    with pytest.raises(SpecializationError, match="test_tracing_long_tail.py"):
+        trace_module(RepeatedListsUsedAsLists(), {"x": torch.randn(3, 4)}, {"x": {0: "b"}})
+    tracer, _, gm = trace_module(
+        RepeatedListsUsedAsLists(), {"x": torch.randn(3, 4)}, {"x": {0: Dim.AUTO}}
+    )
+    assert [c.expression for c in tracer.constraints] == ["x_dim_0 == 3"]
+    x = torch.randn(3, 4)
+    assert_same(RepeatedListsUsedAsLists()(x), gm(x))
 
 
 class AsTensorWithDevice(torch.nn.Module):

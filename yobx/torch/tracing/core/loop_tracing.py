@@ -19,6 +19,7 @@ from .loops import (
     LoopRegion,
     SymbolicPieces,
     SymbolicRange,
+    SymbolicRepeat,
     frame_tokens,
     iterated_at_once,
     loop_index,
@@ -86,11 +87,19 @@ class LoopsMixin(MixinBase):
         self.state.pieces_out += 1
         return SymbolicPieces(self, self.proxy(tensor.node), dim, how, call, size, loop)
 
+    def repeated_list(self, items: list | tuple, count: Proxy) -> SymbolicRepeat:
+        """``items * count`` (``[0] * batch_size``) for a symbolic ``count``: a list as
+        long as a size (see :class:`~.loops.SymbolicRepeat`)."""
+        # the tracer looks for joins of pieces once some are handed out
+        self.state.pieces_out += 1
+        return SymbolicRepeat(self, items, count)
+
     def join_pieces(self, target, args, kwargs) -> Proxy | None:
-        """``torch.stack``/``torch.cat`` of :class:`SymbolicPieces`: their join, or
-        None; pieces given to anything else are made for real."""
+        """``torch.stack``/``torch.cat`` of :class:`SymbolicPieces` or of a
+        :class:`SymbolicRepeat` (``[x] * n``): their join, or None; pieces given to
+        anything else are made for real."""
         values = args[0] if args else kwargs.get("tensors")
-        if not isinstance(values, SymbolicPieces):
+        if not isinstance(values, (SymbolicPieces, SymbolicRepeat)):
             return None
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
         joined = None

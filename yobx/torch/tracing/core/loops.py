@@ -215,6 +215,98 @@ class SymbolicPieces(SymbolicRange):
         return f"{self.how}({self.tensor}, dim={self.dim})"
 
 
+class SymbolicRepeat(SymbolicRange):
+    """``[0] * n`` (or ``n * (a, b)``) with a symbolic ``n``: a list as long as a size.
+
+    ``torch.tensor`` of it is the items' tensor repeated ``n`` times (Chroma's
+    ``torch.tensor([0] * batch_size)``); ``len()`` of it in the traced code is
+    symbolic. Anything else (iterating, indexing, writing) makes the list for real:
+    ``n`` is then fixed to the example's, as for the builtin.
+    """
+
+    def __init__(self, tracer: Any, items: list | tuple, count: Any):
+        super().__init__(tracer, 0, count if len(items) == 1 else count * len(items))
+        self.items = items
+        self.count = count
+        self._list: Any = None
+
+    def _real(self) -> Any:
+        # made once: what the code writes into it stays
+        if self._list is None:
+            self._list = self.items * self.tracer.to_int(self.count)
+        return self._list
+
+    # anything else is the real list or tuple, its length fixed to the example's (for a
+    # dimension declared dynamic, refused with the user's line, as for the builtin)
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._real()[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._real()[key]
+
+    def __add__(self, other: Any) -> Any:
+        return self._real() + other
+
+    def __radd__(self, other: Any) -> Any:
+        return other + self._real()
+
+    def __mul__(self, other: Any) -> Any:
+        return self._real() * other
+
+    __rmul__ = __mul__
+
+    def __eq__(self, other: Any) -> bool:
+        return self._real() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        return bool(self.count != 0)
+
+    def length(self) -> Any:
+        """The number of items: symbolic until the list is made for real."""
+        return super().length() if self._list is None else len(self._list)
+
+    # iterating makes the list: a step gets a constant, so a loop in C (``sum()``)
+    # would add up the example's number of items without recording anything
+    def __iter__(self):
+        return iter(self._real())
+
+    def __reversed__(self):
+        return reversed(self._real())
+
+    def as_tensor(self, factory: Any, kwargs: dict) -> Any:
+        """``factory(self, **kwargs)`` (``torch.tensor``): the items' tensor repeated."""
+        if self._list is not None:
+            return factory(self._list, **kwargs)
+        base = factory(list(self.items), **kwargs)
+        repeats = (self.count, *([1] * (base.dim() - 1)))
+        return self.tracer.create_proxy("call_method", "repeat", (base, *repeats), {})
+
+    def joined(self, how: str, dim: int) -> Any:
+        """``torch.cat``/``torch.stack`` (``how``) of one traced tensor repeated: the
+        tensor repeated along ``dim``, None for anything else (made for real)."""
+        item: Any = self.items[0] if len(self.items) == 1 else None
+        value = getattr(getattr(item, "node", None), "meta", {}).get("val")
+        if item is None or not isinstance(value, torch.Tensor):
+            return None
+        rank = value.dim() + (how == "stack")
+        if rank == 0 or not -rank <= dim < rank:
+            return None
+        dim %= rank
+        counts = [1] * rank
+        counts[dim] = self.count
+        return (item.unsqueeze(dim) if how == "stack" else item).repeat(*counts)
+
+    def __repr__(self) -> str:
+        return f"{list(self.items)!r} * {self.count}"
+
+
 class _LoopIterator:
     """The iterator of a :class:`SymbolicRange`: one step per ``__next__``."""
 

@@ -489,7 +489,25 @@ class CustomProxyInt(_ScalarProxy):
         settled = self._settled(">=", other)
         return super().__ge__(other) if settled is None else settled
 
+    # `[0] * batch_size` (Chroma): a list as long as a size (see loops.SymbolicRepeat);
+    # Python asks the integer's __rmul__ before repeating the list
+    def __mul__(self, other):
+        if type(other) in (list, tuple):
+            return _repeat(self, other)
+        return super().__mul__(other)
+
+    def __rmul__(self, other):
+        if type(other) in (list, tuple):
+            return _repeat(self, other)
+        return super().__rmul__(other)
+
     __hash__ = _ScalarProxy.__hash__
+
+
+def _repeat(count: CustomProxyInt, items: list | tuple) -> Any:
+    if not items:
+        return type(items)()
+    return count.tracer.repeated_list(items, count)
 
 
 class CustomProxyFloat(_ScalarProxy):

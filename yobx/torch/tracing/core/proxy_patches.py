@@ -31,7 +31,7 @@ from torch.fx.proxy import Proxy
 from ..isolation.patch_window import any_thread, patch_window
 from ..isolation.patching import memoized_replacements, patched_attributes
 from ..symbolic.symbolic_kernels import symbolic_kernels
-from .loops import SymbolicPieces
+from .loops import SymbolicPieces, SymbolicRepeat
 from .proxies import find_proxy
 from .symbolic_builtins import TRACED_BUILTINS, as_builtin
 
@@ -56,6 +56,9 @@ TENSOR_FACTORIES: tuple[Callable, ...] = tuple(
         "triu_indices",
     )
 )
+
+#: factories building a tensor from Python data
+_DATA_FACTORIES = (torch.tensor, torch.as_tensor)
 
 _LIST_FUNCTIONS = ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "broadcast_tensors")
 
@@ -119,11 +122,21 @@ def _recording(original: Callable) -> Callable:
             kwargs["dtype"] = as_builtin(kwargs["dtype"])
         proxy = find_proxy(args, kwargs)
         if proxy is None:
-            pieces = args[0] if args else kwargs.get("tensors")
-            if not _BUILTIN_ISINSTANCE(pieces, SymbolicPieces):
+            pieces = args[0] if args else kwargs.get("tensors", kwargs.get("data"))
+            if _BUILTIN_ISINSTANCE(pieces, SymbolicRepeat):
+                # torch.tensor([0] * n): the items' tensor repeated n times;
+                # torch.cat([x] * n): x repeated (see the tracer's join_pieces)
+                if original in _DATA_FACTORIES:
+                    kwargs = {k: v for k, v in kwargs.items() if k != "data"}
+                    return pieces.as_tensor(original, kwargs)
+                proxy = find_proxy(tuple(pieces.items), {})
+                if proxy is None:  # nothing traced in it: the list made for real
+                    return original(pieces._real(), *args[1:], **kwargs)
+            elif _BUILTIN_ISINSTANCE(pieces, SymbolicPieces):
+                # torch.stack(x.unbind(d)) on a symbolic size (see loops)
+                proxy = pieces.tensor
+            else:
                 return original(*args, **kwargs)
-            # torch.stack(x.unbind(d)) on a symbolic size (see loops)
-            proxy = pieces.tensor
         return proxy.tracer.create_proxy("call_function", original, args, kwargs)
 
     # a marker on the function, read by tools that unwrap the replacement

@@ -69,7 +69,8 @@ class TraceState:
     loop_outputs: dict[Node, Any] = dataclasses.field(default_factory=dict)
     #: > 0 while ``unbind``/``split`` make their pieces for real (see loops)
     pieces_made: int = 0
-    #: how many :class:`~.loops.SymbolicPieces` the trace handed out
+    #: how many :class:`~.loops.SymbolicPieces` (or :class:`~.loops.SymbolicRepeat`) the
+    #: trace handed out
     pieces_out: int = 0
     #: loop-index symbols -> their region
     loop_symbols: dict[Any, Any] = dataclasses.field(default_factory=dict)

@@ -23,6 +23,7 @@ from ...ops.rnn import leaf_module_call
 from ..errors import TracingError
 from ..node_arguments import ATOMIC_ARGUMENTS
 from .graph_finish import _CallableModule
+from .loops import SymbolicRepeat
 from .module_state import assign_traced_buffer
 from .proxies import CustomParameterProxy, CustomProxyShape, find_proxy
 from .proxy_patches import patch_len_in
@@ -131,6 +132,9 @@ class AttributesMixin(MixinBase):
             return node
         if isinstance(a, CustomProxyShape):
             return tuple(self.create_arg(x) for x in a)
+        if isinstance(a, SymbolicRepeat):
+            # `[0] * n` given to an operation: the list made for real (its length fixed)
+            return self.create_arg(a._real())
         if isinstance(a, type) and a in _PYTHON_TYPES_AS_DTYPES:
             # x.to(int): torch maps Python types to dtypes, a graph needs the dtype
             return _PYTHON_TYPES_AS_DTYPES[a]

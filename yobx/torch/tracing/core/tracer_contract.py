@@ -107,6 +107,9 @@ class TracerContract(Protocol):
     def to_float(self, obj: Proxy) -> float:
         """``float(proxy)``: a Python float is needed here."""
 
+    def repeated_list(self, items: list | tuple, count: Proxy) -> Any:
+        """``items * count`` for a symbolic ``count`` (see ``loops.SymbolicRepeat``)."""
+
     def python_number(self, obj: Proxy, what: str, location: str | None = None) -> int | float:
         """A Python number for a symbolic value: the value becomes a constant."""
 
