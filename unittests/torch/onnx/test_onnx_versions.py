@@ -466,3 +466,18 @@ def test_versions_writing_into_a_buffer_export_both_sides(model_class, buffer, s
         np.testing.assert_allclose(got[0], expected.numpy(), atol=1e-5, err_msg=str(size))
         updated = eager.get_buffer(buffer).numpy()
         np.testing.assert_allclose(got[1], updated, atol=1e-5, err_msg=str(size))
+
+
+def test_an_example_pinned_by_its_decisions_exports_its_dimension_dynamic():
+    # exported from batch 2, which `batch < 3` holds at 2 in the example's capture:
+    # to_onnx refused ("'batch' (axis 0 of x) is 2 in the ONNX model")
+    model = PinnedAtTwo()
+    y = torch.randn(2, 3)
+    result = to_onnx(model, (torch.randn(2, 3), y), dynamic_shapes={"x": {0: "batch"}, "y": None})
+    session = _session(result)
+    assert session.get_inputs()[0].shape == ["batch", 3]
+    for batch in (2, 8, 3, 1, 0):
+        x = torch.randn(batch, 3)
+        got = session.run(None, {"x": x.numpy(), "y": y.numpy()})
+        for expected, value in zip(model(x, y), got):
+            np.testing.assert_allclose(value, expected.numpy(), atol=1e-6)

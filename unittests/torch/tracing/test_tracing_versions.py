@@ -637,3 +637,41 @@ def test_nested_versions_budget_eager_runs_on_the_users_example(monkeypatch):
     for batch in (2, 3001, 10001):
         x = torch.randn(batch, 1024)
         assert_same(model(x), gm(x))
+
+
+def test_an_example_pinned_by_its_decisions_is_captured_from_another_size_first():
+    # the example batch 2 takes `batch < 3`, which with the default range holds batch
+    # at 2 in its whole capture: the joined graph's inputs had a constant batch (the
+    # ONNX model declared it static, to_onnx refused). The first capture comes from
+    # another size, as for `if batch == 2`; the example's side is a version
+    model = PinnedAtTwo()
+    y = torch.randn(2, 3)
+    tracer, graph, gm = trace_module(
+        model, {"x": torch.randn(2, 3), "y": y}, {"x": {0: "batch"}, "y": None}
+    )
+    assert len(tracer.versions) == 4, [v.when for v in tracer.versions]
+    placeholder = next(n for n in graph.nodes if n.op == "placeholder")
+    batch_size = placeholder.meta["val"].shape[0]
+    assert isinstance(batch_size, torch.SymInt) and batch_size.node.maybe_as_int() is None
+    for batch in (2, 8, 3, 1, 0):
+        x = torch.randn(batch, 3)
+        assert_same(model(x, y), gm(x, y))
+
+
+class PinnedWhereEagerRuns(torch.nn.Module):
+    """``batch < 3`` at the example 2, and eager raises for every other size."""
+
+    def forward(self, x):
+        if x.shape[0] < 3:
+            return x * 2
+        raise ValueError("at most two rows")
+
+
+def test_an_example_pinned_with_no_other_size_keeps_its_capture():
+    model = PinnedWhereEagerRuns()
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 3)}, {"x": {0: "batch"}})
+    for batch in (2, 1, 0):
+        x = torch.randn(batch, 3)
+        assert_same(model(x), gm(x))
+    with pytest.raises(ConstraintViolationError):
+        gm(torch.randn(4, 3))

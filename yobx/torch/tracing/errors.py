@@ -69,6 +69,10 @@ class SpecializationError(TracingError):
     """
 
     fact: Any = None
+    #: the capture holds the dimension at the example's size through inequalities
+    #: (``n < 3`` with ``n`` from 2, see ``constraints.example_pins``), not an equality
+    #: it needs: when no other size does better, the example's capture stands
+    pinned_by_ranges: bool = False
 
 
 class LayoutAliasNeeded(TracingError):

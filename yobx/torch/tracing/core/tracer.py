@@ -327,7 +327,24 @@ class CustomTracer(
         except SpecializationError as error:
             if self.narrowing != "versions" or error.fact is None:
                 raise
-            return self._trace_from_other_size(root, error, *arguments)
+            if not error.pinned_by_ranges:
+                return self._trace_from_other_size(root, error, *arguments)
+            try:
+                return self._trace_from_other_size(root, error, *arguments)
+            except SpecializationError as again:
+                if again is not error:
+                    raise
+        # no other size does better: the example's capture and its versions stand
+        dynamic_shapes, remove_inplace, update_model_with_callable, verbose = arguments
+        return self._trace_with_versions(
+            root,
+            concrete_args,
+            dynamic_shapes,
+            remove_inplace,
+            update_model_with_callable,
+            verbose,
+            pins=False,
+        )
 
     def _trace_from_other_size(
         self, root, error: SpecializationError, *arguments
@@ -377,14 +394,25 @@ class CustomTracer(
         remove_inplace: bool,
         update_model_with_callable: bool,
         verbose: int,
+        pins: bool = True,
     ) -> torch.fx.Graph:
-        """One capture, then the versions of its undecided decisions (see .versions)."""
+        """One capture, then the versions of its undecided decisions (see .versions).
+
+        :param pins: a dimension declared dynamic that the capture holds at the
+            example's size through inequalities raises, as an equality would (see
+            :mod:`..constraints.example_pins`)
+        """
+        from ..constraints.example_pins import example_pin
+
         self.versions, self.version_notes = [], []
         self._version_constraints = self._version_checks = None
         graph = self._trace_in_window(
             root, concrete_args, dynamic_shapes, remove_inplace, update_model_with_callable, verbose
         )
         if self._versions_wanted():
+            pinned = example_pin(self) if pins else None
+            if pinned is not None:
+                raise pinned
             graph = self._trace_versions(
                 root,
                 graph,
