@@ -19,9 +19,10 @@ Every architecture runs in a forked process (a crash or a hang costs that line o
 A line per architecture, then the counts per path and the architectures torch.export
 (or torch.onnx) takes and yobx (or yobx's ONNX) does not. Statuses: ``ok`` (exact at
 the other size), ``WRONG`` (values differ: the worst outcome), ``UNSTABLE`` (values
-differ, and so does eager in float64 on the same inputs: eager's output is not determined
-there, see :func:`unstable_reference`), ``fail`` (an error, its first line), ``timeout``,
-``-`` (eager itself fails on the tiny configuration).
+differ only where eager in float64 differs from eager in float32 on the same inputs:
+eager's output is not determined there, see :func:`unstable_reference`), ``fail`` (an
+error, its first line), ``timeout``, ``-`` (eager itself fails on the tiny
+configuration).
 """
 
 from __future__ import annotations
@@ -229,15 +230,32 @@ def _max_diff(expected, got) -> float:
     return float((expected.float() - got.float()).abs().max())
 
 
-def unstable_reference(model, run, expected) -> float | None:
-    """Whether eager itself is determined to the sweep's tolerance on these inputs.
+def _far(expected, got) -> list:
+    """Per output tensor, where ``got`` is not close to ``expected`` (None for a tensor
+    of another shape)."""
+    import torch
+
+    expected = torch.utils._pytree.tree_leaves(expected)
+    got = [torch.as_tensor(g) for g in torch.utils._pytree.tree_leaves(got)]
+    return [
+        ~torch.isclose(e.float(), g.float(), atol=1e-3, rtol=1e-3, equal_nan=True)
+        if e.shape == g.shape
+        else None
+        for e, g in zip(expected, got)
+    ]
+
+
+def unstable_reference(model, run, expected, got) -> float | None:
+    """Whether eager itself is undetermined, to the sweep's tolerance, wherever ``got``
+    differs from it.
 
     ``run(model, cast)`` calls ``model`` on the inputs with ``cast`` applied to each
-    tensor. A float64 copy of the model runs them in float64; when its outputs are not
-    close to ``expected`` (eager in float32), returns the largest difference: the
-    model's outputs are not determined there (``topk`` over equal scores, a threshold
-    met exactly), and a path that differs from eager is then ``UNSTABLE``, not
-    ``WRONG``. None when both agree, or when the copy cannot run in float64.
+    tensor. A float64 copy of the model runs them in float64. When every value where
+    ``got`` differs from ``expected`` (eager in float32) also differs between eager in
+    float32 and in float64, returns the largest of those differences: the model's
+    outputs are not determined there (``topk`` over equal scores, a threshold met
+    exactly), and the path is ``UNSTABLE``, not ``WRONG``. None otherwise, or when the
+    copy cannot run in float64.
     """
     import copy
 
@@ -253,19 +271,23 @@ def unstable_reference(model, run, expected) -> float | None:
             reference = run(double, to_double)
     except Exception:
         return None
-    if _close(expected, reference):
+    wrong, unstable = _far(expected, got), _far(expected, reference)
+    if not any(w is not None and w.any() for w in wrong):
         return None
+    for w, u in zip(wrong, unstable):
+        if w is None or u is None or (w & ~u).any():
+            return None  # a difference where eager is determined
     return _max_diff(expected, reference)
 
 
 def compared(expected, got, model, run) -> str:
     """The status of a path's outputs ``got`` against eager's ``expected``: ``ok``,
-    ``UNSTABLE`` (eager in float64 differs as much: see :func:`unstable_reference`)
-    or ``WRONG``, with the largest difference."""
+    ``UNSTABLE`` (eager in float64 differs too wherever ``got`` does: see
+    :func:`unstable_reference`) or ``WRONG``, with the largest difference."""
     if _close(expected, got):
         return "ok"
     difference = _max_diff(expected, got)
-    unstable = unstable_reference(model, run, expected)
+    unstable = unstable_reference(model, run, expected, got)
     if unstable is not None:
         return f"UNSTABLE: max diff {difference:.3g}, eager float64 {unstable:.3g}"
     return f"WRONG: max diff {difference:.3g}"
