@@ -29,10 +29,10 @@ Every class runs in a forked process (a crash or a hang costs that line only; th
 process may not map more than ``SWEEP_MEMORY_GB``, 10 by default). A line per class
 (with the error of each path that fails and the seconds each path took), then the counts
 per path and the classes torch.export (or torch.onnx) takes and yobx (or yobx's ONNX)
-does not. Statuses: ``ok`` (close at the other size), ``UNSTABLE`` (values differ only
-where eager in float64 does: see ``sweep_transformers.unstable_reference``), ``WRONG`` (values
-differ: the worst
-outcome, with the largest difference), ``fail`` (an error, its first line), ``timeout``,
+does not. Statuses: ``ok`` (close at the other size), ``UNSTABLE`` (values differ
+only where eager in float64 does: see ``sweep_transformers.unstable_reference``),
+``WRONG`` (values differ: the worst outcome, with the largest difference), ``fail`` (an
+error, its first line), ``timeout``,
 ``crash``, ``-`` (eager itself fails on the tiny configuration, the model is too big or
 the model is random).
 """
