@@ -238,6 +238,10 @@ class Versioning:
         self.trace_arguments = trace_arguments
         self.notes: list[str] = []
         self.count = 1
+        #: decision location -> the captures of its other sides that failed: a line whose
+        #: other side no capture took (a model failing at sizes that large) gets one try
+        #: for its next decisions (diffusers' KVAE meets one line 12 times, 6 s a try)
+        self.failed_captures: dict[str, int] = {}
         first = tracer._version_tracer([])
         # the first capture keeps its own state; the tracer becomes the joined one
         for name in ("dims", "refinements", "shape_rules", "guards", "state", "traced_model"):
@@ -361,6 +365,8 @@ class Versioning:
             return None
         side = VersionCondition(negation, pretty(negation), location)
         notes = len(self.notes)
+        if self.failed_captures.get(location, 0) >= _SIDE_TRIES:
+            candidates = candidates[:1]
         for witness in candidates:
             # the nearest sizes may be where eager fails (an empty sequence where the
             # model reshapes by -1): the next ones may take the side
@@ -455,6 +461,9 @@ class Versioning:
             graph = child.trace(self.root, concrete_args=example, **self.trace_arguments)
         except Exception as exc:
             self._note(fact, f"the capture for {sizes} fails ({exception_summary(exc)})")
+            # a pinned dimension's note names no decision (see _Pinned)
+            location = getattr(fact.constraint, "location", "")
+            self.failed_captures[location] = self.failed_captures.get(location, 0) + 1
             return None
         other = Version(0, path, child, graph, example)
         mismatch = _output_mismatch(self.first, other)
