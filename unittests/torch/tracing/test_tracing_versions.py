@@ -675,3 +675,37 @@ def test_an_example_pinned_with_no_other_size_keeps_its_capture():
         assert_same(model(x), gm(x))
     with pytest.raises(ConstraintViolationError):
         gm(torch.randn(4, 3))
+
+
+class SameLineTwice(torch.nn.Module):
+    """One decision line met twice; its other side reads tensor values in Python,
+    which no capture takes (eager runs there)."""
+
+    def scaled(self, x, k):
+        if x.shape[0] * k > 100 and x.sum() > 0:
+            return x * k
+        return x + k
+
+    def forward(self, x):
+        return self.scaled(x, 1) + self.scaled(x, 2)
+
+
+def test_a_line_whose_other_side_no_capture_takes_gets_one_try_next(monkeypatch):
+    from yobx.torch.tracing import CustomTracer
+
+    sizes = []
+    trace = CustomTracer.trace
+
+    def counted(self, root, concrete_args=None, **kwargs):
+        sizes.append(concrete_args["x"].shape[0])
+        return trace(self, root, concrete_args=concrete_args, **kwargs)
+
+    monkeypatch.setattr(CustomTracer, "trace", counted)
+    model = SameLineTwice()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "batch"}})
+    # the example, three sizes for `batch > 100`, one for `2*batch > 100`
+    assert len(sizes) == 5 and sizes[0] == 4, sizes
+    assert sum(1 for note in tracer.version_notes if "capture for" in note) == 4
+    for batch in (4, 50, 1):
+        x = torch.randn(batch, 3)
+        assert_same(model(x), gm(x))
