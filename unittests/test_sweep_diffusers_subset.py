@@ -67,3 +67,30 @@ def test_an_output_eager_does_not_determine_is_unstable_not_wrong():
     # a result that differs elsewhere: wrong
     status = compared(expected, expected + torch.tensor([0.0, 1.0]), model, run)
     assert status.startswith("WRONG"), status
+
+
+class _FirstOfEqualScores(torch.nn.Module):
+    """The row ``topk`` selects among equal scores (a query selection)."""
+
+    def forward(self, scores, rows):
+        _, index = torch.topk(scores, 1)
+        return rows[index]
+
+
+def test_an_output_chosen_among_ties_is_unstable_not_wrong():
+    compared = _script("sweep_transformers").compared
+    model = _FirstOfEqualScores()
+    scores, rows = torch.ones(4), torch.arange(4.0)[:, None]
+
+    def run(m, cast):
+        return m(cast(scores), cast(rows))
+
+    expected = model(scores, rows)
+    # onnxruntime's TopK takes the lowest index among equal values
+    lowest = rows[torch.tensor([0])]
+    status = compared(expected, lowest, model, run)
+    if torch.equal(expected, lowest):
+        assert status == "ok"
+    else:
+        assert status.startswith("UNSTABLE"), status
+    assert compared(expected, expected + 10, model, run).startswith("WRONG")
