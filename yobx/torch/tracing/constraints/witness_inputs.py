@@ -52,23 +52,32 @@ def size_function(dims: Any, witness: dict[str, int]):
     return size
 
 
-def _input_bytes(dims: Any, inputs: Any, witness: dict[str, int]) -> tuple[int, int]:
-    """The bytes of the input tensors at the witness's sizes and in the example."""
+def _input_bytes(
+    dims: Any, inputs: Any, witness: dict[str, int], reference: Any = None
+) -> tuple[int, int]:
+    """The bytes of the input tensors at the witness's sizes, and in the example: the
+    smaller of ``inputs``' and ``reference``'s (see :func:`witness_bytes`)."""
     size = size_function(dims, witness)
-    needed = example = 0
-    for leaf, sizes in zip(inputs.leaves, inputs.sizes):
-        if isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor):
-            needed += math.prod(max(size(d), 0) for d in sizes) * leaf.element_size()
-            example += leaf.numel() * leaf.element_size()
+    needed = sum(
+        math.prod(max(size(d), 0) for d in sizes) * leaf.element_size()
+        for leaf, sizes in _tensors(inputs)
+    )
+    example = _example_bytes(inputs)
+    if reference is not None:
+        example = min(example, _example_bytes(reference))
     return needed, example
 
 
-def _example_bytes(inputs: Any) -> int:
-    return sum(
-        leaf.numel() * leaf.element_size()
+def _tensors(inputs: Any) -> list[tuple[torch.Tensor, Any]]:
+    return [
+        (leaf, sizes)
         for leaf, sizes in zip(inputs.leaves, inputs.sizes)
         if isinstance(sizes, (list, tuple)) and isinstance(leaf, torch.Tensor)
-    )
+    ]
+
+
+def _example_bytes(inputs: Any) -> int:
+    return sum(leaf.numel() * leaf.element_size() for leaf, _ in _tensors(inputs))
 
 
 def witness_bytes(
@@ -81,9 +90,7 @@ def witness_bytes(
         budgets are multiples of what the user gave, not of a version's example,
         which may already be a multiple of it (versions nest)
     """
-    needed, example = _input_bytes(dims, inputs, witness)
-    if reference is not None:
-        example = min(example, _example_bytes(reference))
+    needed, example = _input_bytes(dims, inputs, witness, reference)
     return needed, max(WITNESS_BYTES, WITNESS_BYTES_RATIO * example)
 
 
@@ -92,9 +99,7 @@ def eager_affordable(
 ) -> bool:
     """Whether the witness's inputs are small enough to run the model eagerly on them
     (see :data:`EAGER_BYTES`; ``reference`` as for :func:`witness_bytes`)."""
-    needed, example = _input_bytes(dims, inputs, witness)
-    if reference is not None:
-        example = min(example, _example_bytes(reference))
+    needed, example = _input_bytes(dims, inputs, witness, reference)
     return needed <= max(EAGER_BYTES, EAGER_BYTES_RATIO * example)
 
 

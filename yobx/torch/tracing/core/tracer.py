@@ -327,12 +327,10 @@ class CustomTracer(
         except SpecializationError as error:
             if self.narrowing != "versions" or error.fact is None:
                 raise
-            if not error.pinned_by_ranges:
-                return self._trace_from_other_size(root, error, *arguments)
             try:
                 return self._trace_from_other_size(root, error, *arguments)
             except SpecializationError as again:
-                if again is not error:
+                if again is not error or not error.pinned_by_ranges:
                     raise
         # no other size does better: the example's capture and its versions stand
         dynamic_shapes, remove_inplace, update_model_with_callable, verbose = arguments

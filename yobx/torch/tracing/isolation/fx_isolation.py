@@ -192,7 +192,6 @@ def _autowrap_check(patcher: Any, frame_dict: dict[str, Any], function_ids: set[
 
 _MATH_DICT = math.__dict__
 
-_CREATE_WRAPPED_FUNC = _create_wrapped_func
 #: id(original) -> (original, torch.fx's autowrap wrapper of it)
 _WRAPPED_FUNCS: dict[int, tuple[Any, Any]] = {}
 
@@ -203,7 +202,7 @@ def _cached_wrapped_func(original: Any) -> Any:
     cached = _WRAPPED_FUNCS.get(id(original))
     if cached is not None and cached[0] is original:
         return cached[1]
-    wrapper = _CREATE_WRAPPED_FUNC(original)
+    wrapper = _create_wrapped_func(original)
     if len(_WRAPPED_FUNCS) >= 1024:
         # `torch.fx.wrap`-ed functions of modules since unloaded
         _WRAPPED_FUNCS.clear()
