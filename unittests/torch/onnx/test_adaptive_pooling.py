@@ -82,4 +82,7 @@ def test_static_sizes_keep_torch_decomposition():
     ops = {node.op_type for node in result.model_proto.graph.node}
     assert "AveragePool" in ops and "GatherND" not in ops and "Gather" not in ops, ops
     x = torch.randn(2, 3, 6, 4)
-    np.testing.assert_allclose(_run(result, x)[0], _expected(_AvgPool(), x)[0], rtol=1e-6)
+    # averages of 4 floats: one near zero differs from torch by an ulp of its terms
+    np.testing.assert_allclose(
+        _run(result, x)[0], _expected(_AvgPool(), x)[0], rtol=1e-6, atol=1e-6
+    )

@@ -13,11 +13,11 @@ names the node::
 
 The checks form one chain (each ``Reshape`` reads the token the previous one returned),
 so the first broken constraint, in the order the tracer checks them, is the one
-reported. The token then gates every input the model reads: the model reads
-``Reshape(x, Shape(x) + token)`` (the same shape, no copy: onnxruntime's ``Reshape``
-returns a view) instead of ``x``, so that no node of the model runs, and no output is
-returned, before every check has passed. Outputs computed from no input at all are
-gated themselves.
+reported; with many checks, they are combined first and the chain runs only when one
+fails. The token then gates every input the model reads (a ``Reshape`` to the input's
+own shape, a view), so that no node of the model runs, and no output is returned,
+before every check has passed. Outputs computed from no input at all are gated
+themselves. :mod:`.check_gates` writes the chain and the gates.
 
 The conditions are exact: sizes are int64, a division by a constant keeps a scale
 instead of rounding (``n/2 - (n % 2)/2``), a floor division or a remainder follows
@@ -40,6 +40,7 @@ import onnx_ir as ir
 import sympy
 from torch.utils._sympy import functions as torch_sympy
 
+from yobx.torch.onnx.check_gates import chain_checks, gate_graph
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.constraints.runtime_checks import (
     RuntimeCheck,
@@ -283,30 +284,42 @@ class _CheckGraph:
         self.defined: list[Any] = []
         #: the symbols of the check being built and where their values come from
         self.sources: dict = {}
-        #: nodes appended at the graph's end (the gates of outputs computed from no input)
-        self.after: list[ir.Node] = []
-        #: the chain's token: a one-element tensor each check reshapes
+        #: how many nodes were written (their outputs are numbered)
+        self.written = 0
+        #: ``(holds, name)`` of each check, in order (see :mod:`.check_gates`)
+        self.conditions: list[tuple[ir.Value, str]] = []
+        #: the chain's first token: a one-element tensor each check reshapes
         self.token = self._constant(np.array([0], dtype=np.int64))
 
     # nodes
 
-    def _op(self, op_type: str, inputs: list, name: str | None = None, **attributes) -> ir.Value:
+    def op(
+        self, op_type: str, inputs: list, name: str | None = None, into: list | None = None, **a
+    ) -> ir.Value:
+        """The output of a new node, appended to ``into`` (default: the nodes written
+        before the model's)."""
+        index, self.written = self.written, self.written + 1
         if name is None:
-            name = f"{HELPER_NODE_PREFIX}{op_type}_{len(self.nodes) + len(self.after)}"
-        node = ir.node(op_type, inputs, attributes=attributes or None, name=name)
+            name = f"{HELPER_NODE_PREFIX}{op_type}_{index}"
+        node = ir.node(op_type, inputs, attributes=a or None, name=name)
         # named here: onnx_ir's automatic names (val_N) may collide with names used
         # in the subgraphs of an If (the choice between versions)
-        node.outputs[0].name = f"{HELPER_NODE_PREFIX}v{len(self.nodes) + len(self.after)}"
-        self.nodes.append(node)
+        node.outputs[0].name = f"{HELPER_NODE_PREFIX}v{index}"
+        (self.nodes if into is None else into).append(node)
         return node.outputs[0]
+
+    def append(self, node: ir.Node) -> None:
+        """Appends a node made elsewhere to the nodes written before the model's."""
+        self.nodes.append(node)
 
     def _constant(self, array: np.ndarray) -> ir.Value:
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self.constants:
-            self.constants[key] = self._op("Constant", [], value=ir.tensor(array))
+            self.constants[key] = self.op("Constant", [], value=ir.tensor(array))
         return self.constants[key]
 
-    def _int(self, value: int) -> ir.Value:
+    def int_constant(self, value: int) -> ir.Value:
+        """A one-element int64 constant, written once."""
         return self._constant(np.array([value], dtype=np.int64))
 
     def _bool(self, value: bool) -> ir.Value:
@@ -327,52 +340,22 @@ class _CheckGraph:
                 f"silently wrong outside its constraints)"
             ) from exc
         for defined in self.defined:
-            holds = self._op("And", [self._boolean(defined), holds])
-        shape = self._op("Where", [holds, self._int(1), self._int(2)])
-        self.token = self._op("Reshape", [self.token, shape], name=name)
+            holds = self.op("And", [self._boolean(defined), holds])
+        self.conditions.append((holds, name))
 
     def gate(self) -> None:
-        """Makes every input the model reads go through the chain's token, outputs
-        computed from no input too, and inserts the nodes at the graph's start."""
-        graph = self.graph
-        gated: set[int] = set()
-        replacements = []
+        """Chains the checks, makes every input the model reads go through the chain's
+        token (outputs computed from no input too), and inserts the nodes at the
+        graph's start (:mod:`.check_gates`)."""
+        token = chain_checks(self, self.token, self.conditions, HELPER_NODE_PREFIX)
         ours = {id(node) for node in self.nodes}
-        for value in graph.inputs:
-            # the model's uses: the checks read the sizes of the input itself
-            uses = [use for use in value.uses() if id(use.node) not in ours]
-            if not uses:
-                continue
-            shape = self._op("Add", [self._op("Shape", [value]), self.token])
-            checked = self._op("Reshape", [value, shape], f"{HELPER_NODE_PREFIX}gate_{value.name}")
-            checked.name = f"{value.name}__checked"
-            checked.dtype, checked.shape = value.dtype, value.shape
-            replacements.append((value, checked, uses))
-            gated.add(id(checked))
-        for _, checked, uses in replacements:
-            for use in uses:
-                use.node.replace_input_with(use.idx, checked)
-        depends = _depending_values(graph, gated)
-        outputs = list(graph.outputs)
-        for index, value in enumerate(outputs):
-            if id(value) in depends or value.is_graph_input():
-                continue
-            # an output computed from no input (a constant): gated itself, after it
-            start = len(self.nodes)
-            shape = self._op("Add", [self._op("Shape", [value]), self.token])
-            checked = self._op("Reshape", [value, shape], f"{HELPER_NODE_PREFIX}gate_{value.name}")
-            self.after.extend(self.nodes[start:])
-            del self.nodes[start:]
-            checked.dtype, checked.shape = value.dtype, value.shape
-            name = value.name
-            value.name = f"{name}__unchecked"
-            checked.name = name
-            graph.outputs[index] = checked
+        after = gate_graph(self.graph, self, token, ours, HELPER_NODE_PREFIX)
+        graph = self.graph
         if len(graph):
             graph.insert_before(graph[0], self.nodes)
         else:
             graph.extend(self.nodes)
-        graph.extend(self.after)
+        graph.extend(after)
 
     # interpretation of a condition
 
@@ -422,11 +405,11 @@ class _CheckGraph:
             if value is None:
                 raise NotImplementedError(f"input {leaf!r} is not an input of the ONNX model")
             if axis is None:
-                read = self._op("Reshape", [value, self._int(1)])
+                read = self.op("Reshape", [value, self.int_constant(1)])
                 if value.dtype not in (None, ir.DataType.INT64):
-                    read = self._op("Cast", [read], to=ir.DataType.INT64)
+                    read = self.op("Cast", [read], to=ir.DataType.INT64)
             else:
-                read = self._op("Shape", [value], start=axis, end=axis + 1)
+                read = self.op("Shape", [value], start=axis, end=axis + 1)
             self.memo[key] = _Exact(read)
         size = self.memo[key]
         if b:
@@ -444,23 +427,23 @@ class _CheckGraph:
         if isinstance(number, float):
             return _Real(self._constant(np.array([number], dtype=np.float64)))
         number = fractions.Fraction(number)
-        return _Exact(self._int(number.numerator), number.denominator)
+        return _Exact(self.int_constant(number.numerator), number.denominator)
 
     def _real(self, number: _Number) -> _Real:
         number = self._exact(number)
         if isinstance(number, _Real):
             return number
-        real = self._op("Cast", [number.value], to=ir.DataType.DOUBLE)
+        real = self.op("Cast", [number.value], to=ir.DataType.DOUBLE)
         if number.scale != 1:
             scale = self._constant(np.array([number.scale], dtype=np.float64))
-            real = self._op("Div", [real, scale])
+            real = self.op("Div", [real, scale])
         return _Real(real)
 
     def _scaled(self, number: _Exact, scale: int) -> ir.Value:
         """The numerator of ``number`` written with the multiple ``scale`` of its own."""
         if scale == number.scale:
             return number.value
-        return self._op("Mul", [number.value, self._int(scale // number.scale)])
+        return self.op("Mul", [number.value, self.int_constant(scale // number.scale)])
 
     def _common(self, left: _Number, right: _Number) -> tuple[Any, Any, int | None]:
         """Both operands in one representation: ``(l, r, scale)``, numerators on a
@@ -479,7 +462,7 @@ class _CheckGraph:
         if _constant(left) and left == 0:
             return right
         a, b, scale = self._common(left, right)
-        total = self._op("Add", [a, b])
+        total = self.op("Add", [a, b])
         return _Real(total) if scale is None else _Exact(total, scale)
 
     def _mul(self, left: _Number, right: _Number) -> _Number:
@@ -493,12 +476,12 @@ class _CheckGraph:
             if isinstance(left, _Exact) and isinstance(right, fractions.Fraction):
                 value = left.value
                 if right.numerator != 1:
-                    value = self._op("Mul", [value, self._int(right.numerator)])
+                    value = self.op("Mul", [value, self.int_constant(right.numerator)])
                 return _Exact(value, left.scale * right.denominator)
         left, right = self._exact(left), self._exact(right)
         if isinstance(left, _Exact) and isinstance(right, _Exact):
-            return _Exact(self._op("Mul", [left.value, right.value]), left.scale * right.scale)
-        return _Real(self._op("Mul", [self._real(left).value, self._real(right).value]))
+            return _Exact(self.op("Mul", [left.value, right.value]), left.scale * right.scale)
+        return _Real(self.op("Mul", [self._real(left).value, self._real(right).value]))
 
     def _nonzero(self, divisor: _Number) -> None:
         """A division by ``divisor``: the check fails where it is zero (Python raises)."""
@@ -510,7 +493,7 @@ class _CheckGraph:
         zero = self._exact(fractions.Fraction(0))
         if isinstance(divisor, _Real):
             zero = self._real(zero)
-        self.defined.append(self._op("Not", [self._op("Equal", [divisor.value, zero.value])]))
+        self.defined.append(self.op("Not", [self.op("Equal", [divisor.value, zero.value])]))
 
     def _floordiv(self, left: _Number, right: _Number) -> _Number:
         if _constant(left) and _constant(right):
@@ -518,18 +501,18 @@ class _CheckGraph:
         self._nonzero(right)
         a, b, scale = self._common(left, right)
         if scale is None:
-            quotient = self._op("Floor", [self._op("Div", [a, b])])
-            return _Exact(self._op("Cast", [quotient], to=ir.DataType.INT64))
+            quotient = self.op("Floor", [self.op("Div", [a, b])])
+            return _Exact(self.op("Cast", [quotient], to=ir.DataType.INT64))
         # (a/s) // (b/s) == a // b; Mod follows the divisor's sign, as Python's %
         safe = self._safe_divisor(b)
-        remainder = self._op("Mod", [a, safe], fmod=0)
-        return _Exact(self._op("Div", [self._op("Sub", [a, remainder]), safe]))
+        remainder = self.op("Mod", [a, safe], fmod=0)
+        return _Exact(self.op("Div", [self.op("Sub", [a, remainder]), safe]))
 
     def _safe_divisor(self, divisor: ir.Value) -> ir.Value:
         """``divisor``, or 1 where it is zero: the check already fails there, and
         onnxruntime's integer division by zero would stop the process."""
-        zero = self._op("Equal", [divisor, self._int(0)])
-        return self._op("Where", [zero, self._int(1), divisor])
+        zero = self.op("Equal", [divisor, self.int_constant(0)])
+        return self.op("Where", [zero, self.int_constant(1), divisor])
 
     def _mod(self, left: _Number, right: _Number) -> _Number:
         if _constant(left) and _constant(right):
@@ -538,9 +521,9 @@ class _CheckGraph:
         a, b, scale = self._common(left, right)
         if scale is None:
             # Python's float remainder has the divisor's sign: a - b * floor(a / b)
-            floor = self._op("Floor", [self._op("Div", [a, b])])
-            return _Real(self._op("Sub", [a, self._op("Mul", [b, floor])]))
-        return _Exact(self._op("Mod", [a, self._safe_divisor(b)], fmod=0), scale)
+            floor = self.op("Floor", [self.op("Div", [a, b])])
+            return _Real(self.op("Sub", [a, self.op("Mul", [b, floor])]))
+        return _Exact(self.op("Mod", [a, self._safe_divisor(b)], fmod=0), scale)
 
     def _truediv(self, left: _Number, right: _Number) -> _Number:
         if _constant(right):
@@ -549,7 +532,7 @@ class _CheckGraph:
             if isinstance(right, fractions.Fraction):
                 return self._mul(left, 1 / right)
         self._nonzero(right)
-        return _Real(self._op("Div", [self._real(left).value, self._real(right).value]))
+        return _Real(self.op("Div", [self._real(left).value, self._real(right).value]))
 
     def _power(self, base: _Number, exponent: _Number) -> _Number:
         if _constant(base) and _constant(exponent):
@@ -563,7 +546,7 @@ class _CheckGraph:
             for _ in range(int(exponent)):
                 result = self._mul(result, base)
             return result
-        return _Real(self._op("Pow", [self._real(base).value, self._real(exponent).value]))
+        return _Real(self.op("Pow", [self._real(base).value, self._real(exponent).value]))
 
     def _unary(self, function: str, number: _Number) -> _Number:
         """``math.sqrt(n)`` and its kind (torch's ``OpaqueUnaryFn_sqrt``), in float."""
@@ -574,15 +557,15 @@ class _CheckGraph:
         # definitions instead (the checks compute in float64, as Python does)
         if function == "log2":
             ln2 = self._constant(np.array([math.log(2.0)], dtype=np.float64))
-            return _Real(self._op("Div", [self._op("Log", [value]), ln2]))
+            return _Real(self.op("Div", [self.op("Log", [value]), ln2]))
         if function == "tan":
-            return _Real(self._op("Div", [self._op("Sin", [value]), self._op("Cos", [value])]))
+            return _Real(self.op("Div", [self.op("Sin", [value]), self.op("Cos", [value])]))
         if function in ("cosh", "sinh"):
-            up, down = self._op("Exp", [value]), self._op("Exp", [self._op("Neg", [value])])
+            up, down = self.op("Exp", [value]), self.op("Exp", [self.op("Neg", [value])])
             half = self._constant(np.array([0.5], dtype=np.float64))
-            both = self._op("Add" if function == "cosh" else "Sub", [up, down])
-            return _Real(self._op("Mul", [both, half]))
-        return _Real(self._op(_ONNX_UNARY[function], [value]))
+            both = self.op("Add" if function == "cosh" else "Sub", [up, down])
+            return _Real(self.op("Mul", [both, half]))
+        return _Real(self.op(_ONNX_UNARY[function], [value]))
 
     def _truncated(self, number: _Number) -> _Number:
         """``int(x)``: towards zero, the floor of a positive number and the ceiling
@@ -594,19 +577,19 @@ class _CheckGraph:
             floor = self._rounded(number, ceiling=False)
             ceiling = self._rounded(number, ceiling=True)
             a, b, scale = self._common(floor, ceiling)
-            negative = self._op("Less", [number.value, self._int(0)])
-            return _Exact(self._op("Where", [negative, b, a]), scale)
+            negative = self.op("Less", [number.value, self.int_constant(0)])
+            return _Exact(self.op("Where", [negative, b, a]), scale)
         value = number.value
         zero = self._real(0).value
-        rounded = self._op(
+        rounded = self.op(
             "Where",
             [
-                self._op("Less", [value, zero]),
-                self._op("Ceil", [value]),
-                self._op("Floor", [value]),
+                self.op("Less", [value, zero]),
+                self.op("Ceil", [value]),
+                self.op("Floor", [value]),
             ],
         )
-        return _Exact(self._op("Cast", [rounded], to=ir.DataType.INT64))
+        return _Exact(self.op("Cast", [rounded], to=ir.DataType.INT64))
 
     def _rounded(self, number: _Number, ceiling: bool) -> _Number:
         if _constant(number):
@@ -617,8 +600,8 @@ class _CheckGraph:
                 return self._floordiv(number, fractions.Fraction(1))
             negative = self._mul(number, fractions.Fraction(-1))
             return self._mul(self._floordiv(negative, fractions.Fraction(1)), -1)
-        rounded = self._op("Ceil" if ceiling else "Floor", [number.value])
-        return _Exact(self._op("Cast", [rounded], to=ir.DataType.INT64))
+        rounded = self.op("Ceil" if ceiling else "Floor", [number.value])
+        return _Exact(self.op("Cast", [rounded], to=ir.DataType.INT64))
 
     def _extremum(self, args: list, largest: bool) -> _Number:
         result = args[0]
@@ -627,7 +610,7 @@ class _CheckGraph:
                 result = max(result, other) if largest else min(result, other)
                 continue
             a, b, scale = self._common(result, other)
-            value = self._op("Max" if largest else "Min", [a, b])
+            value = self.op("Max" if largest else "Min", [a, b])
             result = _Real(value) if scale is None else _Exact(value, scale)
         return result
 
@@ -642,8 +625,8 @@ class _CheckGraph:
             return bool(_PYTHON_RELATIONS[type(expr)](left, right))
         a, b, _ = self._common(left, right)
         op_type, swap, negate = _ONNX_RELATIONS[type(expr)]
-        result = self._op(op_type, [b, a] if swap else [a, b])
-        return self._op("Not", [result]) if negate else result
+        result = self.op(op_type, [b, a] if swap else [a, b])
+        return self.op("Not", [result]) if negate else result
 
     def _connective(self, expr: sympy.Basic, args: list) -> Any:
         conjunction = isinstance(expr, sympy.And)
@@ -655,7 +638,7 @@ class _CheckGraph:
             return conjunction
         result = computed[0]
         for other in computed[1:]:
-            result = self._op("And" if conjunction else "Or", [result, other])
+            result = self.op("And" if conjunction else "Or", [result, other])
         return result
 
     def _disjunction(self, expr: sympy.Or) -> Any:
@@ -673,13 +656,13 @@ class _CheckGraph:
                 self.defined = outer
             if needs and value is not False:
                 for defined in needs:
-                    value = self._op("And", [self._boolean(defined), self._boolean(value)])
+                    value = self.op("And", [self._boolean(defined), self._boolean(value)])
             terms.append(value)
         return self._connective(expr, terms)
 
     def _not(self, expr: sympy.Basic, args: list) -> Any:
         (value,) = args
-        return not value if isinstance(value, bool) else self._op("Not", [value])
+        return not value if isinstance(value, bool) else self.op("Not", [value])
 
 
 def _constant(number: Any) -> bool:
@@ -701,25 +684,6 @@ def _binary(method):
         return method(builder, *args)
 
     return apply
-
-
-def _depending_values(graph: ir.Graph, sources: set[int]) -> set[int]:
-    """The ids of the values of ``graph`` computed from one of ``sources`` (ids of
-    values), through subgraphs too (a branch reading an outer value)."""
-    depends = set(sources)
-    for node in graph:
-        inputs = [v for v in node.inputs if v is not None]
-        for attribute in node.attributes.values():
-            if attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
-                subgraphs = (
-                    attribute.value if isinstance(attribute.value, list) else [attribute.value]
-                )
-                for subgraph in subgraphs:
-                    for inner in ir.traversal.RecursiveGraphIterator(subgraph):
-                        inputs.extend(v for v in inner.inputs if v is not None)
-        if any(id(v) in depends for v in inputs):
-            depends.update(id(v) for v in node.outputs)
-    return depends
 
 
 _PYTHON_RELATIONS = {

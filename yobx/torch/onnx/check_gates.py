@@ -1,0 +1,183 @@
+"""The chain of an exported model's runtime checks, and the gates it puts on the inputs.
+
+:mod:`.runtime_checks` computes, for each constraint, a boolean that holds when the
+inputs' sizes satisfy it. This module turns those booleans into the nodes that stop the
+model where one does not hold, and makes every input the model reads wait for them:
+
+* **the chain**: each check decides the shape a ``Reshape`` of a one-element token asks
+  for, ``[1]`` when the condition holds, ``[2]`` when it does not (onnxruntime refuses),
+  each ``Reshape`` reading the token the previous one returned. The ``Reshape`` is named
+  after the constraint, so onnxruntime's error names the first broken one.
+* **the fast path**: a decode step checks some forty constraints (each cache tensor's
+  batch and length...), and the chain's two nodes per check cost about as much as the
+  conditions themselves at every token (a node is 1-2 µs in onnxruntime). From
+  :data:`FAST_PATH_FROM` checks on, the conditions are combined first (``Concat``,
+  ``ReduceMin``), and an ``If`` runs the chain only when one of them does not hold:
+  five nodes on the path a valid input takes, the same error on the others.
+* **the gates**: every input the model reads becomes ``Reshape(x, zeros)``, the token
+  expanded to the input's rank. A ``0`` in a ``Reshape``'s shape keeps the input's
+  dimension, so the gate returns the input as it is (a view, no copy) after the chain
+  has passed: one node per input and one per rank, and no node of the model runs before
+  every check has passed. Outputs computed from no input at all are gated themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import onnx_ir as ir
+
+#: from this many checks on, the conditions are combined before the chain (which then
+#: runs only when one does not hold): below, the ``If`` costs more than it saves
+FAST_PATH_FROM = 4
+
+
+class NodeWriter(Protocol):
+    """What writes the checks' nodes (:class:`.runtime_checks._CheckGraph`)."""
+
+    def op(
+        self, op_type: str, inputs: list, name: str | None = None, into: list | None = None, **a
+    ) -> ir.Value:
+        """The output of a new node, appended to ``into`` (default: the nodes written
+        before the model's), its name and its output's unique in the model."""
+
+    def int_constant(self, value: int) -> ir.Value:
+        """A one-element int64 constant, written once before the model's nodes."""
+
+    def append(self, node: ir.Node) -> None:
+        """Appends a node made elsewhere to the nodes written before the model's."""
+
+
+def chain_checks(
+    writer: NodeWriter, token: ir.Value, conditions: list[tuple[ir.Value, str]], prefix: str
+) -> ir.Value:
+    """The chain's last token: it exists only when every condition holds.
+
+    :param writer: makes the nodes
+    :param token: the first token, ``[0]`` (int64)
+    :param conditions: ``(holds, name)`` of each check, in the order they are reported:
+        a one-element boolean and the name of the node that fails when it is false
+    :param prefix: the beginning of the names of the helper nodes
+    """
+    if len(conditions) < FAST_PATH_FROM:
+        return _chained(writer, token, conditions, into=None)
+    combined = writer.op("Concat", [holds for holds, _ in conditions], axis=0)
+    # ReduceMin has no boolean kernel before opset 20
+    combined = writer.op("Cast", [combined], to=ir.DataType.INT64)
+    combined = writer.op("ReduceMin", [combined], keepdims=0)
+    combined = writer.op("Cast", [combined], to=ir.DataType.BOOL)
+    # the branches read the enclosing graph's values (conditions, constants, token)
+    passed: list[ir.Node] = []
+    failed: list[ir.Node] = []
+    outputs = {
+        "then_branch": (passed, writer.op("Identity", [token], into=passed)),
+        "else_branch": (failed, _chained(writer, token, conditions, into=failed)),
+    }
+    choice = ir.node(
+        "If",
+        [combined],
+        attributes={
+            key: ir.AttrGraph(key, ir.Graph([], [out], nodes=nodes, name=f"{prefix}{key}"))
+            for key, (nodes, out) in outputs.items()
+        },
+        name=f"{prefix}every_check",
+    )
+    checked = choice.outputs[0]
+    checked.name = f"{prefix}checked_token"
+    for value in (checked, *(out for _, out in outputs.values())):
+        # no shape: onnxruntime removes a Reshape whose output has its input's static
+        # shape as a no-op, and the chain would be gone
+        value.dtype = ir.DataType.INT64
+    writer.append(choice)
+    return checked
+
+
+def _chained(
+    writer: NodeWriter,
+    token: ir.Value,
+    conditions: list[tuple[ir.Value, str]],
+    into: list[ir.Node] | None,
+) -> ir.Value:
+    one, two = writer.int_constant(1), writer.int_constant(2)
+    for holds, name in conditions:
+        shape = writer.op("Where", [holds, one, two], into=into)
+        token = writer.op("Reshape", [token, shape], name=name, into=into)
+    return token
+
+
+def gate_graph(
+    graph: ir.Graph, writer: NodeWriter, token: ir.Value, ours: set[int], prefix: str
+) -> list[ir.Node]:
+    """Makes every input ``graph``'s nodes read go through ``token``, and the outputs
+    computed from no input; returns the nodes gating those outputs, which go at the
+    graph's end (the others are written by ``writer``).
+
+    :param ours: the ids of the checks' own nodes (they read the inputs' sizes)
+    """
+    zeros: dict[int, ir.Value] = {}
+
+    def gated(value: ir.Value, into: list[ir.Node] | None) -> ir.Value:
+        if value.shape is None:
+            shape = writer.op("Shape", [value], into=into)
+            shape = writer.op("Add", [shape, token], into=into)
+        else:
+            rank = len(value.shape)
+            if rank not in zeros:
+                # the token repeated to the rank; for a scalar, none of it (onnxruntime
+                # expands [0] to a shape [0] as [1]): computed from the token either way
+                zero = writer.int_constant(0)
+                zeros[rank] = writer.op(
+                    "Expand" if rank else "Slice",
+                    [token, writer.int_constant(rank)] if rank else [token, zero, zero],
+                )
+            shape = zeros[rank]
+        name = f"{prefix}gate_{value.name}"
+        checked = writer.op("Reshape", [value, shape], name=name, into=into)
+        checked.dtype, checked.shape = value.dtype, value.shape
+        return checked
+
+    replacements = []
+    for value in graph.inputs:
+        # the model's uses: the checks read the sizes of the input itself
+        uses = [use for use in value.uses() if id(use.node) not in ours]
+        if uses:
+            checked = gated(value, None)
+            checked.name = f"{value.name}__checked"
+            replacements.append((checked, uses))
+    for checked, uses in replacements:
+        for use in uses:
+            use.node.replace_input_with(use.idx, checked)
+    depends = depending_values(graph, {id(checked) for checked, _ in replacements})
+    after: list[ir.Node] = []
+    for index, value in enumerate(list(graph.outputs)):
+        if id(value) in depends or value.is_graph_input():
+            continue
+        # an output computed from no input (a constant): gated itself, after it
+        checked = gated(value, after)
+        name = value.name
+        value.name = f"{name}__unchecked"
+        checked.name = name
+        graph.outputs[index] = checked
+    return after
+
+
+def depending_values(graph: ir.Graph, sources: set[int]) -> set[int]:
+    """The ids of the values of ``graph`` computed from one of ``sources`` (ids of
+    values), through subgraphs too (a branch reading an outer value)."""
+    depends = set(sources)
+    for node in graph:
+        inputs = [v for v in node.inputs if v is not None]
+        for attribute in node.attributes.values():
+            if attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                subgraphs = (
+                    attribute.value if isinstance(attribute.value, list) else [attribute.value]
+                )
+                for subgraph in subgraphs:
+                    for inner in ir.traversal.RecursiveGraphIterator(subgraph):
+                        inputs.extend(v for v in inner.inputs if v is not None)
+        if any(id(v) in depends for v in inputs):
+            depends.update(id(v) for v in node.outputs)
+    return depends
+
+
+__all__ = ["FAST_PATH_FROM", "NodeWriter", "chain_checks", "depending_values", "gate_graph"]
