@@ -279,16 +279,15 @@ def export_nested(model: torch.nn.Module, kwargs: dict, **options: Any) -> tuple
     """``yobx`` (or ``yobx-ort`` with ``optimize="ort"``) without the passes that make
     the versions' nested ``If`` nodes fewer (outputs filled on opposite sides merged,
     trees of ``If`` nodes run as one): what they are worth."""
-    import yobx.torch.onnx.export as export_module
     import yobx.torch.onnx.optimize as optimize_module
 
-    saved = optimize_module.merge_filler_slots, export_module.collapse_branch_trees
+    saved = optimize_module.merge_filler_slots, optimize_module.collapse_branch_trees
     optimize_module.merge_filler_slots = lambda model: 0
-    export_module.collapse_branch_trees = lambda model: 0
+    optimize_module.collapse_branch_trees = lambda model: 0
     try:
         return export_yobx(model, kwargs, **options)
     finally:
-        optimize_module.merge_filler_slots, export_module.collapse_branch_trees = saved
+        optimize_module.merge_filler_slots, optimize_module.collapse_branch_trees = saved
 
 
 def export_torch_onnx(model: torch.nn.Module, kwargs: dict) -> onnx.ModelProto:

@@ -129,3 +129,51 @@ def test_gates_return_the_inputs_as_they_are(count):
         np.testing.assert_array_equal(outputs[-1], np.array([3.0], np.float32))
     with pytest.raises(Exception, match="m at most 40|n positive"):
         session.run(None, {**feeds, "x": np.zeros((0, 50), np.float32)})
+
+
+P, Q, R, S = (sympy.Symbol(name, integer=True) for name in "pqrs")
+#: checks on a of shape (p, q) and b of shape (r, s): equal sizes, and one range
+SIZE_CONDITIONS = (
+    ("p is r", sympy.Eq(P, R)),
+    ("q at most 9", sympy.Le(Q, 9)),
+    ("q is s", sympy.Eq(Q, S)),
+    ("p is s", sympy.Eq(P, S)),
+    ("r is q", sympy.Eq(R, Q)),
+    ("s is p", sympy.Eq(S, P)),
+)
+
+
+@pytest.mark.parametrize("count", [FAST_PATH_FROM, len(SIZE_CONDITIONS)])
+def test_equal_sizes_are_compared_at_once_and_the_first_broken_is_named(count):
+    values = [
+        ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(dims))
+        for name, dims in (("a", ["p", "q"]), ("b", ["r", "s"]))
+    ]
+    graph = ir.Graph(values, [], nodes=[], opset_imports={"": 18})
+    for value in values:
+        node = ir.node("Identity", [value])
+        node.outputs[0].name = f"{value.name}_out"
+        graph.append(node)
+        graph.outputs.append(node.outputs[0])
+    builder = _CheckGraph(graph, {v.name: v for v in values})
+    sources = {P: ("a", 0, 1, 0), Q: ("a", 1, 1, 0), R: ("b", 0, 1, 0), S: ("b", 1, 1, 0)}
+    for name, condition in SIZE_CONDITIONS[:count]:
+        builder.check(condition, sources, CHECK_NODE_PREFIX + name, RuntimeCheck(condition, name))
+    builder.gate()
+    model = ir.Model(graph, ir_version=10)
+    main = [n.op_type for n in model.graph]
+    equalities = sum(1 for _, c in SIZE_CONDITIONS[:count] if isinstance(c, sympy.Eq))
+    if equalities >= FAST_PATH_FROM:
+        # one comparison of two gathered vectors for all of them
+        assert main.count("Equal") == 1 and main.count("Gather") == 2, main
+    session = _session(model)
+    for a, b in [((3, 3), (3, 3)), ((2, 3), (3, 3)), ((3, 12), (3, 12)), ((3, 3), (3, 4))]:
+        sizes = {P: a[0], Q: a[1], R: b[0], S: b[1]}
+        expected = next((n for n, c in SIZE_CONDITIONS[:count] if not bool(c.subs(sizes))), None)
+        feeds = {"a": np.zeros(a, np.float32), "b": np.zeros(b, np.float32)}
+        try:
+            session.run(None, feeds)
+            reported = None
+        except Exception as e:
+            reported = failed_check(str(e))[len(CHECK_NODE_PREFIX) :]
+        assert reported == expected, (a, b)

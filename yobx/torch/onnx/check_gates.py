@@ -23,13 +23,30 @@ model where one does not hold, and makes every input the model reads wait for th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
+import numpy as np
 import onnx_ir as ir
 
 #: from this many checks on, the conditions are combined before the chain (which then
 #: runs only when one does not hold): below, the ``If`` costs more than it saves
 FAST_PATH_FROM = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SizePair:
+    """A check that two sizes of the inputs are equal (``past_key_values.3.key.size(0)
+    == batch``, most of a decode step's checks): ``(input, axis)`` each. Many are
+    compared at once (:func:`compare_sizes`)."""
+
+    left: tuple[ir.Value, int]
+    right: tuple[ir.Value, int]
+
+
+#: what a check computes: a one-element boolean, the element of a vector of booleans at
+#: an index, or two sizes to compare
+Holds = ir.Value | tuple[ir.Value, int] | SizePair
 
 
 class NodeWriter(Protocol):
@@ -47,21 +64,66 @@ class NodeWriter(Protocol):
     def append(self, node: ir.Node) -> None:
         """Appends a node made elsewhere to the nodes written before the model's."""
 
+    def constant(self, array: np.ndarray) -> ir.Value:
+        """A constant, written once before the model's nodes."""
+
+
+def compare_sizes(writer: NodeWriter, conditions: list[tuple[Holds, str]]) -> list:
+    """``conditions`` with each :class:`SizePair` computed: from
+    :data:`FAST_PATH_FROM` of them on, all at once (the shapes of the inputs they read
+    concatenated, the two sides gathered and compared: a vector of booleans), else one
+    ``Equal`` each."""
+    pairs = [holds for holds, _ in conditions if isinstance(holds, SizePair)]
+    resolved: dict[int, Holds] = {}
+    if 0 < len(pairs) < FAST_PATH_FROM:
+        for pair in pairs:
+            sizes = [
+                writer.op("Shape", [v], start=a, end=a + 1) for v, a in (pair.left, pair.right)
+            ]
+            resolved[id(pair)] = writer.op("Equal", sizes)
+    elif pairs:
+        values: list[ir.Value] = []
+        for pair in pairs:
+            for value, _ in (pair.left, pair.right):
+                if not any(value is v for v in values):
+                    values.append(value)
+        offsets, shapes, start = {}, [], 0
+        for value in values:
+            offsets[id(value)] = start
+            start += len(value.shape)
+            shapes.append(writer.op("Shape", [value]))
+        every = writer.op("Concat", shapes, axis=0)
+        sides = [
+            writer.op("Gather", [every, writer.constant(np.array(positions, dtype=np.int64))])
+            for positions in zip(
+                *[[offsets[id(v)] + a for v, a in (p.left, p.right)] for p in pairs]
+            )
+        ]
+        equal = writer.op("Equal", sides)
+        resolved = {id(pair): (equal, index) for index, pair in enumerate(pairs)}
+    return [(resolved.get(id(holds), holds), name) for holds, name in conditions]
+
 
 def chain_checks(
-    writer: NodeWriter, token: ir.Value, conditions: list[tuple[ir.Value, str]], prefix: str
+    writer: NodeWriter, token: ir.Value, conditions: list[tuple[Holds, str]], prefix: str
 ) -> ir.Value:
     """The chain's last token: it exists only when every condition holds.
 
     :param writer: makes the nodes
     :param token: the first token, ``[0]`` (int64)
     :param conditions: ``(holds, name)`` of each check, in the order they are reported:
-        a one-element boolean and the name of the node that fails when it is false
+        a one-element boolean (or an element of a vector of them, see
+        :func:`compare_sizes`) and the name of the node that fails when it is false
     :param prefix: the beginning of the names of the helper nodes
     """
     if len(conditions) < FAST_PATH_FROM:
         return _chained(writer, token, conditions, into=None)
-    combined = writer.op("Concat", [holds for holds, _ in conditions], axis=0)
+    flags: list[ir.Value] = []
+    for holds, _ in conditions:
+        flag = holds[0] if isinstance(holds, tuple) else holds
+        if not any(flag is f for f in flags):
+            flags.append(flag)
+    combined = writer.op("Concat", flags, axis=0) if len(flags) > 1 else flags[0]
     # ReduceMin has no boolean kernel before opset 20
     combined = writer.op("Cast", [combined], to=ir.DataType.INT64)
     combined = writer.op("ReduceMin", [combined], keepdims=0)
@@ -95,11 +157,16 @@ def chain_checks(
 def _chained(
     writer: NodeWriter,
     token: ir.Value,
-    conditions: list[tuple[ir.Value, str]],
+    conditions: list[tuple[Holds, str]],
     into: list[ir.Node] | None,
 ) -> ir.Value:
     one, two = writer.int_constant(1), writer.int_constant(2)
     for holds, name in conditions:
+        if isinstance(holds, tuple):
+            # an element of the vector comparing sizes (where the chain runs)
+            vector, index = holds
+            start, end = writer.int_constant(index), writer.int_constant(index + 1)
+            holds = writer.op("Slice", [vector, start, end], into=into)
         shape = writer.op("Where", [holds, one, two], into=into)
         token = writer.op("Reshape", [token, shape], name=name, into=into)
     return token
@@ -180,4 +247,13 @@ def depending_values(graph: ir.Graph, sources: set[int]) -> set[int]:
     return depends
 
 
-__all__ = ["FAST_PATH_FROM", "NodeWriter", "chain_checks", "depending_values", "gate_graph"]
+__all__ = [
+    "FAST_PATH_FROM",
+    "Holds",
+    "NodeWriter",
+    "SizePair",
+    "chain_checks",
+    "compare_sizes",
+    "depending_values",
+    "gate_graph",
+]

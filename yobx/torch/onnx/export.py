@@ -35,10 +35,9 @@ from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.onnx.lowering import lower_to_aten
 from yobx.torch.onnx.opsets import DEFAULT_OPSET, check_opset, convert_opset, supported_opsets
 from yobx.torch.onnx.optimize import (
+    arrange_branches,
     check_optimize_level,
-    collapse_branch_trees,
     fuse_for_onnxruntime,
-    merge_branches,
     optimize_model,
 )
 from yobx.torch.onnx.runtime_checks import (
@@ -716,8 +715,7 @@ def _optimize_and_check(
         weights = _optimize(ir_model, opset)
         if optimize != "ort":
             # versions share most of their nodes: computed once, out of the If nodes
-            info["nodes_merged"] = merge_branches(ir_model)
-            info["if_trees_collapsed"] = collapse_branch_trees(ir_model)
+            info.update(arrange_branches(ir_model))
         # linear layers read their weights [in, out], as quantizers expect them
         info["weights_transposed"] = store_weights_transposed(ir_model, weights)
         info["onnx_nodes"] = len(ir_model.graph)
@@ -732,8 +730,7 @@ def _optimize_and_check(
         with stage("fuse") as info:
             info["fusions"] = _fuse(ir_model, weights, dimensions)
             # after the fusions, which look for their patterns in whole versions
-            info["nodes_merged"] = merge_branches(ir_model)
-            info["if_trees_collapsed"] = collapse_branch_trees(ir_model)
+            info.update(arrange_branches(ir_model))
             info["weights_transposed"] = store_weights_transposed(ir_model, weights)
             info["onnx_nodes"] = len(ir_model.graph)
         if checked_inputs is not None:

@@ -47,6 +47,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from yobx.torch.onnx.gqa_rotary import NodeList, Rotary, RotaryCaches, rotary_of
 from yobx.torch.onnx.ort_fusions import graphs_within
 
 _MS = "com.microsoft"
@@ -75,6 +76,17 @@ class _Site:
     #: one token's query grouped by key-value head, against the unrepeated cache (the
     #: attention is then ``(batch, kv_heads, heads / kv_heads, head)``)
     grouped: bool = False
+    #: the rotations of the query and the key, which the operator applies itself
+    #: (:mod:`.gqa_rotary`), None when they are not of that form
+    rotary: tuple[Rotary, Rotary] | None = None
+
+    def operands(self) -> tuple[ir.Value, ...]:
+        """What the operator reads: the query and key before their rotation."""
+        if self.rotary is None:
+            return (self.query, self.key, self.value, self.past_key, self.past_value, self.mask)
+        query, key = self.rotary
+        rest = (self.value, self.past_key, self.past_value, self.mask, query.cos, query.sin)
+        return (query.source, key.source, *rest)
 
 
 def _producer(value: ir.Value | None, op_type: str, graph: ir.Graph) -> ir.Node | None:
@@ -283,7 +295,7 @@ def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
     if (_dims(past_value)[1], _dims(past_value)[3]) != (kv_heads, head_size):
         return None
     nodes = [*keys, *values, *transposed[0], *grouping[0], *query_side[0], *key_side[0]]
-    return _Site(
+    site = _Site(
         graph=graph,
         query=query,
         key=key,
@@ -301,6 +313,13 @@ def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
         present_value=values[0].outputs[0],
         grouped=bool(grouping[0]),
     )
+    rotations = rotary_of(site.query), rotary_of(site.key)
+    if rotations[0] is not None and rotations[1] is not None:
+        angles = [(r.cos, r.sin) for r in rotations]
+        if angles[0] == angles[1] and rotations[0].cos.dtype == query.dtype:
+            site.rotary = (rotations[0], rotations[1])
+            site.nodes = [*rotations[0].nodes, *rotations[1].nodes, *site.nodes]
+    return site
 
 
 def _downstream(values: list[ir.Value], graph: ir.Graph) -> set[ir.Node]:
@@ -338,8 +357,7 @@ def _region(site: _Site) -> list[ir.Node] | None:
     region = core | (
         _downstream([*outputs, *inner], site.graph) & _upstream(site.nodes, site.graph)
     )
-    operands = (site.query, site.key, site.value, site.past_key, site.past_value, site.mask)
-    if any(value.producer() in region for value in operands):
+    if any(value.producer() in region for value in site.operands()):
         return None  # computed from the present cache (a mask from its length)
     for node in region:
         for value in node.outputs:
@@ -350,42 +368,52 @@ def _region(site: _Site) -> list[ir.Node] | None:
     return [node for node in site.graph if node in region]
 
 
-class _Nodes(list):
-    """Nodes being written, each added by :meth:`add` (outputs returned), their values
-    named ``<prefix>_<n>``: names unique in the model, since a subgraph resolves a name
-    of its own before one of an enclosing graph (an automatic ``val_3`` would hide the
-    enclosing graph's)."""
-
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def add(self, op: str, inputs: list, domain: str = "", outputs: int = 1, **attributes):
-        node = ir.node(op, inputs, attributes=attributes, domain=domain, num_outputs=outputs)
-        for value in node.outputs:
-            value.name = f"{self.prefix}_{len(self)}_{value.index()}"
-        node.name = f"{self.prefix}_node_{len(self)}"
-        self.append(node)
-        return list(node.outputs)
-
-    def constant(self, array: np.ndarray) -> ir.Value:
-        return self.add("Constant", [], value=ir.tensor(array))[0]
-
-
-def _group_query_attention(site: _Site, nodes: _Nodes) -> list[ir.Value]:
-    """``GroupQueryAttention`` on the site's values: its attention ``(batch, seq,
-    heads * head)`` and the present key and value."""
+def _packed(value: ir.Value, nodes: NodeList, graph: ir.Graph) -> ir.Value:
+    """``value``, ``(batch, heads, seq, head)``, as the operator reads it: ``(batch, seq,
+    heads * head)``. That is the projection itself when ``value`` is its ``Reshape`` to
+    ``(batch, seq, heads, head)`` transposed (a linear layer's output split into heads),
+    two nodes less."""
+    projection = _projection(value, graph)
+    if projection is not None:
+        return projection
     flat = nodes.constant(np.array([0, 0, -1], np.int64))
-    perm = [0, 2, 1, 3]
-    query, key, value = (
-        nodes.add("Reshape", [nodes.add("Transpose", [v], perm=perm)[0], flat])[0]
-        for v in (site.query, site.key, site.value)
-    )
+    return nodes.add("Reshape", [nodes.add("Transpose", [value], perm=[0, 2, 1, 3])[0], flat])[0]
+
+
+def _projection(value: ir.Value, graph: ir.Graph) -> ir.Value | None:
+    """The ``(batch, seq, heads * head)`` value ``value`` splits into heads and
+    transposes, if it does (checked on the shapes)."""
+    transpose = _producer(value, "Transpose", graph)
+    split = transpose and _producer(transpose.inputs[0], "Reshape", graph)
+    if split is not None and list(transpose.attributes.get_ints("perm") or []) == [0, 2, 1, 3]:
+        source, heads = _dims(split.inputs[0]), _dims(split.outputs[0])
+        if (
+            source is not None
+            and heads is not None
+            and (len(source), len(heads)) == (3, 4)
+            and None not in source[:2]
+            and source[:2] == heads[:2]
+            and all(isinstance(d, int) for d in (source[2], heads[2], heads[3]))
+            and source[2] == heads[2] * heads[3]
+        ):
+            return split.inputs[0]
+    return None
+
+
+def _group_query_attention(
+    site: _Site, nodes: NodeList, caches: RotaryCaches, before: ir.Node
+) -> list[ir.Value]:
+    """``GroupQueryAttention`` on the site's values: its attention ``(batch, seq,
+    heads * head)`` and the present key and value. A rotation of the query and key
+    becomes the operator's own, its caches written once before ``before``."""
+    query, key, value = (_packed(v, nodes, site.graph) for v in site.operands()[:3])
     one = nodes.constant(np.array([1], np.int64))
     past = nodes.add("Shape", [site.past_key], start=2, end=3)[0]
-    seq = nodes.add("Shape", [site.key], start=2, end=3)[0]
+    # sizes read on the packed values: the heads split and transposed may then be
+    # computed only where the model's own attention reads them (.branch_sinking)
+    seq = nodes.add("Shape", [key], start=1, end=2)[0]
     total = nodes.add("Add", [past, seq])[0]
-    batch = nodes.add("Shape", [site.query], start=0, end=1)[0]
+    batch = nodes.add("Shape", [query], start=0, end=1)[0]
     last = nodes.add("Sub", [total, one])[0]
     seqlens = nodes.add("Cast", [nodes.add("Expand", [last, batch])[0]], to=6)[0]
     total32 = nodes.add("Cast", [nodes.add("Squeeze", [total])[0]], to=6)[0]
@@ -394,21 +422,25 @@ def _group_query_attention(site: _Site, nodes: _Nodes) -> list[ir.Value]:
     shape = nodes.add("Concat", [batch, one, seq, total], axis=0)[0]
     bias = nodes.add("Expand", [site.mask, shape])[0]
     inputs = [query, key, value, site.past_key, site.past_value, seqlens, total32]
+    rotary: list = [None, None, None]
+    if site.rotary is not None:
+        rotary = list(caches.inputs(site.rotary[0], site.past_key, before))
     return nodes.add(
         "GroupQueryAttention",
-        [*inputs, None, None, None, bias],
+        [*inputs, *rotary, bias],
         domain=_MS,
         outputs=3,
         num_heads=site.heads,
         kv_num_heads=site.kv_heads,
         scale=float(site.scale),
+        do_rotary=int(site.rotary is not None),
     )
 
 
-def _decode_branch(site: _Site, name: str) -> ir.Graph:
+def _decode_branch(site: _Site, name: str, caches: RotaryCaches, before: ir.Node) -> ir.Graph:
     """``GroupQueryAttention``, its outputs in the model's layout."""
-    nodes = _Nodes(f"{name}_decode")
-    attention, present_key, present_value = _group_query_attention(site, nodes)
+    nodes = NodeList(f"{name}_decode")
+    attention, present_key, present_value = _group_query_attention(site, nodes, caches, before)
     heads = nodes.constant(np.array([0, 0, site.heads, site.head_size], np.int64))
     attention = nodes.add("Reshape", [attention, heads])[0]
     attention = nodes.add("Transpose", [attention], perm=[0, 2, 1, 3])[0]
@@ -458,28 +490,35 @@ def _replace(site: _Site, region: list[ir.Node], news: list[ir.Value], added: li
         graph.remove(node, safe=True)
 
 
-def _fuse_grouped(site: _Site, region: list[ir.Node], index: int) -> None:
+def _fuse_grouped(site: _Site, region: list[ir.Node], index: int, caches: RotaryCaches) -> None:
     """One token's attention: ``GroupQueryAttention`` in its place, the attention
     reshaped to the grouped layout the model computes next."""
-    nodes = _Nodes(f"yobx_gqa_{index}")
-    attention, present_key, present_value = _group_query_attention(site, nodes)
+    nodes = NodeList(f"yobx_gqa_{index}")
+    attention, present_key, present_value = _group_query_attention(site, nodes, caches, region[0])
     grouped = [0, site.kv_heads, site.heads // site.kv_heads, site.head_size]
     attention = nodes.add("Reshape", [attention, nodes.constant(np.array(grouped, np.int64))])
     _replace(site, region, [attention[0], present_key, present_value], nodes)
 
 
-def _fuse_choice(site: _Site, region: list[ir.Node], index: int) -> None:
+def _fuse_choice(site: _Site, region: list[ir.Node], index: int, caches: RotaryCaches) -> None:
     """Any number of tokens: an ``If`` choosing ``GroupQueryAttention`` for one."""
     name = f"yobx_gqa_{index}"
-    nodes = _Nodes(name)
-    seq = nodes.add("Shape", [site.query], start=2, end=3)[0]
+    nodes = NodeList(name)
+    # the number of tokens, read on the projection where there is one (see _packed)
+    query = site.operands()[0]
+    projection = _projection(query, site.graph)
+    axis = 2 if projection is None else 1
+    source = query if projection is None else projection
+    seq = nodes.add("Shape", [source], start=axis, end=axis + 1)[0]
     one = nodes.constant(np.array([1], np.int64))
     condition = nodes.add("Squeeze", [nodes.add("Equal", [seq, one])[0]])[0]
     choice = ir.node(
         "If",
         [condition],
         attributes={
-            "then_branch": ir.AttrGraph("then_branch", _decode_branch(site, name)),
+            "then_branch": ir.AttrGraph(
+                "then_branch", _decode_branch(site, name, caches, region[0])
+            ),
             "else_branch": ir.AttrGraph("else_branch", _model_branch(region, site, name)),
         },
         num_outputs=3,
@@ -503,11 +542,12 @@ def fuse_group_query_attention(model: ir.Model) -> int:
                 region = site and _region(site)
                 if region:
                     sites.append((site, region))
+    caches = RotaryCaches()
     for index, (site, region) in enumerate(sites):
         if site.grouped:
-            _fuse_grouped(site, region, index)
+            _fuse_grouped(site, region, index, caches)
         else:
-            _fuse_choice(site, region, index)
+            _fuse_choice(site, region, index, caches)
     if sites:
         model.opset_imports.setdefault(_MS, 1)
         for graph in graphs_within(model.graph):

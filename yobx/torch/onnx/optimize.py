@@ -24,6 +24,7 @@ import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 
 from yobx.torch.onnx.branch_merging import merge_if_branches
+from yobx.torch.onnx.branch_sinking import sink_into_branches
 from yobx.torch.onnx.filler_slots import merge_filler_slots
 from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
 from yobx.torch.onnx.if_trees import collapse_if_trees
@@ -272,6 +273,20 @@ def collapse_branch_trees(model: ir.Model) -> int:
             common_passes.NameFixPass(),
         )(model)
     return collapsed
+
+
+def arrange_branches(model: ir.Model) -> dict[str, int]:
+    """What the choices between versions need to run fast: :func:`merge_branches`,
+    :func:`collapse_branch_trees`, then each node that only one side of an ``If`` reads
+    moved into that side (:mod:`.branch_sinking`); returns how many nodes or trees each
+    step changed (``nodes_merged``, ``if_trees_collapsed``, ``nodes_sunk``)."""
+    merged = merge_branches(model)
+    collapsed = collapse_branch_trees(model)
+    return {
+        "nodes_merged": merged,
+        "if_trees_collapsed": collapsed,
+        "nodes_sunk": sink_into_branches(model),
+    }
 
 
 def _boolean_wheres_as_logic(model: ir.Model) -> int:

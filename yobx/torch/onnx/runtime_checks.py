@@ -40,7 +40,7 @@ import onnx_ir as ir
 import sympy
 from torch.utils._sympy import functions as torch_sympy
 
-from yobx.torch.onnx.check_gates import chain_checks, gate_graph
+from yobx.torch.onnx.check_gates import Holds, SizePair, chain_checks, compare_sizes, gate_graph
 from yobx.torch.onnx.errors import OnnxExportError
 from yobx.torch.tracing.constraints.runtime_checks import (
     RuntimeCheck,
@@ -287,9 +287,9 @@ class _CheckGraph:
         #: how many nodes were written (their outputs are numbered)
         self.written = 0
         #: ``(holds, name)`` of each check, in order (see :mod:`.check_gates`)
-        self.conditions: list[tuple[ir.Value, str]] = []
+        self.conditions: list[tuple[Holds, str]] = []
         #: the chain's first token: a one-element tensor each check reshapes
-        self.token = self._constant(np.array([0], dtype=np.int64))
+        self.token = self.constant(np.array([0], dtype=np.int64))
 
     # nodes
 
@@ -312,7 +312,8 @@ class _CheckGraph:
         """Appends a node made elsewhere to the nodes written before the model's."""
         self.nodes.append(node)
 
-    def _constant(self, array: np.ndarray) -> ir.Value:
+    def constant(self, array: np.ndarray) -> ir.Value:
+        """A constant, written once."""
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self.constants:
             self.constants[key] = self.op("Constant", [], value=ir.tensor(array))
@@ -320,16 +321,20 @@ class _CheckGraph:
 
     def int_constant(self, value: int) -> ir.Value:
         """A one-element int64 constant, written once."""
-        return self._constant(np.array([value], dtype=np.int64))
+        return self.constant(np.array([value], dtype=np.int64))
 
     def _bool(self, value: bool) -> ir.Value:
-        return self._constant(np.array([value], dtype=np.bool_))
+        return self.constant(np.array([value], dtype=np.bool_))
 
     # the chain and the gates
 
     def check(self, condition: sympy.Basic, sources: dict, name: str, check: RuntimeCheck):
         self.sources = sources
         self.defined = []
+        pair = _size_pair(condition, sources, self.inputs)
+        if pair is not None:
+            self.conditions.append((pair, name))
+            return
         try:
             holds = self._boolean(self._interpret(condition))
         except NotImplementedError as exc:
@@ -347,7 +352,8 @@ class _CheckGraph:
         """Chains the checks, makes every input the model reads go through the chain's
         token (outputs computed from no input too), and inserts the nodes at the
         graph's start (:mod:`.check_gates`)."""
-        token = chain_checks(self, self.token, self.conditions, HELPER_NODE_PREFIX)
+        conditions = compare_sizes(self, self.conditions)
+        token = chain_checks(self, self.token, conditions, HELPER_NODE_PREFIX)
         ours = {id(node) for node in self.nodes}
         after = gate_graph(self.graph, self, token, ours, HELPER_NODE_PREFIX)
         graph = self.graph
@@ -425,7 +431,7 @@ class _CheckGraph:
         if isinstance(number, (_Exact, _Real)):
             return number
         if isinstance(number, float):
-            return _Real(self._constant(np.array([number], dtype=np.float64)))
+            return _Real(self.constant(np.array([number], dtype=np.float64)))
         number = fractions.Fraction(number)
         return _Exact(self.int_constant(number.numerator), number.denominator)
 
@@ -435,7 +441,7 @@ class _CheckGraph:
             return number
         real = self.op("Cast", [number.value], to=ir.DataType.DOUBLE)
         if number.scale != 1:
-            scale = self._constant(np.array([number.scale], dtype=np.float64))
+            scale = self.constant(np.array([number.scale], dtype=np.float64))
             real = self.op("Div", [real, scale])
         return _Real(real)
 
@@ -556,13 +562,13 @@ class _CheckGraph:
         # onnxruntime has no float64 kernel of Tan, Cosh, Sinh and Log2: their
         # definitions instead (the checks compute in float64, as Python does)
         if function == "log2":
-            ln2 = self._constant(np.array([math.log(2.0)], dtype=np.float64))
+            ln2 = self.constant(np.array([math.log(2.0)], dtype=np.float64))
             return _Real(self.op("Div", [self.op("Log", [value]), ln2]))
         if function == "tan":
             return _Real(self.op("Div", [self.op("Sin", [value]), self.op("Cos", [value])]))
         if function in ("cosh", "sinh"):
             up, down = self.op("Exp", [value]), self.op("Exp", [self.op("Neg", [value])])
-            half = self._constant(np.array([0.5], dtype=np.float64))
+            half = self.constant(np.array([0.5], dtype=np.float64))
             both = self.op("Add" if function == "cosh" else "Sub", [up, down])
             return _Real(self.op("Mul", [both, half]))
         return _Real(self.op(_ONNX_UNARY[function], [value]))
@@ -663,6 +669,23 @@ class _CheckGraph:
     def _not(self, expr: sympy.Basic, args: list) -> Any:
         (value,) = args
         return not value if isinstance(value, bool) else self.op("Not", [value])
+
+
+def _size_pair(condition: sympy.Basic, sources: dict, inputs: Mapping) -> SizePair | None:
+    """The two input sizes ``condition`` says are equal, when it says only that (and
+    both inputs have a known rank)."""
+    if not isinstance(condition, sympy.Eq):
+        return None
+    sides = []
+    for side in condition.args:
+        source = sources.get(side) if isinstance(side, sympy.Symbol) else None
+        if source is None or source[1] is None or source[2:] != (1, 0):
+            return None
+        value = inputs.get(source[0])
+        if value is None or value.shape is None:
+            return None
+        sides.append((value, source[1]))
+    return SizePair(sides[0], sides[1])
 
 
 def _constant(number: Any) -> bool:

@@ -1,0 +1,113 @@
+"""Nodes only one side of an ``If`` reads move into that side
+(:mod:`yobx.torch.onnx.branch_sinking`): the model computes the same values, and the
+other side runs fewer nodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime
+
+from yobx.torch.onnx.branch_sinking import sink_into_branches
+
+_FLOAT = ir.TensorType(ir.DataType.FLOAT)
+
+
+def _model(nested: bool) -> ir.Model:
+    """``If(x.sum() > 0)``: the then side reads ``Exp(Neg(x))`` (inside a nested ``If``
+    when ``nested``), the else side ``x + 1``; ``Sqrt(Abs(x))`` is read by both and
+    ``Tanh(x)`` is an output as well."""
+    x = ir.Value(name="x", type=_FLOAT, shape=ir.Shape(["n"]))
+    nodes: list[ir.Node] = []
+
+    def op(op_type, inputs, into, **attributes):
+        node = ir.node(op_type, inputs, attributes=attributes or None)
+        node.outputs[0].name = f"v{len(names)}"
+        names.append(node.outputs[0].name)
+        into.append(node)
+        return node.outputs[0]
+
+    names: list[str] = []
+    one = op("Constant", [], nodes, value=ir.tensor(np.array(1.0, np.float32)))
+    negated = op("Exp", [op("Neg", [x], nodes)], nodes)
+    shared = op("Sqrt", [op("Abs", [x], nodes)], nodes)
+    tanh = op("Tanh", [x], nodes)
+    condition = op(
+        "Greater", [op("ReduceSum", [x], nodes, keepdims=0), op("Sub", [one, one], nodes)], nodes
+    )
+    then_nodes: list[ir.Node] = []
+    if nested:
+        inner_then: list[ir.Node] = []
+        inner_else: list[ir.Node] = []
+        inner = ir.node(
+            "If",
+            [condition],
+            attributes={
+                "then_branch": ir.AttrGraph(
+                    "then_branch",
+                    ir.Graph(
+                        [], [op("Mul", [negated, shared], inner_then)], nodes=inner_then, name="a"
+                    ),
+                ),
+                "else_branch": ir.AttrGraph(
+                    "else_branch",
+                    ir.Graph([], [op("Mul", [x, shared], inner_else)], nodes=inner_else, name="b"),
+                ),
+            },
+        )
+        inner.outputs[0].name = "inner"
+        then_nodes.append(inner)
+        then_out = op("Identity", [inner.outputs[0]], then_nodes)
+    else:
+        then_out = op("Mul", [negated, shared], then_nodes)
+    else_nodes: list[ir.Node] = []
+    else_out = op("Add", [op("Mul", [x, shared], else_nodes), one], else_nodes)
+    choice = ir.node(
+        "If",
+        [condition],
+        attributes={
+            "then_branch": ir.AttrGraph(
+                "then_branch", ir.Graph([], [then_out], nodes=then_nodes, name="c")
+            ),
+            "else_branch": ir.AttrGraph(
+                "else_branch", ir.Graph([], [else_out], nodes=else_nodes, name="d")
+            ),
+        },
+    )
+    choice.outputs[0].name = "y"
+    nodes.append(choice)
+    for value in (choice.outputs[0], tanh):
+        value.type, value.shape = _FLOAT, ir.Shape(["n"])
+    graph = ir.Graph([x], [choice.outputs[0], tanh], nodes=nodes, opset_imports={"": 18})
+    return ir.Model(graph, ir_version=10)
+
+
+def _run(model: ir.Model, x: np.ndarray) -> list[np.ndarray]:
+    proto = ir.serde.serialize_model(model)
+    session = onnxruntime.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, {"x": x})
+
+
+def test_a_chain_only_one_side_reads_moves_into_it_nested_ifs_included():
+    for nested in (False, True):
+        model = _model(nested)
+        inputs = [np.array(v, np.float32) for v in ([1.0, 2.0, -0.5], [-3.0, 0.5, 0.25])]
+        expected = [_run(model, x) for x in inputs]
+        # Neg and Exp, then from the side into the nested If's side
+        assert sink_into_branches(model) == (4 if nested else 2)
+        top = [n.op_type for n in model.graph]
+        assert "Neg" not in top and "Exp" not in top
+        # read by both sides, or an output: stays
+        assert {"Abs", "Sqrt", "Tanh"} <= set(top)
+        then_branch = next(n for n in model.graph if n.op_type == "If").attributes["then_branch"]
+        if nested:
+            inner = next(n for n in then_branch.value if n.op_type == "If")
+            assert [n.op_type for n in inner.attributes["then_branch"].value][:2] == ["Neg", "Exp"]
+        else:
+            assert [n.op_type for n in then_branch.value][:2] == ["Neg", "Exp"]
+        for x, before in zip(inputs, expected):
+            for got, want in zip(_run(model, x), before):
+                np.testing.assert_array_equal(got, want)
+        assert sink_into_branches(model) == 0
