@@ -7,7 +7,12 @@ import torch
 from torch.utils._sympy.functions import ToFloat, TruncToInt
 
 from yobx.torch.tracing import CustomTracer
-from yobx.torch.tracing.constraints.size_search import compile_condition
+from yobx.torch.tracing.constraints.size_search import (
+    compile_condition,
+    holds,
+    moves,
+    satisfying_moves,
+)
 
 from ._helpers import assert_same
 
@@ -71,3 +76,26 @@ def test_co_moved_keeps_a_sum_of_the_example_sizes():
     assert moved["past"] == moved["heads"] + moved["seq"]
     # nothing is a sum of the moved size with another: no other example
     assert co_moved({"a": 3, "b": 10}, {"a": 4}) is None
+
+
+def test_satisfying_moves_finds_what_moves_checked_one_by_one_finds():
+    # by blocks, the conditions not reading the moving size evaluated once a block:
+    # the same assignments in the same order, within the same budget
+    a, b, c = sympy.symbols("a b c", integer=True)
+    base = {a: 5, b: 3, c: 7}
+    conditions = [
+        sympy.Ge(a, 2),
+        sympy.Ge(b, 1),
+        sympy.Eq(sympy.Mod(a + c, 4), 1),
+        sympy.Or(sympy.Lt(b, 2), sympy.Gt(c, 9)),
+    ]
+    functions = [compile_condition(x, list(base)) for x in conditions]
+    for budget in (0, 1, 299, 5000):
+        expected = [
+            {**base, **changes}
+            for changes in list(moves(base, [b], [2, 4, 9]))[:budget]
+            if all(holds(f, [{**base, **changes}[s] for s in base]) for f in functions)
+        ]
+        got = list(satisfying_moves(base, conditions, [b], [2, 4, 9], budget))
+        assert got == expected
+    assert got, "the case finds some"

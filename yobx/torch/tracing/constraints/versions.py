@@ -67,7 +67,7 @@ from .size_search import (
     compile_condition,
     constants_of,
     holds,
-    moves,
+    satisfying_moves,
 )
 from .witness_inputs import (
     bytes_text,
@@ -512,16 +512,10 @@ def witnesses(
     wanted = [*bounds, *conditions]
     if not all(c.free_symbols <= set(symbols) for c in wanted):
         return
-    functions = [compile_condition(c, symbols) for c in wanted]
     focus = [s for s in symbols if s in conditions[-1].free_symbols]
     constants = constants_of(*conditions)
-    for count, changes in enumerate(moves(base, focus, constants)):
-        if count >= _WITNESS_BUDGET:
-            break
-        assignment = {**base, **changes}
-        values = [assignment[s] for s in symbols]
-        if all(holds(f, values) for f in functions):
-            yield {s.name: v for s, v in assignment.items()}
+    for assignment in satisfying_moves(base, wanted, focus, constants, _WITNESS_BUDGET):
+        yield {s.name: v for s, v in assignment.items()}
 
 
 def example_beyond(tracer: Any, root: Any, facts: list[sympy.Basic]) -> dict | None:
