@@ -22,6 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, rebind_unbacked
 from torch.nn.utils import stateless
@@ -487,6 +488,9 @@ def _enter_lowering_contexts(stack: contextlib.ExitStack, fake_mode: Any, opset:
     stack.enter_context(decided_layouts())
     # fake values from the tracer's exact shape rules where they apply
     stack.enter_context(aten_fake_rules(fake_mode))
+    # the aten graphs are read, not run: their Python code is generated when something
+    # asks for it (make_fx and each pass after it regenerated it: a fifth of a lowering)
+    stack.enter_context(_use_lazy_graph_module(True))
 
 
 _VERSION_PREFIX = re.compile(r"^((version|choice)_\d+\.)+")
