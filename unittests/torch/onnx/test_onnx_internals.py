@@ -29,6 +29,18 @@ def test_registry_has_what_we_dispatch_to():
     assert torch.ops.aten.addmm.default not in table
 
 
+def test_torchlib_ops_read_as_onnxscript_reads_them():
+    # the registry is built from a cheaper get_torchlib_ops (no signature parsed): the
+    # same functions, names and domains, in the same order
+    from torch.onnx._internal.exporter import _registration
+
+    def key(metas):
+        return [(m.qualified_name, m.function, m.domain, m.name, m.is_complex) for m in metas]
+
+    expected = _registration.onnxscript_apis.get_torchlib_ops()
+    assert key(internals._torchlib_ops()) == key(expected)
+
+
 def test_composite_ops_preserved_and_restored():
     from torch.fx.experimental.proxy_tensor import make_fx
 

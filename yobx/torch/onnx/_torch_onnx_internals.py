@@ -44,12 +44,44 @@ def onnx_registry(opset: int = DEFAULT_OPSET) -> _registration.ONNXRegistry:
     once per process and opset.
     """
     # torchvision is not required; the registry warns for each of its missing ops.
-    with quieted("torch.onnx._internal.exporter._registration"):
+    with (
+        quieted("torch.onnx._internal.exporter._registration"),
+        patched_attributes([(_registration.onnxscript_apis, "get_torchlib_ops", _torchlib_ops)]),
+    ):
         registry = _registration.ONNXRegistry.from_torchlib(opset_version=opset)
     from yobx.torch.onnx import custom_ops
 
     custom_ops.register_translations(registry)
     return registry
+
+
+def _torchlib_ops() -> list[Any]:
+    """onnxscript's ``get_torchlib_ops``, each traced function's domain read from its
+    opset instead of its signature.
+
+    onnxscript translates the signature of each traced function (``inspect.getsource``
+    then its AST) to read the domain of the function it declares, which is its opset's
+    (the translator's module): 0.7 s for torch_lib, once per process, which an export
+    in a fresh process paid (a fifth of a tiny decoder's). The registry reads the
+    function, its name and whether it is complex, not the domain.
+    """
+    from onnxscript._framework_apis.torch_2_5 import _OnnxFunctionMeta
+    from onnxscript._internal.values import TracedOnnxFunction
+    from onnxscript.function_libs.torch_lib import ops, registration
+
+    del ops  # imported for its registrations
+    metas = []
+    for qualified_name, functions in registration.default_registry.items():
+        if qualified_name.startswith("internal::"):
+            continue  # torch_lib's own helpers
+        for complex_, overloads in ((False, functions.overloads), (True, functions.complex)):
+            for function in overloads:
+                traced = isinstance(function, TracedOnnxFunction)
+                domain = function.opset.domain if traced else function.function_ir.domain
+                metas.append(
+                    _OnnxFunctionMeta(qualified_name, function, domain, function.name, complex_)
+                )
+    return metas
 
 
 @functools.cache
