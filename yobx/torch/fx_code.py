@@ -11,6 +11,19 @@ lowering generating the same code again.
 from __future__ import annotations
 
 import torch
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+
+def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """``torch.fx.GraphModule(root, graph)`` whose Python code is generated when it is
+    first called or asked for (torch's ``_LazyGraphModule``), not at each ``recompile``.
+
+    A capture builds the graph of every version, joins them under one module and runs
+    its passes over all, each recompiling what it changed (and ``recompile`` of a
+    module recompiles its submodules): a fifth of a capture went to code that an export
+    never runs.
+    """
+    return _LazyGraphModule(root, graph)
 
 
 def _no_submodules() -> list:

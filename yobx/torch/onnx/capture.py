@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from yobx.torch.fx_code import recompile_alone
+from yobx.torch.fx_code import lazy_graph_module, recompile_alone
 
 from ..pytree_paths import flatten_with_paths
 from ..tracing.dynamic_shapes import axes_per_leaf, axis_spec
@@ -83,7 +83,7 @@ def capture(
         remove_inplace=False,
     )
     fingerprint = graph_fingerprint(graph)
-    graph_module = torch.fx.GraphModule(tracer.traced_model, graph)
+    graph_module = lazy_graph_module(tracer.traced_model, graph)
     passes = _run_default_passes(graph)
     remove_dead_code(graph_module)
     codegen = graph_module.graph._codegen

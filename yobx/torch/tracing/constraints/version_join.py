@@ -18,6 +18,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from ...fx_code import lazy_graph_module
 from ..graph_operators import CondCCOp
 from .runtime_checks import insert_condition, insert_runtime_checks, insert_shape_checks
 from .version_writes import (
@@ -105,7 +106,7 @@ class VersionJoin:
                 module = _flat_module(subtree, operands, self.computed, self.written, self.buffers)
                 name = f"version_{subtree.index}"
             else:
-                module = torch.fx.GraphModule(holder, self._router(subtree, operands, holder))
+                module = lazy_graph_module(holder, self._router(subtree, operands, holder))
                 module.meta[DIMENSIONS_KEY] = first.tracer.dims
                 name = f"choice_{len(holder._modules)}"
             holder.add_module(name, module)
@@ -224,7 +225,7 @@ def _flat_module(
     new_values = write_into_copies(graph, [*written, *buffers.values()])
     returned.args = ((*returned.args[0], *new_values),)
     graph.lint()
-    module = torch.fx.GraphModule(version.tracer.traced_model, graph)
+    module = lazy_graph_module(version.tracer.traced_model, graph)
     # lowered alone, on its own example (yobx.torch.onnx.version_lowering)
     module.meta[DIMENSIONS_KEY] = version.tracer.dims
     return module
