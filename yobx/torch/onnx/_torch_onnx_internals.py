@@ -18,6 +18,7 @@ from typing import Any
 
 import onnx_ir as ir
 import torch
+from torch.fx.experimental.sym_node import SymNode
 from torch.onnx._internal.exporter import (
     _core,
     _decomp,
@@ -342,6 +343,30 @@ def _op_signatures_memoized() -> Iterator[None]:
         yield
 
 
+@functools.lru_cache(maxsize=4096)
+def _expression_text(expression: Any) -> str:
+    return f"{expression}"
+
+
+def _memoized_sym_text(node: SymNode) -> str:
+    """``SymNode.str``: the text of the node's expression (the ShapeEnv's replacements
+    applied, which ``SymNode.expr`` caches), printed once per expression."""
+    return _expression_text(node.expr)
+
+
+@contextlib.contextmanager
+def _sym_texts_memoized() -> Iterator[None]:
+    """Prints each symbolic dimension's expression once while translating.
+
+    torch.onnx names each symbolic dimension of every value it creates
+    ``str(dim.node)``: sympy's printer, for the same few expressions (``s0``,
+    ``s1 + s2``) thousands of times, a sixth of a small decoder's translation. Equal
+    expressions print the same; the original method is back on exit.
+    """
+    with patched_attributes([(SymNode, "str", _memoized_sym_text)]):
+        yield
+
+
 _SET_SHAPE_TYPE = _core._set_shape_type
 
 
@@ -379,7 +404,12 @@ def translate_graph(
     """Translates one aten FX graph into ``graph_like``, returns node name -> values."""
     # torch.onnx warns for every node without nn_module_stack, which our aten graphs
     # never have: silence it for the call.
-    with quieted(_core.__name__), _op_signatures_memoized(), _symbolic_floats_in_double():
+    with (
+        quieted(_core.__name__),
+        _op_signatures_memoized(),
+        _symbolic_floats_in_double(),
+        _sym_texts_memoized(),
+    ):
         return _core._translate_fx_graph(
             graph,
             model,
