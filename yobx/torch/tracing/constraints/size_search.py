@@ -170,10 +170,10 @@ def satisfying_moves(
     functions = [compile_condition(c, symbols) for c in conditions]
     reads = [c.free_symbols for c in conditions]
     for fixed, variable, values in move_blocks(base, focus, constants):
-        values = values[: max(budget, 0)]
-        budget -= len(values)
-        if not values:
+        if budget <= 0:
             break
+        values = values[:budget]
+        budget -= len(values)
         assignment = {**base, **fixed}
         constant = [f for f, read in zip(functions, reads) if variable not in read]
         at_block = [assignment[s] for s in symbols]
