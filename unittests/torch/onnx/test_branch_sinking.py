@@ -111,3 +111,53 @@ def test_a_chain_only_one_side_reads_moves_into_it_nested_ifs_included():
             for got, want in zip(_run(model, x), before):
                 np.testing.assert_array_equal(got, want)
         assert sink_into_branches(model) == 0
+
+
+def test_a_product_by_a_weight_stays_in_the_main_graph():
+    """onnxruntime prepacks a weight, and quantizers find its product, in the main
+    graph only: the ``MatMul`` stays, the ``Relu`` after it moves."""
+    x = ir.Value(name="x", type=_FLOAT, shape=ir.Shape(["n", 3]))
+    weight = ir.Value(name="w", type=_FLOAT, shape=ir.Shape([3, 3]))
+    weight.const_value = ir.tensor(np.arange(9, dtype=np.float32).reshape(3, 3) / 10)
+    product = ir.node("MatMul", [x, weight])
+    relu = ir.node("Relu", [product.outputs[0]])
+    condition = ir.node("ReduceSum", [x], attributes={"keepdims": 0})
+    zero = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(0.0, np.float32))})
+    positive = ir.node("Greater", [condition.outputs[0], zero.outputs[0]])
+    nodes = [product, relu, condition, zero, positive]
+    for index, node in enumerate(nodes):
+        node.outputs[0].name = f"v{index}"
+    then_out = ir.node("Identity", [relu.outputs[0]])
+    else_out = ir.node("Identity", [x])
+    then_out.outputs[0].name, else_out.outputs[0].name = "t", "e"
+    choice = ir.node(
+        "If",
+        [positive.outputs[0]],
+        attributes={
+            "then_branch": ir.AttrGraph(
+                "then_branch", ir.Graph([], [then_out.outputs[0]], nodes=[then_out], name="t")
+            ),
+            "else_branch": ir.AttrGraph(
+                "else_branch", ir.Graph([], [else_out.outputs[0]], nodes=[else_out], name="e")
+            ),
+        },
+    )
+    choice.outputs[0].name = "y"
+    choice.outputs[0].type, choice.outputs[0].shape = _FLOAT, ir.Shape(["n", 3])
+    graph = ir.Graph(
+        [x],
+        [choice.outputs[0]],
+        nodes=[*nodes, choice],
+        initializers=[weight],
+        opset_imports={"": 18},
+    )
+    model = ir.Model(graph, ir_version=10)
+    # both sides: a positive sum (the product) and a negative one
+    inputs = [np.arange(6, dtype=np.float32).reshape(2, 3) - shift for shift in (0, 4)]
+    expected = [_run(model, x)[0] for x in inputs]
+    assert sink_into_branches(model) == 1
+    assert [n.op_type for n in model.graph].count("MatMul") == 1
+    assert "Relu" not in [n.op_type for n in model.graph]
+    for x, before in zip(inputs, expected):
+        np.testing.assert_array_equal(_run(model, x)[0], before)
+    assert not np.array_equal(expected[0], inputs[0])  # the then side ran

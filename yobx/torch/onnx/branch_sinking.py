@@ -12,7 +12,9 @@ projections themselves, and still paid for the split (six nodes per layer).
 that reads its outputs is in that branch (at any depth) and none is an output of the
 graph, the last nodes first, so that a chain of nodes goes in together; then it does
 the same in the branches, for the ``If`` nodes nested there. Only ``If`` branches: a
-``Loop`` or ``Scan`` body runs once per iteration. The rewrite holds by construction:
+``Loop`` or ``Scan`` body runs once per iteration. A node reading a weight (a constant
+of rank 2 or more) stays where it is: onnxruntime prepacks a weight and quantizers find
+its product only in the main graph. The rewrite holds by construction:
 the branch computes the same values from the same inputs, and the other branch never
 read them.
 """
@@ -50,10 +52,22 @@ def _owners(graph: ir.Graph) -> dict[int, tuple[ir.Node, str | None]]:
     return owners
 
 
+def _reads_a_weight(node: ir.Node) -> bool:
+    return any(
+        value is not None
+        and (value.const_value is not None or value.is_initializer())
+        and value.shape is not None
+        and len(value.shape) >= 2
+        for value in node.inputs
+    )
+
+
 def _destination(
     node: ir.Node, owners: dict[int, tuple[ir.Node, str | None]]
 ) -> tuple[ir.Node, str] | None:
     """The ``If`` of the graph and its branch where everything reading ``node`` is."""
+    if _reads_a_weight(node):
+        return None
     places = set()
     for value in node.outputs:
         if value.is_graph_output():
