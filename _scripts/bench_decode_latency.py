@@ -44,9 +44,11 @@ argmax agrees). Then, for each case (prefill: batch 1, 128 tokens, no past; deco
 one token at batch 1 with 128 past tokens and at batch 4 with 512), every session gets
 the same random inputs, is warmed up, and the sessions alternate run after run
 (``intra_op_num_threads`` fixed, all graph optimizations on): the script prints the
-median latency of each and its ratio to ``builder`` and to ``torch.onnx``::
+median latency of each and its ratio to ``builder`` and to ``torch.onnx``. Each variant
+is timed in ``--sessions`` sessions (3 by default), its median over all of them: two
+sessions of one model can differ by 15% run after run, whatever the model::
 
-    python _scripts/bench_decode_latency.py [--runs 30] [--threads 1] \\
+    python _scripts/bench_decode_latency.py [--runs 30] [--sessions 3] [--threads 1] \\
         [--hidden 512] [--layers 8] [--variants yobx,yobx-ort,yobx-int4,torch.onnx,...]
 
 A quick check of the script itself::
@@ -129,6 +131,10 @@ class Variant:
     export_seconds: float
     note: str = ""
     session: Any = None
+    #: the sessions timed (``--sessions`` of them): two sessions of the same model can
+    #: differ by 15% run after run (where onnxruntime placed the weights), so each
+    #: variant's median is over several
+    timed: list = field(default_factory=list)
     times: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -526,26 +532,28 @@ def check_against_eager(
 def time_case(
     variants: dict[str, Variant], case: tuple, config: Any, warmup: int, runs: int
 ) -> tuple[dict[str, float], list[str]]:
-    """Median latency (seconds) of each variant on a case; the sessions alternate run
-    after run. Also returns a line per variant that failed to run."""
+    """Median latency (seconds) of each variant on a case, over all its timed sessions;
+    the sessions alternate run after run. Also returns a line per variant that failed
+    to run."""
     name, batch, seq, past = case
     inputs = case_inputs(config, batch, seq, past)
     feeds, failures = {}, []
     for variant in variants.values():
         try:
             feeds[variant.name] = make_feeds(variant.session, inputs)
-            for _ in range(warmup):
-                variant.session.run(None, feeds[variant.name])
+            for session in variant.timed or [variant.session]:
+                for _ in range(warmup):
+                    session.run(None, feeds[variant.name])
         except Exception as exc:
             feeds.pop(variant.name, None)
             failures.append(f"{variant.name} [{name}] run: {_error_line(exc)}")
     times: dict[str, list[float]] = {key: [] for key in feeds}
     for _ in range(runs):
         for key, feed in feeds.items():
-            session = variants[key].session
-            start = time.perf_counter()
-            session.run(None, feed)
-            times[key].append(time.perf_counter() - start)
+            for session in variants[key].timed or [variants[key].session]:
+                start = time.perf_counter()
+                session.run(None, feed)
+                times[key].append(time.perf_counter() - start)
     return {key: statistics.median(values) for key, values in times.items()}, failures
 
 
@@ -571,6 +579,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--sessions", type=int, default=3, help="sessions timed per variant (medians over all)"
+    )
     options = parser.parse_args()
     names = options.variants.split(",")
     known = (*VARIANTS, *OPTIONAL_VARIANTS)
@@ -590,7 +601,8 @@ def main() -> None:
         f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), "
         f"vocab {VOCAB}, float32; torch {torch.__version__}, transformers "
         f"{transformers.__version__}, onnxruntime {onnxruntime.__version__}, "
-        f"{options.threads} intra-op thread(s), median of {options.runs} runs",
+        f"{options.threads} intra-op thread(s), median of {options.runs} runs of "
+        f"{options.sessions} session(s) each",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as workdir:
@@ -600,6 +612,9 @@ def main() -> None:
         for variant in list(variants.values()):
             try:
                 variant.session = make_session(variant, options.threads)
+                variant.timed = [variant.session] + [
+                    make_session(variant, options.threads) for _ in range(options.sessions - 1)
+                ]
             except Exception as exc:
                 failures.append(f"{variant.name}: onnxruntime: {_error_line(exc)}")
                 del variants[variant.name]
