@@ -1,12 +1,13 @@
 """Random ONNX models with ``If`` nodes whose branches share parts, merged as the export
 merges them (:mod:`yobx.torch.onnx.branch_merging`, :mod:`yobx.torch.onnx.filler_slots`,
-:mod:`yobx.torch.onnx.if_trees`) and compared with the model before the merge in
+:mod:`yobx.torch.onnx.if_trees`, :mod:`yobx.torch.onnx.branch_sinking`) and compared with the model before the merge in
 onnxruntime, for every pair of conditions and two sizes.
 
 ``python _scripts/fuzz_branch_merging.py --count 2000`` prints how many programs kept
 their outputs, how many the merge changed (wrong), how many failed to run after it, how
-many merged at least one node and how many ran a tree of ``If`` nodes as one; ``--show``
-prints each failing seed's model.
+many merged at least one node, how many ran a tree of ``If`` nodes as one and how many
+moved a node into the only branch reading it; ``--show`` prints each failing seed's
+model.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main() -> None:
     import onnx
 
     counts: collections.Counter = collections.Counter()
-    merged = collapsed = 0
+    merged = collapsed = sunk = 0
     start = time.perf_counter()
     for seed in range(options.start, options.start + options.count):
         try:
@@ -48,6 +49,7 @@ def main() -> None:
             continue
         merged += outcome.merged > 0
         collapsed += outcome.collapsed > 0
+        sunk += outcome.sunk > 0
         if outcome.wrong:
             counts["wrong"] += 1
             print(f"seed {seed}: wrong: {outcome.wrong}")
@@ -59,7 +61,7 @@ def main() -> None:
     print(
         f"{options.count} programs in {elapsed:.0f} s: kept {counts['kept']}, "
         f"wrong {counts['wrong']}, failed {counts['failed']}; merged something in {merged}, "
-        f"collapsed a tree in {collapsed}"
+        f"collapsed a tree in {collapsed}, moved nodes into a branch in {sunk}"
     )
 
 

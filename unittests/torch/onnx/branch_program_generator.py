@@ -17,8 +17,8 @@ once merged). A branch returns
 its last values, at times a value of the enclosing graph itself.
 
 :func:`check_merge` merges the branches as the export does
-(:func:`~yobx.torch.onnx.optimize.merge_branches`, then
-:func:`~yobx.torch.onnx.optimize.collapse_branch_trees`), runs the model before and
+(:func:`~yobx.torch.onnx.optimize.arrange_branches`: merged, trees collapsed, nodes
+only one side reads moved into it), runs the model before and
 after in onnxruntime for every pair of booleans and two sizes, and compares the outputs
 (to the rounding of the last bits: onnxruntime runs a product in the main graph with
 another kernel than in a branch).
@@ -35,7 +35,7 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
-from yobx.torch.onnx.optimize import collapse_branch_trees, merge_branches
+from yobx.torch.onnx.optimize import arrange_branches
 
 WIDTH = 4
 OUTPUTS = 2
@@ -210,6 +210,8 @@ class MergeOutcome:
     wrong: str = ""
     #: trees of nested If nodes run as one (:mod:`yobx.torch.onnx.if_trees`)
     collapsed: int = 0
+    #: nodes moved into the only side reading them (:mod:`yobx.torch.onnx.branch_sinking`)
+    sunk: int = 0
 
 
 def _run(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -228,11 +230,15 @@ def check_merge(seed: int) -> MergeOutcome:
     """Merges the branches of program ``seed`` and compares the two models."""
     proto = generate_branch_program(seed)
     model = ir.serde.deserialize_model(copy.deepcopy(proto))
-    merged = merge_branches(model)
-    collapsed = collapse_branch_trees(model)
+    counts = arrange_branches(model)
     after = ir.serde.serialize_model(model)
     onnx.checker.check_model(after)
-    outcome = MergeOutcome(seed, merged, collapsed=collapsed)
+    outcome = MergeOutcome(
+        seed,
+        counts["nodes_merged"],
+        collapsed=counts["if_trees_collapsed"],
+        sunk=counts["nodes_sunk"],
+    )
     generator = np.random.default_rng(seed)
     for n in (3, 1):
         x = generator.standard_normal((n, WIDTH)).astype(np.float32)

@@ -9,11 +9,12 @@ model where one does not hold, and makes every input the model reads wait for th
   each ``Reshape`` reading the token the previous one returned. The ``Reshape`` is named
   after the constraint, so onnxruntime's error names the first broken one.
 * **the fast path**: a decode step checks some forty constraints (each cache tensor's
-  batch and length...), and the chain's two nodes per check cost about as much as the
-  conditions themselves at every token (a node is 1-2 µs in onnxruntime). From
-  :data:`FAST_PATH_FROM` checks on, the conditions are combined first (``Concat``,
-  ``ReduceMin``), and an ``If`` runs the chain only when one of them does not hold:
-  five nodes on the path a valid input takes, the same error on the others.
+  batch and length...) at every token, and onnxruntime spends a microsecond or two on
+  each node it runs, whatever it computes. From :data:`FAST_PATH_FROM` checks on, the
+  conditions are combined first (``Concat``, ``ReduceMin``), and an ``If`` runs the
+  chain (two nodes per check) only when one of them does not hold: five nodes on the
+  path a valid input takes, the same error on the others. The equalities between two
+  input sizes, most of the forty, are computed at once (:func:`compare_sizes`).
 * **the gates**: every input the model reads becomes ``Reshape(x, zeros)``, the token
   expanded to the input's rank. A ``0`` in a ``Reshape``'s shape keeps the input's
   dimension, so the gate returns the input as it is (a view, no copy) after the chain
