@@ -1,7 +1,8 @@
 """Random ONNX models with ``If`` nodes whose branches share parts, merged as the export
 merges them (:mod:`yobx.torch.onnx.branch_merging`, :mod:`yobx.torch.onnx.filler_slots`,
-:mod:`yobx.torch.onnx.if_trees`, :mod:`yobx.torch.onnx.branch_sinking`) and compared with the model before the merge in
-onnxruntime, for every pair of conditions and two sizes.
+:mod:`yobx.torch.onnx.if_trees`, :mod:`yobx.torch.onnx.branch_sinking`) and compared
+with the model before the merge in onnxruntime, for every pair of conditions and two
+sizes.
 
 ``python _scripts/fuzz_branch_merging.py --count 2000`` prints how many programs kept
 their outputs, how many the merge changed (wrong), how many failed to run after it, how
