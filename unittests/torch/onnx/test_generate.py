@@ -76,6 +76,71 @@ def test_left_padded_prompts_give_the_model_s_tokens(exported):
     np.testing.assert_array_equal(expected, got)
 
 
+def _llama_with_heads_of_16():
+    """A tiny Llama (sdpa attention) whose heads of 16 onnxruntime's kernel rotates
+    itself, with the generation step's inputs (``position_ids`` among them)."""
+    import transformers
+
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    cache = transformers.DynamicCache(config=config)
+    for layer in range(2):
+        cache.update(torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16), layer)
+    kwargs = {
+        "input_ids": torch.randint(3, 99, (2, 3)),
+        "attention_mask": torch.ones((2, 8), dtype=torch.int64),
+        "position_ids": torch.arange(5, 8)[None].expand(2, 3).contiguous(),
+        "cache": cache,
+    }
+    shapes = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "seq"},
+        "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
+    }
+    return model, (), kwargs, shapes
+
+
+@pytest.mark.parametrize("family", ["hf-tiny", "heads-of-16"])
+def test_the_step_fused_for_onnxruntime_generates_the_model_s_tokens(family):
+    """``optimize="ort"``: one token runs GroupQueryAttention (transformers' eager
+    attention for ``hf-tiny``, sdpa otherwise). With heads of 16 it rotates the queries
+    and keys itself with each row's positions (left padding shifts them)."""
+    import onnx_ir as ir
+
+    if family == "hf-tiny":
+        model, args, kwargs, dynamic_shapes = hf_generation_model("LlamaForCausalLM")
+    else:
+        model, args, kwargs, dynamic_shapes = _llama_with_heads_of_16()
+    result = to_onnx(model, args, kwargs, dynamic_shapes=dynamic_shapes, optimize="ort")
+    fused = [
+        n
+        for n in ir.traversal.RecursiveGraphIterator(result.model.graph)
+        if n.op_type == "GroupQueryAttention"
+    ]
+    assert fused
+    rotates = {n.attributes.get_int("do_rotary", 0) for n in fused}
+    assert rotates == {int(family == "heads-of-16")}, rotates
+    ids = torch.tensor([[0, 0, 17, 42, 5], [23, 8, 61, 9, 30], [0, 0, 0, 0, 77]])
+    mask = (ids != 0).long()
+    expected = _expected(model, ids, mask, 8)
+    got = generate(result, ids, 8, attention_mask=mask, eos_token_id=None)
+    np.testing.assert_array_equal(expected, got)
+
+
 def test_a_model_without_a_cache_is_refused_with_what_to_do():
     model, _, kwargs, dynamic_shapes = _no_cache_model()
     result = to_onnx(model, (), kwargs, dynamic_shapes=dynamic_shapes)

@@ -8,6 +8,11 @@ sdpa attentions compute::
     scores = (q * c) @ (repeat_kv(present_k) * c).T + mask     # c * c = scale
     attention = Softmax(scores) @ repeat_kv(present_v)
 
+(transformers' eager attention scales the scores instead, ``(q @ k.T) * scale``, which
+onnxruntime's fusions run before this one write ``FusedMatMul(q, k, transB=1)``; the
+rotation of the queries and keys, when it has transformers' form, becomes the
+operator's own: :mod:`.gqa_rotary`).
+
 ``repeat_kv`` copies the whole cache once per query head of a group, and the product
 reads it transposed: at batch 4 with 512 past tokens, that is most of the step's time in
 onnxruntime. Its contrib operator ``com.microsoft.GroupQueryAttention`` takes the cache
@@ -248,6 +253,43 @@ def _query(
     return None
 
 
+def _scores(
+    value: ir.Value, graph: ir.Graph
+) -> tuple[list[ir.Node], float, ir.Value, ir.Value] | None:
+    """The nodes computing the attention scores ``value``, their scale, the query and
+    the keys they read (not transposed): ``MatMul(q * a, Transpose(k * b))`` (sdpa
+    scales both sides), ``MatMul(q, Transpose(k)) * s`` (transformers' eager attention
+    scales the scores), or onnxruntime's ``FusedMatMul(q, k, transB=1, alpha=a)``,
+    which the fusions run before this one make of the latter (times ``s``)."""
+    nodes: list[ir.Node] = []
+    scale = 1.0
+    mul = _producer(value, "Mul", graph)
+    for index in (0, 1):
+        factor = mul and _scalar(mul.inputs[1 - index])
+        if factor is not None and len(mul.inputs[index].uses()) == 1:
+            nodes, scale, value = [mul], factor, mul.inputs[index]
+            break
+    node = value.producer()
+    if node is None or node.graph is not graph:
+        return None
+    if node.op_type == "FusedMatMul" and node.domain == _MS:
+        flags = [node.attributes.get_int(k, 0) for k in ("transA", "transB", "transBatchA")]
+        if flags != [0, 1, 0] or node.attributes.get_int("transBatchB", 0):
+            return None
+        alpha = node.attributes.get_float("alpha", 1.0)
+        return [*nodes, node], scale * alpha, node.inputs[0], node.inputs[1]
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        return None
+    query_side, key_side = _scaled(node.inputs[0], graph), _scaled(node.inputs[1], graph)
+    transposed = key_side and _transposed_keys(key_side[1], graph)
+    if query_side is None or transposed is None:
+        return None
+    keys = transposed[1]
+    scales = scale * query_side[2] * key_side[2]
+    nodes = [*nodes, node, *query_side[0], *key_side[0], *transposed[0]]
+    return nodes, scales, query_side[1], keys
+
+
 def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
     """The attention computed around ``softmax``, when it is the pattern fused here."""
     axis = softmax.attributes.get_int("axis", -1)
@@ -259,22 +301,19 @@ def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
     if out.op_type != "MatMul" or out.domain not in ("", "ai.onnx") or uses[0].idx != 0:
         return None
     for index in (0, 1):
-        matmul = _producer(add.inputs[index], "MatMul", graph)
-        if matmul is not None:
+        scores = _scores(add.inputs[index], graph)
+        if scores is not None:
             mask = add.inputs[1 - index]
             break
     else:
         return None
-    query_side, key_side = _scaled(matmul.inputs[0], graph), _scaled(matmul.inputs[1], graph)
-    if query_side is None or key_side is None:
-        return None
-    transposed = _transposed_keys(key_side[1], graph)
-    keys = transposed and _repeated_cache(transposed[1], graph)
+    score_nodes, scale, query_value, keys_value = scores
+    keys = _repeated_cache(keys_value, graph)
     values = _repeated_cache(out.inputs[1], graph)
     if keys is None or values is None or len(keys) != len(values):
         return None
     kv_heads = _dims(keys[0].inputs[0])[1]
-    grouping = _query(query_side[1], kv_heads, len(keys) > 1, graph)
+    grouping = _query(query_value, kv_heads, len(keys) > 1, graph)
     if grouping is None:
         return None
     query = grouping[1]
@@ -283,7 +322,7 @@ def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
         return None
     if mask_dims is None or len(mask_dims) != 4 or mask.dtype != query.dtype:
         return None
-    if len(keys) > 1 and {_dims(transposed[1])[1], _dims(out.inputs[1])[1]} != {query_dims[1]}:
+    if len(keys) > 1 and {_dims(keys_value)[1], _dims(out.inputs[1])[1]} != {query_dims[1]}:
         return None  # keys and values repeated to as many heads as the query has
     if mask_dims[1] not in (1, query_dims[1]) or (grouping[0] and mask_dims[2] != 1):
         return None  # a mask the operator cannot read (per key-value head...)
@@ -294,7 +333,7 @@ def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
         return None
     if (_dims(past_value)[1], _dims(past_value)[3]) != (kv_heads, head_size):
         return None
-    nodes = [*keys, *values, *transposed[0], *grouping[0], *query_side[0], *key_side[0]]
+    nodes = [*keys, *values, *grouping[0], *score_nodes]
     site = _Site(
         graph=graph,
         query=query,
@@ -303,18 +342,20 @@ def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
         past_key=past_key,
         past_value=past_value,
         mask=mask,
-        scale=query_side[2] * key_side[2],
+        scale=scale,
         heads=query_dims[1],
         kv_heads=kv_heads,
         head_size=head_size,
-        nodes=[*nodes, matmul, add, softmax, out],
+        nodes=[*nodes, add, softmax, out],
         attention=out.outputs[0],
         present_key=keys[0].outputs[0],
         present_value=values[0].outputs[0],
         grouped=bool(grouping[0]),
     )
     rotations = rotary_of(site.query), rotary_of(site.key)
-    if rotations[0] is not None and rotations[1] is not None:
+    # onnxruntime's CPU kernel rotates heads of a multiple of 16 only ("head_size shall
+    # be a multiple of 16")
+    if rotations[0] is not None and rotations[1] is not None and head_size % 16 == 0:
         angles = [(r.cos, r.sin) for r in rotations]
         if angles[0] == angles[1] and rotations[0].cos.dtype == query.dtype:
             site.rotary = (rotations[0], rotations[1])
