@@ -11,7 +11,8 @@ Gemma 2's soft-capped scores)::
 
     python _scripts/check_ort_decode_families.py [--time RUNS] [FAMILY ...]
 
-A line per family: the attentions fused, the operators that ran, the largest absolute
+A line per family: the attentions fused (and how many of them rotate the queries and
+keys themselves), the operators that ran, the largest absolute
 difference with eager over the four cases. With ``--time``, the family is also exported
 with the default optimizer, and both models run a decode step (batch 1, one token, a
 past of 128) and a prefill (batch 1, 32 tokens) alternately, one thread, ``RUNS``
@@ -32,6 +33,7 @@ import time
 import warnings
 
 import numpy as np
+import onnx_ir as ir
 import onnxruntime
 import torch
 import transformers
@@ -39,7 +41,24 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HEADS, KV_HEADS, HEAD, LAYERS, VOCAB = 4, 2, 16, 2, 100
-FAMILIES = ("Llama", "Qwen2", "Qwen3", "Mistral", "Phi3", "Gemma", "Gemma2", "Granite")
+#: StableLm and Phi rotate part of each head, Cohere interleaves the halves: the
+#: operator must leave their rotation to the model (``rotating 0``); Olmo2 normalizes
+#: the queries and keys before rotating them (yobx.torch.onnx.gqa_rotary)
+FAMILIES = (
+    "Llama",
+    "Qwen2",
+    "Qwen3",
+    "Mistral",
+    "Phi3",
+    "Gemma",
+    "Gemma2",
+    "Granite",
+    "StableLm",
+    "Phi",
+    "Cohere",
+    "Olmo2",
+    "Starcoder2",
+)
 #: batch, new tokens, past tokens, left padding of the last row
 CASES = ((2, 1, 6, 2), (3, 1, 9, 0), (2, 5, 0, 2), (2, 3, 4, 1))
 
@@ -172,8 +191,14 @@ def check_family(family: str, profile_dir: str, runs: int = 0) -> str:
         # a cache of its own for the second export (a capture runs the model on it)
         fresh = {**kwargs, "cache": make_cache(config, example["keys"], example["values"])}
         timed = ort_over_default(model, fresh, shapes, result.model_proto, runs)
+    # the attentions rotating their queries and keys themselves (.gqa_rotary)
+    rotating = sum(
+        node.op_type == "GroupQueryAttention" and node.attributes.get_int("do_rotary", 0) == 1
+        for node in ir.traversal.RecursiveGraphIterator(result.model.graph)
+    )
     return (
-        f"{family:10s} fused {fusions.get('group_query_attention', 0):3d}  "
+        f"{family:10s} fused {fusions.get('group_query_attention', 0):3d} "
+        f"(rotating {rotating:3d})  "
         f"ran GroupQueryAttention {ran['GroupQueryAttention']:3d} Softmax {ran['Softmax']:3d}  "
         f"max error {worst:.2e}{timed}"
     )
