@@ -26,9 +26,16 @@ CONDITIONS = (
 )
 
 
-def _checked_model(count: int, inputs: list[tuple[str, list]], constant_output: bool = False):
-    """An identity of each input, the first ``count`` checks on the first input's
-    sizes, and an output computed from no input when ``constant_output``."""
+def _checked_model(
+    count: int,
+    inputs: list[tuple[str, list]],
+    constant_output: bool = False,
+    conditions: tuple = CONDITIONS,
+    sources: dict | None = None,
+):
+    """An identity of each input, the first ``count`` of ``conditions`` checked (their
+    symbols read where ``sources`` says, by default ``n`` and ``m`` the first input's
+    sizes), and an output computed from no input when ``constant_output``."""
     values = [
         ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(dims))
         for name, dims in inputs
@@ -46,8 +53,9 @@ def _checked_model(count: int, inputs: list[tuple[str, list]], constant_output: 
         graph.append(node)
         graph.outputs.append(node.outputs[0])
     builder = _CheckGraph(graph, {v.name: v for v in values})
-    sources = {N: (values[0].name, 0, 1, 0), M: (values[0].name, 1, 1, 0)}
-    for name, condition in CONDITIONS[:count]:
+    if sources is None:
+        sources = {N: (values[0].name, 0, 1, 0), M: (values[0].name, 1, 1, 0)}
+    for name, condition in conditions[:count]:
         builder.check(condition, sources, CHECK_NODE_PREFIX + name, RuntimeCheck(condition, name))
     builder.gate()
     return ir.Model(graph, ir_version=10)
@@ -145,22 +153,9 @@ SIZE_CONDITIONS = (
 
 @pytest.mark.parametrize("count", [FAST_PATH_FROM, len(SIZE_CONDITIONS)])
 def test_equal_sizes_are_compared_at_once_and_the_first_broken_is_named(count):
-    values = [
-        ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(dims))
-        for name, dims in (("a", ["p", "q"]), ("b", ["r", "s"]))
-    ]
-    graph = ir.Graph(values, [], nodes=[], opset_imports={"": 18})
-    for value in values:
-        node = ir.node("Identity", [value])
-        node.outputs[0].name = f"{value.name}_out"
-        graph.append(node)
-        graph.outputs.append(node.outputs[0])
-    builder = _CheckGraph(graph, {v.name: v for v in values})
     sources = {P: ("a", 0, 1, 0), Q: ("a", 1, 1, 0), R: ("b", 0, 1, 0), S: ("b", 1, 1, 0)}
-    for name, condition in SIZE_CONDITIONS[:count]:
-        builder.check(condition, sources, CHECK_NODE_PREFIX + name, RuntimeCheck(condition, name))
-    builder.gate()
-    model = ir.Model(graph, ir_version=10)
+    inputs = [("a", ["p", "q"]), ("b", ["r", "s"])]
+    model = _checked_model(count, inputs, conditions=SIZE_CONDITIONS, sources=sources)
     main = [n.op_type for n in model.graph]
     equalities = sum(1 for _, c in SIZE_CONDITIONS[:count] if isinstance(c, sympy.Eq))
     if equalities >= FAST_PATH_FROM:

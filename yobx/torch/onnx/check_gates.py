@@ -9,8 +9,9 @@ model where one does not hold, and makes every input the model reads wait for th
   each ``Reshape`` reading the token the previous one returned. The ``Reshape`` is named
   after the constraint, so onnxruntime's error names the first broken one.
 * **the fast path**: a decode step checks some forty constraints (each cache tensor's
-  batch and length...) at every token, and onnxruntime spends a microsecond or two on
-  each node it runs, whatever it computes. From :data:`FAST_PATH_FROM` checks on, the
+  batch and length...) at every token, and onnxruntime spends about a microsecond on
+  each node it runs, whatever it computes (its profile of the decode step of
+  ``_scripts/bench_decode_latency.py``). From :data:`FAST_PATH_FROM` checks on, the
   conditions are combined first (``Concat``, ``ReduceMin``), and an ``If`` runs the
   chain (two nodes per check) only when one of them does not hold: five nodes on the
   path a valid input takes, the same error on the others. The equalities between two

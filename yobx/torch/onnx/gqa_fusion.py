@@ -53,6 +53,7 @@ import numpy as np
 import onnx_ir as ir
 
 from yobx.torch.onnx.gqa_rotary import NodeList, Rotary, RotaryCaches, rotary_of
+from yobx.torch.onnx.ir_values import constant_ints, constant_scalar, dims_of, producer
 from yobx.torch.onnx.ort_fusions import graphs_within
 
 _MS = "com.microsoft"
@@ -94,40 +95,15 @@ class _Site:
         return (query.source, key.source, *rest)
 
 
-def _producer(value: ir.Value | None, op_type: str, graph: ir.Graph) -> ir.Node | None:
-    node = None if value is None else value.producer()
-    if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
-        return None
-    return node if node.graph is graph else None
-
-
-def _scalar(value: ir.Value | None) -> float | None:
-    if value is None or value.const_value is None or value.const_value.size != 1:
-        return None
-    return float(value.const_value.numpy().reshape(()))
-
-
-def _ints(value: ir.Value | None) -> list[int] | None:
-    if value is None or value.const_value is None:
-        return None
-    return [int(x) for x in value.const_value.numpy().reshape(-1)]
-
-
-def _dims(value: ir.Value) -> list | None:
-    if value.shape is None:
-        return None
-    return [d.value if isinstance(d, ir.SymbolicDim) else d for d in value.shape]
-
-
 def _cache_concat(value: ir.Value | None, graph: ir.Graph) -> ir.Node | None:
     """``Concat(past, new, axis=2)`` of two rank-4 values with the same static heads
     and head size, the node producing ``value``."""
-    concat = _producer(value, "Concat", graph)
+    concat = producer(value, "Concat", graph)
     if concat is None or len(concat.inputs) != 2:
         return None
     if concat.attributes.get_int("axis") not in (2, -2):
         return None
-    past, new = (_dims(v) for v in concat.inputs)
+    past, new = (dims_of(v) for v in concat.inputs)
     if past is None or new is None or len(past) != 4 or len(new) != 4:
         return None
     if not isinstance(past[1], int) or not isinstance(past[3], int):
@@ -142,17 +118,17 @@ def _repeated_cache(value: ir.Value, graph: ir.Graph) -> list[ir.Node] | None:
     concat = _cache_concat(value, graph)
     if concat is not None:
         return [concat]
-    reshape = _producer(value, "Reshape", graph)
-    expand = reshape and _producer(reshape.inputs[0], "Expand", graph)
-    unsqueeze = expand and _producer(expand.inputs[0], "Unsqueeze", graph)
+    reshape = producer(value, "Reshape", graph)
+    expand = reshape and producer(reshape.inputs[0], "Expand", graph)
+    unsqueeze = expand and producer(expand.inputs[0], "Unsqueeze", graph)
     concat = unsqueeze and _cache_concat(unsqueeze.inputs[0], graph)
-    out = _dims(value)
-    if concat is None or _ints(unsqueeze.inputs[1]) != [2] or out is None or len(out) != 4:
+    out = dims_of(value)
+    if concat is None or constant_ints(unsqueeze.inputs[1]) != [2] or out is None or len(out) != 4:
         return None
-    kv_heads, head = _dims(concat.inputs[0])[1], _dims(concat.inputs[0])[3]
+    kv_heads, head = dims_of(concat.inputs[0])[1], dims_of(concat.inputs[0])[3]
     if out[3] != head or not isinstance(out[1], int) or out[1] % kv_heads:
         return None
-    expanded = _dims(expand.outputs[0])
+    expanded = dims_of(expand.outputs[0])
     if expanded is not None and len(expanded) != 5:
         return None
     if expanded is not None and isinstance(expanded[2], int) and expanded[2] != out[1] // kv_heads:
@@ -164,25 +140,27 @@ def _shape_axes(value: ir.Value | None, source: ir.Value, graph: ir.Graph) -> li
     """The axes of the rank-4 ``source`` that the 1-d shape ``value`` lists, ``-1`` for
     a constant ``-1`` (whatever is left): ``Concat`` of ``Slice(Shape(source))`` and
     ``Shape(source, start, end)``, as torch's lowering writes the shape of a view."""
-    constant = _ints(value)
+    constant = constant_ints(value)
     if constant is not None:
         return constant if constant == [-1] else None
-    concat = _producer(value, "Concat", graph)
+    concat = producer(value, "Concat", graph)
     if concat is not None:
         axes = [_shape_axes(part, source, graph) for part in concat.inputs]
         return None if any(a is None for a in axes) else [x for a in axes for x in a]
-    node, part = _producer(value, "Slice", graph), slice(None)
+    node, part = producer(value, "Slice", graph), slice(None)
     if node is not None:
-        bounds = [_ints(v) for v in node.inputs[1:3]]
-        if None in bounds or (len(node.inputs) > 4 and _ints(node.inputs[4]) not in (None, [1])):
+        bounds = [constant_ints(v) for v in node.inputs[1:3]]
+        if None in bounds or (
+            len(node.inputs) > 4 and constant_ints(node.inputs[4]) not in (None, [1])
+        ):
             return None
-        if len(node.inputs) > 3 and _ints(node.inputs[3]) not in (None, [0]):
+        if len(node.inputs) > 3 and constant_ints(node.inputs[3]) not in (None, [0]):
             return None
         (start,), (end,) = bounds
         part = slice(start, end)
-        node = _producer(node.inputs[0], "Shape", graph)
+        node = producer(node.inputs[0], "Shape", graph)
     else:
-        node = _producer(value, "Shape", graph)
+        node = producer(value, "Shape", graph)
     if node is None or node.inputs[0] is not source:
         return None
     # Python's slicing has ONNX's semantics: negative bounds count from the end, both
@@ -196,14 +174,14 @@ def _transposed_keys(value: ir.Value, graph: ir.Graph) -> tuple[list[ir.Node], i
     that value: ``Transpose(perm=[0, 1, 3, 2])``, or torch's ``Reshape`` to rank 3,
     ``Transpose(perm=[0, 2, 1])`` and ``Reshape`` back, checked on the shapes the
     reshapes take (read from the source's own ``Shape``)."""
-    transpose = _producer(value, "Transpose", graph)
+    transpose = producer(value, "Transpose", graph)
     if transpose is not None:
         if list(transpose.attributes.get_ints("perm") or []) != [0, 1, 3, 2]:
             return None
         return [transpose], transpose.inputs[0]
-    back = _producer(value, "Reshape", graph)
-    transpose = back and _producer(back.inputs[0], "Transpose", graph)
-    flat = transpose and _producer(transpose.inputs[0], "Reshape", graph)
+    back = producer(value, "Reshape", graph)
+    transpose = back and producer(back.inputs[0], "Transpose", graph)
+    flat = transpose and producer(transpose.inputs[0], "Reshape", graph)
     if flat is None or list(transpose.attributes.get_ints("perm") or []) != [0, 2, 1]:
         return None
     source = flat.inputs[0]
@@ -216,11 +194,11 @@ def _transposed_keys(value: ir.Value, graph: ir.Graph) -> tuple[list[ir.Node], i
 
 
 def _scaled(value: ir.Value, graph: ir.Graph) -> tuple[list[ir.Node], ir.Value, float] | None:
-    mul = _producer(value, "Mul", graph)
+    mul = producer(value, "Mul", graph)
     if mul is None:
         return [], value, 1.0
     for index in (0, 1):
-        factor = _scalar(mul.inputs[1 - index])
+        factor = constant_scalar(mul.inputs[1 - index])
         if factor is not None:
             return [mul], mul.inputs[index], factor
     return None
@@ -234,14 +212,14 @@ def _query(
     many heads; against the unrepeated cache of fewer heads, the reshape of a single
     token's query grouping its heads by key-value head (``(batch, kv_heads, heads /
     kv_heads, head)``, what torch makes of a one-token step)."""
-    dims = _dims(value)
+    dims = dims_of(value)
     if dims is None or len(dims) != 4:
         return None
     if repeated:
         return [], value
     # the grouped query first: its second axis has as many entries as the cache's
-    reshape = _producer(value, "Reshape", graph)
-    query = reshape and _dims(reshape.inputs[0])
+    reshape = producer(value, "Reshape", graph)
+    query = reshape and dims_of(reshape.inputs[0])
     if query is not None and len(query) == 4 and query[2] == 1 and query[0] is not None:
         heads = query[1]
         grouping = isinstance(heads, int) and heads % kv_heads == 0 and heads > kv_heads
@@ -263,9 +241,9 @@ def _scores(
     which the fusions run before this one make of the latter (times ``s``)."""
     nodes: list[ir.Node] = []
     scale = 1.0
-    mul = _producer(value, "Mul", graph)
+    mul = producer(value, "Mul", graph)
     for index in (0, 1):
-        factor = mul and _scalar(mul.inputs[1 - index])
+        factor = mul and constant_scalar(mul.inputs[1 - index])
         if factor is not None and len(mul.inputs[index].uses()) == 1:
             nodes, scale, value = [mul], factor, mul.inputs[index]
             break
@@ -293,7 +271,7 @@ def _scores(
 def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
     """The attention computed around ``softmax``, when it is the pattern fused here."""
     axis = softmax.attributes.get_int("axis", -1)
-    add = _producer(softmax.inputs[0], "Add", graph)
+    add = producer(softmax.inputs[0], "Add", graph)
     uses = list(softmax.outputs[0].uses())
     if add is None or axis not in (-1, 3) or len(uses) != 1:
         return None
@@ -312,26 +290,26 @@ def _match(softmax: ir.Node, graph: ir.Graph) -> _Site | None:
     values = _repeated_cache(out.inputs[1], graph)
     if keys is None or values is None or len(keys) != len(values):
         return None
-    kv_heads = _dims(keys[0].inputs[0])[1]
+    kv_heads = dims_of(keys[0].inputs[0])[1]
     grouping = _query(query_value, kv_heads, len(keys) > 1, graph)
     if grouping is None:
         return None
     query = grouping[1]
-    query_dims, mask_dims = _dims(query), _dims(mask)
+    query_dims, mask_dims = dims_of(query), dims_of(mask)
     if query_dims is None or len(query_dims) != 4 or not isinstance(query_dims[1], int):
         return None
     if mask_dims is None or len(mask_dims) != 4 or mask.dtype != query.dtype:
         return None
-    if len(keys) > 1 and {_dims(keys_value)[1], _dims(out.inputs[1])[1]} != {query_dims[1]}:
+    if len(keys) > 1 and {dims_of(keys_value)[1], dims_of(out.inputs[1])[1]} != {query_dims[1]}:
         return None  # keys and values repeated to as many heads as the query has
     if mask_dims[1] not in (1, query_dims[1]) or (grouping[0] and mask_dims[2] != 1):
         return None  # a mask the operator cannot read (per key-value head...)
     past_key, key = keys[0].inputs
     past_value, value = values[0].inputs
-    head_size = _dims(past_key)[3]
+    head_size = dims_of(past_key)[3]
     if query_dims[3] != head_size or query_dims[1] % kv_heads:
         return None
-    if (_dims(past_value)[1], _dims(past_value)[3]) != (kv_heads, head_size):
+    if (dims_of(past_value)[1], dims_of(past_value)[3]) != (kv_heads, head_size):
         return None
     nodes = [*keys, *values, *grouping[0], *score_nodes]
     site = _Site(
@@ -424,10 +402,10 @@ def _packed(value: ir.Value, nodes: NodeList, graph: ir.Graph) -> ir.Value:
 def _projection(value: ir.Value, graph: ir.Graph) -> ir.Value | None:
     """The ``(batch, seq, heads * head)`` value ``value`` splits into heads and
     transposes, if it does (checked on the shapes)."""
-    transpose = _producer(value, "Transpose", graph)
-    split = transpose and _producer(transpose.inputs[0], "Reshape", graph)
+    transpose = producer(value, "Transpose", graph)
+    split = transpose and producer(transpose.inputs[0], "Reshape", graph)
     if split is not None and list(transpose.attributes.get_ints("perm") or []) == [0, 2, 1, 3]:
-        source, heads = _dims(split.inputs[0]), _dims(split.outputs[0])
+        source, heads = dims_of(split.inputs[0]), dims_of(split.outputs[0])
         if (
             source is not None
             and heads is not None

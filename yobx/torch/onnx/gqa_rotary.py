@@ -31,6 +31,8 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from yobx.torch.onnx.ir_values import constant_ints, dims_of, producer
+
 
 @dataclasses.dataclass
 class Rotary:
@@ -44,31 +46,12 @@ class Rotary:
     nodes: list[ir.Node]
 
 
-def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
-    node = None if value is None else value.producer()
-    if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
-        return None
-    return node
-
-
-def _ints(value: ir.Value | None) -> list[int] | None:
-    if value is None or value.const_value is None:
-        return None
-    return [int(x) for x in value.const_value.numpy().reshape(-1)]
-
-
-def _dims(value: ir.Value) -> list | None:
-    if value.shape is None:
-        return None
-    return [d.value if isinstance(d, ir.SymbolicDim) else d for d in value.shape]
-
-
 def _last_axis_slice(node: ir.Node | None, rank: int) -> tuple[int, int] | None:
     """``(start, end)`` of a ``Slice`` on the last axis with step 1."""
     if node is None or len(node.inputs) < 4:
         return None
-    starts, ends, axes = (_ints(v) for v in node.inputs[1:4])
-    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 else [1]
+    starts, ends, axes = (constant_ints(v) for v in node.inputs[1:4])
+    steps = constant_ints(node.inputs[4]) if len(node.inputs) > 4 else [1]
     if starts is None or ends is None or axes is None or steps != [1]:
         return None
     if len(starts) != 1 or axes[0] % rank != rank - 1:
@@ -81,15 +64,15 @@ def _angle(mul: ir.Node, source: ir.Value) -> ir.Value | None:
     if source not in mul.inputs:
         return None
     other = mul.inputs[1] if mul.inputs[0] is source else mul.inputs[0]
-    unsqueeze = _producer(other, "Unsqueeze")
-    if unsqueeze is None or _ints(unsqueeze.inputs[1]) != [1]:
+    unsqueeze = producer(other, "Unsqueeze")
+    if unsqueeze is None or constant_ints(unsqueeze.inputs[1]) != [1]:
         return None
     return unsqueeze.inputs[0]
 
 
 def _rotate_half(value: ir.Value, half: int) -> tuple[ir.Value, list[ir.Node]] | None:
     """``x`` and the nodes for ``Concat(Neg(x[..., h:]), x[..., :h], axis=-1)``."""
-    concat = _producer(value, "Concat")
+    concat = producer(value, "Concat")
     if (
         concat is None
         or len(concat.inputs) != 2
@@ -100,9 +83,9 @@ def _rotate_half(value: ir.Value, half: int) -> tuple[ir.Value, list[ir.Node]] |
         )
     ):
         return None
-    neg = _producer(concat.inputs[0], "Neg")
-    upper = neg and _producer(neg.inputs[0], "Slice")
-    lower = _producer(concat.inputs[1], "Slice")
+    neg = producer(concat.inputs[0], "Neg")
+    upper = neg and producer(neg.inputs[0], "Slice")
+    lower = producer(concat.inputs[1], "Slice")
     if upper is None or lower is None or upper.inputs[0] is not lower.inputs[0]:
         return None
     first, second = _last_axis_slice(upper, 4), _last_axis_slice(lower, 4)
@@ -116,15 +99,15 @@ def _rotate_half(value: ir.Value, half: int) -> tuple[ir.Value, list[ir.Node]] |
 def rotary_of(value: ir.Value) -> Rotary | None:
     """The rotation computing ``value``, when it has the module's form on a value of
     rank 4 with a static, even head size."""
-    dims = _dims(value)
-    add = _producer(value, "Add")
+    dims = dims_of(value)
+    add = producer(value, "Add")
     if add is None or dims is None or len(dims) != 4 or not isinstance(dims[3], int):
         return None
     half = dims[3] // 2
     if dims[3] % 2:
         return None
     for straight, rotated in ((0, 1), (1, 0)):
-        plain, turned = (_producer(add.inputs[i], "Mul") for i in (straight, rotated))
+        plain, turned = (producer(add.inputs[i], "Mul") for i in (straight, rotated))
         if plain is None or turned is None:
             continue
         for index in (0, 1):
@@ -142,7 +125,7 @@ def _angles_fit(cos: ir.Value, sin: ir.Value, dims: list) -> bool:
     """``cos`` and ``sin`` of shape ``(batch or 1, seq, head)`` for a value of shape
     ``(batch, heads, seq, head)``, each its first half twice."""
     for angle in (cos, sin):
-        shape = _dims(angle)
+        shape = dims_of(angle)
         if shape is None or len(shape) != 3 or shape[1:] != [dims[2], dims[3]]:
             return False
         if shape[0] not in (1, dims[0]):
@@ -166,10 +149,10 @@ def duplicated_halves(value: ir.Value, depth: int = 0) -> bool:
                 return duplicated_halves(node.inputs[index], depth + 1)
         return False
     if node.op_type in ("Cos", "Sin"):
-        concat = _producer(node.inputs[0], "Concat")
+        concat = producer(node.inputs[0], "Concat")
         if concat is None or len(concat.inputs) != 2 or concat.inputs[0] is not concat.inputs[1]:
             return False
-        rank = len(_dims(value) or ())
+        rank = len(dims_of(value) or ())
         return concat.attributes.get_int("axis") in (-1, rank - 1)
     if node.op_type == "If":
         index = value.index()
@@ -226,7 +209,7 @@ class RotaryCaches:
 
 
 def _caches(nodes: NodeList, rotary: Rotary, past_key: ir.Value) -> tuple:
-    half = _dims(rotary.cos)[2] // 2
+    half = dims_of(rotary.cos)[2] // 2
     zero, halves = (nodes.constant(np.array([v], np.int64)) for v in (0, half))
     last = nodes.constant(np.array([-1], np.int64))
     flat = nodes.constant(np.array([-1, half], np.int64))
