@@ -96,6 +96,7 @@ VARIANTS = (
     "yobx-ort",
     "yobx-int4",
     "yobx-int4-l4",
+    "yobx-ort-int4-l4",
     "torch.onnx",
     "builder",
     "builder-int4",
@@ -347,6 +348,14 @@ def export_all(
         "yobx-int4": lambda: export_yobx(model, kwargs, quantize="int4", quantize_block_size=32),
         "yobx-int4-l4": lambda: export_yobx(
             model, kwargs, quantize="int4", quantize_block_size=32, quantize_accuracy_level=4
+        ),
+        "yobx-ort-int4-l4": lambda: export_yobx(
+            model,
+            kwargs,
+            optimize="ort",
+            quantize="int4",
+            quantize_block_size=32,
+            quantize_accuracy_level=4,
         ),
         "yobx-in-out": lambda: export_in_out(model, kwargs),
         "yobx-ort-attention": lambda: export_ort_attention(model, kwargs),

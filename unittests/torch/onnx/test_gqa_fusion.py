@@ -105,6 +105,21 @@ def test_the_attention_of_each_version_is_fused(exported):
     assert ops["GroupQueryAttention"] >= LAYERS, ops
 
 
+def test_the_operator_s_sizes_are_computed_once_for_all_layers(exported):
+    # read on the inputs naming the dimensions, in the main graph: every layer's
+    # operator (in any branch) reads the same lengths (gqa_sizes)
+    _, _, result, _ = exported
+    operators = [
+        node
+        for node in ir.traversal.RecursiveGraphIterator(result.model.graph)
+        if node.op_type == "GroupQueryAttention"
+    ]
+    # one set for the version of one token (seq is 1 there), one for any number
+    lengths = {(id(node.inputs[5]), id(node.inputs[6])) for node in operators}
+    assert len(operators) >= 2 * LAYERS and len(lengths) == 2, len(lengths)
+    assert all(node.inputs[5].graph is result.model.graph for node in operators)
+
+
 @pytest.mark.parametrize(
     ("batch", "seq", "past", "padding"),
     [

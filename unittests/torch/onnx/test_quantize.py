@@ -17,6 +17,8 @@ from yobx.torch.onnx.quantize import (
     dequantized_weights,
     exact_products,
     quantize_model,
+    quantized_products,
+    quantized_weights,
     weights_swapped,
 )
 from yobx.torch.onnx.weights import empty_weights
@@ -72,8 +74,11 @@ def test_every_linear_weight_is_quantized_and_validated_on_its_dequantized_value
     result = to_onnx(model, (), {"input_ids": _ids(2, 7)}, dynamic_shapes=SHAPES, quantize="int4")
     assert result.model.metadata_props[QUANTIZATION_KEY] == "int4, block 32"
     # every weight of a linear layer, whatever version of the graph reads it
-    quantized = {n.inputs[1].name.removesuffix("_Q4") for n in _ops(result.model, "MatMulNBits")}
+    quantized = {name.removesuffix("_Q4") for name in quantized_weights(result.model)}
     assert quantized == _weight_linears(model)
+    # per layer: the queries', keys' and values' products as one, the output's, gate
+    # and up as one, down's; then the head's
+    assert len(_ops(result.model, "MatMulNBits")) == 2 * 4 + 1
     assert not [
         n for n in _ops(result.model, "MatMul") if any(i.is_initializer() for i in n.inputs)
     ]
@@ -173,7 +178,7 @@ def test_a_meta_export_quantizes_once_its_weights_are_applied():
     with pytest.raises(OnnxExportError, match="exported on the meta device"):
         to_onnx(meta, (), {"input_ids": _ids(2, 6)}, quantize="int4")
     result.apply_weights(real.state_dict())
-    assert result.quantize() == len(_ops(result.model, "MatMulNBits")) > 0
+    assert result.quantize() == quantized_products(result.model) > 0
     report = result.validate(real, (), {"input_ids": _ids(2, 6)})
     assert report.ok, report.format()
     with pytest.raises(OnnxExportError, match="quantized already"):
@@ -225,4 +230,4 @@ def test_a_decoder_choosing_between_versions_quantizes_without_warning():
             model, (), {"input_ids": _ids(2, 7)}, dynamic_shapes=SHAPES, quantize="int4"
         )
     assert len(result.versions) > 2
-    assert len(_ops(result.model, "MatMulNBits")) == len(_weight_linears(model))
+    assert len(quantized_weights(result.model)) == len(_weight_linears(model))

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["FILLER_KEY", "merge_if_branches"]
+__all__ = ["FILLER_KEY", "merge_if_branches", "node_key"]
 
 #: ``node.meta`` key (in memory only) of the constants filling an output a stretch only
 #: needs on the other side: nothing reads them on their side
@@ -261,6 +261,12 @@ def _node_key(node: ir.Node, numbers: dict[int, int], captured: dict[int, tuple]
             key = tuple(value) if isinstance(value, (list, tuple)) else value
         attributes.append((name, attribute.type, key))
     return (node.domain, node.op_type, node.overload, len(node.outputs), tuple(attributes))
+
+
+def node_key(node: ir.Node) -> tuple:
+    """What two nodes computing the same function of the same inputs share: operator,
+    attributes, and the structure of their subgraphs (:func:`_node_key`)."""
+    return _node_key(node, {}, {})
 
 
 def _graph_key(graph: ir.Graph, numbers: dict[int, int], captured: dict[int, tuple]) -> tuple:

@@ -53,10 +53,13 @@ import numpy as np
 import onnx_ir as ir
 
 from yobx.torch.onnx.gqa_rotary import NodeList, Rotary, RotaryCaches, rotary_of
+from yobx.torch.onnx.gqa_sizes import StepSizes
 from yobx.torch.onnx.ir_values import constant_ints, constant_scalar, dims_of, producer
 from yobx.torch.onnx.ort_fusions import graphs_within
 
 _MS = "com.microsoft"
+#: what the attentions of a model share: the rotary caches, the operator's sizes
+Shared = tuple[RotaryCaches, StepSizes]
 
 
 @dataclasses.dataclass
@@ -420,27 +423,23 @@ def _projection(value: ir.Value, graph: ir.Graph) -> ir.Value | None:
 
 
 def _group_query_attention(
-    site: _Site, nodes: NodeList, caches: RotaryCaches, before: ir.Node
+    site: _Site, nodes: NodeList, shared: Shared, before: ir.Node
 ) -> list[ir.Value]:
     """``GroupQueryAttention`` on the site's values: its attention ``(batch, seq,
     heads * head)`` and the present key and value. A rotation of the query and key
-    becomes the operator's own, its caches written once before ``before``."""
+    becomes the operator's own, its caches written once before ``before``; the sizes
+    the operator reads are written once for the model where the inputs name them
+    (:mod:`.gqa_sizes`)."""
+    caches, sizes = shared
     query, key, value = (_packed(v, nodes, site.graph) for v in site.operands()[:3])
-    one = nodes.constant(np.array([1], np.int64))
-    past = nodes.add("Shape", [site.past_key], start=2, end=3)[0]
-    # sizes read on the packed values: the heads split and transposed may then be
-    # computed only where the model's own attention reads them (.branch_sinking)
-    seq = nodes.add("Shape", [key], start=1, end=2)[0]
-    total = nodes.add("Add", [past, seq])[0]
-    batch = nodes.add("Shape", [query], start=0, end=1)[0]
-    last = nodes.add("Sub", [total, one])[0]
-    seqlens = nodes.add("Cast", [nodes.add("Expand", [last, batch])[0]], to=6)[0]
-    total32 = nodes.add("Cast", [nodes.add("Squeeze", [total])[0]], to=6)[0]
+    dims = [dims_of(v) or [None] * 3 for v in (query, key, site.past_key)]
+    found = sizes.sizes(dims[0][0], dims[1][1], dims[2][2])
+    if found is None:
+        found = _layer_sizes(site, query, key, nodes)
     # the model's mask, (batch or 1, heads or 1, seq, total or 1), as the operator
     # reads it: (batch, heads or 1, seq, total)
-    shape = nodes.add("Concat", [batch, one, seq, total], axis=0)[0]
-    bias = nodes.add("Expand", [site.mask, shape])[0]
-    inputs = [query, key, value, site.past_key, site.past_value, seqlens, total32]
+    bias = nodes.add("Expand", [site.mask, found[5]])[0]
+    inputs = [query, key, value, site.past_key, site.past_value, found[3], found[4]]
     rotary: list = [None, None, None]
     if site.rotary is not None:
         rotary = list(caches.inputs(site.rotary[0], site.past_key, before))
@@ -456,10 +455,29 @@ def _group_query_attention(
     )
 
 
-def _decode_branch(site: _Site, name: str, caches: RotaryCaches, before: ir.Node) -> ir.Graph:
+def _layer_sizes(
+    site: _Site, query: ir.Value, key: ir.Value, nodes: NodeList
+) -> tuple[ir.Value, ...]:
+    """The sizes of :meth:`.StepSizes.sizes` read on the layer's own values (when the
+    model's inputs do not name them)."""
+    one = nodes.constant(np.array([1], np.int64))
+    past = nodes.add("Shape", [site.past_key], start=2, end=3)[0]
+    # sizes read on the packed values: the heads split and transposed may then be
+    # computed only where the model's own attention reads them (.branch_sinking)
+    seq = nodes.add("Shape", [key], start=1, end=2)[0]
+    total = nodes.add("Add", [past, seq])[0]
+    batch = nodes.add("Shape", [query], start=0, end=1)[0]
+    last = nodes.add("Sub", [total, one])[0]
+    seqlens = nodes.add("Cast", [nodes.add("Expand", [last, batch])[0]], to=6)[0]
+    total32 = nodes.add("Cast", [nodes.add("Squeeze", [total])[0]], to=6)[0]
+    shape = nodes.add("Concat", [batch, one, seq, total], axis=0)[0]
+    return (batch, seq, total, seqlens, total32, shape)
+
+
+def _decode_branch(site: _Site, name: str, shared: Shared, before: ir.Node) -> ir.Graph:
     """``GroupQueryAttention``, its outputs in the model's layout."""
     nodes = NodeList(f"{name}_decode")
-    attention, present_key, present_value = _group_query_attention(site, nodes, caches, before)
+    attention, present_key, present_value = _group_query_attention(site, nodes, shared, before)
     heads = nodes.constant(np.array([0, 0, site.heads, site.head_size], np.int64))
     attention = nodes.add("Reshape", [attention, heads])[0]
     attention = nodes.add("Transpose", [attention], perm=[0, 2, 1, 3])[0]
@@ -509,17 +527,17 @@ def _replace(site: _Site, region: list[ir.Node], news: list[ir.Value], added: li
         graph.remove(node, safe=True)
 
 
-def _fuse_grouped(site: _Site, region: list[ir.Node], index: int, caches: RotaryCaches) -> None:
+def _fuse_grouped(site: _Site, region: list[ir.Node], index: int, shared: Shared) -> None:
     """One token's attention: ``GroupQueryAttention`` in its place, the attention
     reshaped to the grouped layout the model computes next."""
     nodes = NodeList(f"yobx_gqa_{index}")
-    attention, present_key, present_value = _group_query_attention(site, nodes, caches, region[0])
+    attention, present_key, present_value = _group_query_attention(site, nodes, shared, region[0])
     grouped = [0, site.kv_heads, site.heads // site.kv_heads, site.head_size]
     attention = nodes.add("Reshape", [attention, nodes.constant(np.array(grouped, np.int64))])
     _replace(site, region, [attention[0], present_key, present_value], nodes)
 
 
-def _fuse_choice(site: _Site, region: list[ir.Node], index: int, caches: RotaryCaches) -> None:
+def _fuse_choice(site: _Site, region: list[ir.Node], index: int, shared: Shared) -> None:
     """Any number of tokens: an ``If`` choosing ``GroupQueryAttention`` for one."""
     name = f"yobx_gqa_{index}"
     nodes = NodeList(name)
@@ -536,7 +554,7 @@ def _fuse_choice(site: _Site, region: list[ir.Node], index: int, caches: RotaryC
         [condition],
         attributes={
             "then_branch": ir.AttrGraph(
-                "then_branch", _decode_branch(site, name, caches, region[0])
+                "then_branch", _decode_branch(site, name, shared, region[0])
             ),
             "else_branch": ir.AttrGraph("else_branch", _model_branch(region, site, name)),
         },
@@ -561,12 +579,12 @@ def fuse_group_query_attention(model: ir.Model) -> int:
                 region = site and _region(site)
                 if region:
                     sites.append((site, region))
-    caches = RotaryCaches()
+    shared = (RotaryCaches(), StepSizes(model))
     for index, (site, region) in enumerate(sites):
         if site.grouped:
-            _fuse_grouped(site, region, index, caches)
+            _fuse_grouped(site, region, index, shared)
         else:
-            _fuse_choice(site, region, index, caches)
+            _fuse_choice(site, region, index, shared)
     if sites:
         model.opset_imports.setdefault(_MS, 1)
         for graph in graphs_within(model.graph):

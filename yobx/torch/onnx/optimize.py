@@ -23,6 +23,7 @@ from typing import Any
 import onnx_ir as ir
 from onnx_ir.passes import common as common_passes
 
+from yobx.torch.onnx.branch_hoisting import hoist_out_of_branches
 from yobx.torch.onnx.branch_merging import merge_if_branches
 from yobx.torch.onnx.branch_sinking import sink_into_branches
 from yobx.torch.onnx.filler_slots import merge_filler_slots
@@ -275,16 +276,35 @@ def collapse_branch_trees(model: ir.Model) -> int:
     return collapsed
 
 
+def hoist_branch_twins(model: ir.Model) -> int:
+    """Computes once, before an ``If``, each node both of its sides compute alike
+    (:mod:`.branch_hoisting`), then once for the whole graph what several ``If`` nodes
+    computed alike (the same preparation in every layer); returns how many nodes left
+    an ``If``."""
+    hoisted = hoist_out_of_branches(model)
+    if hoisted:
+        ir.passes.Sequential(
+            common_passes.CommonSubexpressionEliminationPass(),
+            common_passes.RemoveUnusedNodesPass(),
+            # nodes from two subgraphs may share a name, which a graph may not
+            common_passes.NameFixPass(),
+        )(model)
+    return hoisted
+
+
 def arrange_branches(model: ir.Model) -> dict[str, int]:
     """What the choices between versions need to run fast: :func:`merge_branches`,
-    :func:`collapse_branch_trees`, then each node that only one side of an ``If`` reads
-    moved into that side (:mod:`.branch_sinking`); returns how many nodes or trees each
-    step changed (``nodes_merged``, ``if_trees_collapsed``, ``nodes_sunk``)."""
+    :func:`collapse_branch_trees`, :func:`hoist_branch_twins`, then each node that only
+    one side of an ``If`` reads moved into that side (:mod:`.branch_sinking`); returns
+    how many nodes or trees each step changed (``nodes_merged``,
+    ``if_trees_collapsed``, ``nodes_hoisted``, ``nodes_sunk``)."""
     merged = merge_branches(model)
     collapsed = collapse_branch_trees(model)
+    hoisted = hoist_branch_twins(model)
     return {
         "nodes_merged": merged,
         "if_trees_collapsed": collapsed,
+        "nodes_hoisted": hoisted,
         "nodes_sunk": sink_into_branches(model),
     }
 

@@ -40,6 +40,7 @@ import onnx_ir as ir
 import torch
 
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.onnx.sibling_products import fuse_sibling_products
 from yobx.torch.onnx.weight_layout import node_depths, store_weights_transposed
 from yobx.torch.onnx.weights import QUANTIZATION_KEY, pending_weights, transposed_weights
 from yobx.torch.quiet_logs import quieted
@@ -132,19 +133,42 @@ def quantize_model(
     with quieted("onnxruntime.quantization.matmul_nbits_quantizer", logging.WARNING):
         quantizer.process()
     quantized = ir.serde.deserialize_model(quantizer.model.model)
+    # the queries', keys' and values' products (gate and up) as one (.sibling_products)
+    fuse_sibling_products(quantized)
     quantized.metadata_props.update(model.metadata_props)
     described = f"int4, block {block_size}"
     if accuracy_level:
         described += f", accuracy level {accuracy_level} ({ACCURACY_LEVELS[accuracy_level]})"
     quantized.metadata_props[QUANTIZATION_KEY] = described
     _keep_input_metadata(model, quantized)
-    count = sum(node.op_type == "MatMulNBits" for node in _all_nodes(quantized))
-    return quantized, count
+    return quantized, quantized_products(quantized)
+
+
+def quantized_weights(model: ir.Model) -> list[str]:
+    """The names of the 4-bit data of every weight the ``MatMulNBits`` nodes of
+    ``model`` read (``<weight>_Q4``), each once: a node reading several weights
+    concatenated (:mod:`.sibling_products`) counts each."""
+    names: dict[str, None] = {}
+    for node in _all_nodes(model):
+        if node.op_type == "MatMulNBits" and node.inputs[1] is not None:
+            names.update((data.name, None) for data, _, _ in _weights_read(node))  # type: ignore[union-attr]
+    return list(names)
+
+
+def quantized_products(model: ir.Model) -> int:
+    """How many weight products the ``MatMulNBits`` nodes of ``model`` compute: a node
+    reading several weights concatenated (:mod:`.sibling_products`) counts each, a
+    weight read by two nodes (in two versions) counts twice."""
+    return sum(
+        len(_weights_read(node))
+        for node in _all_nodes(model)
+        if node.op_type == "MatMulNBits" and node.inputs[1] is not None
+    )
 
 
 def nested_quantized_nodes(model: ir.Model) -> int:
-    """How many ``MatMulNBits`` nodes sit two subgraphs deep or more (a choice between
-    versions nested in another).
+    """How many quantized weight products (of :func:`quantized_weights`) sit two
+    subgraphs deep or more (a choice between versions nested in another).
 
     onnxruntime 1.32 prepacks the 4-bit weights of a node in a subgraph when they are
     initializers of the graph just above, not further up: such a node unpacks its
@@ -153,7 +177,11 @@ def nested_quantized_nodes(model: ir.Model) -> int:
     """
 
     depths = node_depths(model.graph)
-    return sum(node.op_type == "MatMulNBits" and depth >= 2 for node, depth in depths.items())
+    return sum(
+        len(_weights_read(node))
+        for node, depth in depths.items()
+        if node.op_type == "MatMulNBits" and depth >= 2
+    )
 
 
 def _keep_input_metadata(source: ir.Model, target: ir.Model) -> None:
@@ -176,21 +204,37 @@ def dequantized_weights(model: ir.Model) -> dict[str, torch.Tensor]:
     for node in _all_nodes(model):
         if node.op_type != "MatMulNBits" or node.inputs[1] is None:
             continue
-        name = node.inputs[1].name
-        if not name.endswith(_QUANTIZED_SUFFIX) or name in weights:
-            continue
-        original = name.removesuffix(_QUANTIZED_SUFFIX)
         attributes = {key: attr.value for key, attr in node.attributes.items()}
-        packed = initializers[name].const_value.numpy()
-        scales = initializers[node.inputs[2].name].const_value.numpy()
         zero_points = None
         if len(node.inputs) > 3 and node.inputs[3] is not None:
             zero_points = initializers[node.inputs[3].name].const_value.numpy()
-        matrix = _dequantize(packed, scales, zero_points, **_shape_of(attributes))
-        # stored [in, out] (a weight the graph read transposed): the module's is [out, in]
-        source = transposed.get(original, original)
-        weights[source] = torch.from_numpy(np.ascontiguousarray(matrix.T))
+        for data, scales, columns in _weights_read(node):
+            name = data.name
+            if not name.endswith(_QUANTIZED_SUFFIX) or name in weights:
+                continue
+            original = name.removesuffix(_QUANTIZED_SUFFIX)
+            packed = initializers[name].const_value.numpy()
+            scale = initializers[scales.name].const_value.numpy()
+            shape = {**_shape_of(attributes), "N": columns}
+            matrix = _dequantize(packed, scale, zero_points, **shape)
+            # stored [in, out] (a weight the graph read transposed): the module's is [out, in]
+            source = transposed.get(original, original)
+            weights[source] = torch.from_numpy(np.ascontiguousarray(matrix.T))
     return weights
+
+
+def _weights_read(node: ir.Node) -> list[tuple[ir.Value, ir.Value, int]]:
+    """The 4-bit data, scales and columns of each weight a ``MatMulNBits`` reads: its
+    own, or those it reads concatenated (:mod:`.sibling_products`, no zero points)."""
+    data, scales = node.inputs[1], node.inputs[2]
+    concatenated = data.producer() if data is not None else None
+    if concatenated is None or concatenated.op_type != "Concat":
+        return [(data, scales, int(node.attributes["N"].value))]
+    scale_parts = scales.producer().inputs  # type: ignore[union-attr]
+    return [
+        (part, scale, int(part.shape[0]))  # type: ignore[index]
+        for part, scale in zip(concatenated.inputs, scale_parts)
+    ]
 
 
 def _shape_of(attributes: dict[str, Any]) -> dict[str, int]:
