@@ -7,8 +7,11 @@ sizes.
 ``python _scripts/fuzz_branch_merging.py --count 2000`` prints how many programs kept
 their outputs, how many the merge changed (wrong), how many failed to run after it, how
 many merged at least one node, how many ran a tree of ``If`` nodes as one and how many
-moved a node into the only branch reading it; ``--show`` prints each failing seed's
-model.
+moved a node into the only branch reading it, and how many moved a node both sides
+compute alike out of its ``If``; ``--show`` prints each failing seed's model.
+``--hoist-only`` runs only that last rewrite
+(:func:`~yobx.torch.onnx.optimize.hoist_branch_twins`) on the branches as generated,
+not merged, which share many nodes.
 """
 
 from __future__ import annotations
@@ -33,15 +36,18 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--count", type=int, default=500, help="number of programs")
     parser.add_argument("--show", action="store_true", help="print failing programs")
+    parser.add_argument(
+        "--hoist-only", action="store_true", help="only hoist_branch_twins, no merge"
+    )
     options = parser.parse_args()
     import onnx
 
     counts: collections.Counter = collections.Counter()
-    merged = collapsed = sunk = 0
+    merged = collapsed = sunk = hoisted = 0
     start = time.perf_counter()
     for seed in range(options.start, options.start + options.count):
         try:
-            outcome = check_merge(seed)
+            outcome = check_merge(seed, hoist_only=options.hoist_only)
         except Exception as e:
             counts["failed"] += 1
             print(f"seed {seed}: failed: {type(e).__name__}: {str(e)[:300]}")
@@ -51,6 +57,7 @@ def main() -> None:
         merged += outcome.merged > 0
         collapsed += outcome.collapsed > 0
         sunk += outcome.sunk > 0
+        hoisted += outcome.hoisted > 0
         if outcome.wrong:
             counts["wrong"] += 1
             print(f"seed {seed}: wrong: {outcome.wrong}")
@@ -62,7 +69,8 @@ def main() -> None:
     print(
         f"{options.count} programs in {elapsed:.0f} s: kept {counts['kept']}, "
         f"wrong {counts['wrong']}, failed {counts['failed']}; merged something in {merged}, "
-        f"collapsed a tree in {collapsed}, moved nodes into a branch in {sunk}"
+        f"collapsed a tree in {collapsed}, moved nodes into a branch in {sunk}, "
+        f"out of an If in {hoisted}"
     )
 
 

@@ -35,7 +35,7 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
-from yobx.torch.onnx.optimize import arrange_branches
+from yobx.torch.onnx.optimize import arrange_branches, hoist_branch_twins
 
 WIDTH = 4
 OUTPUTS = 2
@@ -212,6 +212,9 @@ class MergeOutcome:
     collapsed: int = 0
     #: nodes moved into the only side reading them (:mod:`yobx.torch.onnx.branch_sinking`)
     sunk: int = 0
+    #: nodes both sides computed alike, moved before their If
+    #: (:mod:`yobx.torch.onnx.branch_hoisting`)
+    hoisted: int = 0
 
 
 def _run(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -226,18 +229,25 @@ def _run(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     return session.run(None, feeds)
 
 
-def check_merge(seed: int) -> MergeOutcome:
-    """Merges the branches of program ``seed`` and compares the two models."""
+def check_merge(seed: int, hoist_only: bool = False) -> MergeOutcome:
+    """Merges the branches of program ``seed`` and compares the two models; with
+    ``hoist_only``, only moves the nodes both sides compute alike out of their ``If``
+    (:func:`~yobx.torch.onnx.optimize.hoist_branch_twins`, on branches not merged,
+    which share many)."""
     proto = generate_branch_program(seed)
     model = ir.serde.deserialize_model(copy.deepcopy(proto))
-    counts = arrange_branches(model)
+    if hoist_only:
+        counts = {"nodes_hoisted": hoist_branch_twins(model)}
+    else:
+        counts = arrange_branches(model)
     after = ir.serde.serialize_model(model)
     onnx.checker.check_model(after)
     outcome = MergeOutcome(
         seed,
-        counts["nodes_merged"],
-        collapsed=counts["if_trees_collapsed"],
-        sunk=counts["nodes_sunk"],
+        counts.get("nodes_merged", 0),
+        collapsed=counts.get("if_trees_collapsed", 0),
+        sunk=counts.get("nodes_sunk", 0),
+        hoisted=counts["nodes_hoisted"],
     )
     generator = np.random.default_rng(seed)
     for n in (3, 1):

@@ -12,6 +12,7 @@ import onnx_ir as ir
 import onnxruntime
 import pytest
 
+from unittests.torch.onnx.branch_program_generator import check_merge
 from yobx.torch.onnx.branch_hoisting import hoist_out_of_branches
 from yobx.torch.onnx.optimize import hoist_branch_twins
 
@@ -165,3 +166,12 @@ def test_outputs_of_a_branch_and_nodes_with_subgraphs_stay():
     for side in ("then_branch", "else_branch"):
         branch = model.graph[-1].attributes[side].value
         assert [node.op_type for node in branch] == ["If", "Exp"]
+
+
+def test_random_programs_compute_the_same_after_hoisting():
+    # the generator's branches (not merged) share many nodes; 20 programs, every pair
+    # of conditions, two sizes (_scripts/fuzz_branch_merging.py --hoist-only for more)
+    outcomes = [check_merge(seed, hoist_only=True) for seed in range(20)]
+    wrong = [o for o in outcomes if o.wrong]
+    assert not wrong, wrong
+    assert sum(o.hoisted > 0 for o in outcomes) >= 10
