@@ -2,17 +2,21 @@
 
 A decoder layer multiplies one normalized input by the weights of its queries, keys and
 values, and another by those of its gate and up projections. Quantized
-(:mod:`.quantize`), each is a ``MatMulNBits``, whose cost at one new token is mostly
-per call: the 57 products of an 8-layer Llama decode step took 1.85 ms in onnxruntime's
-profile where onnxruntime-genai's builder, which writes one product for the queries,
-keys and values of a layer, took 1.62 ms for its 41.
+(:mod:`.quantize`), each is a ``MatMulNBits``; onnxruntime-genai's builder writes one
+product for the queries, keys and values of a layer. In onnxruntime's profile of an
+8-layer Llama decode step (4 bits, one thread), our 57 products took 1.85 ms of kernel
+time, the builder's 41 took 1.62 ms. Fused here (33 products), the whole step went from
+2.76 to 2.74 ms (``_scripts/bench_decode_latency.py``'s ``yobx-ort-int4-l4``, sessions
+alternating): a call costs little next to the bytes each product reads, and the gain
+is small but there.
 
 :func:`fuse_sibling_products` writes the ``MatMulNBits`` nodes of a graph reading the
 same input with the same attributes as one node whose weights are the ``Concat`` of
 theirs along ``N`` (the 4-bit data ``[N, blocks, bytes]`` and the scales, one per
 column and block), followed by a ``Split`` of its output along the last axis into the
-original outputs. The file keeps each weight under its own name (onnxruntime folds the
-``Concat`` of initializers when it loads the model, then prepacks the result): the
+original outputs. The file keeps each weight under its own name (onnxruntime's constant
+folding, on at every graph optimization level but ``ORT_DISABLE_ALL``, computes the
+``Concat`` of initializers once when it loads the model, then prepacks the result): the
 checkpoint's names, :func:`~yobx.torch.onnx.quantize.dequantized_weights` and the
 tools reading the weights find them as before. The rewrite is exact: a column of a
 matrix product depends only on that column of the weights, and each block of a column
