@@ -296,3 +296,54 @@ def test_the_trees_of_the_versions_run_as_one_if(exported):
             # a leaf, or the next If of the chain between three leaves or more
             inner = [n for n in node.attributes[attribute].value if n.op_type == "If"]
             assert all(n.name.startswith("yobx_leaves") for n in inner), inner
+
+
+def test_a_quantized_step_reads_its_fused_projection_packed():
+    # quantize="int4": the queries', keys' and values' products are one MatMulNBits
+    # (sibling_products), which the operator reads packed; exact against eager on the
+    # dequantized weights, padded rows and prompts included
+    from yobx.torch.onnx import to_onnx
+    from yobx.torch.onnx.quantize import computing_as
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    config = _config()
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(config).eval()
+    example = _inputs(config, 2, 3, 5, 0, 0)
+    cache = _cache(config, example["keys"], example["values"])
+    kwargs = {"input_ids": example["input_ids"], "attention_mask": example["attention_mask"]}
+    shapes = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "past + seq"},
+        "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
+    }
+    result = to_onnx(
+        model,
+        (),
+        {**kwargs, "cache": cache},
+        dynamic_shapes=shapes,
+        optimize="ort",
+        quantize="int4",
+    )
+    operators = [
+        node
+        for node in ir.traversal.RecursiveGraphIterator(result.model.graph)
+        if node.op_type == "GroupQueryAttention"
+    ]
+    packed = [node for node in operators if node.inputs[1] is None and node.inputs[2] is None]
+    assert packed and all(n.inputs[0].producer().op_type == "MatMulNBits" for n in packed)
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [output.name for output in session.get_outputs()]
+    for batch, seq, past, padding in [(2, 1, 6, 2), (3, 1, 9, 0), (2, 5, 0, 2)]:
+        inputs = _inputs(config, batch, seq, past, padding, seed=batch + seq + past)
+        got = dict(zip(names, session.run(None, _feeds(inputs))))
+        with torch.no_grad(), computing_as(model, result.model):
+            expected = model(
+                input_ids=inputs["input_ids"],
+                attention_mask=inputs["attention_mask"],
+                past_key_values=_cache(config, inputs["keys"], inputs["values"]),
+                use_cache=True,
+            )
+        np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=1e-4, rtol=1e-4)

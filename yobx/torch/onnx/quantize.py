@@ -39,8 +39,9 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
+from yobx.torch.onnx.branch_sinking import sink_into_branches
 from yobx.torch.onnx.errors import OnnxExportError
-from yobx.torch.onnx.sibling_products import fuse_sibling_products
+from yobx.torch.onnx.sibling_products import fuse_sibling_products, pack_attention_inputs
 from yobx.torch.onnx.weight_layout import node_depths, store_weights_transposed
 from yobx.torch.onnx.weights import QUANTIZATION_KEY, pending_weights, transposed_weights
 from yobx.torch.quiet_logs import quieted
@@ -133,8 +134,10 @@ def quantize_model(
     with quieted("onnxruntime.quantization.matmul_nbits_quantizer", logging.WARNING):
         quantizer.process()
     quantized = ir.serde.deserialize_model(quantizer.model.model)
-    # the queries', keys' and values' products (gate and up) as one (.sibling_products)
-    fuse_sibling_products(quantized)
+    # the queries', keys' and values' products (gate and up) as one, which the fused
+    # attention reads packed; the Split then goes where a prompt's attention reads it
+    if fuse_sibling_products(quantized) and pack_attention_inputs(quantized):
+        sink_into_branches(quantized)
     quantized.metadata_props.update(model.metadata_props)
     described = f"int4, block {block_size}"
     if accuracy_level:
