@@ -41,6 +41,27 @@ def test_torchlib_ops_read_as_onnxscript_reads_them():
     assert key(internals._torchlib_ops()) == key(expected)
 
 
+def test_signatures_are_inferred_when_a_function_is_translated():
+    # the registry is built without inferring its ~600 signatures; a translated
+    # function gets its own from the graph builder, and the model is right
+    from torch.onnx._internal.exporter import _registration
+
+    registry = internals.onnx_registry(18)
+    # addcmul: an onnxscript function (not traced: its signature binds the inputs)
+    (entry,) = registry.get_decomps(torch.ops.aten.addcmul.default)
+    assert entry.signature is None
+    assert _registration.OnnxDecompMeta is not internals._UnsignedDecompMeta
+
+    class AddCMul(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.addcmul(x, x, y, value=0.5)
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    result = to_onnx(AddCMul(), (x, y), dynamic_shapes=({0: "n"}, {0: "n"}), validate=True)
+    assert result.validation.ok, result.validation.format()
+    assert getattr(entry.onnx_function, "_pt_onnx_signature", None) is not None
+
+
 def test_composite_ops_preserved_and_restored():
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -47,13 +47,34 @@ def onnx_registry(opset: int = DEFAULT_OPSET) -> _registration.ONNXRegistry:
     # torchvision is not required; the registry warns for each of its missing ops.
     with (
         quieted("torch.onnx._internal.exporter._registration"),
-        patched_attributes([(_registration.onnxscript_apis, "get_torchlib_ops", _torchlib_ops)]),
+        patched_attributes(
+            [
+                (_registration.onnxscript_apis, "get_torchlib_ops", _torchlib_ops),
+                (_registration, "OnnxDecompMeta", _UnsignedDecompMeta),
+            ]
+        ),
     ):
         registry = _registration.ONNXRegistry.from_torchlib(opset_version=opset)
     from yobx.torch.onnx import custom_ops
 
     custom_ops.register_translations(registry)
     return registry
+
+
+class _UnsignedDecompMeta(_registration.OnnxDecompMeta):
+    """torch.onnx's entry of a torch_lib function, its ONNX signature left to be
+    inferred when the function is first translated.
+
+    The registry infers the signature of each of its ~600 functions when it is built
+    (``inspect`` and type annotations: 0.3 s, a tenth of a tiny decoder's first export
+    in a process), and nothing reads it there: dispatching picks an entry by its target
+    and whether it takes complex numbers, and the graph builder infers a function's
+    signature itself when the function has none yet (``_pt_onnx_signature``,
+    ``GraphBuilder.eval_function``), once per process.
+    """
+
+    def __post_init__(self) -> None:
+        pass
 
 
 def _torchlib_ops() -> list[Any]:
