@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+import onnx_ir as ir
 import torch
 
 from yobx.torch.onnx import to_onnx
@@ -15,6 +17,17 @@ def onnx_dims(model_proto: onnx.ModelProto) -> dict[str, list]:
         dims = value.type.tensor_type.shape.dim
         result[value.name] = [d.dim_param or d.dim_value for d in dims]
     return result
+
+
+def run_ir_model(model: ir.Model, feeds: dict) -> list[np.ndarray]:
+    """The outputs onnxruntime computes for ``model`` (an onnx_ir model) on ``feeds``."""
+    import onnxruntime
+
+    proto = ir.serde.serialize_model(model)
+    session = onnxruntime.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
 
 
 def export_and_validate(model, args=(), kwargs=None, dynamic_shapes=None, min_cases=3, **kw):

@@ -9,9 +9,9 @@ import copy
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime
 import pytest
 
+from unittests.torch.onnx._helpers import run_ir_model
 from unittests.torch.onnx.branch_program_generator import check_merge
 from yobx.torch.onnx.branch_hoisting import hoist_out_of_branches
 from yobx.torch.onnx.optimize import hoist_branch_twins
@@ -92,11 +92,7 @@ def _model(layers: int = 2, nested: bool = False) -> ir.Model:
 
 
 def _run(model: ir.Model, x: np.ndarray) -> list[np.ndarray]:
-    proto = ir.serde.serialize_model(model)
-    session = onnxruntime.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, {"x": x})
+    return run_ir_model(model, {"x": x})
 
 
 def _branch_nodes(model: ir.Model) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime
 
+from unittests.torch.onnx._helpers import run_ir_model
 from yobx.torch.onnx.branch_sinking import sink_into_branches
 
 _FLOAT = ir.TensorType(ir.DataType.FLOAT)
@@ -83,11 +83,7 @@ def _model(nested: bool) -> ir.Model:
 
 
 def _run(model: ir.Model, x: np.ndarray) -> list[np.ndarray]:
-    proto = ir.serde.serialize_model(model)
-    session = onnxruntime.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, {"x": x})
+    return run_ir_model(model, {"x": x})
 
 
 def test_a_chain_only_one_side_reads_moves_into_it_nested_ifs_included():

@@ -68,13 +68,14 @@ def _feeds(inputs: dict) -> dict:
     return feeds
 
 
-@pytest.fixture(scope="module")
-def exported():
+def _export(seed: int, mask: str, **options):
+    """A tiny Llama (``seed``) and its decode step exported with ``optimize="ort"`` and
+    ``options``, the mask's length declared ``mask``."""
     from yobx.torch.onnx import to_onnx
     from yobx.torch.tracing.inputs import cache_dynamic_shapes
 
     config = _config()
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).eval()
     example = _inputs(config, 2, 3, 5, 0, 0)
     cache = _cache(config, example["keys"], example["values"])
@@ -85,10 +86,16 @@ def exported():
     }
     shapes = {
         "input_ids": {0: "batch", 1: "seq"},
-        "attention_mask": {0: "batch", 1: "total"},
+        "attention_mask": {0: "batch", 1: mask},
         "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
     }
-    result = to_onnx(model, (), kwargs, dynamic_shapes=shapes, optimize="ort")
+    result = to_onnx(model, (), kwargs, dynamic_shapes=shapes, optimize="ort", **options)
+    return config, model, result
+
+
+@pytest.fixture(scope="module")
+def exported():
+    config, model, result = _export(0, "total")
     session = onnxruntime.InferenceSession(
         result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
     )
@@ -302,29 +309,9 @@ def test_a_quantized_step_reads_its_fused_projection_packed():
     # quantize="int4": the queries', keys' and values' products are one MatMulNBits
     # (sibling_products), which the operator reads packed; exact against eager on the
     # dequantized weights, padded rows and prompts included
-    from yobx.torch.onnx import to_onnx
     from yobx.torch.onnx.quantize import computing_as
-    from yobx.torch.tracing.inputs import cache_dynamic_shapes
 
-    config = _config()
-    torch.manual_seed(1)
-    model = transformers.LlamaForCausalLM(config).eval()
-    example = _inputs(config, 2, 3, 5, 0, 0)
-    cache = _cache(config, example["keys"], example["values"])
-    kwargs = {"input_ids": example["input_ids"], "attention_mask": example["attention_mask"]}
-    shapes = {
-        "input_ids": {0: "batch", 1: "seq"},
-        "attention_mask": {0: "batch", 1: "past + seq"},
-        "cache": cache_dynamic_shapes(cache, {0: "batch", 2: "past"}),
-    }
-    result = to_onnx(
-        model,
-        (),
-        {**kwargs, "cache": cache},
-        dynamic_shapes=shapes,
-        optimize="ort",
-        quantize="int4",
-    )
+    config, model, result = _export(1, "past + seq", quantize="int4")
     operators = [
         node
         for node in ir.traversal.RecursiveGraphIterator(result.model.graph)

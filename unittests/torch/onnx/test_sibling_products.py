@@ -8,10 +8,10 @@ import copy
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from unittests.torch.onnx._helpers import run_ir_model
 from yobx.torch.onnx.quantize import dequantized_weights, quantized_products
 from yobx.torch.onnx.sibling_products import fuse_sibling_products
 
@@ -46,14 +46,6 @@ def _quantized(accuracy_levels: dict[str, int] | None = None) -> ir.Model:
     return model
 
 
-def _run(model: ir.Model, feeds: dict) -> list[np.ndarray]:
-    proto = ir.serde.serialize_model(model)
-    session = onnxruntime.InferenceSession(
-        proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feeds)
-
-
 def _ops(model: ir.Model) -> list[str]:
     return [node.op_type for node in model.graph]
 
@@ -71,7 +63,7 @@ def test_products_of_one_input_become_one_and_compute_the_same(batch):
     assert quantized_products(model) == quantized_products(original) == 4
     generator = np.random.default_rng(batch)
     feeds = {n: generator.standard_normal((batch, 64)).astype(np.float32) for n in "xy"}
-    for got, expected in zip(_run(model, feeds), _run(original, feeds)):
+    for got, expected in zip(run_ir_model(model, feeds), run_ir_model(original, feeds)):
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
     fused, unfused = dequantized_weights(model), dequantized_weights(original)
     assert sorted(fused) == sorted(unfused) == sorted(_COLUMNS)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from yobx.torch.onnx.branch_merging import node_key
+from yobx.torch.onnx.ort_fusions import graphs_within
 
 _BRANCHES = ("then_branch", "else_branch")
 
@@ -32,32 +33,27 @@ def hoist_out_of_branches(model: ir.Model) -> int:
     """Moves the nodes both branches of an ``If`` compute alike out of it (see the
     module's documentation); returns how many nodes now run outside an ``If`` (one per
     pair)."""
-    return _hoist_in(model.graph)
-
-
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attribute in node.attributes.values():
-        if attribute.type == ir.AttributeType.GRAPH:
-            graphs.append(attribute.value)
-        elif attribute.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attribute.value)
-    return graphs
-
-
-def _hoist_in(graph: ir.Graph) -> int:
-    # the innermost first: what leaves a nested If may leave this one's too
-    moved = sum(_hoist_in(subgraph) for node in graph for subgraph in _subgraphs(node))
-    for node in list(graph):
-        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
-            moved += _hoist_from(graph, node)
+    moved = 0
+    # the innermost first (each graph comes before its subgraphs): what leaves a nested
+    # If may leave the enclosing one's too
+    for graph in reversed(list(graphs_within(model.graph))):
+        for node in list(graph):
+            if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+                moved += _hoist_from(graph, node)
     return moved
+
+
+def _holds_a_graph(node: ir.Node) -> bool:
+    return any(
+        attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for attribute in node.attributes.values()
+    )
 
 
 def _movable_key(node: ir.Node, local: set[int], outputs: set[int]) -> tuple | None:
     """The key of ``node`` when it can leave its branch: no subgraph, no output of the
     branch, every input from outside it; None otherwise."""
-    if _subgraphs(node):
+    if _holds_a_graph(node):
         return None
     if any(id(value) in outputs for value in node.outputs):
         return None

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from yobx.torch.onnx.ort_fusions import graphs_within
+
 _MS = "com.microsoft"
 #: the attributes fused products must share (N is summed)
 _SHARED = ("K", "bits", "block_size", "accuracy_level")
@@ -48,21 +50,7 @@ _SHARED = ("K", "bits", "block_size", "accuracy_level")
 def fuse_sibling_products(model: ir.Model) -> int:
     """Fuses the ``MatMulNBits`` nodes reading the same input in every graph of
     ``model`` (see the module's documentation); returns how many nodes were removed."""
-    removed = 0
-    for graph in (model.graph, *_subgraphs_of(model.graph)):
-        removed += _fuse_in(graph)
-    return removed
-
-
-def _subgraphs_of(graph: ir.Graph) -> list[ir.Graph]:
-    found = []
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        for attribute in node.attributes.values():
-            if attribute.type == ir.AttributeType.GRAPH:
-                found.append(attribute.value)
-            elif attribute.type == ir.AttributeType.GRAPHS:
-                found.extend(attribute.value)
-    return found
+    return sum(_fuse_in(graph) for graph in list(graphs_within(model.graph)))
 
 
 def _constant(value: ir.Value | None) -> bool:
