@@ -481,3 +481,33 @@ def test_an_example_pinned_by_its_decisions_exports_its_dimension_dynamic():
         got = session.run(None, {"x": x.numpy(), "y": y.numpy()})
         for expected, value in zip(model(x, y), got):
             np.testing.assert_allclose(value, expected.numpy(), atol=1e-6)
+
+
+class OneTokenIndexed(torch.nn.Module):
+    """The version for one token indexes its input: the ``If`` branch holds an
+    ``Identity`` of the input whose output is ``[batch, 1]``."""
+
+    def forward(self, x):
+        y = x[:, None, :, None].float()
+        if x.shape[1] == 1:
+            return y * 2
+        return y + 1
+
+
+def test_a_branch_knowing_a_size_of_an_input_leaves_the_input_dynamic():
+    """The optimizer infers an ``Identity``'s input shape from its output's: inside a
+    branch, that shape holds under the branch's condition only, and the model's input
+    keeps its dynamic dimension (the export used to fall back to one capture checked
+    at ``seq >= 2``)."""
+    model = OneTokenIndexed()
+    dynamic_shapes = ({0: "batch", 1: "seq"},)
+    result = to_onnx(model, (torch.randn(2, 3),), dynamic_shapes=dynamic_shapes, validate=True)
+    assert len(result.versions) == 2 and not result.version_fallback
+    assert result.validation.ok, result.validation.format()
+    x_input = result.model_proto.graph.input[0]
+    assert [d.dim_param for d in x_input.type.tensor_type.shape.dim] == ["batch", "seq"]
+    session = _session(result)
+    for batch, seq in ((2, 1), (1, 1), (3, 4)):
+        x = torch.randn(batch, seq)
+        (got,) = session.run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-6)

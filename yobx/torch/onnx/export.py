@@ -580,6 +580,7 @@ def _lower(captured: Any, direct: bool, info: dict) -> Any:
     lowered = lower_to_aten(captured.graph_module, opset=DEFAULT_OPSET, direct=direct)
     info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
     info["direct"] = lowered.n_direct
+    info["recorded"] = lowered.n_recorded
     adopt_lowering_guards(captured, lowered, known)
     return lowered
 

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import operator
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from torch.nn.utils import stateless
 
 from yobx.torch.fx_code import recompile_alone
 from yobx.torch.onnx import _torch_onnx_internals as internals
-from yobx.torch.onnx import custom_ops, direct_lowering
+from yobx.torch.onnx import custom_ops, direct_lowering, recorded_lowering
 from yobx.torch.onnx.adaptive_pooling import adaptive_avg_pool2d, adaptive_max_pool2d
 from yobx.torch.onnx.aten_fake_rules import aten_fake_rules
 from yobx.torch.onnx.errors import OnnxExportError
@@ -72,7 +73,10 @@ class LoweredGraph:
     :param guards: the guards torch added while lowering (decisions taken from the
         example sizes), each with the torch-level node being lowered
     :param n_direct: how many torch-level nodes were written directly
-        (:mod:`yobx.torch.onnx.direct_lowering`) instead of going through make_fx
+        (:mod:`yobx.torch.onnx.direct_lowering`) instead of going through make_fx,
+        in the versions' graphs too
+    :param n_recorded: how many torch-level nodes were recorded outside make_fx
+        (:mod:`yobx.torch.onnx.recorded_lowering`), in the versions' graphs too
     """
 
     graph_module: torch.fx.GraphModule
@@ -83,6 +87,7 @@ class LoweredGraph:
     origins: dict[str, torch.fx.Node]
     guards: list[tuple[Any, torch.fx.Node]] = dataclasses.field(default_factory=list)
     n_direct: int = 0
+    n_recorded: int = 0
 
 
 def _fake_mode_of(graph_module: torch.fx.GraphModule) -> FakeTensorMode:
@@ -149,6 +154,7 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         guards: list[tuple[Any, torch.fx.Node]],
         direct_mode: FakeTensorMode | None = None,
         branches: dict[int, LoweredGraph] | None = None,
+        table: dict | None = None,
     ):
         super().__init__(module, garbage_collect_values=True)
         #: id(branch module) -> the branch lowered alone (versions of a capture)
@@ -162,6 +168,11 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         self.direct_mode = direct_mode
         #: how many nodes were written directly
         self.n_direct = 0
+        #: the decompositions of make_fx, for the nodes recorded outside it
+        #: (:mod:`.recorded_lowering`); None lowers them through make_fx
+        self.table = table
+        #: how many nodes were recorded outside make_fx
+        self.n_recorded = 0
         #: YOBX_CHECK_SHAPE_RULES: each direct value is compared with torch's
         self.check = shape_rules.check_enabled()
         self._last: torch.fx.Node | None = None
@@ -267,7 +278,27 @@ class _LoweringInterpreter(torch.fx.Interpreter):
             return _lower_scan(*args, lowered=self._branch_interpreter)
         # the tracer computed this node's value with the same symbolic variant
         # (math.sqrt of a dimension: torch._sym_sqrt, an ONNX Sqrt of the shape)
-        return super().call_function(function_variant(target, args), args, kwargs)
+        variant = function_variant(target, args)
+        result = self._lower_recorded(lambda: variant(*args, **kwargs))
+        if result is not NotImplemented:
+            return result
+        return super().call_function(variant, args, kwargs)
+
+    def _lower_recorded(self, run: Callable[[], Any]) -> Any:
+        """The node's aten calls recorded outside make_fx and written into its graph
+        (:mod:`.recorded_lowering`), or NotImplemented (make_fx lowers it)."""
+        if self.direct_mode is None or self.table is None:
+            return NotImplemented
+        if direct_lowering.capture_value(self._node, self.direct_mode) is None:
+            return NotImplemented
+        mode = proxy_tensor.get_proxy_mode()
+        if mode is None:
+            return NotImplemented
+        result, calls = recorded_lowering.record_calls(run, self.table)
+        if not recorded_lowering.emit_calls(mode.tracer, calls, result):
+            return NotImplemented
+        self.n_recorded += 1
+        return result
 
     def _branch_interpreter(self, branch: torch.fx.GraphModule) -> _LoweringInterpreter:
         """The interpreter of a cond's branch: a nested cond in it (versions choosing
@@ -278,6 +309,9 @@ class _LoweringInterpreter(torch.fx.Interpreter):
 
     def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
         result = self._lower_directly(args, kwargs)
+        if result is NotImplemented:
+            self_obj, *rest = args
+            result = self._lower_recorded(lambda: getattr(self_obj, target)(*rest, **kwargs))
         if result is not NotImplemented:
             return result
         return super().call_method(target, args, kwargs)
@@ -559,7 +593,11 @@ def lower_to_aten(
     n_inputs = len(inputs)
     # a value shared with the capture must never be written into by the lowering
     direct_mode = fake_mode if direct and not writes_anything(graph_module.graph) else None
-    counts = {"direct": 0}
+    # the versions lowered alone count at the top
+    counts = dict.fromkeys(("direct", "recorded"), 0)
+    if _branches is None:
+        counts["direct"] = sum(low.n_direct for low in branches.values())
+        counts["recorded"] = sum(low.n_recorded for low in branches.values())
     distinct = set(_distinct_slots(graph_module, [*state_names, *aliases]))
 
     def run(*flat: Any) -> Any:
@@ -572,10 +610,11 @@ def lower_to_aten(
             values[index] = value
         with stateless._reparametrize_module(graph_module, replacements, strict=False):
             interpreter = _LoweringInterpreter(
-                graph_module, origins, fake_mode.shape_env, guards, direct_mode, branches
+                graph_module, origins, fake_mode.shape_env, guards, direct_mode, branches, table
             )
             outputs = interpreter.run(*values, enable_io_processing=False)
-            counts["direct"] = interpreter.n_direct
+            counts["direct"] += interpreter.n_direct
+            counts["recorded"] += interpreter.n_recorded
         return pytree.tree_map_only((int, float, bool), _constant_output, outputs)
 
     table = {
@@ -612,4 +651,5 @@ def lower_to_aten(
         origins=origins,
         guards=guards,
         n_direct=counts["direct"],
+        n_recorded=counts["recorded"],
     )

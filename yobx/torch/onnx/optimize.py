@@ -161,14 +161,35 @@ def _tolerant_folding_pass(**kwargs: Any) -> ir.passes.InPlacePass:
                 super()._do_inference(node)
 
         def process_node(self, node: ir.Node, is_function: bool):
+            outer = _outer_shapes(node)
             try:
                 return super().process_node(node, is_function)
             except RuntimeError as e:
                 if not str(e).startswith("Error during constant folding for node"):
                     raise
                 return None
+            finally:
+                for value, shape in outer:
+                    value.shape = shape
 
     return TolerantFoldConstantsPass(**kwargs)
+
+
+def _outer_shapes(node: ir.Node) -> list[tuple[ir.Value, ir.Shape | None]]:
+    """The shapes of the values a node inside a branch reads from an enclosing graph.
+
+    The folding infers shapes backwards through an ``Identity`` (its input gets its
+    output's shape): inside the ``If`` branch of a version for ``seq == 1``, an
+    ``Identity`` of an input whose output is ``[batch, 1]`` would make the model's
+    input ``[batch, 1]`` for every version. A branch knows its shapes under its
+    condition only: they are put back after the node is folded.
+    """
+    graph = node.graph
+    return [
+        (value, value.shape)
+        for value in node.inputs
+        if value is not None and value.graph is not None and value.graph is not graph
+    ]
 
 
 def _identity_for_passed_inputs(model: ir.Model) -> None:

@@ -21,8 +21,10 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.sym_node import SymNode
+from torch.utils._mode_utils import no_dispatch
 
 from yobx.torch.fx_code import recompile_alone
 from yobx.torch.tracing.constraints.versions import DIMENSIONS_KEY, in_dimensions
@@ -140,10 +142,18 @@ def _tensor_outputs(graph_module: torch.fx.GraphModule, fake_mode: Any) -> None:
 
 def _fakes(tensors: list, lowered: Any) -> list:
     """Fake tensors like ``tensors`` (weights, static sizes) in the fake mode of the
-    graph ``lowered``: a graph's values all belong to one mode."""
-    with proxy_tensor.disable_proxy_modes_tracing(), lowered.fake_mode:
+    graph ``lowered``: a graph's values all belong to one mode. Made directly, as
+    :class:`~yobx.torch.tracing.symbolic.static_fakes.StaticFakes` makes them (an
+    ``empty`` run by the fake mode costs twenty times more, for every weight of every
+    version)."""
+    with no_dispatch():
         return [
-            torch.empty(tuple(map(int, t.shape)), dtype=t.dtype, device=t.device) for t in tensors
+            FakeTensor(
+                lowered.fake_mode,
+                torch.empty(tuple(map(int, t.shape)), dtype=t.dtype, device="meta"),
+                t.device,
+            )
+            for t in tensors
         ]
 
 
