@@ -4,6 +4,8 @@ and validation varies each of them (issue 12, items 1 to 3)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import onnx_ir as ir
 import pytest
@@ -247,3 +249,22 @@ def test_an_axis_declared_as_a_sum_of_dimensions_is_named_and_checked():
     with pytest.raises(Exception) as info:
         session.run(None, {k: v.numpy() for k, v in feeds.items()})
     assert "mask.size(1) == past + seq" in (failed_check(str(info.value)) or ""), info.value
+
+
+def test_dimension_names_take_common_factors_out_without_importing_sympy_physics():
+    """``batch*past + batch*seq`` is named ``batch*(past+seq)`` (what sympy.simplify
+    gave), without sympy.simplify's import of sympy.physics.units, a third of a second
+    of a process's first export."""
+    code = (
+        "import sys, sympy\n"
+        "from yobx.torch.onnx.dimensions import DimensionRenamer\n"
+        "s0, s1, s2 = sympy.symbols('s0 s1 s2', integer=True, positive=True)\n"
+        "names = {'s0': sympy.Symbol('batch'), 's1': sympy.Symbol('past'),"
+        " 's2': sympy.Symbol('seq')}\n"
+        "renamer = DimensionRenamer(names, None)\n"
+        "print(renamer.expression(s0 * s1 + s0 * s2), renamer.expression(s1 + s2 + 1),"
+        " renamer.expression(sympy.floor(s1 / 2 + sympy.Rational(1, 2))),"
+        " 'sympy.physics.units' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["batch*(past+seq)", "past+seq+1", "floor(past/2+1/2)", "False"]

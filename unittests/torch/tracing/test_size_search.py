@@ -99,3 +99,15 @@ def test_satisfying_moves_finds_what_moves_checked_one_by_one_finds():
         got = list(satisfying_moves(base, conditions, [b], [2, 4, 9], budget))
         assert got == expected
     assert got, "the case finds some"
+
+
+def test_a_condition_compiles_once_for_its_symbols():
+    """The versions ask for the same sizes at every witness: compiled once, reused."""
+    a, b = sympy.symbols("a b", integer=True)
+    condition = sympy.Ge(2 * a + b, 5)
+    function = compile_condition(condition, [a, b])
+    assert compile_condition(condition, [a, b]) is function
+    assert function(1, 3) and not function(1, 2)
+    # other symbols in another order: another function
+    swapped = compile_condition(condition, [b, a])
+    assert swapped is not function and swapped(3, 1) and not swapped(2, 1)

@@ -69,7 +69,12 @@ class DimensionRenamer:
         substitutions = {
             symbol: self._symbols.get(symbol.name, symbol) for symbol in expr.free_symbols
         }
-        renamed = sympy.simplify(expr.xreplace(substitutions))
+        renamed = expr.xreplace(substitutions)
+        if not renamed.atoms(sympy.Function):
+            # common factors taken out (batch*(past + seq)): what sympy.simplify gave
+            # these sums and products, without its import of sympy.physics.units (a
+            # third of a second, the first time a process names a dimension)
+            renamed = sympy.factor_terms(renamed)
         return str(renamed).replace(" ", "")
 
     def rename(self, text: str) -> str:

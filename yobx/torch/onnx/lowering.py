@@ -292,9 +292,12 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         if direct_lowering.capture_value(self._node, self.direct_mode) is None:
             return NotImplemented
         mode = proxy_tensor.get_proxy_mode()
-        if mode is None:
+        if mode is None or not recorded_lowering.recordable(self._node):
             return NotImplemented
-        result, calls = recorded_lowering.record_calls(run, self.table)
+        recorded = recorded_lowering.record_calls(run, self.table, self.shape_env)
+        if recorded is None:
+            return NotImplemented
+        result, calls = recorded
         if not recorded_lowering.emit_calls(mode.tracer, calls, result):
             return NotImplemented
         self.n_recorded += 1

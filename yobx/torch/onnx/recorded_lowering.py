@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
@@ -111,15 +112,40 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+def recordable(node: torch.fx.Node) -> bool:
+    """Whether the calls of ``node`` may be recorded: a tensor method, or a function of
+    torch or of Python's ``operator`` module (a function of the user's, a leaf the
+    capture kept whole, may run anything: a ``torch.cond``, a loop)."""
+    if node.op == "call_method":
+        return True
+    target = node.target
+    if node.op != "call_function" or isinstance(target, torch._ops.HigherOrderOperator):
+        return False
+    module = getattr(target, "__module__", None) or ""
+    return module in ("_operator", "operator") or (
+        module.split(".")[0] == "torch" and not module.startswith("torch._higher_order_ops")
+    )
+
+
 def record_calls(
-    run: Callable[[], Any], table: Mapping[Any, Callable]
-) -> tuple[Any, list[tuple[AtenCall, Any]]]:
+    run: Callable[[], Any], table: Mapping[Any, Callable], shape_env: Any
+) -> tuple[Any, list[tuple[AtenCall, Any]]] | None:
     """``run()`` with make_fx's proxy mode off: its result and the aten calls it made
     (after the decompositions make_fx would apply, ``table`` first), with their
-    outputs."""
+    outputs; None when it raises or makes a size only known at run time (make_fx then
+    runs it again: the unbound symbol is forgotten, as an exception's)."""
     recorder = _Recorder(table)
-    with proxy_tensor.disable_proxy_modes_tracing(), recorder:
-        result = run()
+    pending = shape_env.pending_fresh_unbacked_symbols if shape_env is not None else []
+    before = len(pending)
+    try:
+        with proxy_tensor.disable_proxy_modes_tracing(), recorder:
+            result = run()
+    except Exception:
+        del pending[before:]
+        return None
+    if len(pending) > before:
+        del pending[before:]
+        return None
     recorder.hold()
     return result, [(call, out) for call, out in recorder.calls if out is not _FREED]
 
@@ -137,9 +163,13 @@ def _tracked(tracer: Any, leaf: Any, produced: set[int]) -> bool:
         node = leaf.node
         if node.constant is not None or node.expr.is_number:
             return True
-        # computed outside make_fx: torch finds a graph value with its expression, or
-        # builds one from the values of its symbols
-        thunk = proxy_tensor.get_proxy_slot(leaf, tracer, None)
+        # the graph value make_fx gives it (see get_proxy_slot): its own, or the one
+        # of a tensor's size or stride with the same symbol; never one torch builds
+        # from the symbols of an expression (a sym_sum no translation takes)
+        thunk = tracer.symnode_tracker.get(leaf)
+        if thunk is None and isinstance(node.expr, sympy.Symbol):
+            known = tracer.sympy_expr_tracker.get(node.expr)
+            thunk = None if known is None else known.proxy
         return thunk is not None and _read_from_sizes(thunk.force().node)
     return isinstance(leaf, _PLAIN)
 

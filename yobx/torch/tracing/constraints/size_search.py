@@ -16,6 +16,7 @@ up to a bound; then two dimensions moved together.
 from __future__ import annotations
 
 import fractions
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,7 +41,16 @@ def compile_condition(condition: sympy.Basic, symbols: Sequence[sympy.Symbol]) -
     disjunction: an ``Or`` holds where one of its disjuncts is defined and true, so that
     ``body when guard`` (``Or(Not(guard), body)``) holds where the guard does not, even
     if the body divides by zero there (the ONNX checks compute it so).
+
+    Compiled once per condition and symbols (the function is pure): the versions ask
+    for the same sizes at every witness they try, about a thousand times an export of
+    a decoder, and printing and compiling costs a hundred times a call.
     """
+    return _compiled(condition, tuple(symbols))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(condition: sympy.Basic, symbols: tuple[sympy.Symbol, ...]) -> Callable:
     rationals = {
         r: sympy.Symbol(f"_fraction_{i}")
         for i, r in enumerate(sorted(condition.atoms(sympy.Rational), key=str))
