@@ -94,8 +94,7 @@ def test_shape_inference_skipped_only_where_it_adds_nothing(monkeypatch):
     """Values with a complete type and shape skip the folding's ONNX shape inference:
     the model is the same, node for node and value type for value type."""
     from yobx.models import load_model
-    from yobx.torch.onnx import optimize as optimize_module
-    from yobx.torch.onnx import to_onnx
+    from yobx.torch.onnx import folding, to_onnx
 
     def export():
         model, args, kwargs, dynamic_shapes = load_model("transformer-encoder")
@@ -107,7 +106,8 @@ def test_shape_inference_skipped_only_where_it_adds_nothing(monkeypatch):
         )
 
     skipping = export()
-    monkeypatch.setattr(optimize_module, "_fully_known", lambda value: False)
+    monkeypatch.setattr(folding, "fully_known", lambda value: False)
+    monkeypatch.setattr(folding, "_INFERRED", {})
     inferring = export()
     assert skipping == inferring
     assert len(skipping[1]) > 100

@@ -27,6 +27,7 @@ from yobx.torch.onnx.branch_hoisting import hoist_out_of_branches
 from yobx.torch.onnx.branch_merging import merge_if_branches
 from yobx.torch.onnx.branch_sinking import sink_into_branches
 from yobx.torch.onnx.filler_slots import merge_filler_slots
+from yobx.torch.onnx.folding import folding_pass
 from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
 from yobx.torch.onnx.if_trees import collapse_if_trees
 from yobx.torch.onnx.ort_fusions import fusions_for_ort, takes_a_cache
@@ -129,69 +130,6 @@ class _RewritePresentOperators(ir.passes.InPlacePass):
         return rewriter.RewritePass(rules)(model)
 
 
-def _fully_known(value: ir.Value) -> bool:
-    """True when ``value`` has a type and a shape whose every dimension is an integer
-    or a named symbol: ONNX shape inference has nothing to add.
-
-    The values torch.onnx's translation creates from the graph's fake tensors are such,
-    and exact (a dimension torch knows symbolic is symbolic); the folding pass's shape
-    inference (a node serialized, inferred, deserialized: 250 µs each, a third of the
-    optimizer's time) then only runs on the nodes inside translated functions and on
-    those the rewrites create.
-    """
-    shape = value.shape
-    if value.type is None or shape is None:
-        return False
-    return all(isinstance(dim, int) or dim.value is not None for dim in shape)
-
-
-def _tolerant_folding_pass(**kwargs: Any) -> ir.passes.InPlacePass:
-    """onnxscript's constant folding, skipping the nodes its partial evaluators fail on.
-
-    An evaluator failing is a bug of onnxscript, not of the model (onnxscript 0.7.2 reads
-    the value of a ``SplitToSequence`` split size it only knows the shape of, for a
-    ``chunk`` of a dynamic dimension): the node is left as it is, folded or not, instead
-    of refusing the whole export.
-    """
-    from onnxscript.optimizer import _constant_folding
-
-    class TolerantFoldConstantsPass(_constant_folding.FoldConstantsPass):
-        def _do_inference(self, node: ir.Node) -> None:
-            if not all(_fully_known(output) for output in node.outputs):
-                super()._do_inference(node)
-
-        def process_node(self, node: ir.Node, is_function: bool):
-            outer = _outer_shapes(node)
-            try:
-                return super().process_node(node, is_function)
-            except RuntimeError as e:
-                if not str(e).startswith("Error during constant folding for node"):
-                    raise
-                return None
-            finally:
-                for value, shape in outer:
-                    value.shape = shape
-
-    return TolerantFoldConstantsPass(**kwargs)
-
-
-def _outer_shapes(node: ir.Node) -> list[tuple[ir.Value, ir.Shape | None]]:
-    """The shapes of the values a node inside a branch reads from an enclosing graph.
-
-    The folding infers shapes backwards through an ``Identity`` (its input gets its
-    output's shape): inside the ``If`` branch of a version for ``seq == 1``, an
-    ``Identity`` of an input whose output is ``[batch, 1]`` would make the model's
-    input ``[batch, 1]`` for every version. A branch knows its shapes under its
-    condition only: they are put back after the node is folded.
-    """
-    graph = node.graph
-    return [
-        (value, value.shape)
-        for value in node.inputs
-        if value is not None and value.graph is not None and value.graph is not graph
-    ]
-
-
 def _identity_for_passed_inputs(model: ir.Model) -> None:
     """Gives each function output that is one of the function's inputs an ``Identity``
     of its own (a version returning a cache tensor it was given, unchanged).
@@ -221,7 +159,7 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
         common_passes.InlinePass(),
         ir.passes.PassManager(
             [
-                _tolerant_folding_pass(
+                folding_pass(
                     shape_inference=True,
                     input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                     output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
