@@ -82,8 +82,12 @@ def _inference_key(node: ir.Node, opset: int | None) -> tuple | None:
         if constant is not None and constant.size <= _DATA_LIMIT:
             data = (constant.dtype, tuple(constant.shape), constant.numpy().tobytes())
         inputs.append((value.type, _dims(value.shape), data))
-    outputs = len(node.outputs)
-    return (node.domain, node.op_type, opset, tuple(attributes), tuple(inputs), outputs)
+    key = (node.domain, node.op_type, opset, tuple(attributes), tuple(inputs), len(node.outputs))
+    try:
+        hash(key)
+    except TypeError:  # an attribute of a form not foreseen: inferred each time
+        return None
+    return key
 
 
 def _shape(dims: tuple | None) -> ir.Shape | None:
