@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -58,3 +60,18 @@ class NestedVersions(torch.nn.Module):
         if x.shape[1] == 1:
             y = self.c(y) if x.shape[0] == 1 else self.c(y).relu()
         return y
+
+
+def aten_operators(lowered) -> collections.Counter:
+    """The aten operators of a lowered graph, size bookkeeping and no-ops aside (an eval
+    dropout is a clone for make_fx, a cast to the same dtype a type_as, nothing when
+    written directly; a clone also appears where make_fx gave a value other strides
+    than the capture): what the direct and recorded lowerings must write as make_fx
+    does."""
+    return collections.Counter(
+        str(node.target)
+        for node in lowered.graph_module.graph.nodes
+        if isinstance(node.target, torch._ops.OpOverload)
+        and node.target.overloadpacket.__name__
+        not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "clone", "type_as")
+    )

@@ -3,13 +3,12 @@ the same ONNX outputs as make_fx's lowering, fallbacks for every other form."""
 
 from __future__ import annotations
 
-import collections
 import operator
 
 import pytest
 import torch
 
-from unittests.torch.onnx._helpers import export_and_validate
+from unittests.torch.onnx._helpers import aten_operators, export_and_validate
 from yobx.models import load_model
 from yobx.models.architectures import build
 from yobx.torch.onnx import capture as capture_module
@@ -21,20 +20,6 @@ from yobx.torch.tracing import CustomTracer
 
 aten = torch.ops.aten
 F = torch.nn.functional
-
-
-def _operators(lowered) -> collections.Counter:
-    """The aten operators of a lowered graph, size bookkeeping and no-ops aside (an eval
-    dropout is a clone for make_fx, a cast to the same dtype a type_as, nothing when
-    written directly; a clone also appears where make_fx gave a value other strides
-    than the capture)."""
-    return collections.Counter(
-        str(node.target)
-        for node in lowered.graph_module.graph.nodes
-        if isinstance(node.target, torch._ops.OpOverload)
-        and node.target.overloadpacket.__name__
-        not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "clone", "type_as")
-    )
 
 
 def _both_lowerings(model, args, kwargs, dynamic_shapes):
@@ -100,7 +85,7 @@ def test_patterns_give_make_fx_graph_and_eager_outputs():
     lowered = _both_lowerings(Patterns().eval(), (x, ids), {}, dynamic_shapes)
     assert lowered[True].n_direct >= 45
     assert lowered[False].n_direct == 0
-    assert _operators(lowered[True]) == _operators(lowered[False])
+    assert aten_operators(lowered[True]) == aten_operators(lowered[False])
     for direct in (True, False):
         export_and_validate(
             Patterns().eval(), (x, ids), dynamic_shapes=dynamic_shapes, direct_lowering=direct
@@ -145,7 +130,7 @@ def test_convolutions_give_make_fx_graph_and_eager_outputs():
     # conv, relu, pool, F.conv2d, 3 group norms, conv1d, log_softmax, strided, 3
     # interpolations; not the circular one
     assert lowered[True].n_direct >= 13
-    assert _operators(lowered[True]) == _operators(lowered[False])
+    assert aten_operators(lowered[True]) == aten_operators(lowered[False])
     export_and_validate(Convolutions().eval(), (x,), dynamic_shapes=dynamic_shapes)
 
 
@@ -157,7 +142,7 @@ def test_demo_models_same_aten_graph(name, at_least):
     model, args, kwargs, dynamic_shapes = load_model(name)
     lowered = _both_lowerings(model, args, kwargs, dynamic_shapes)
     assert lowered[True].n_direct >= at_least
-    assert _operators(lowered[True]) == _operators(lowered[False])
+    assert aten_operators(lowered[True]) == aten_operators(lowered[False])
 
 
 ONE_PER_FAMILY = [
@@ -177,7 +162,7 @@ def test_architectures_validate_on_both_paths(name):
     case = build(name)
     lowered = _both_lowerings(case.model, case.args, case.kwargs, case.dynamic_shapes)
     assert lowered[True].n_direct > 0
-    assert _operators(lowered[True]) == _operators(lowered[False])
+    assert aten_operators(lowered[True]) == aten_operators(lowered[False])
     result = export_and_validate(
         case.model,
         case.args,

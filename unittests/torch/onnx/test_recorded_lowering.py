@@ -4,28 +4,14 @@ the forms it cannot stand for go through make_fx."""
 
 from __future__ import annotations
 
-import collections
-
 import torch
 
-from unittests.torch.onnx._helpers import export_and_validate
+from unittests.torch.onnx._helpers import aten_operators, export_and_validate
 from yobx.torch.onnx import capture as capture_module
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.lowering import lower_to_aten
 
 aten = torch.ops.aten
-
-
-def _operators(lowered) -> collections.Counter:
-    """The aten operators of a lowered graph but size bookkeeping and the no-ops the
-    direct lowering leaves out (see test_direct_lowering)."""
-    return collections.Counter(
-        str(node.target)
-        for node in lowered.graph_module.graph.nodes
-        if isinstance(node.target, torch._ops.OpOverload)
-        and node.target.overloadpacket.__name__
-        not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "clone", "type_as")
-    )
 
 
 def _targets(lowered) -> set:
@@ -83,7 +69,7 @@ def test_recorded_nodes_give_make_fx_graph_and_eager_outputs():
     # reshape, the two multi-item indexings, arange, the casts, new_ones, &, flatten
     assert lowered[True].n_recorded >= 8
     assert lowered[False].n_recorded == 0
-    assert _operators(lowered[True]) == _operators(lowered[False])
+    assert aten_operators(lowered[True]) == aten_operators(lowered[False])
     # the copy make_fx writes for the reshape of an expanded tensor
     assert {aten.clone.default, aten._unsafe_view.default} <= _targets(lowered[True])
     # a factory's output is not detached (make_fx holds its tensors weakly)
@@ -101,7 +87,7 @@ def test_forms_it_cannot_record_go_through_make_fx():
     dynamic_shapes = ({0: "batch", 2: "width"},)
     lowered = _both(Fallbacks(), (x,), dynamic_shapes)
     assert lowered[True].n_recorded == 0
-    assert _operators(lowered[True]) == _operators(lowered[False])
+    assert aten_operators(lowered[True]) == aten_operators(lowered[False])
     export_and_validate(Fallbacks(), (x,), dynamic_shapes=dynamic_shapes, min_cases=2)
 
 
