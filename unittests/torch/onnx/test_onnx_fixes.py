@@ -167,3 +167,19 @@ def test_attention_keeps_a_nan_of_the_inputs_as_torch():
     got = torch.from_numpy(got)
     torch.testing.assert_close(got.isnan(), expected.isnan())
     torch.testing.assert_close(got.nan_to_num(), expected.nan_to_num(), atol=1e-5, rtol=1e-5)
+
+
+class SameNameInAndOut(torch.nn.Module):
+    """Named as a diffusers UNet names them: ``sample`` in, ``sample`` out."""
+
+    def forward(self, sample, t):
+        return {"sample": sample * t, "t": t + 1}
+
+
+def test_an_output_named_like_an_input_gets_its_own_name():
+    """ONNX names each value once: the output is ``sample_output``, not a refusal."""
+    sample, t = torch.randn(2, 3), torch.randn(2, 3)
+    dynamic_shapes = ({0: "batch"}, {0: "batch"})
+    result = export_and_validate(SameNameInAndOut(), (sample, t), dynamic_shapes=dynamic_shapes)
+    assert result.output_names == ["sample_output", "t_output"]
+    assert [i.name for i in result.model_proto.graph.input] == ["sample", "t"]

@@ -310,14 +310,22 @@ def _set_outputs(
 
 
 def _name_outputs(graph: ir.Graph, output_names: Sequence[str]) -> None:
-    """Gives outputs their names, moving away any other value already named so."""
-    wanted = set(output_names)
+    """Gives outputs their names, moving away any other value already named so. An
+    output named like an input (a diffusers UNet takes ``sample`` and returns
+    ``sample``) is ``<name>_output``: ONNX names each value once."""
+    inputs = {value.name for value in graph.inputs}
+    names: list[str] = []
+    for name in output_names:
+        if name in inputs:
+            base, index = f"{name}_output", 2
+            name = base
+            while name in inputs or name in names or name in output_names:
+                name, index = f"{base}_{index}", index + 1
+        names.append(name)
+    wanted = set(names)
     for node in graph:
         for value in node.outputs:
             if value.name in wanted and value not in graph.outputs:
                 value.name = f"{value.name}__inner"
-    for value in graph.inputs:
-        if value.name in wanted:
-            raise OnnxExportError(f"output name '{value.name}' is also an input name")
-    for value, name in zip(graph.outputs, output_names):
+    for value, name in zip(graph.outputs, names):
         value.name = name
