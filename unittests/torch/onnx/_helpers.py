@@ -75,3 +75,22 @@ def aten_operators(lowered) -> collections.Counter:
         and node.target.overloadpacket.__name__
         not in ("sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "clone", "type_as")
     )
+
+
+def both_lowerings(model, args, kwargs, dynamic_shapes) -> dict:
+    """``{True: lowered with the direct and recorded paths, False: through make_fx}``
+    of one capture each.
+
+    One capture, not versions: the lowering of a torch.cond between versions whose
+    branches call the model's modules is limited (to_onnx then exports one capture
+    too)."""
+    from yobx.torch.onnx import capture as capture_module
+    from yobx.torch.onnx.lowering import lower_to_aten
+
+    lowered = {}
+    for direct in (True, False):
+        captured = capture_module.capture(
+            model, args, kwargs, dynamic_shapes, None, narrowing="constraints"
+        )
+        lowered[direct] = lower_to_aten(captured.graph_module, direct=direct)
+    return lowered

@@ -8,7 +8,7 @@ import operator
 import pytest
 import torch
 
-from unittests.torch.onnx._helpers import aten_operators, export_and_validate
+from unittests.torch.onnx._helpers import aten_operators, both_lowerings, export_and_validate
 from yobx.models import load_model
 from yobx.models.architectures import build
 from yobx.torch.onnx import capture as capture_module
@@ -20,18 +20,6 @@ from yobx.torch.tracing import CustomTracer
 
 aten = torch.ops.aten
 F = torch.nn.functional
-
-
-def _both_lowerings(model, args, kwargs, dynamic_shapes):
-    lowered = {}
-    for direct in (True, False):
-        # one capture: the lowering of a torch.cond between versions whose branches
-        # call the model's modules is limited (to_onnx then exports one capture too)
-        captured = capture_module.capture(
-            model, args, kwargs, dynamic_shapes, None, narrowing="constraints"
-        )
-        lowered[direct] = lower_to_aten(captured.graph_module, direct=direct)
-    return lowered
 
 
 class Patterns(torch.nn.Module):
@@ -82,7 +70,7 @@ def _patterns_inputs():
 
 def test_patterns_give_make_fx_graph_and_eager_outputs():
     (x, ids), dynamic_shapes = _patterns_inputs()
-    lowered = _both_lowerings(Patterns().eval(), (x, ids), {}, dynamic_shapes)
+    lowered = both_lowerings(Patterns().eval(), (x, ids), {}, dynamic_shapes)
     assert lowered[True].n_direct >= 45
     assert lowered[False].n_direct == 0
     assert aten_operators(lowered[True]) == aten_operators(lowered[False])
@@ -126,7 +114,7 @@ class Convolutions(torch.nn.Module):
 def test_convolutions_give_make_fx_graph_and_eager_outputs():
     x = torch.randn(2, 3, 8, 10)
     dynamic_shapes = ({0: "batch", 2: "height", 3: "width"},)
-    lowered = _both_lowerings(Convolutions().eval(), (x,), {}, dynamic_shapes)
+    lowered = both_lowerings(Convolutions().eval(), (x,), {}, dynamic_shapes)
     # conv, relu, pool, F.conv2d, 3 group norms, conv1d, log_softmax, strided, 3
     # interpolations; not the circular one
     assert lowered[True].n_direct >= 13
@@ -140,7 +128,7 @@ def test_convolutions_give_make_fx_graph_and_eager_outputs():
 )
 def test_demo_models_same_aten_graph(name, at_least):
     model, args, kwargs, dynamic_shapes = load_model(name)
-    lowered = _both_lowerings(model, args, kwargs, dynamic_shapes)
+    lowered = both_lowerings(model, args, kwargs, dynamic_shapes)
     assert lowered[True].n_direct >= at_least
     assert aten_operators(lowered[True]) == aten_operators(lowered[False])
 
@@ -160,7 +148,7 @@ def test_architectures_validate_on_both_paths(name):
     """One case per family: both lowerings give the same operators, and the ONNX model
     of the direct one matches eager at the example and at other sizes."""
     case = build(name)
-    lowered = _both_lowerings(case.model, case.args, case.kwargs, case.dynamic_shapes)
+    lowered = both_lowerings(case.model, case.args, case.kwargs, case.dynamic_shapes)
     assert lowered[True].n_direct > 0
     assert aten_operators(lowered[True]) == aten_operators(lowered[False])
     result = export_and_validate(
@@ -294,7 +282,7 @@ class ReturnsItsInput(torch.nn.Module):
 def test_operators_returning_their_input_take_its_value():
     x = torch.randn(3, 4)
     dynamic_shapes = ({0: "batch"},)
-    lowered = _both_lowerings(ReturnsItsInput().eval(), (x,), {}, dynamic_shapes)
+    lowered = both_lowerings(ReturnsItsInput().eval(), (x,), {}, dynamic_shapes)
     clones = {
         direct: [
             n.kwargs.get("memory_format")

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from unittests.torch.onnx._helpers import aten_operators, export_and_validate
-from yobx.torch.onnx import capture as capture_module
+from unittests.torch.onnx._helpers import aten_operators, both_lowerings, export_and_validate
 from yobx.torch.onnx import to_onnx
-from yobx.torch.onnx.lowering import lower_to_aten
 
 aten = torch.ops.aten
 
@@ -53,19 +51,9 @@ def _inputs():
     return (x, mask), dynamic_shapes
 
 
-def _both(model, args, dynamic_shapes):
-    lowered = {}
-    for direct in (True, False):
-        captured = capture_module.capture(
-            model, args, {}, dynamic_shapes, None, narrowing="constraints"
-        )
-        lowered[direct] = lower_to_aten(captured.graph_module, direct=direct)
-    return lowered
-
-
 def test_recorded_nodes_give_make_fx_graph_and_eager_outputs():
     args, dynamic_shapes = _inputs()
-    lowered = _both(MaskAndRepeat(), args, dynamic_shapes)
+    lowered = both_lowerings(MaskAndRepeat(), args, {}, dynamic_shapes)
     # reshape, the two multi-item indexings, arange, the casts, new_ones, &, flatten
     assert lowered[True].n_recorded >= 8
     assert lowered[False].n_recorded == 0
@@ -85,7 +73,7 @@ def test_recorded_nodes_give_make_fx_graph_and_eager_outputs():
 def test_forms_it_cannot_record_go_through_make_fx():
     x = torch.randn(2, 3, 4)
     dynamic_shapes = ({0: "batch", 2: "width"},)
-    lowered = _both(Fallbacks(), (x,), dynamic_shapes)
+    lowered = both_lowerings(Fallbacks(), (x,), {}, dynamic_shapes)
     assert lowered[True].n_recorded == 0
     assert aten_operators(lowered[True]) == aten_operators(lowered[False])
     export_and_validate(Fallbacks(), (x,), dynamic_shapes=dynamic_shapes, min_cases=2)

@@ -21,13 +21,13 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._prims_common import make_contiguous_strides_for
 from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.sym_node import SymNode
-from torch.utils._mode_utils import no_dispatch
 
 from yobx.torch.fx_code import recompile_alone
 from yobx.torch.tracing.constraints.versions import DIMENSIONS_KEY, in_dimensions
+from yobx.torch.tracing.symbolic.static_fakes import meta_fake
 
 
 def record_cond(
@@ -141,20 +141,15 @@ def _tensor_outputs(graph_module: torch.fx.GraphModule, fake_mode: Any) -> None:
 
 
 def _fakes(tensors: list, lowered: Any) -> list:
-    """Fake tensors like ``tensors`` (weights, static sizes) in the fake mode of the
-    graph ``lowered``: a graph's values all belong to one mode. Made directly, as
-    :class:`~yobx.torch.tracing.symbolic.static_fakes.StaticFakes` makes them (an
-    ``empty`` run by the fake mode costs twenty times more, for every weight of every
-    version)."""
-    with no_dispatch():
-        return [
-            FakeTensor(
-                lowered.fake_mode,
-                torch.empty(tuple(map(int, t.shape)), dtype=t.dtype, device="meta"),
-                t.device,
-            )
-            for t in tensors
-        ]
+    """Fake tensors like ``tensors`` (weights, static sizes, contiguous) in the fake
+    mode of the graph ``lowered``: a graph's values all belong to one mode. Made
+    directly (:func:`~yobx.torch.tracing.symbolic.static_fakes.meta_fake`), for every
+    weight of every version."""
+    return [
+        meta_fake(lowered.fake_mode, shape, make_contiguous_strides_for(shape), t.dtype, t.device)
+        for t in tensors
+        for shape in [tuple(map(int, t.shape))]
+    ]
 
 
 def _output_values(graph_module: torch.fx.GraphModule) -> list[Any]:

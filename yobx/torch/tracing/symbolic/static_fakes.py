@@ -15,7 +15,7 @@ through the converter.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -81,11 +81,7 @@ class StaticFakes:
             return known
         # a meta tensor (a model built without weights) computes as on the CPU
         device = torch.device("cpu") if tensor.device.type == "meta" else tensor.device
-        with no_dispatch():
-            meta = torch.empty_strided(
-                tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta"
-            )
-            fake = FakeTensor(self.fake_mode, meta, device)
+        fake = meta_fake(self.fake_mode, tensor.shape, tensor.stride(), tensor.dtype, device)
         if tensor.requires_grad:
             with torch.enable_grad():
                 fake.requires_grad_(True)
@@ -94,3 +90,17 @@ class StaticFakes:
         converter.set_tensor_memo(tensor, fake)
         self._fakes[key] = fake
         return fake
+
+
+def meta_fake(
+    fake_mode: FakeTensorMode,
+    shape: Sequence[int],
+    stride: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> FakeTensor:
+    """A fake tensor of a static geometry on ``device``, made directly on a meta tensor
+    (a few microseconds; an ``empty`` run by the fake mode costs twenty times more)."""
+    with no_dispatch():
+        meta = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+        return FakeTensor(fake_mode, meta, device)
