@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from ...fx_code import lazy_graph_module
 from ..graph_operators import CondCCOp
 from .runtime_checks import insert_condition, insert_runtime_checks, insert_shape_checks
+from .version_merging import merged_tree
 from .version_writes import (
     buffer_operands,
     buffers_as_inputs,
@@ -61,7 +62,13 @@ class VersionJoin:
     def join(self, tree: Split | Version) -> tuple[torch.fx.Graph, torch.nn.Module]:
         """The graph choosing between the versions of ``tree`` at run time, and the
         module holding the versions' graph modules (the traced model of the joined
-        graph)."""
+        graph). Versions computing alike share a branch (:mod:`.version_merging`),
+        unless the graph checks its own inputs (each version asserts what it assumes):
+        the first capture's graph alone when it computes every version."""
+        if not self.tracer.runtime_checks:
+            tree = merged_tree(tree, self.first)
+        if tree is self.first:
+            return self.first.graph, self.first.tracer.traced_model
         holder = torch.nn.Module()
         operands = _operands(self.first.graph)
         # an output computed by one version is returned by every branch (a number
@@ -74,7 +81,7 @@ class VersionJoin:
         # return their new values, the joined graph writes them back
         self.buffers = buffer_operands(self.joined, operands)
         lift_buffers(holder, self.first.tracer.traced_model, list(self.buffers))
-        # the tracer joins two versions or more, whose tree is a Split
+        # two versions or more are left, whose tree is a Split
         assert isinstance(tree, Split)
         graph = self._router(tree, operands, holder, root=True)
         return graph, holder

@@ -125,6 +125,9 @@ class Version:
     example: dict[str, Any]
     #: the facts of this capture that became choices between versions
     routed: list[Any] = dataclasses.field(default_factory=list)
+    #: the version whose graph computes this one's outputs in the joined graph, when
+    #: their graphs compute alike (see :mod:`.version_merging`)
+    computed_by: Version | None = None
 
     @property
     def when(self) -> str:
@@ -163,6 +166,8 @@ class Version:
         constraints = [dataclasses.replace(c, when="") for c in self.constraints]
         if constraints:
             text += "; constraints: " + ", ".join(str(c) for c in constraints)
+        if self.computed_by is not None:
+            text += f"; computed by version {self.computed_by.index}'s graph"
         return text
 
 

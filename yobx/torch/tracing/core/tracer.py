@@ -550,9 +550,8 @@ class CustomTracer(
         versions = leaves(tree)
         if len(versions) == 1:
             return graph
-        joined, holder = VersionJoin(self, versioning.first).join(tree)
+        joined, self.traced_model = VersionJoin(self, versioning.first).join(tree)
         self.versions = versions
-        self.traced_model = holder
         constraints: list[Constraint] = []
         for version in versions:
             constraints += [c for c in version.constraints if c not in constraints]
