@@ -3,7 +3,8 @@
 Builds the tiny causal LM of :mod:`compare_hf_exporters` (``LlamaForCausalLM`` by
 default), exports it for generation with :class:`~yobx.integrations.transformers.YobxExporter`
 from a left-padded prompt of (2, 5) tokens, ``--repeat`` times in one process, and
-prints the first export's time (imports and caches included) and the median of the
+prints the first export's time (imports, byte-compiled first as ``pip install`` leaves
+them, and caches included) and the median of the
 others, in all and for each stage of ``to_onnx`` (``capture``, ``lower``,
 ``translate``, ``optimize``...)::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import compileall
 import os
 import statistics
 import sys
@@ -35,6 +37,9 @@ def main(argv: list[str]) -> None:
     warnings.filterwarnings("ignore")
     from compare_hf_exporters import build_generator, prompt
     from sweep_transformers import architectures
+
+    # the bytecode pip install writes (compare_hf_exporters.byte_compiled_yobx)
+    compileall.compile_dir(os.path.join(root, "yobx"), quiet=1)
 
     types = {name: model_type for model_type, name in architectures("causal-lm")}
     for name in args.names:

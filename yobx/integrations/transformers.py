@@ -77,6 +77,7 @@ from transformers.exporters.utils import (
 
 from yobx.integrations.prefill_program import prefill_from_decode
 from yobx.models.roles import ROLE_AXES, attention_mask_length
+from yobx.torch.frozen_gc import frozen_during_call
 from yobx.torch.onnx.export import to_onnx
 from yobx.torch.onnx.generate import end_tokens, mask_positions, next_tokens
 from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
@@ -222,6 +223,7 @@ class YobxExporter(HfExporter):
             program = config.quantizer.quantize(program, sample_inputs, ExportFormat.ONNX)
         return program, metadata
 
+    @frozen_during_call
     def export_for_generation(
         self,
         model: Any,
@@ -240,7 +242,12 @@ class YobxExporter(HfExporter):
         empty (:mod:`yobx.integrations.prefill_program`), when that graph takes the
         prefill's inputs and a cache of plain keys and values over ``past``, covers
         ``past = 0``, and one configuration without quantizer applies to both;
-        otherwise it is exported as transformers' exporters do."""
+        otherwise it is exported as transformers' exporters do.
+
+        The objects that exist before the call stay out of the garbage collector's reach
+        during it (:mod:`yobx.torch.frozen_gc`), as in :func:`~yobx.torch.onnx.to_onnx`:
+        the prefill's copy of the decode step's graph, made outside ``to_onnx``, took
+        0.15 s of a 1.6 s export of a tiny Llama in full collections, 0.03 s without."""
         components = decompose_for_generation(
             model,
             sample_inputs,

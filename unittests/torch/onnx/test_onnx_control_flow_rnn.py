@@ -129,3 +129,36 @@ def test_nested_cond_exports_every_branch():
     ]
     report = validate(NestedCondModel(), result, inputs)
     assert report.ok, report.format()
+
+
+_DEFINED_ON_FIRST_USE = """
+import torch
+import yobx.integrations.transformers  # noqa: F401 (what an export for generation imports)
+from yobx.torch.ops import checks, rnn
+from yobx.torch.onnx import to_onnx
+from yobx.models import tiny_lstm
+
+assert not rnn.operators.cache_info().currsize and not checks.operators.cache_info().currsize
+# the registry is built by a first export without any recurrent module
+x = torch.randn(2, 3)
+to_onnx(torch.nn.Linear(3, 4), (x,), dynamic_shapes=({0: "batch"},))
+assert not rnn.operators.cache_info().currsize
+model, args, kwargs, shapes = tiny_lstm()
+result = to_onnx(model, args, kwargs, dynamic_shapes=shapes, validate=True)
+assert result.validation.ok, result.validation.format()
+assert "LSTM" in {node.op_type for node in result.model_proto.graph.node}
+print("ok")
+"""
+
+
+def test_the_recurrent_operators_are_defined_and_translated_when_first_needed():
+    """Defining a custom operator costs a first export 0.1 s (torch looks up the caller's
+    source): yobx defines its own when a model needs them, after the registry of
+    translations was built, which then learns their translations."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFINED_ON_FIRST_USE], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

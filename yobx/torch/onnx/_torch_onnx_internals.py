@@ -437,8 +437,18 @@ def translate_graph(
             graph_like=graph_like,
             owned_graphs=owned_graphs,
             lower="at_conversion",
-            registry=onnx_registry(opset),
+            registry=_registry_with_custom_operators(opset),
         )
+
+
+def _registry_with_custom_operators(opset: int) -> _registration.ONNXRegistry:
+    """:func:`onnx_registry`, with the translations of yobx's custom operators defined
+    since it was built (:func:`~yobx.torch.onnx.custom_ops.register_defined_operators`)."""
+    from yobx.torch.onnx import custom_ops
+
+    registry = onnx_registry(opset)
+    custom_ops.register_defined_operators(registry)
+    return registry
 
 
 def torch_tensor(tensor: torch.Tensor, name: str) -> ir.TensorProtocol:

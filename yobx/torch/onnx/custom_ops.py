@@ -17,9 +17,19 @@ import onnx_ir as ir
 import onnxscript
 import torch
 
-from ..ops.rnn import gru, leaf_module_call, lstm
+from ..ops import checks, rnn
+from ..ops.rnn import leaf_module_call
 
-__all__ = ["gru", "leaf_module_call", "lstm", "register_translations"]
+# `lstm` and `gru` are read through __getattr__ (defined when first read)
+__all__ = ["leaf_module_call", "register_defined_operators", "register_translations"]
+
+
+def __getattr__(name: str) -> Any:
+    # the custom operators, defined when first read (yobx.torch.ops)
+    if name in ("lstm", "gru"):
+        return getattr(rnn, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _op = onnxscript.opset18
 
@@ -322,7 +332,6 @@ def register_translations(registry: Any) -> None:
     from .complex_ops import register_complex_translations
     from .grouped_mm import grouped_mm_to_onnx
     from .nearest_resize import register_nearest_translations
-    from .value_checks import gated_to_onnx, value_check_to_onnx
 
     registry.register_op(torch.ops.aten._grouped_mm.default, grouped_mm_to_onnx)
     registry.register_op(torch.ops.aten.sort.stable, _stable_sort_to_onnx)
@@ -331,10 +340,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten.repeat_interleave.self_int, _repeat_interleave_to_onnx)
     register_nearest_translations(registry)
 
-    registry.register_op(torch.ops.yobx.value_check.default, value_check_to_onnx)
-    registry.register_op(torch.ops.yobx.gated.default, gated_to_onnx)
-    registry.register_op(torch.ops.yobx.lstm.default, _lstm_to_onnx)
-    registry.register_op(torch.ops.yobx.gru.default, _gru_to_onnx)
+    register_defined_operators(registry)
     registry.register_op(torch.ops.aten.sym_numel.default, _sym_numel_to_onnx)
     registry.register_op(torch.ops.aten.masked_select.default, _masked_select_to_onnx)
     registry.register_op(torch.ops.aten.copy.default, _copy_to_onnx)
@@ -347,3 +353,21 @@ def register_translations(registry: Any) -> None:
         function = getattr(torch, f"_sym_{name}", None)
         if function is not None:
             registry.register_op(function, _symbolic_math(onnx_op))
+
+
+def register_defined_operators(registry: Any) -> None:
+    """Adds to ``registry`` the translations of yobx's custom operators defined in the
+    process and not registered yet (``yobx::value_check``, ``yobx::gated``,
+    ``yobx::lstm``, ``yobx::gru``): they are defined when first needed
+    (:mod:`yobx.torch.ops`), which may be after the registry was built."""
+    from .value_checks import gated_to_onnx, value_check_to_onnx
+
+    translations = []
+    if checks.operators.cache_info().currsize:
+        translations += [("value_check", value_check_to_onnx), ("gated", gated_to_onnx)]
+    if rnn.operators.cache_info().currsize:
+        translations += [("lstm", _lstm_to_onnx), ("gru", _gru_to_onnx)]
+    for name, translation in translations:
+        op = getattr(torch.ops.yobx, name).default
+        if not registry.is_registered(op):
+            registry.register_op(op, translation)

@@ -85,6 +85,7 @@ def _token(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
             )
             val = _fake_of(graph).new_ones((), dtype=torch.bool)
             condition.meta["val"] = val
+        checks.operators()  # defined when first needed
         token = graph.call_function(
             torch.ops.yobx.value_check.default, (condition, check_name(expression, location))
         )
@@ -106,6 +107,7 @@ def _gate_outputs(graph: torch.fx.Graph, tokens: list[torch.fx.Node]) -> None:
     """Every tensor output of ``graph`` goes through each token."""
     output = next(n for n in graph.nodes if n.op == "output")
     gated: dict[torch.fx.Node, torch.fx.Node] = {}
+    checks.operators()  # defined when first needed
 
     def gate(value: Any) -> Any:
         if not isinstance(value, torch.fx.Node) or not isinstance(

@@ -10,11 +10,13 @@ depend on the check (see :mod:`yobx.torch.onnx.value_checks` for their ONNX form
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 
 
-@torch.library.custom_op("yobx::value_check", mutates_args=())
-def value_check(condition: torch.Tensor, message: str) -> torch.Tensor:
+def _value_check(condition: torch.Tensor, message: str) -> torch.Tensor:
     """Raises ``AssertionError(message)`` unless every element of ``condition`` holds;
     returns the token, ``tensor([0])``."""
     if not bool(condition.all()):
@@ -22,21 +24,41 @@ def value_check(condition: torch.Tensor, message: str) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int64)
 
 
-@value_check.register_fake
 def _value_check_fake(condition: torch.Tensor, message: str) -> torch.Tensor:
     return condition.new_zeros(1, dtype=torch.int64)
 
 
-@torch.library.custom_op("yobx::gated", mutates_args=())
-def gated(value: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+def _gated(value: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """``value`` once the check that made ``token`` passed (a copy: an operator's
     output cannot be its input)."""
     return value.clone()
 
 
-@gated.register_fake
 def _gated_fake(value: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(value)
 
 
-__all__ = ["gated", "value_check"]
+@functools.cache
+def operators() -> tuple[Any, Any]:
+    """``(value_check, gated)``: the custom operators ``yobx::value_check`` and
+    ``yobx::gated``, defined the first time they are asked for in a process.
+
+    Defining a custom operator makes torch look up its caller's source, and the first
+    lookup of a process walks every module loaded: 0.1 s of the first export of a
+    decoder, which has no check on tensor values."""
+    value_check = torch.library.custom_op("yobx::value_check", mutates_args=())(_value_check)
+    value_check.register_fake(_value_check_fake)
+    gated = torch.library.custom_op("yobx::gated", mutates_args=())(_gated)
+    gated.register_fake(_gated_fake)
+    return value_check, gated
+
+
+def __getattr__(name: str) -> Any:
+    # `checks.value_check` and `checks.gated`, defined when first read
+    if name in ("value_check", "gated"):
+        return dict(zip(("value_check", "gated"), operators()))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# `value_check` and `gated` are read through __getattr__ (defined when first read)
+__all__ = ["operators"]

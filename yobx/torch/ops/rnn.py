@@ -10,6 +10,7 @@ recurrence as one ONNX ``LSTM``/``GRU`` operator (see ``yobx.torch.onnx.custom_o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +24,7 @@ def _rnn_weights(module: torch.nn.RNNBase) -> list[torch.Tensor]:
     return [getattr(module, name) for name in module._flat_weights_names]
 
 
-@torch.library.custom_op("yobx::lstm", mutates_args=())
-def lstm(
+def _lstm(
     x: torch.Tensor,
     h0: torch.Tensor,
     c0: torch.Tensor,
@@ -41,7 +41,6 @@ def lstm(
     return output, h_n, c_n
 
 
-@lstm.register_fake
 def _lstm_fake(x, h0, c0, weights, has_biases, num_layers, bidirectional, batch_first):
     hidden = h0.shape[-1]
     directions = 2 if bidirectional else 1
@@ -49,8 +48,7 @@ def _lstm_fake(x, h0, c0, weights, has_biases, num_layers, bidirectional, batch_
     return x.new_empty(out_shape), h0.new_empty(h0.shape), c0.new_empty(c0.shape)
 
 
-@torch.library.custom_op("yobx::gru", mutates_args=())
-def gru(
+def _gru(
     x: torch.Tensor,
     h0: torch.Tensor,
     weights: list[torch.Tensor],
@@ -66,12 +64,31 @@ def gru(
     return output, h_n
 
 
-@gru.register_fake
 def _gru_fake(x, h0, weights, has_biases, num_layers, bidirectional, batch_first):
     hidden = h0.shape[-1]
     directions = 2 if bidirectional else 1
     out_shape = (*x.shape[:-1], directions * hidden)
     return x.new_empty(out_shape), h0.new_empty(h0.shape)
+
+
+@functools.cache
+def operators() -> tuple[Any, Any]:
+    """``(lstm, gru)``: the custom operators ``yobx::lstm`` and ``yobx::gru``, defined
+    the first time a module is replaced by one in a process (defining one makes torch
+    look up its caller's source, which walks every module loaded the first time: see
+    :func:`yobx.torch.ops.checks.operators`)."""
+    lstm = torch.library.custom_op("yobx::lstm", mutates_args=())(_lstm)
+    lstm.register_fake(_lstm_fake)
+    gru = torch.library.custom_op("yobx::gru", mutates_args=())(_gru)
+    gru.register_fake(_gru_fake)
+    return lstm, gru
+
+
+def __getattr__(name: str) -> Any:
+    # `rnn.lstm` and `rnn.gru`, defined when first read
+    if name in ("lstm", "gru"):
+        return dict(zip(("lstm", "gru"), operators()))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _initial_state(module: torch.nn.RNNBase, x: torch.Tensor) -> torch.Tensor:
@@ -94,6 +111,7 @@ def leaf_module_call(module: torch.nn.Module, args: Sequence[Any], kwargs: dict)
     state = args[1] if len(args) > 1 else kwargs.get("hx")
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         return None
+    operators()
     common = (
         _rnn_weights(module),
         module.bias,
