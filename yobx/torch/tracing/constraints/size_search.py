@@ -119,11 +119,18 @@ def suggested_sizes(base: int, constants: Sequence[int]) -> list[int]:
     return _unique(candidates, base)
 
 
-def scanned_sizes(base: int, constants: Sequence[int]) -> list[int]:
+def scanned_sizes(base: int, constants: Sequence[int]) -> tuple[int, ...]:
     """:func:`suggested_sizes`, then every other size up to a bound."""
+    return _scanned_sizes(base, tuple(constants))
+
+
+@functools.lru_cache(maxsize=1024)
+def _scanned_sizes(base: int, constants: tuple[int, ...]) -> tuple[int, ...]:
+    # asked again for every block of every search (1162 times in the export of a
+    # decoder for generation, each listing hundreds of sizes): kept
     suggested = suggested_sizes(base, constants)
     bound = max(SCAN_BOUND, 4 * base + 1)
-    return suggested + _unique(range(bound), base, set(suggested))
+    return tuple(suggested + _unique(range(bound), base, set(suggested)))
 
 
 def _unique(values, base: int, seen: set[int] | None = None) -> list[int]:
@@ -149,7 +156,7 @@ def moves(
 
 def move_blocks(
     base: Mapping[Any, int], focus: Sequence[Any], constants: Sequence[int]
-) -> Iterator[tuple[dict[Any, int], Any, list[int]]]:
+) -> Iterator[tuple[dict[Any, int], Any, Sequence[int]]]:
     """:func:`moves` by blocks ``(fixed, variable, values)``: the changes
     ``{**fixed, variable: value}`` for each value in turn, in the same order. A search
     evaluates once per block what does not read ``variable``."""
