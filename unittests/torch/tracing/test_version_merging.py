@@ -142,3 +142,43 @@ def test_a_choice_on_a_division_is_not_evaluated_outside_its_side():
     assert _simple(sympy.Or(sympy.Ge(p, 1), sympy.Eq(s, 1)))
     assert not _simple(sympy.Ge(sympy.floor(s / p), 2))
     assert not _simple(sympy.Ge(s * p**-1, 2))
+
+
+class OneKey(torch.nn.Module):
+    """As transformers' masks: a decision on the single token that computes the same
+    (``is_causal`` with a mask), the empty cache read as ``0``, and a path of its own for
+    a single key (an empty cache and one token)."""
+
+    def forward(self, x, cache):
+        past = 0 if cache.shape[1] == 0 else cache.shape[1]
+        scale = 1 if (x.shape[1] != 1 and cache is None) else 2
+        keys = torch.cat([cache, x], dim=1)
+        if keys.shape[1] == 1:
+            return keys * 3, x + 1
+        return keys * scale, x + past
+
+
+def test_a_version_computing_as_one_side_of_the_next_choice_joins_its_condition():
+    """The single token with a cache computes as the first version, which sits behind
+    the next choice (one key or more): the first version takes both conditions at once
+    (`seq == 1 or past + seq != 1`); the empty cache keeps its own choice, the tree not
+    being a list of choices (see version_merging)."""
+    model = OneKey()
+    tracer, graph, gm = _trace(model, _inputs(2, 3, 5))
+    first, one_key, single_token, *empty = tracer.versions
+    assert "seq == 1" in single_token.when and single_token.computed_by is first
+    assert all(v.computed_by is None for v in (first, one_key, *empty))
+    assert _graphs(tracer) == len(tracer.versions) - 1
+    # one choice, at the top or in a choice's graph, joins two conditions
+    nodes = [*_cond_nodes(tracer), *(n for n in graph.nodes if isinstance(n.target, CondCCOp))]
+    conditions = [str(n.meta.get("yobx_version_condition")) for n in nodes]
+    assert any("|" in c for c in conditions), conditions
+    for sizes in _SIZES:
+        inputs = _inputs(*sizes)
+        assert_same(model(**inputs), gm(**inputs))
+
+
+def _cond_nodes(tracer) -> list:
+    """The ``cond`` nodes of the joined graph's choices, nested ones included."""
+    graphs = [m.graph for _, m in tracer.traced_model.named_modules() if hasattr(m, "graph")]
+    return [n for g in graphs for n in g.nodes if isinstance(n.target, CondCCOp)]

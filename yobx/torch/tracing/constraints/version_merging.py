@@ -252,7 +252,7 @@ class _Comparison:
     #: node of general's graph -> the corresponding node of pinned's
     pairs: dict[torch.fx.Node, torch.fx.Node] = dataclasses.field(default_factory=dict)
     #: the small tensors each graph computes from constants and sizes (see _folded)
-    folded: tuple[dict, dict] = ({}, {})
+    folded: tuple[dict, dict] = dataclasses.field(default_factory=lambda: ({}, {}))
 
     def alike(self) -> bool:
         if self._splits_empty_tensors():
@@ -613,6 +613,8 @@ def _pure(node: torch.fx.Node) -> bool:
         return name not in _WRITING_OPERATORS
     if name.endswith("_") and not name.endswith("__"):
         return False  # torch's convention for the functions writing into an argument
+    if name.startswith("__i") or name in ("__setitem__", "__delitem__"):
+        return False  # `x += 1`, `x[i] = v` as methods
     return node.op == "call_method" or module in _PURE_MODULES
 
 
