@@ -138,11 +138,11 @@ from yobx.torch.ops import checks, rnn
 from yobx.torch.onnx import to_onnx
 from yobx.models import tiny_lstm
 
-assert not rnn.operators.cache_info().currsize and not checks.operators.cache_info().currsize
+assert not rnn.defined() and not checks.defined()
 # the registry is built by a first export without any recurrent module
 x = torch.randn(2, 3)
 to_onnx(torch.nn.Linear(3, 4), (x,), dynamic_shapes=({0: "batch"},))
-assert not rnn.operators.cache_info().currsize
+assert not rnn.defined()
 model, args, kwargs, shapes = tiny_lstm()
 result = to_onnx(model, args, kwargs, dynamic_shapes=shapes, validate=True)
 assert result.validation.ok, result.validation.format()

@@ -363,9 +363,9 @@ def register_defined_operators(registry: Any) -> None:
     from .value_checks import gated_to_onnx, value_check_to_onnx
 
     translations = []
-    if checks.operators.cache_info().currsize:
+    if checks.defined():
         translations += [("value_check", value_check_to_onnx), ("gated", gated_to_onnx)]
-    if rnn.operators.cache_info().currsize:
+    if rnn.defined():
         translations += [("lstm", _lstm_to_onnx), ("gru", _gru_to_onnx)]
     for name, translation in translations:
         op = getattr(torch.ops.yobx, name).default

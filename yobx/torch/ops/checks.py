@@ -11,6 +11,7 @@ depend on the check (see :mod:`yobx.torch.onnx.value_checks` for their ONNX form
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import torch
@@ -38,7 +39,6 @@ def _gated_fake(value: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(value)
 
 
-@functools.cache
 def operators() -> tuple[Any, Any]:
     """``(value_check, gated)``: the custom operators ``yobx::value_check`` and
     ``yobx::gated``, defined the first time they are asked for in a process.
@@ -46,6 +46,22 @@ def operators() -> tuple[Any, Any]:
     Defining a custom operator makes torch look up its caller's source, and the first
     lookup of a process walks every module loaded: 0.1 s of the first export of a
     decoder, which has no check on tensor values."""
+    with _DEFINING:  # two threads exporting at once define them once
+        return _define_once()
+
+
+def defined() -> bool:
+    """Whether the operators were defined in this process."""
+    return _define_once.cache_info().currsize > 0
+
+
+#: held while the operators are defined
+_DEFINING = threading.Lock()
+
+
+@functools.cache
+def _define_once() -> tuple[Any, Any]:
+    # once per process (torch refuses a second definition)
     value_check = torch.library.custom_op("yobx::value_check", mutates_args=())(_value_check)
     value_check.register_fake(_value_check_fake)
     gated = torch.library.custom_op("yobx::gated", mutates_args=())(_gated)
@@ -61,4 +77,4 @@ def __getattr__(name: str) -> Any:
 
 
 # `value_check` and `gated` are read through __getattr__ (defined when first read)
-__all__ = ["operators"]
+__all__ = ["defined", "operators"]

@@ -11,6 +11,7 @@ recurrence as one ONNX ``LSTM``/``GRU`` operator (see ``yobx.torch.onnx.custom_o
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,12 +72,27 @@ def _gru_fake(x, h0, weights, has_biases, num_layers, bidirectional, batch_first
     return x.new_empty(out_shape), h0.new_empty(h0.shape)
 
 
-@functools.cache
 def operators() -> tuple[Any, Any]:
     """``(lstm, gru)``: the custom operators ``yobx::lstm`` and ``yobx::gru``, defined
     the first time a module is replaced by one in a process (defining one makes torch
     look up its caller's source, which walks every module loaded the first time: see
     :func:`yobx.torch.ops.checks.operators`)."""
+    with _DEFINING:  # two threads exporting at once define them once
+        return _define_once()
+
+
+def defined() -> bool:
+    """Whether the operators were defined in this process."""
+    return _define_once.cache_info().currsize > 0
+
+
+#: held while the operators are defined
+_DEFINING = threading.Lock()
+
+
+@functools.cache
+def _define_once() -> tuple[Any, Any]:
+    # once per process (torch refuses a second definition)
     lstm = torch.library.custom_op("yobx::lstm", mutates_args=())(_lstm)
     lstm.register_fake(_lstm_fake)
     gru = torch.library.custom_op("yobx::gru", mutates_args=())(_gru)
