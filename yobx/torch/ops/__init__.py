@@ -1,5 +1,5 @@
 """Custom operators used by both capture (tracing) and export (onnx), defined the first
-time they are needed (see :func:`yobx.torch.ops.checks.operators`)."""
+time they are needed (see :mod:`yobx.torch.ops._lazy`)."""
 
 from typing import Any
 

@@ -10,11 +10,11 @@ depend on the check (see :mod:`yobx.torch.onnx.value_checks` for their ONNX form
 
 from __future__ import annotations
 
-import functools
-import threading
 from typing import Any
 
 import torch
+
+from ._lazy import LazyOperators
 
 
 def _value_check(condition: torch.Tensor, message: str) -> torch.Tensor:
@@ -39,41 +39,24 @@ def _gated_fake(value: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(value)
 
 
-def operators() -> tuple[Any, Any]:
-    """``(value_check, gated)``: the custom operators ``yobx::value_check`` and
-    ``yobx::gated``, defined the first time they are asked for in a process.
-
-    Defining a custom operator makes torch look up its caller's source, and the first
-    lookup of a process walks every module loaded: 0.1 s of the first export of a
-    decoder, which has no check on tensor values."""
-    with _DEFINING:  # two threads exporting at once define them once
-        return _define_once()
-
-
-def defined() -> bool:
-    """Whether the operators were defined in this process."""
-    return _define_once.cache_info().currsize > 0
-
-
-#: held while the operators are defined
-_DEFINING = threading.Lock()
-
-
-@functools.cache
-def _define_once() -> tuple[Any, Any]:
-    # once per process (torch refuses a second definition)
+def _define() -> dict[str, Any]:
     value_check = torch.library.custom_op("yobx::value_check", mutates_args=())(_value_check)
     value_check.register_fake(_value_check_fake)
     gated = torch.library.custom_op("yobx::gated", mutates_args=())(_gated)
     gated.register_fake(_gated_fake)
-    return value_check, gated
+    return {"value_check": value_check, "gated": gated}
+
+
+#: the custom operators ``yobx::value_check`` and ``yobx::gated`` by name, defined the
+#: first time they are asked for (``operators()``) in a process: see :mod:`._lazy`
+operators = LazyOperators(("value_check", "gated"), _define)
+#: whether they were defined in this process
+defined = operators.defined
 
 
 def __getattr__(name: str) -> Any:
-    # `checks.value_check` and `checks.gated`, defined when first read
-    if name in ("value_check", "gated"):
-        return dict(zip(("value_check", "gated"), operators()))[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # `value_check` and `gated`, defined when first read
+    return operators.attribute(__name__, name)
 
 
 # `value_check` and `gated` are read through __getattr__ (defined when first read)

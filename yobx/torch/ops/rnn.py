@@ -10,12 +10,12 @@ recurrence as one ONNX ``LSTM``/``GRU`` operator (see ``yobx.torch.onnx.custom_o
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from ._lazy import LazyOperators
 
 
 def _rnn_weights(module: torch.nn.RNNBase) -> list[torch.Tensor]:
@@ -72,39 +72,24 @@ def _gru_fake(x, h0, weights, has_biases, num_layers, bidirectional, batch_first
     return x.new_empty(out_shape), h0.new_empty(h0.shape)
 
 
-def operators() -> tuple[Any, Any]:
-    """``(lstm, gru)``: the custom operators ``yobx::lstm`` and ``yobx::gru``, defined
-    the first time a module is replaced by one in a process (defining one makes torch
-    look up its caller's source, which walks every module loaded the first time: see
-    :func:`yobx.torch.ops.checks.operators`)."""
-    with _DEFINING:  # two threads exporting at once define them once
-        return _define_once()
-
-
-def defined() -> bool:
-    """Whether the operators were defined in this process."""
-    return _define_once.cache_info().currsize > 0
-
-
-#: held while the operators are defined
-_DEFINING = threading.Lock()
-
-
-@functools.cache
-def _define_once() -> tuple[Any, Any]:
-    # once per process (torch refuses a second definition)
+def _define() -> dict[str, Any]:
     lstm = torch.library.custom_op("yobx::lstm", mutates_args=())(_lstm)
     lstm.register_fake(_lstm_fake)
     gru = torch.library.custom_op("yobx::gru", mutates_args=())(_gru)
     gru.register_fake(_gru_fake)
-    return lstm, gru
+    return {"lstm": lstm, "gru": gru}
+
+
+#: the custom operators ``yobx::lstm`` and ``yobx::gru`` by name, defined the first
+#: time a module is replaced by one (``operators()``) in a process: see :mod:`._lazy`
+operators = LazyOperators(("lstm", "gru"), _define)
+#: whether they were defined in this process
+defined = operators.defined
 
 
 def __getattr__(name: str) -> Any:
-    # `rnn.lstm` and `rnn.gru`, defined when first read
-    if name in ("lstm", "gru"):
-        return dict(zip(("lstm", "gru"), operators()))[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # `lstm` and `gru`, defined when first read
+    return operators.attribute(__name__, name)
 
 
 def _initial_state(module: torch.nn.RNNBase, x: torch.Tensor) -> torch.Tensor:
