@@ -64,6 +64,13 @@ def _graphs(tracer) -> int:
     return len(names) or 1
 
 
+def _check_every_side(model, gm) -> None:
+    """The joined graph matches eager on sizes selecting every version."""
+    for sizes in _SIZES:
+        inputs = _inputs(*sizes)
+        assert_same(model(**inputs), gm(**inputs))
+
+
 def _trace(model, inputs):
     return trace_module(model, inputs, _DIMS, tracer_kwargs={"runtime_checks": False})
 
@@ -79,9 +86,7 @@ def test_the_versions_of_an_empty_cache_share_the_branch_of_the_others():
     # without a batch, the positions start at 0 instead of past: another graph
     assert no_batch.computed_by is None
     assert _conds(graph) == 1 and _graphs(tracer) == 2
-    for sizes in _SIZES:
-        inputs = _inputs(*sizes)
-        assert_same(model(**inputs), gm(**inputs))
+    _check_every_side(model, gm)
 
 
 def test_versions_computing_otherwise_keep_their_branch():
@@ -92,9 +97,7 @@ def test_versions_computing_otherwise_keep_their_branch():
     assert len(tracer.versions) == 4 and len(merged) == 2, [str(v) for v in tracer.versions]
     assert all(v.computed_by.computed_by is None for v in merged)
     assert _conds(graph) == 1 and _graphs(tracer) == 2
-    for sizes in _SIZES:
-        inputs = _inputs(*sizes)
-        assert_same(model(**inputs), gm(**inputs))
+    _check_every_side(model, gm)
 
 
 def test_versions_whose_shapes_differ_at_the_pinned_size_keep_their_branch():
@@ -104,9 +107,7 @@ def test_versions_whose_shapes_differ_at_the_pinned_size_keep_their_branch():
     assert all(v.computed_by is None for v in tracer.versions)
     assert not computes_alike(*tracer.versions) and not computes_alike(*tracer.versions[::-1])
     assert _conds(graph) == 1 and _graphs(tracer) == 2
-    for sizes in _SIZES:
-        inputs = _inputs(*sizes)
-        assert_same(model(**inputs), gm(**inputs))
+    _check_every_side(model, gm)
 
 
 def test_a_graph_checking_its_inputs_keeps_every_version():
@@ -115,9 +116,7 @@ def test_a_graph_checking_its_inputs_keeps_every_version():
     tracer, graph, gm = trace_module(model, _inputs(2, 3, 5), _DIMS)
     assert len(tracer.versions) == 3 and _graphs(tracer) == 3
     assert all(v.computed_by is None for v in tracer.versions)
-    for sizes in _SIZES:
-        inputs = _inputs(*sizes)
-        assert_same(model(**inputs), gm(**inputs))
+    _check_every_side(model, gm)
 
 
 @pytest.mark.parametrize("model", [EmptyCache(), SingleToken(), SqueezedRow()])
@@ -173,9 +172,7 @@ def test_a_version_computing_as_one_side_of_the_next_choice_joins_its_condition(
     nodes = [*_cond_nodes(tracer), *(n for n in graph.nodes if isinstance(n.target, CondCCOp))]
     conditions = [str(n.meta.get("yobx_version_condition")) for n in nodes]
     assert any("|" in c for c in conditions), conditions
-    for sizes in _SIZES:
-        inputs = _inputs(*sizes)
-        assert_same(model(**inputs), gm(**inputs))
+    _check_every_side(model, gm)
 
 
 def _cond_nodes(tracer) -> list:

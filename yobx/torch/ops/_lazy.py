@@ -13,14 +13,20 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 
 class LazyOperators:
-    """The operators ``names`` that ``define`` defines and returns by name, defined on
-    the first call."""
+    """Custom operators without mutated arguments, defined on the first call.
 
-    def __init__(self, names: tuple[str, ...], define: Callable[[], dict[str, Any]]) -> None:
-        self.names = names
-        self._define = define
+    :param specs: by name, ``(qualified name, function, fake function)``: the operator
+        ``torch.library.custom_op(qualified name)(function)`` whose fake kernel is the
+        fake function
+    """
+
+    def __init__(self, specs: dict[str, tuple[str, Callable, Callable]]) -> None:
+        self.names = tuple(specs)
+        self._specs = specs
         self._lock = threading.Lock()
         self._operators: dict[str, Any] | None = None
 
@@ -28,7 +34,11 @@ class LazyOperators:
         """The operators, by name, defined now if they were not."""
         with self._lock:
             if self._operators is None:
-                self._operators = self._define()
+                operators = {}
+                for name, (qualified, function, fake) in self._specs.items():
+                    operators[name] = torch.library.custom_op(qualified, mutates_args=())(function)
+                    operators[name].register_fake(fake)
+                self._operators = operators
             return self._operators
 
     def defined(self) -> bool:

@@ -39,17 +39,14 @@ def _gated_fake(value: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(value)
 
 
-def _define() -> dict[str, Any]:
-    value_check = torch.library.custom_op("yobx::value_check", mutates_args=())(_value_check)
-    value_check.register_fake(_value_check_fake)
-    gated = torch.library.custom_op("yobx::gated", mutates_args=())(_gated)
-    gated.register_fake(_gated_fake)
-    return {"value_check": value_check, "gated": gated}
-
-
 #: the custom operators ``yobx::value_check`` and ``yobx::gated`` by name, defined the
 #: first time they are asked for (``operators()``) in a process: see :mod:`._lazy`
-operators = LazyOperators(("value_check", "gated"), _define)
+operators = LazyOperators(
+    {
+        "value_check": ("yobx::value_check", _value_check, _value_check_fake),
+        "gated": ("yobx::gated", _gated, _gated_fake),
+    }
+)
 #: whether they were defined in this process
 defined = operators.defined
 

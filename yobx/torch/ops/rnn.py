@@ -72,17 +72,14 @@ def _gru_fake(x, h0, weights, has_biases, num_layers, bidirectional, batch_first
     return x.new_empty(out_shape), h0.new_empty(h0.shape)
 
 
-def _define() -> dict[str, Any]:
-    lstm = torch.library.custom_op("yobx::lstm", mutates_args=())(_lstm)
-    lstm.register_fake(_lstm_fake)
-    gru = torch.library.custom_op("yobx::gru", mutates_args=())(_gru)
-    gru.register_fake(_gru_fake)
-    return {"lstm": lstm, "gru": gru}
-
-
 #: the custom operators ``yobx::lstm`` and ``yobx::gru`` by name, defined the first
 #: time a module is replaced by one (``operators()``) in a process: see :mod:`._lazy`
-operators = LazyOperators(("lstm", "gru"), _define)
+operators = LazyOperators(
+    {
+        "lstm": ("yobx::lstm", _lstm, _lstm_fake),
+        "gru": ("yobx::gru", _gru, _gru_fake),
+    }
+)
 #: whether they were defined in this process
 defined = operators.defined
 

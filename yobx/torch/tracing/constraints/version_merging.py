@@ -420,11 +420,7 @@ class _Comparison:
         if isinstance(a, torch.fx.Node) or isinstance(b, torch.fx.Node):
             return isinstance(a, torch.fx.Node) and self.pairs.get(a) is b
         if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
-            return (
-                type(a) is type(b)
-                and len(a) == len(b)
-                and all(self._same(x, y) for x, y in zip(a, b))
-            )
+            return type(a) is type(b) and _pairwise(a, b, self._same)
         if isinstance(a, dict) or isinstance(b, dict):
             return (
                 type(a) is type(b) and list(a) == list(b) and all(self._same(a[k], b[k]) for k in a)
@@ -447,14 +443,7 @@ class _Comparison:
     def _same_size(self, a: Any, b: Any) -> bool:
         value_a = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
         value_b = b.meta.get("val") if isinstance(b, torch.fx.Node) else b
-        if isinstance(value_a, (tuple, list)) or isinstance(value_b, (tuple, list)):
-            return (
-                isinstance(value_a, (tuple, list))
-                and isinstance(value_b, (tuple, list))
-                and len(value_a) == len(value_b)
-                and all(self._same_number(x, y) for x, y in zip(value_a, value_b))
-            )
-        return self._same_number(value_a, value_b)
+        return self._same_value(value_a, value_b)
 
     def _same_number(self, a: Any, b: Any) -> bool:
         """Whether two numbers (sizes, flags, scalars) are equal on pinned's inputs."""
@@ -490,15 +479,20 @@ class _Comparison:
                 and all(self._same_number(x, y) for x, y in zip(a.shape, b.shape))
             )
         if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
-            return (
-                isinstance(a, (tuple, list))
-                and isinstance(b, (tuple, list))
-                and len(a) == len(b)
-                and all(self._same_value(x, y) for x, y in zip(a, b))
-            )
+            return _pairwise(a, b, self._same_value)
         if isinstance(a, _SCALARS) or isinstance(b, _SCALARS):
             return self._same_number(a, b)
         return type(a) is type(b)
+
+
+def _pairwise(a: Any, b: Any, same: Any) -> bool:
+    """Whether ``a`` and ``b`` are sequences of one length whose items are ``same``."""
+    return (
+        isinstance(a, (tuple, list))
+        and isinstance(b, (tuple, list))
+        and len(a) == len(b)
+        and all(same(x, y) for x, y in zip(a, b))
+    )
 
 
 def _expression(value: Any, version: Version) -> sympy.Basic | None:
