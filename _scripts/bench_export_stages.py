@@ -8,8 +8,11 @@ them, and caches included) and the median of the
 others, in all and for each stage of ``to_onnx`` (``capture``, ``lower``,
 ``translate``, ``optimize``...)::
 
-    python _scripts/bench_export_stages.py [--repeat 5] [--root DIR] [NAME ...]
+    python _scripts/bench_export_stages.py [--repeat 5] [--root DIR] [--after-onnx] [NAME ...]
 
+``--after-onnx`` first runs what ``compare_hf_exporters`` runs before it times yobx
+(a greedy generation, then transformers' ``OnnxExporter``), which imports and warms
+part of what yobx's first export uses.
 ``--root`` imports yobx from another checkout (its ``_scripts`` must hold
 ``compare_hf_exporters.py`` too): two runs compare two versions of the code.
 """
@@ -31,6 +34,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("names", nargs="*", default=["LlamaForCausalLM"])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--root", default=os.path.dirname(os.path.dirname(__file__)))
+    parser.add_argument(
+        "--after-onnx",
+        action="store_true",
+        help="first generate eagerly and export with transformers' OnnxExporter, as "
+        "compare_hf_exporters does before timing yobx",
+    )
     args = parser.parse_args(argv)
     root = os.path.abspath(args.root)
     sys.path[:0] = [root, os.path.join(root, "_scripts")]
@@ -45,13 +54,26 @@ def main(argv: list[str]) -> None:
     for name in args.names:
         model = build_generator(types[name], name)
         ids, mask = prompt(min(int(model.config.vocab_size), 128), 2, 5, padded=True)
+        if args.after_onnx:
+            _as_compare_does(model, ids, mask)
         totals, stages = _exports(model, ids, mask, args.repeat)
         warm = {k: statistics.median(v[1:]) for k, v in stages.items() if len(v) > 1}
         print(
             f"{name}: first {totals[0]:.2f} s (import included), warm median "
             f"{statistics.median(totals[1:]):.2f} s over {len(totals) - 1}"
         )
-        print("   " + "  ".join(f"{k} {v:.3f}" for k, v in warm.items()))
+        print("   first: " + "  ".join(f"{k} {v[0]:.3f}" for k, v in stages.items()))
+        print("   warm:  " + "  ".join(f"{k} {v:.3f}" for k, v in warm.items()))
+
+
+def _as_compare_does(model, ids, mask) -> None:
+    """What ``compare_hf_exporters`` runs in the process before it times yobx."""
+    from transformers.exporters import OnnxConfig, OnnxExporter
+
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+    OnnxExporter().export_for_generation(
+        model, {"input_ids": ids, "attention_mask": mask}, OnnxConfig(dynamic=True)
+    )
 
 
 def _exports(model, ids, mask, repeat: int) -> tuple[list[float], dict[str, list[float]]]:
