@@ -54,6 +54,7 @@ from yobx.torch.onnx.save import (
 )
 from yobx.torch.onnx.translate import build_model
 from yobx.torch.onnx.value_checks import gate_value_checks
+from yobx.torch.onnx.version_guards import check_version_lowering_guards, version_snapshots
 from yobx.torch.onnx.weight_layout import store_weights_transposed
 from yobx.torch.onnx.weights import (
     AppliedWeights,
@@ -577,11 +578,14 @@ def _lower(captured: Any, direct: bool, info: dict) -> Any:
     lowering adds are judged against what the capture knew."""
     dims = getattr(captured.tracer, "dims", None)
     known = dims.snapshot() if dims is not None else None
+    snapshots = version_snapshots(captured.tracer)
     lowered = lower_to_aten(captured.graph_module, opset=DEFAULT_OPSET, direct=direct)
     info["aten_nodes"] = len(lowered.graph_module.graph.nodes)
     info["direct"] = lowered.n_direct
     info["recorded"] = lowered.n_recorded
     adopt_lowering_guards(captured, lowered, known)
+    # each version's branch was lowered alone: its decisions, checked where it is chosen
+    check_version_lowering_guards(captured, lowered, snapshots, known)
     return lowered
 
 

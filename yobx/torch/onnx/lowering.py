@@ -77,6 +77,11 @@ class LoweredGraph:
         in the versions' graphs too
     :param n_recorded: how many torch-level nodes were recorded outside make_fx
         (:mod:`yobx.torch.onnx.recorded_lowering`), in the versions' graphs too
+    :param version_guards: the guards torch added while lowering a version's branch
+        alone (in the version's own ShapeEnv, see :mod:`.version_lowering`), with the
+        version's dimensions (the branch's ``meta[DIMENSIONS_KEY]``): a branch lists
+        its own, the graph choosing between versions every branch's that has some;
+        judged by :func:`~yobx.torch.onnx.declared.check_version_lowering_guards`
     """
 
     graph_module: torch.fx.GraphModule
@@ -88,6 +93,9 @@ class LoweredGraph:
     guards: list[tuple[Any, torch.fx.Node]] = dataclasses.field(default_factory=list)
     n_direct: int = 0
     n_recorded: int = 0
+    version_guards: list[tuple[Any, list[tuple[Any, torch.fx.Node]]]] = dataclasses.field(
+        default_factory=list
+    )
 
 
 def _fake_mode_of(graph_module: torch.fx.GraphModule) -> FakeTensorMode:
@@ -557,7 +565,10 @@ def _lower_versions(
         for branch in node.args[1:3]:
             module = operator.attrgetter(branch.target)(graph_module)
             if id(module) not in lowered:
-                lowered[id(module)] = lower_to_aten(module, opset, direct, _branches=lowered)
+                low = lower_to_aten(module, opset, direct, _branches=lowered)
+                # a branch's own decisions are judged with its version's knowledge
+                low.version_guards.append((module.meta.get(DIMENSIONS_KEY), low.guards))
+                lowered[id(module)] = low
 
 
 def lower_to_aten(
@@ -655,4 +666,11 @@ def lower_to_aten(
         guards=guards,
         n_direct=counts["direct"],
         n_recorded=counts["recorded"],
+        version_guards=_guards_of_versions(branches) if _branches is None else [],
     )
+
+
+def _guards_of_versions(branches: dict[int, LoweredGraph]) -> list:
+    """The guards of every version's branch lowered alone, with the version's
+    dimensions, for the branches that have some (:attr:`LoweredGraph.version_guards`)."""
+    return [entry for low in branches.values() for entry in low.version_guards if entry[1]]

@@ -146,7 +146,7 @@ class Version:
         implied = {
             id(fact.constraint)
             for fact in self.tracer.refinements.adopted
-            if self.conditions and _implied(dims.user_expression(fact.condition), path)
+            if self.conditions and implied_by(dims.user_expression(fact.condition), path)
         }
         when = self.when
         return [
@@ -346,7 +346,7 @@ class Versioning:
         # in the trace are the sides it was captured on)
         before = [c for p, c, _ in taken if p < position]
         sides = [*path, *(c.condition for c in before)]
-        if sides and _implied(user, sympy.And(*sides)):
+        if sides and implied_by(user, sympy.And(*sides)):
             return None  # what the version's conditions imply: no other side
         negation = sympy.Not(user)
         location = fact.constraint.location
@@ -613,7 +613,7 @@ def version_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck
     checks = declared_checks(dims)
     for version, path, mapped in per_version:
         for check in mapped:
-            if _implied(check.condition, path):
+            if implied_by(check.condition, path):
                 continue  # `(h//8)**2 + 1 == 17` where `h == w` and `(h//8)*(w//8) == 16`
             if check.condition in common:
                 if all(c.condition != check.condition for c in checks):
@@ -673,7 +673,7 @@ def pinned_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]
         for name, size in pinned_sizes(version).items():
             if name not in dims.by_name:
                 continue
-            if _implied(sympy.Ge(sympy.Symbol(name, integer=True), size), user_path):
+            if implied_by(sympy.Ge(sympy.Symbol(name, integer=True), size), user_path):
                 continue  # the sizes below have versions (Versioning._below_pinned)
             at_least = sympy.Ge(dims.by_name[name].node._expr, size)
             checks.append(
@@ -725,7 +725,7 @@ def _holds_at(condition: sympy.Basic, symbol: sympy.Symbol, size: int) -> bool |
     return None
 
 
-def _implied(condition: sympy.Basic, path: sympy.Basic) -> bool:
+def implied_by(condition: sympy.Basic, path: sympy.Basic) -> bool:
     """``condition`` follows from the equalities of ``path`` by substitution: a
     dimension equal to another replaced by it, then an expression equal to a number
     replaced by it (a check that no size can break, nor validation exercise)."""
@@ -810,6 +810,7 @@ __all__ = [
     "example_beyond",
     "example_sizes",
     "find_witness",
+    "implied_by",
     "in_dimensions",
     "leaves",
     "version_checks",

@@ -72,6 +72,17 @@ class TraceResultsMixin(MixinBase):
             return []
         return graph_checks(self.dims, self.refinements)
 
+    def set_version_assumptions(
+        self, constraints: list[Constraint], checks: list[RuntimeCheck]
+    ) -> None:
+        """Replaces what the last trace, which chose between versions, assumes of its
+        inputs (``constraints``, ``checks``): an export adds what the lowering of the
+        versions' graphs decided (see :mod:`yobx.torch.onnx.version_guards`)."""
+        if self._version_checks is None:
+            raise ValueError("the last trace did not choose between versions")
+        self._version_constraints: list[Constraint] | None = list(constraints)
+        self._version_checks: list[RuntimeCheck] | None = list(checks)
+
     @property
     def range_constraints(self) -> dict[str, tuple[int | float, int | float]]:
         """The range of every named dimension, ``math.inf`` when unbounded (last trace)."""
