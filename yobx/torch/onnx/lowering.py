@@ -183,6 +183,9 @@ class _LoweringInterpreter(torch.fx.Interpreter):
         self.n_recorded = 0
         #: YOBX_CHECK_SHAPE_RULES: each direct value is compared with torch's
         self.check = shape_rules.check_enabled()
+        #: ids of the guards torch's kernels added for those comparisons: decisions of
+        #: the check, not of the lowering (the graph is written by the rules)
+        self._check_guards: set[int] = set()
         self._last: torch.fx.Node | None = None
         self._node: torch.fx.Node | None = None
 
@@ -217,7 +220,9 @@ class _LoweringInterpreter(torch.fx.Interpreter):
                 node,
             ) from exc
         # a decision torch took again from the example while lowering this node
-        self.guards.extend((guard, node) for guard in guards[n_guards:])
+        self.guards.extend(
+            (guard, node) for guard in guards[n_guards:] if id(guard) not in self._check_guards
+        )
         if node.meta.get("unbacked_bindings"):
             # the op made new symbols for its data-dependent sizes: they are the
             # capture's (``u0`` stays ``u0``, so the ONNX dimension keeps its name)
@@ -260,10 +265,13 @@ class _LoweringInterpreter(torch.fx.Interpreter):
             return NotImplemented
         if self.check:
             op, call_args, call_kwargs = call
+            guards = self.shape_env.guards if self.shape_env is not None else []
+            n_guards = len(guards)
             # outside make_fx's graph: comparing sizes is symbolic arithmetic too
             with proxy_tensor.disable_proxy_modes_tracing():
                 expected = op(*call_args, **call_kwargs)
                 direct_lowering.check_value(value, expected, str(op))
+            self._check_guards.update(map(id, guards[n_guards:]))
         self.n_direct += 1
         return value
 
