@@ -81,7 +81,7 @@ class LoweredGraph:
         alone (in the version's own ShapeEnv, see :mod:`.version_lowering`), with the
         version's dimensions (the branch's ``meta[DIMENSIONS_KEY]``): a branch lists
         its own, the graph choosing between versions every branch's that has some;
-        judged by :func:`~yobx.torch.onnx.declared.check_version_lowering_guards`
+        judged by :func:`~yobx.torch.onnx.version_guards.check_version_lowering_guards`
     """
 
     graph_module: torch.fx.GraphModule
