@@ -14,12 +14,15 @@ compute what eager computes, on sizes selecting every version: ``seq`` and ``pas
 
 ::
 
-    python _scripts/fuzz_version_merging.py --count 300 [--start 0] [--show]
+    python _scripts/fuzz_version_merging.py --count 300 [--start 0] [--show] [--make-fx]
 
 prints the outcome counts: ``correct``, ``narrowed`` (onnxruntime refused sizes with an
 error naming a check of the model), ``refused`` (the export raised), ``wrong`` (a value
 differs from eager, or onnxruntime failed otherwise: must never happen), and how many
-programs had versions merged.
+programs had versions merged. ``--make-fx`` lowers every node through make_fx
+(``to_onnx(direct_lowering=False)``), whose kernels take decisions on each version's
+example that the direct rules do not: the export judges them
+(:mod:`yobx.torch.onnx.version_guards`).
 """
 
 from __future__ import annotations
@@ -118,8 +121,9 @@ def _close(expected, got) -> bool:
     )
 
 
-def run(seed: int) -> tuple[str, str, int]:
-    """``(outcome, message, merged versions)`` of the program of ``seed``."""
+def run(seed: int, direct_lowering: bool = True) -> tuple[str, str, int]:
+    """``(outcome, message, merged versions)`` of the program of ``seed``
+    (``direct_lowering``: see :func:`~yobx.torch.onnx.to_onnx`)."""
     import onnxruntime
     import torch
 
@@ -142,7 +146,9 @@ def run(seed: int) -> tuple[str, str, int]:
     merged = sum(v.computed_by is not None for v in tracer.versions)
     module = torch.fx.GraphModule(tracer.traced_model, graph)
     try:
-        result = to_onnx(model, (), inputs(*SIZES[0]), dynamic_shapes=DIMS)
+        result = to_onnx(
+            model, (), inputs(*SIZES[0]), dynamic_shapes=DIMS, direct_lowering=direct_lowering
+        )
     except Exception as e:
         return "refused", f"to_onnx: {type(e).__name__}: {str(e).splitlines()[0][:200]}", merged
     options = onnxruntime.SessionOptions()
@@ -182,6 +188,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--show", action="store_true", help="print each failing program")
+    parser.add_argument(
+        "--make-fx",
+        action="store_true",
+        help="lower every node through make_fx (to_onnx(direct_lowering=False)): torch's "
+        "kernels then take decisions on each version's example, which the export judges "
+        "(yobx.torch.onnx.version_guards)",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     import logging
@@ -191,7 +204,7 @@ def main(argv: list[str]) -> None:
     merged_programs = 0
     start = time.perf_counter()
     for seed in range(args.start, args.start + args.count):
-        outcome, message, merged = run(seed)
+        outcome, message, merged = run(seed, direct_lowering=not args.make_fx)
         counts[outcome] += 1
         merged_programs += merged > 0
         if outcome in ("wrong", "refused") or (args.show and outcome == "narrowed"):
