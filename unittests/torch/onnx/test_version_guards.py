@@ -117,8 +117,12 @@ def test_a_merged_version_checks_the_decisions_of_the_graph_computing_it():
     _, passes = _judged(lambda d: sympy.Ge(d, 4), merge=True)
     assert not passes(3)
     assert passes(4) and passes(10)
-    _, passes = _judged(lambda d: sympy.Le(d, 40), merge=True)
+    captured, passes = _judged(lambda d: sympy.Le(d, 40), merge=True)
     assert passes(3) and not passes(41)
+    merged = [c for c in captured.tracer.checks if c.expression.endswith("when (d + 2 == 5)")]
+    assert not merged, merged
+    _, passes = _judged(lambda d: sympy.Ge(d, 4), merge=False)
+    assert passes(3)  # not merged: the version d == 3 runs its own graph
 
 
 def test_a_decision_of_the_graph_choosing_between_versions_is_checked_for_every_input():

@@ -242,6 +242,10 @@ def test_a_check_implied_by_its_version_conditions_is_dropped():
     assert not implied_by(sympy.Eq(FloorDiv(h, 8) ** 2 + 1, 18), square)
     shifted = sympy.Eq((h - 10) * (w - 10), 16)
     assert not implied_by(sympy.Ne(Max(1, h - 10) * Max(1, w - 10), 1), shifted)
+    # a decision as the model wrote it, linear in one size: solved for it
+    assert implied_by(sympy.Le(h, 40), sympy.Eq(h + 2, 5))
+    assert not implied_by(sympy.Le(h, 2), sympy.Eq(h + 2, 5))
+    assert not implied_by(sympy.Le(h, 40), sympy.Eq(2 * h, 5))  # no integer solution
 
 
 def test_position_interpolation_is_exact_on_every_side_without_constraints():

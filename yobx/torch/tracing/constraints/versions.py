@@ -738,6 +738,8 @@ def implied_by(condition: sympy.Basic, path: sympy.Basic) -> bool:
             renames[fact.lhs] = fact.rhs
         elif fact.rhs.is_Symbol and fact.rhs not in renames:
             renames[fact.rhs] = fact.lhs
+        else:
+            renames.update(_solved(fact, renames))
     condition = condition.xreplace(renames)
     values, positive = {}, set()
     for fact in facts:
@@ -754,6 +756,20 @@ def implied_by(condition: sympy.Basic, path: sympy.Basic) -> bool:
     at_least_one = {m: m.args[1] for m in condition.atoms(Max, sympy.Max) if _one_and(m, positive)}
     condition = condition.xreplace(at_least_one)
     return condition.xreplace(values) is sympy.true
+
+
+def _solved(fact: sympy.Eq, renames: dict) -> dict:
+    """``{d: 3}`` for an equality linear in one symbol with an integer solution (``d + 2
+    == 5``, a decision as the model wrote it), else nothing."""
+    (symbol, *others) = fact.free_symbols or {None}
+    if symbol is None or others or symbol in renames:
+        return {}
+    difference = fact.lhs - fact.rhs
+    if not difference.is_polynomial(symbol) or sympy.degree(difference, symbol) != 1:
+        return {}
+    slope, offset = sympy.Poly(difference, symbol).all_coeffs()
+    value = -offset / slope
+    return {symbol: value} if value.is_Integer else {}
 
 
 def _never_negative(factor: sympy.Basic) -> bool:
