@@ -24,11 +24,8 @@ from ..ops.rnn import leaf_module_call
 __all__ = ["leaf_module_call", "register_defined_operators", "register_translations"]
 
 
-def __getattr__(name: str) -> Any:
-    # the custom operators, defined when first read (yobx.torch.ops)
-    if name in ("lstm", "gru"):
-        return getattr(rnn, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: the custom operators, defined when first read (yobx.torch.ops)
+__getattr__ = rnn.operators.module_getattr(__name__)
 
 
 _op = onnxscript.opset18

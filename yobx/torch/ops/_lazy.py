@@ -45,9 +45,13 @@ class LazyOperators:
         """Whether the operators were defined in this process."""
         return self._operators is not None
 
-    def attribute(self, module: str, name: str) -> Any:
-        """What the ``__getattr__`` of ``module`` returns for ``name``: one of the
-        operators (defined when first read)."""
-        if name not in self.names:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        return self()[name]
+    def module_getattr(self, module: str) -> Callable[[str], Any]:
+        """The ``__getattr__`` of ``module`` (PEP 562) giving these operators by name,
+        defined when first read."""
+
+        def attribute(name: str) -> Any:
+            if name not in self.names:
+                raise AttributeError(f"module {module!r} has no attribute {name!r}")
+            return self()[name]
+
+        return attribute

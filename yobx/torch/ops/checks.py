@@ -10,8 +10,6 @@ depend on the check (see :mod:`yobx.torch.onnx.value_checks` for their ONNX form
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ._lazy import LazyOperators
@@ -50,10 +48,8 @@ operators = LazyOperators(
 #: whether they were defined in this process
 defined = operators.defined
 
-
-def __getattr__(name: str) -> Any:
-    # `value_check` and `gated`, defined when first read
-    return operators.attribute(__name__, name)
+#: `value_check` and `gated`, defined when first read
+__getattr__ = operators.module_getattr(__name__)
 
 
 # `value_check` and `gated` are read through __getattr__ (defined when first read)

@@ -83,10 +83,8 @@ operators = LazyOperators(
 #: whether they were defined in this process
 defined = operators.defined
 
-
-def __getattr__(name: str) -> Any:
-    # `lstm` and `gru`, defined when first read
-    return operators.attribute(__name__, name)
+#: `lstm` and `gru`, defined when first read
+__getattr__ = operators.module_getattr(__name__)
 
 
 def _initial_state(module: torch.nn.RNNBase, x: torch.Tensor) -> torch.Tensor:

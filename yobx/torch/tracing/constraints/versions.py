@@ -761,8 +761,10 @@ def implied_by(condition: sympy.Basic, path: sympy.Basic) -> bool:
 def _solved(fact: sympy.Eq, renames: dict) -> dict:
     """``{d: 3}`` for an equality linear in one symbol with an integer solution (``d + 2
     == 5``, a decision as the model wrote it), else nothing."""
-    (symbol, *others) = fact.free_symbols or {None}
-    if symbol is None or others or symbol in renames:
+    if len(fact.free_symbols) != 1:
+        return {}
+    (symbol,) = fact.free_symbols
+    if symbol in renames:
         return {}
     difference = fact.lhs - fact.rhs
     if not difference.is_polynomial(symbol) or sympy.degree(difference, symbol) != 1:
