@@ -32,7 +32,7 @@ import torch
 import torch.utils._pytree as pytree
 from passes_fuzz_programs import SIZES, Program, generate
 
-from yobx.torch.passes import STORAGE_KEY, WRITE_BACK_KEY, mark_storages, run_default_passes
+from yobx.torch.passes import WRITE_BACK_KEY, run_default_passes
 from yobx.torch.passes.aliasing import writes
 
 TOOLS = ("tracer", "tracer_default", "symbolic_trace", "export")
@@ -177,11 +177,8 @@ def _capture(tool: str, program: Program) -> Any:
         dynamic_shapes={"x": {0: "rows"}},
         remove_inplace=tool == "tracer_default",
     )
-    gm = torch.fx.GraphModule(tracer.traced_model, graph)
-    if tool == "tracer":
-        # what the tracer's hook must do: mark the examples sharing storage
-        mark_storages(graph, {"x": args[0], "y": args[1]})
-    return gm
+    # the tracer marks the examples sharing storage itself (yobx_storage)
+    return torch.fx.GraphModule(tracer.traced_model, graph)
 
 
 def _exported_runner(program: Program, ep: Any):
@@ -239,10 +236,6 @@ def check_tool(program: Program, tool: str) -> Outcome:
         kind = "capture_failed" if _allowed(tool, e) else "capture_unexpected"
         return Outcome(tool, kind, f"{type(e).__name__}: {str(e)[:300]}")
     if tool == "tracer_default":
-        if program.aliased and not any(
-            STORAGE_KEY in n.meta for n in captured.graph.nodes if n.op == "placeholder"
-        ):
-            return Outcome(tool, "skipped", "the tracer does not mark aliased examples yet")
         # the tracer ran the default passes itself
         graph = captured.graph
         refused = [n.name for n in graph.nodes if writes(n) and not n.meta.get(WRITE_BACK_KEY)]

@@ -608,6 +608,79 @@ def test_a_version_writing_into_a_buffer_writes_into_it_once_after_the_choice():
     assert model.acc.abs().sum() > 0
 
 
+class _WritesThenReadsAView(torch.nn.Module):
+    def forward(self, x, y):
+        x += 1
+        if x.shape[1] % 2:
+            return x + y
+        return x * y
+
+
+def test_versions_writing_into_an_input_another_views_are_not_joined():
+    """Called as ``f(x, x[1])``, eager's ``y`` sees the write into ``x``; a version
+    would write into a copy of ``x``: the capture keeps the example's version, exact
+    on aliased inputs, refusing the other side, and says why. Inputs sharing no memory
+    get both versions."""
+    from yobx.torch.tracing import CustomTracer, ConstraintViolationError
+
+    model = _WritesThenReadsAView()
+    dims = {"x": {0: "r", 1: "c"}, "y": {0: "c"}}
+
+    def aliased(rows, cols):
+        x = torch.randn(rows, cols)
+        return x, x[1]
+
+    tracer = CustomTracer()
+    graph = tracer.trace(model, concrete_args=dict(zip("xy", aliased(4, 6))), dynamic_shapes=dims)
+    assert tracer.versions == []
+    assert any("shares memory with 'y'" in note for note in tracer.version_notes)
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for rows in (4, 2):
+        mine = aliased(rows, 6)
+        x = mine[0].clone()
+        torch.testing.assert_close(gm(*mine), model(x, x[1]))
+        torch.testing.assert_close(mine[0], x)
+    with pytest.raises(ConstraintViolationError, match="c % 2"):
+        gm(*aliased(4, 7))
+
+    tracer = CustomTracer()
+    x = torch.randn(4, 6)
+    graph = tracer.trace(model, concrete_args={"x": x, "y": x[1].clone()}, dynamic_shapes=dims)
+    assert len(tracer.versions) == 2
+
+
+class _TiedBuffersWritesIntoItsInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        weight = torch.randn(6)
+        self.register_buffer("w", weight)
+        self.register_buffer("tied", weight.view(2, 3))
+
+    def forward(self, x):
+        if x.shape[0] % 2:
+            x[: x.shape[0] // 2] += 1
+        return x * self.w + self.tied.sum()
+
+
+def test_tensors_sharing_memory_that_no_version_writes_into_keep_the_versions():
+    """Tied weights (two attributes on one storage) are read only: the versions
+    writing into the input are joined, exact at every size."""
+    from yobx.torch.tracing import CustomTracer
+
+    model = _TiedBuffersWritesIntoItsInput()
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        model, concrete_args={"x": torch.randn(4, 6)}, dynamic_shapes={"x": {0: "r"}}
+    )
+    assert len(tracer.versions) == 2, tracer.version_notes
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for rows in (4, 5, 2):
+        x = torch.randn(rows, 6)
+        mine, theirs = x.clone(), x.clone()
+        torch.testing.assert_close(gm(mine), model(theirs))
+        torch.testing.assert_close(mine, theirs)
+
+
 class NestedLargeSides(torch.nn.Module):
     """Two decisions on the batch: the second is met inside the version of the first,
     whose example (3001 rows of 4 KB) is already 1500 times the user's."""

@@ -19,12 +19,14 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from ...fx_code import lazy_graph_module
+from ...passes import STORAGE_KEY
 from ..graph_operators import CondCCOp
 from .runtime_checks import insert_condition, insert_runtime_checks, insert_shape_checks
 from .version_merging import merged_tree
 from .version_writes import (
     buffer_operands,
     buffers_as_inputs,
+    check_unshared,
     copy_back,
     fresh_value,
     lift_buffers,
@@ -80,6 +82,7 @@ class VersionJoin:
         # the buffers some version writes into: the branches take them as inputs and
         # return their new values, the joined graph writes them back
         self.buffers = buffer_operands(self.joined, operands)
+        check_unshared(self.first.graph, [*self.written, *self.buffers])
         lift_buffers(holder, self.first.tracer.traced_model, list(self.buffers))
         # two versions or more are left, whose tree is a Split
         assert isinstance(tree, Split)
@@ -96,7 +99,8 @@ class VersionJoin:
             if node.op != "placeholder" or not (root or node.target in operands):
                 continue
             copy_ = graph.placeholder(node.target)
-            copy_.meta.update({k: v for k, v in node.meta.items() if k in ("val", "example_value")})
+            kept = ("val", "example_value", STORAGE_KEY)
+            copy_.meta.update({k: v for k, v in node.meta.items() if k in kept})
             placeholders[node.target] = copy_
         for target, name in self.buffers.items():
             # the joined graph reads the buffer, a choice inside it receives it

@@ -15,6 +15,13 @@ treated the same way once it is an input of the branches: the joined graph reads
 (``get_attr``), passes it to the ``cond`` and writes its new value back, so the export
 sees one write into the model's own buffer (``acc`` in, ``acc_updated`` out) instead of
 writes into a version's attribute inside a branch.
+
+The copies are what the model computes only when the tensor written into shares its
+memory with no other input, parameter or buffer: for ``f(x, x[1])`` writing into ``x``,
+the model's ``x[1]`` sees the write, a version's copy of ``x`` does not, nor does the
+write back after the choice happen in the model's order. Such versions are not joined
+(:class:`SharedStorageWrite`): the capture keeps the example's version, checked at run
+time, whose in-place writes replay the model's on the memory it is given.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ...passes import MUTATIONS_KEY, run_default_passes
+from ...passes import MUTATIONS_KEY, STORAGE_KEY, run_default_passes
 from ...passes._inplace_walk import WRITE_BACK_KEY
 from ...passes._side_effects import writes_in
 from ..symbolic.symbolic_kernels import symbolic_kernels
@@ -64,6 +71,35 @@ def _mutations(graph: torch.fx.Graph, module: torch.nn.Module) -> list[dict]:
         run_default_passes(gm.graph, mutations="outputs", exc=False, recursive=False)
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     return list(output.meta.get(MUTATIONS_KEY, ()))
+
+
+class SharedStorageWrite(Exception):
+    """The versions write into an example input or buffer that shares its memory with
+    another: joined, each version would write into a copy of it (see the module's
+    documentation)."""
+
+
+def check_unshared(graph: torch.fx.Graph, written: list[str]) -> None:
+    """Raises :class:`SharedStorageWrite` if a name among ``written`` (inputs and
+    buffers the versions write into, targets of ``graph``'s placeholders and
+    ``get_attr`` nodes) shares storage with another input, parameter or buffer of the
+    first capture's ``graph``, as the tracer marked them from the real tensors
+    (:func:`yobx.torch.passes.mark_storages`)."""
+    groups: dict[Any, set[str]] = {}
+    for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr") and STORAGE_KEY in node.meta:
+            groups.setdefault(node.meta[STORAGE_KEY], set()).add(str(node.target))
+    for name in written:
+        for names in groups.values():
+            others = sorted(names - {name})
+            if name in names and others:
+                raise SharedStorageWrite(
+                    f"the versions were not joined: the model writes into {name!r}, which "
+                    f"shares memory with {others[0]!r} in the example, and a version "
+                    f"would write into a copy of it; the capture keeps the example's "
+                    f"version, checked at run time (inputs that share no memory, such "
+                    f"as clones, give every version)"
+                )
 
 
 def written_inputs(versions: list, operands: list[str]) -> list[str]:

@@ -542,6 +542,7 @@ class CustomTracer(
         """Captures the other sides of the undecided decisions, for at most ``seconds``
         (None: within ``max_versions`` only), and joins the versions."""
         from ..constraints.version_join import VersionJoin
+        from ..constraints.version_writes import SharedStorageWrite
         from ..constraints.versions import Versioning, leaves, version_checks
 
         versioning = Versioning(self, root, graph, seconds, **trace_arguments)
@@ -550,7 +551,11 @@ class CustomTracer(
         versions = leaves(tree)
         if len(versions) == 1:
             return graph
-        joined, self.traced_model = VersionJoin(self, versioning.first).join(tree)
+        try:
+            joined, self.traced_model = VersionJoin(self, versioning.first).join(tree)
+        except SharedStorageWrite as e:
+            self.version_notes.append(str(e))
+            return graph
         self.versions = versions
         constraints: list[Constraint] = []
         for version in versions:
