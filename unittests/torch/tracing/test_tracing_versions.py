@@ -621,7 +621,7 @@ def test_versions_writing_into_an_input_another_views_are_not_joined():
     would write into a copy of ``x``: the capture keeps the example's version, exact
     on aliased inputs, refusing the other side, and says why. Inputs sharing no memory
     get both versions."""
-    from yobx.torch.tracing import CustomTracer, ConstraintViolationError
+    from yobx.torch.tracing import ConstraintViolationError, CustomTracer
 
     model = _WritesThenReadsAView()
     dims = {"x": {0: "r", 1: "c"}, "y": {0: "c"}}
