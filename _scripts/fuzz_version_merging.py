@@ -10,7 +10,9 @@ over an empty axis). The versions the tracer captures are merged where they comp
 alike (:mod:`yobx.torch.tracing.constraints.version_merging`); the fuzzer checks that
 the joined graph (``CustomTracer(runtime_checks=False)``) and the ONNX model still
 compute what eager computes, on sizes selecting every version: ``seq`` and ``past`` at
-0, 1 and more.
+0, 1 and more. A decision beyond the budget of versions stays a constraint, unchecked in
+that graph: a size breaking it counts as narrowed when the same capture with its checks
+refuses it.
 
 ::
 
@@ -121,6 +123,24 @@ def _close(expected, got) -> bool:
     )
 
 
+def _checked_refusal(model, tracer, sizes: tuple) -> str | None:
+    """The first line of the error the capture with runtime checks raises at ``sizes``
+    (None when it raises none) when ``tracer`` (without checks) left constraints."""
+    import torch
+
+    from yobx.torch.tracing import ConstraintViolationError, CustomTracer
+
+    if not tracer.constraints:
+        return None
+    checked = CustomTracer()
+    graph = checked.trace(model, concrete_args=inputs(*SIZES[0]), dynamic_shapes=DIMS)
+    try:
+        torch.fx.GraphModule(checked.traced_model, graph)(**inputs(*sizes))
+    except ConstraintViolationError as e:
+        return str(e).splitlines()[0][:200]
+    return None
+
+
 def run(seed: int, direct_lowering: bool = True) -> tuple[str, str, int]:
     """``(outcome, message, merged versions)`` of the program of ``seed``
     (``direct_lowering``: see :func:`~yobx.torch.onnx.to_onnx`)."""
@@ -167,10 +187,17 @@ def run(seed: int, direct_lowering: bool = True) -> tuple[str, str, int]:
             continue
         try:
             got = module(**inputs(*sizes))
+            differs = "" if _close(expected, [g.detach().numpy() for g in got]) else "differs"
         except Exception as e:
-            return "wrong", f"graph at {sizes}: {type(e).__name__}: {e}"[:300], merged
-        if not _close(expected, [g.detach().numpy() for g in got]):
-            return "wrong", f"graph differs from eager at {sizes}", merged
+            differs = f"{type(e).__name__}: {e}"
+        if differs:
+            # the graph checks nothing: right only where the tracer left no constraint
+            # (a decision beyond the budget of versions stays one, which the same
+            # capture with its checks refuses)
+            refusal = _checked_refusal(model, tracer, sizes)
+            if refusal is None:
+                return "wrong", f"graph at {sizes}: {differs}"[:300], merged
+            narrowed = f"at {sizes}: {refusal}"
         try:
             out = session.run(None, {n: case[n].numpy() for n in names})
         except Exception as e:

@@ -141,7 +141,16 @@ def _strided_same_shape_reshape(m, x, y):
     return x + w.sum(), y
 
 
+def _matrix_transpose_attributes(m, x, y):
+    # mT of a 0-d tensor is the tensor itself (deprecated), and so is its inverse
+    s = y[-1].mT
+    s.mul_(2.0)
+    x.mT[0].add_(1.0)
+    return x, y, s + 1
+
+
 CASES = {
+    "matrix_transpose_attributes": _matrix_transpose_attributes,
     "methods": _methods,
     "fill_zero": _fill_zero,
     "masked": _masked,
@@ -214,6 +223,26 @@ SETITEM = {
 @pytest.mark.parametrize("case", sorted(SETITEM))
 def test_setitem(tool, case):
     check_inplace(tool, Lambda(SETITEM[case]), (X, Y), other_args=((X2, Y2),), dynamic_shapes=DYN)
+
+
+def _setitem_scalar_mask(m, x, y):
+    s = y[1]
+    s[s > 0.5] = -1.0
+    t = x.sum()
+    t[t > 0] = y[0]
+    return x + t, y
+
+
+def test_setitem_of_a_scalar_under_its_mask():
+    """``s[s > 0.5] = v`` on a 0-d ``s``: torch indexes both unsqueezed (the mask's
+    count, 0 or 1, depends on the values: FakeTensor, hence torch.export and make_fx,
+    cannot capture it; symbolic_trace cannot assign items); the tracer captures it and
+    the rewrite does what torch does, on both sides of the mask."""
+    tool = "tracer"
+    other = (-X2, torch.linspace(1, 0, 8))
+    check_inplace(
+        tool, Lambda(_setitem_scalar_mask), (X, Y), other_args=((X2, Y2), other), dynamic_shapes=DYN
+    )
 
 
 def test_iadd_on_tensors_torch_ir():

@@ -247,12 +247,14 @@ _ATEN_VIEWS: dict[str, Callable[[Node], Scatter | None]] = {
     "swapaxes": lambda n: _scatter_transpose(True),
     "swapdims": lambda n: _scatter_transpose(True),
     "numpy_T": lambda n: _scatter_self_inverse,
+    "mT": lambda n: _scatter_self_inverse,
     "movedim": lambda n: _scatter_aten_movedim,
 }
 
 
 def _scatter_self_inverse(graph: Graph, view: Node, base: Node, new: Node) -> Node:
-    """Views which are their own inverse (``numpy_T`` reverses the dimensions)."""
+    """Views which are their own inverse (``numpy_T`` reverses the dimensions, ``mT``
+    swaps the last two or returns a tensor of fewer than 2 itself)."""
     return _call(graph, view.target, new, *view.args[1:])
 
 
@@ -267,7 +269,15 @@ def scatter_t_attribute(graph: Graph, view: Node, base: Node, new: Node) -> Node
 
 
 def scatter_mt_attribute(graph: Graph, view: Node, base: Node, new: Node) -> Node:
-    """Inverse of ``x.mT``."""
+    """Inverse of ``x.mT``, which is its own inverse: a transposition of the last two
+    dimensions, the identity on a tensor of fewer than 2 (where torch deprecates
+    ``mT`` but returns the tensor itself); ``mT`` again when the rank is unknown (a
+    graph without values)."""
+    value = example_value(view)
+    if not isinstance(value, torch.Tensor):
+        return _call(graph, builtins.getattr, new, "mT")
+    if value.dim() < 2:
+        return new
     return _call(graph, torch.transpose, new, -2, -1)
 
 

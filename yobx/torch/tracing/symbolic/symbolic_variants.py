@@ -93,9 +93,30 @@ def _symbolic_getitem(original: Callable) -> Callable:
     return __getitem__
 
 
+def _fills_a_scalar(target: torch.Tensor, key: Any, value: Any) -> bool:
+    """Whether ``target[key] = value`` writes a number or a 0-d tensor into the 0-d
+    ``target`` where the 0-d boolean ``key`` holds."""
+    return (
+        target.dim() == 0
+        and isinstance(key, torch.Tensor)
+        and key.dtype == torch.bool
+        and key.dim() == 0
+        and (
+            isinstance(value, (int, float, bool))
+            or (isinstance(value, torch.Tensor) and value.dim() == 0)
+        )
+    )
+
+
 def _symbolic_setitem(original: Callable, getitem: Callable) -> Callable:
     @functools.wraps(original)
     def __setitem__(self, key, value):
+        if type(self) is FakeTensor and _fills_a_scalar(self, key, value):
+            # x[x > 0] = v on a 0-d x: torch's kernel indexes with the mask's true
+            # values, whose count (0 or 1) depends on the values; a mask of x's own
+            # shape selects what masked_fill_ fills
+            self.masked_fill_(key, value)
+            return None
         split = _defer_symbolic_indices(self, key) if type(self) is FakeTensor else None
         if split is None:
             return original(self, key, value)
