@@ -299,5 +299,9 @@ def generate(seed: int, max_lines: int = 8) -> Program:
     if not _valid(program):
         program.outputs = [f"{name} * 1" for name in chosen]
     if not _valid(program):
+        # the lines were valid returning x: a chosen value is not (an overlapping
+        # copy, v[1:] = v[:-1], whose result depends on the kernel's order)
+        program.outputs = ["x * 1"]
+    if not _valid(program):
         raise AssertionError(f"program {seed} is not valid:\n{program.source()}")
     return program
