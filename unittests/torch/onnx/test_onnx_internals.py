@@ -13,6 +13,9 @@ from yobx.torch.onnx.dimensions import DimensionRenamer
 
 
 def test_registry_has_what_we_dispatch_to():
+    from yobx.torch.ops import rnn
+
+    rnn.operators()  # defined the first time a process needs them (run alone: now)
     registry = internals.onnx_registry(18)
     for op in (
         torch.ops.aten.linear.default,
@@ -75,6 +78,19 @@ def test_composite_ops_preserved_and_restored():
     # Outside the context, make_fx decomposes as usual: the patch was undone.
     graph = make_fx(f)(x, w).graph
     assert not any(n.target is torch.ops.aten.linear.default for n in graph.nodes)
+
+
+def test_preserved_composite_ops_are_torch_onnxs():
+    """Found from the registry's names, the operators kept whole are those torch.onnx
+    keeps: every valid CompositeImplicitAutograd operator the registry translates."""
+    from torch._export.utils import _collect_all_valid_cia_ops
+
+    registry = internals.onnx_registry(18)
+    theirs = {op for op in _collect_all_valid_cia_ops() if registry.is_registered(op)}
+    ours = internals._preserved_composite_ops(18)
+    assert len(ours) == len(set(ours))
+    assert set(ours) == theirs
+    assert torch.ops.aten.linear.default in theirs
 
 
 def test_composite_override_matches_torch_export_and_restores():

