@@ -230,14 +230,17 @@ def _setitem_scalar_mask(m, x, y):
     s[s > 0.5] = -1.0
     t = x.sum()
     t[t > 0] = y[0]
+    w = x[1:]
+    w[w.sum() < 0] = 0.5
     return x + t, y
 
 
 def test_setitem_of_a_scalar_under_its_mask():
-    """``s[s > 0.5] = v`` on a 0-d ``s``: torch indexes both unsqueezed (the mask's
-    count, 0 or 1, depends on the values: FakeTensor, hence torch.export and make_fx,
-    cannot capture it; symbolic_trace cannot assign items); the tracer captures it and
-    the rewrite does what torch does, on both sides of the mask."""
+    """``s[s > 0.5] = v`` with a 0-d mask, on a 0-d ``s`` or a matrix: torch indexes
+    both unsqueezed (the mask's count, 0 or 1, depends on the values: FakeTensor,
+    hence torch.export and make_fx, cannot capture it; symbolic_trace cannot assign
+    items); the tracer captures it and the rewrite does what torch does, on both sides
+    of the mask."""
     tool = "tracer"
     other = (-X2, torch.linspace(1, 0, 8))
     check_inplace(

@@ -681,6 +681,44 @@ def test_tensors_sharing_memory_that_no_version_writes_into_keep_the_versions():
         torch.testing.assert_close(mine, theirs)
 
 
+class _ReturnsTheBufferItWrites(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("acc", torch.linspace(-1, 1, 6))
+
+    def forward(self, x):
+        torch.relu_(self.acc)
+        self.acc.add_(0.5)
+        return x.chunk(2, 0)[0] * 2, self.acc
+
+
+@pytest.mark.parametrize("remove_inplace", [False, True])
+def test_versions_returning_the_buffer_they_write_into(remove_inplace):
+    """``return self.acc`` after writing into it: every branch returns the buffer's new
+    value (read from the branch's input standing for it), call after call; also when
+    the writes stay in place (the branch's output read the attribute, then removed)."""
+    import copy
+
+    from yobx.torch.tracing import CustomTracer
+
+    model = _ReturnsTheBufferItWrites()
+    eager = copy.deepcopy(model)
+    tracer = CustomTracer()
+    graph = tracer.trace(
+        model,
+        concrete_args={"x": torch.randn(5, 6)},
+        dynamic_shapes={"x": {0: "n"}},
+        remove_inplace=remove_inplace,
+    )
+    assert len(tracer.versions) >= 2
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    for rows in [5, 4, 1, 7]:
+        x = torch.randn(rows, 6)
+        got, expected = gm(x), eager(x)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(model.acc, eager.acc)
+
+
 class NestedLargeSides(torch.nn.Module):
     """Two decisions on the batch: the second is met inside the version of the first,
     whose example (3001 rows of 4 KB) is already 1500 times the user's."""

@@ -508,13 +508,14 @@ class InplaceWalk:
                 new_value = graph.call_method("type_as", (new_value, view))
             else:
                 new_value = graph.call_method("new_full", (view, (), new_value))
-            if _masks_a_scalar(rank, plan):
-                # torch indexes a 0-d tensor with a 0-d mask as both unsqueezed (the
-                # mask's count of true values, 0 or 1, selects); index_put would raise
+            if _scalar_mask(plan):
+                # torch indexes with a 0-d mask as x[None][m[None]] (the mask's count of
+                # true values, 0 or 1, selects all of x or nothing); index_put would
+                # raise on a 0-d x, or take the mask for an index of x's first axis
                 view = graph.call_function(aten.unsqueeze.default, (view, 0))
                 indices = [graph.call_function(aten.unsqueeze.default, (indices[0], 0))]
             new_view = graph.call_function(aten.index_put.default, (view, indices, new_value))
-            if _masks_a_scalar(rank, plan):
+            if _scalar_mask(plan):
                 new_view = graph.call_function(aten.squeeze.dim, (new_view, 0))
         elif value_kind:
             new_view = graph.call_function(aten.copy.default, (view, new_value))
@@ -558,19 +559,13 @@ class InplaceWalk:
         return result
 
 
-def _masks_a_scalar(rank: int | None, plan: Any) -> bool:
-    """Whether the index ``plan`` on a tensor of ``rank`` selects a 0-d view, then
-    indexes it with one 0-d boolean tensor (``x[1][x[1] > 0] = v``)."""
-    if rank is None or len(plan.advanced) != 1:
+def _scalar_mask(plan: Any) -> bool:
+    """Whether the index ``plan`` indexes its view with one 0-d boolean tensor and
+    nothing else (``x[x.sum() > 0] = v``)."""
+    if len(plan.advanced) != 1 or not isinstance(plan.advanced[0], Node):
         return False
-    kinds = [step[0] for step in plan.steps]
-    mask = example_value(plan.advanced[0]) if isinstance(plan.advanced[0], Node) else None
-    return (
-        rank + kinds.count("unsqueeze") - kinds.count("select") == 0
-        and isinstance(mask, torch.Tensor)
-        and mask.dtype == torch.bool
-        and mask.dim() == 0
-    )
+    mask = example_value(plan.advanced[0])
+    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 0
 
 
 def _view_rank(rank: int | None, plan: Any) -> int | None:

@@ -228,11 +228,12 @@ def _flat_module(
             user.args = torch.fx.node.map_arg(user.args, replaced)
             user.kwargs = torch.fx.node.map_arg(user.kwargs, replaced)
         graph.erase_node(node)
-    if buffers:
-        buffers_as_inputs(graph, buffers)
     flat = pytree.tree_leaves(output)
     returned = graph.output(tuple(flat[i] for i in computed))
-    # after the output: an output that is a written input returns its new value too
+    # after the output: a buffer returned (``return self.buf``) is read from its input,
+    # and an output that is a written input or buffer returns its new value
+    if buffers:
+        buffers_as_inputs(graph, buffers)
     new_values = write_into_copies(graph, [*written, *buffers.values()])
     returned.args = ((*returned.args[0], *new_values),)
     graph.lint()

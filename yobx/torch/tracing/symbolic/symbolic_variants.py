@@ -93,12 +93,11 @@ def _symbolic_getitem(original: Callable) -> Callable:
     return __getitem__
 
 
-def _fills_a_scalar(target: torch.Tensor, key: Any, value: Any) -> bool:
-    """Whether ``target[key] = value`` writes a number or a 0-d tensor into the 0-d
-    ``target`` where the 0-d boolean ``key`` holds."""
+def _fills_under_a_scalar_mask(target: torch.Tensor, key: Any, value: Any) -> bool:
+    """Whether ``target[key] = value`` writes a number or a 0-d tensor into all of
+    ``target`` or nothing, as the 0-d boolean ``key`` says."""
     return (
-        target.dim() == 0
-        and isinstance(key, torch.Tensor)
+        isinstance(key, torch.Tensor)
         and key.dtype == torch.bool
         and key.dim() == 0
         and (
@@ -111,10 +110,10 @@ def _fills_a_scalar(target: torch.Tensor, key: Any, value: Any) -> bool:
 def _symbolic_setitem(original: Callable, getitem: Callable) -> Callable:
     @functools.wraps(original)
     def __setitem__(self, key, value):
-        if type(self) is FakeTensor and _fills_a_scalar(self, key, value):
-            # x[x > 0] = v on a 0-d x: torch's kernel indexes with the mask's true
-            # values, whose count (0 or 1) depends on the values; a mask of x's own
-            # shape selects what masked_fill_ fills
+        if type(self) is FakeTensor and _fills_under_a_scalar_mask(self, key, value):
+            # x[m] = v with a 0-d mask m (x[x.sum() > 0] = 0): torch's kernel indexes
+            # x[None] with m[None], whose count of true values (0 or 1) depends on the
+            # values; masked_fill_ fills the same (all of x or nothing)
             self.masked_fill_(key, value)
             return None
         split = _defer_symbolic_indices(self, key) if type(self) is FakeTensor else None
