@@ -138,3 +138,29 @@ def test_containers_filled_or_emptied_by_the_traced_call_are_restored():
     assert all(
         a is b for a, b in zip([model.calls, model.names, model.tags, model.empty_list], containers)
     )
+
+
+class TransposesItsBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.arange(24.0).reshape(4, 6))
+
+    def forward(self, x):
+        self.b.t_()
+        self.b.mul_(2.0)
+        if x.shape[0] > 3:
+            return x + self.b.sum()
+        return x - 1
+
+
+def test_a_buffer_reshaped_in_place_by_an_eager_run_is_put_back():
+    """Capturing the other side of a decision runs the model eagerly at a size taking
+    it; the model's forward transposes its buffer in place: the buffer gets its shape,
+    strides and values back (before, putting the values back raised)."""
+    model = TransposesItsBuffer()
+    before = model.b.clone()
+    tracer = CustomTracer()
+    tracer.trace(model, concrete_args={"x": torch.randn(5, 6)}, dynamic_shapes={"x": {0: "n"}})
+    assert len(tracer.versions) == 2
+    assert model.b.shape == (4, 6) and model.b.stride() == (6, 1)
+    torch.testing.assert_close(model.b, before)
