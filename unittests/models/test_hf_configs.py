@@ -209,3 +209,23 @@ def test_zero_matrices_get_small_random_values():
     config, model = tiny_model(ZeroHead)
     assert model.proj.weight.any()
     assert float(model.proj.weight.abs().max()) < 0.2
+
+
+@pytest.mark.parametrize("name", ["SwinModel", "Swinv2Model", "PvtModel"])
+def test_stage_heads_divide_the_tiny_widths_and_windows_fit_the_grid(name):
+    """Swin's heads per stage (3, 6) do not divide the tiny width (32): they become
+    powers of two; its window (7) is wider than the tiny image's grid, a regime of
+    shrunk windows full-size models never meet: windows of 2 on a grid twice as wide at
+    the last stage. The model runs on hf:'s inputs at both sizes."""
+    from yobx.models.hf_families import hf_family_case
+
+    model, kwargs, shapes, other = hf_family_case(name)
+    config = model.config
+    heads = getattr(config, "num_heads", None) or config.num_attention_heads
+    assert all(h & (h - 1) == 0 for h in heads), heads
+    if hasattr(config, "window_size"):
+        grid = config.image_size // config.patch_size >> (len(config.depths) - 1)
+        assert config.window_size == 2 and grid > config.window_size
+    with torch.no_grad():
+        model(**kwargs)
+        model(**other)

@@ -17,6 +17,7 @@ the message names, the value of another key it names, ``1``, the full-size defau
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -106,6 +107,8 @@ _LAYER_COUNTS = (
 _STAGE_LISTS = ("depths", "hidden_sizes")
 #: numbers of stages given beside their lists
 _STAGE_COUNTS = ("num_encoder_blocks", "num_stages")
+#: the number of attention heads of each stage (Swin's ``num_heads``, [3, 6, 12, 24])
+_STAGE_HEADS = ("num_heads", "num_attention_heads", "num_attention_heads_per_stage")
 #: backbones of timm, which transformers does not install: replaced by transformers' own
 #: ResNet, whose features the detection heads read as they read timm's
 _TIMM_BACKBONES = ("timm_backbone",)
@@ -168,6 +171,14 @@ def _shrunk(values: dict[str, Any], keep_stages: bool = False) -> dict[str, Any]
         if kept is not None and kept < len(value) and value is values.get(key):
             out[key] = type(value)(value[:kept])
     _fit_mrope_sections(out)
+    for key in _STAGE_HEADS:
+        heads = out.get(key)
+        if isinstance(heads, list) and heads and all(_is_int(h) and h > 0 for h in heads):
+            # the stages' widths are the tiny width times powers of two (Swin's
+            # embed_dim 96 doubles at each stage): head counts that are powers of two
+            # divide them, 3 does not divide 32 (3 heads become 4, 6 become 8)
+            out[key] = [1 << round(math.log2(h)) for h in heads]
+    _fit_window(out)
     # settings of some layers by their index (Gemma 4's `per_layer_config`, `"05"`):
     # those of the layers kept
     if layers is not None and isinstance(out.get("per_layer_config"), dict):
@@ -225,6 +236,23 @@ def _fit_mrope_sections(values: dict[str, Any]) -> None:
         scaled[0] += half - sum(scaled)
         if scaled[0] >= 1:
             values[key] = {**rope, "mrope_section": scaled}
+
+
+def _fit_window(values: dict[str, Any]) -> None:
+    """A hierarchical vision transformer attending within windows (Swin: ``window_size``
+    7 on a 56x56 grid of patches, halved at each of its ``depths``' stages) builds each
+    window's position table with the configured size, and shrinks the window (no shift)
+    on a grid as small as it: a regime full-size models never meet, where the tiny
+    image's grid (4x4 patches, then 2x2) would put them. Windows of 2 on a grid twice
+    as wide at the last stage keep the full-size model's regime."""
+    window, depths = values.get("window_size"), values.get("depths")
+    patch = values.get("patch_size")
+    if not all(_is_int(v) for v in (window, patch, values.get("image_size"))):
+        return
+    if not isinstance(depths, list) or window <= 2:
+        return
+    values["window_size"] = 2
+    values["image_size"] = patch * 2 * 2 ** len(depths)
 
 
 def _resnet_backbone(timm: dict[str, Any]) -> dict[str, Any]:
