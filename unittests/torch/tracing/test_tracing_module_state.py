@@ -164,3 +164,42 @@ def test_a_buffer_reshaped_in_place_by_an_eager_run_is_put_back():
     assert len(tracer.versions) == 2
     assert model.b.shape == (4, 6) and model.b.stride() == (6, 1)
     torch.testing.assert_close(model.b, before)
+
+
+class ScalesItsWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(6))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.w.mul_(2.0)
+            self.w.data[0] = 5.0
+        if x.shape[0] > 3:
+            return x * self.w
+        return x - self.w
+
+
+def test_a_parameter_written_by_an_eager_run_is_put_back():
+    """The eager run capturing the other side of a decision writes into a parameter
+    (under no_grad): the parameter gets its values back (it was doubled before)."""
+    model = ScalesItsWeight()
+    tracer = CustomTracer()
+    tracer.trace(model, concrete_args={"x": torch.randn(5, 6)}, dynamic_shapes={"x": {0: "n"}})
+    assert len(tracer.versions) == 2
+    torch.testing.assert_close(model.w.detach(), torch.ones(6))
+
+
+def test_preserved_parameters_copies_only_what_is_written():
+    from yobx.torch.tracing.isolation.parameter_writes import preserved_parameters
+
+    model = torch.nn.Linear(4, 3)
+    weight, bias = model.weight.detach().clone(), model.bias.detach().clone()
+    with pytest.raises(ValueError), torch.no_grad(), preserved_parameters(model):
+        model.weight[1].zero_()  # through a view
+        torch.add(model.bias, 1.0, out=model.bias)  # out=
+        model.weight.t_()  # the geometry too
+        raise ValueError("the block raises: the parameters are put back anyway")
+    torch.testing.assert_close(model.weight.detach(), weight)
+    assert model.weight.stride() == weight.stride()
+    torch.testing.assert_close(model.bias.detach(), bias)

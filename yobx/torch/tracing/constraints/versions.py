@@ -593,6 +593,15 @@ def describe_versions(versions: list[Version], notes: list[str]) -> list[str]:
     return lines
 
 
+def version_constraints(versions: list[Version]) -> list[Constraint]:
+    """What the ``versions`` assume beyond their conditions, each once (in the order of
+    the versions), as :attr:`Version.constraints` says it."""
+    constraints: list[Constraint] = []
+    for version in versions:
+        constraints += [c for c in version.constraints if c not in constraints]
+    return constraints
+
+
 def version_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]:
     """The conditions a graph joining ``versions`` checks on its inputs, on the symbols
     of the ``first`` capture (whose inputs the joined graph takes): the declarations,

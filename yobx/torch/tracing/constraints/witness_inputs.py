@@ -20,6 +20,7 @@ import torch
 
 from ..errors import exception_summary
 from ..isolation.module_snapshot import preserved_modules
+from ..isolation.parameter_writes import preserved_parameters
 from .size_search import compile_condition, tensor_like
 
 #: inputs a version's witness may allocate, in bytes, at least (more when the example
@@ -127,8 +128,9 @@ def run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
     (None, as if it ran, for a model whose parameters are on the meta device).
 
     The model is left as it was: its buffers keep their values (a model may update
-    them) and its modules their attributes (Swin sets its window size in ``forward``
-    from the input's size).
+    them), its parameters too (copied when first written into, see
+    :mod:`..isolation.parameter_writes`), and its modules their attributes (Swin sets
+    its window size in ``forward`` from the input's size).
     """
     module = root if isinstance(root, torch.nn.Module) else None
     if module is not None and any(p.is_meta for p in module.parameters()):
@@ -140,6 +142,7 @@ def run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
         with torch.no_grad(), contextlib.ExitStack() as stack:
             if module is not None:
                 stack.enter_context(preserved_modules(module))
+                stack.enter_context(preserved_parameters(module))
             inputs.call(root, leaves_)
     except Exception as exc:
         return exception_summary(exc)

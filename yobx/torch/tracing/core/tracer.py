@@ -543,7 +543,7 @@ class CustomTracer(
         (None: within ``max_versions`` only), and joins the versions."""
         from ..constraints.version_join import VersionJoin
         from ..constraints.version_writes import SharedStorageWrite
-        from ..constraints.versions import Versioning, leaves, version_checks
+        from ..constraints.versions import Versioning, leaves, version_checks, version_constraints
 
         versioning = Versioning(self, root, graph, seconds, **trace_arguments)
         tree = versioning.run()
@@ -557,10 +557,7 @@ class CustomTracer(
             self.version_notes.append(str(e))
             return graph
         self.versions = versions
-        constraints: list[Constraint] = []
-        for version in versions:
-            constraints += [c for c in version.constraints if c not in constraints]
-        self._version_constraints = constraints
+        self._version_constraints = constraints = version_constraints(versions)
         self._version_checks = version_checks(versioning.first, versions)
         for node in joined.find_nodes(op="output"):
             node.meta["guards"] = list(self.guards)

@@ -1,0 +1,98 @@
+"""The user's parameters put back after an eager run of the model.
+
+Capturing the other side of a decision runs the model eagerly at a size taking it
+(:func:`~yobx.torch.tracing.constraints.witness_inputs.run_eagerly`). A forward that
+writes into a parameter (``self.w.mul_(2)`` under ``no_grad``, a weight clipped in
+place) then changed the user's model: every eager run of the trace wrote into it again.
+The buffers, small, are copied before the run; the parameters may be gigabytes, so
+:func:`preserved_parameters` copies a parameter only when a call first writes into its
+memory (seen by a ``TorchFunctionMode``), and puts the copies back after the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
+
+
+def writes_in_place(func: Any, kwargs: dict) -> bool:
+    """Whether a torch function or tensor method writes into its first argument (its
+    name ends with ``_``: ``add_``, ``copy_``, ``index_copy_``; ``__setitem__`` and
+    the ``__i*__`` operators) or into an ``out=`` tensor."""
+    name = getattr(func, "__name__", "")
+    if name.startswith("__"):
+        return name == "__setitem__" or (name.startswith("__i") and name != "__index__")
+    return name.endswith("_") or "out" in kwargs
+
+
+def _memory(tensor: torch.Tensor) -> int | None:
+    """The address of the storage of ``tensor`` (None for one without storage)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class _FirstWrites(TorchFunctionMode):
+    """Copies each of ``parameters`` when a call first writes into its memory (itself,
+    a view of it, ``.data``)."""
+
+    def __init__(self, parameters: list[torch.nn.Parameter]):
+        super().__init__()
+        self.owners: dict[int, list[torch.nn.Parameter]] = {}
+        for parameter in parameters:
+            address = _memory(parameter)
+            if address is not None:
+                self.owners.setdefault(address, []).append(parameter)
+        #: id of the parameter -> the parameter, its values before the first write, and
+        #: its storage and geometry (``t_()`` changes them in place)
+        self.copies: dict[int, tuple] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.owners and writes_in_place(func, kwargs):
+            for written in pytree.tree_leaves((args[:1], kwargs.get("out"))):
+                if isinstance(written, torch.Tensor):
+                    self._copy_owners(written)
+        return func(*args, **kwargs)
+
+    def _copy_owners(self, written: torch.Tensor) -> None:
+        for parameter in self.owners.get(_memory(written) or -1, ()):
+            if id(parameter) not in self.copies:
+                # the mode is off inside its own handler: clone is not seen again
+                with torch.no_grad():
+                    self.copies[id(parameter)] = (
+                        parameter,
+                        parameter.detach().clone(),
+                        parameter.untyped_storage(),
+                        (parameter.storage_offset(), tuple(parameter.shape), parameter.stride()),
+                    )
+
+    def put_back(self) -> None:
+        """Writes the copies back into their parameters."""
+        with torch.no_grad():
+            for parameter, values, storage, geometry in self.copies.values():
+                now = (parameter.storage_offset(), tuple(parameter.shape), parameter.stride())
+                if now != geometry or _memory(parameter) != storage.data_ptr():
+                    parameter.set_(storage, *geometry)
+                parameter.copy_(values)
+
+
+@contextlib.contextmanager
+def preserved_parameters(module: torch.nn.Module) -> Iterator[None]:
+    """Puts every parameter of ``module`` the block writes into back as it was, on
+    exit (also when the block raises)."""
+    writes = _FirstWrites(list(module.parameters()))
+    try:
+        with writes:
+            yield
+    finally:
+        writes.put_back()
+
+
+__all__ = ["preserved_parameters", "writes_in_place"]
