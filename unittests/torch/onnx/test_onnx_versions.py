@@ -515,3 +515,23 @@ def test_a_branch_knowing_a_size_of_an_input_leaves_the_input_dynamic():
         x = torch.randn(batch, seq)
         (got,) = session.run(None, {"x": x.numpy()})
         np.testing.assert_allclose(got, model(x).numpy(), atol=1e-6)
+
+
+class _SlicedRows(torch.nn.Module):
+    def forward(self, x):
+        first, last = x[:2], x[-3:]
+        return first.reshape(first.shape[0] * 3) + 1, last.sum(0) * last.shape[0]
+
+
+def test_a_slice_clamped_below_the_default_range_gets_a_version():
+    """``x[:2]`` has 2 rows for n >= 2, which the default range [2, inf) decides inside
+    torch's kernel without a guard: the reshape to 6 values failed at n = 1 and 0. The
+    decision is a version's, the model exact at every size."""
+    result = to_onnx(_SlicedRows(), (torch.randn(8, 3),), dynamic_shapes=({0: "n"},))
+    assert result.constraints == []
+    session = _session(result)
+    for rows in (8, 3, 2, 1, 0):
+        x = torch.randn(rows, 3)
+        for expected, got in zip(_SlicedRows()(x), session.run(None, {"x": x.numpy()})):
+            assert got.shape == tuple(expected.shape), rows
+            np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)

@@ -719,6 +719,49 @@ def test_versions_returning_the_buffer_they_write_into(remove_inplace):
         torch.testing.assert_close(model.acc, eager.acc)
 
 
+class _SliceAndItsSize(torch.nn.Module):
+    def forward(self, x):
+        first = x[0:2]
+        return first * 2, first.shape[0] + 0
+
+
+def test_a_slice_clamped_below_the_default_range_and_its_size():
+    """``x[0:2]`` has 2 rows from n = 2 on, 1 at n = 1: torch decides it from the
+    default range, the decision gets a version; the number of rows, a constant in each
+    version, is each version's own (it was 2 everywhere)."""
+    model = _SliceAndItsSize()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(8, 3)}, {"x": {0: "n"}})
+    assert len(tracer.versions) >= 2
+    for rows in (8, 3, 2, 1, 0):
+        x = torch.randn(rows, 3)
+        got, expected = gm(x), model(x)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1] == expected[1], rows
+
+
+class _OnePiece(torch.nn.Module):
+    def forward(self, x):
+        return x.split(2)[1] + x.unbind(0)[-1]
+
+
+def test_one_piece_of_a_split_is_computed_alone():
+    """``x.split(2)[1]`` and ``x.unbind(0)[-1]`` are computed alone (the number of
+    pieces is not fixed to the example's: the size was refused as a specialization),
+    exact where eager runs, refused where eager raises (the piece does not exist)."""
+    from yobx.torch.tracing import ConstraintViolationError
+
+    model = _OnePiece()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(8, 3)}, {"x": {0: "n"}})
+    for rows in (8, 5, 4, 3):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(gm(x), model(x))
+    for rows in (2, 1):
+        with pytest.raises(IndexError):
+            model(torch.randn(rows, 3))
+        with pytest.raises(ConstraintViolationError):
+            gm(torch.randn(rows, 3))
+
+
 class NestedLargeSides(torch.nn.Module):
     """Two decisions on the batch: the second is met inside the version of the first,
     whose example (3001 rows of 4 KB) is already 1500 times the user's."""

@@ -75,7 +75,7 @@ class VersionJoin:
         operands = _operands(self.first.graph)
         # an output computed by one version is returned by every branch (a number
         # another version folded to a constant is returned as that constant)
-        self.computed = sorted(set().union(*(_computed_positions(v) for v in leaves(tree))))
+        self.computed = _routed_positions(leaves(tree))
         self.joined = leaves(tree)
         # the inputs some version writes into: every branch returns their new values
         self.written = written_inputs(self.joined, operands)
@@ -194,11 +194,31 @@ def _operands(graph: torch.fx.Graph) -> list[str]:
     ]
 
 
-def _computed_positions(version: Version) -> set[int]:
-    """The positions of the version's flat outputs computed by its graph."""
+def _flat_outputs(version: Version) -> list:
     output = next(n for n in version.graph.nodes if n.op == "output")
-    leaves_ = pytree.tree_leaves(output.args[0])
-    return {i for i, a in enumerate(leaves_) if isinstance(a, torch.fx.Node)}
+    return pytree.tree_leaves(output.args[0])
+
+
+def _routed_positions(versions: list[Version]) -> list[int]:
+    """The positions of the flat outputs the choice returns: those a version computes,
+    and the constants the versions disagree on (``x[:2].shape[0]`` is 2 in one
+    version, 1 in the version of one row: each branch returns its own)."""
+    outputs = [_flat_outputs(v) for v in versions]
+    routed = []
+    for position in range(min(len(o) for o in outputs)):
+        values = [o[position] for o in outputs]
+        computed = any(isinstance(v, torch.fx.Node) for v in values)
+        if computed or not all(_same_constant(v, values[0]) for v in values[1:]):
+            routed.append(position)
+    return routed
+
+
+def _same_constant(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    return bool(a == b)
 
 
 def _flat_module(

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import operator
+from collections.abc import Callable
 from typing import Any, cast
 
 import sympy
@@ -188,6 +190,29 @@ def _splits_into_pieces(node: Node) -> bool:
     return target in _CHUNKING
 
 
+def _slice_bounds(node: Node) -> set[int]:
+    """The bounds, as numbers, of the slices ``node`` takes of a tensor (``x[:2]``,
+    ``x[-3:, 1:]``: {2}, {3, 1}), whose bounds torch clamps to the sizes."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return set()
+    index = node.args[1]
+    items = index if isinstance(index, tuple) else (index,)
+    return {
+        abs(bound)
+        for item in items
+        if type(item) is slice
+        for bound in (item.start, item.stop)
+        if type(bound) is int and bound != 0
+    }
+
+
+def _with_bound(bounds: set[int], report: Callable, condition: sympy.Basic, value: bool) -> None:
+    """``report(condition, value)`` when ``condition`` compares with one of the
+    ``bounds``: a clamp of the slice (``n >= 2`` for ``x[:2]``)."""
+    if {abs(int(a)) for a in condition.atoms(sympy.Integer)} & bounds:
+        report(condition, value)
+
+
 class FakeExecutionMixin(MixinBase):
     """The fake value of each node, and the decisions taken while computing it.
 
@@ -269,6 +294,16 @@ class FakeExecutionMixin(MixinBase):
             # to `d // 2` rows) such a decision changes nothing at 0 and would only
             # cost a version
             dims.on_default_bound_division = self._rely_on_default_bounds
+        bounds = _slice_bounds(node)
+        if bounds:
+            # a slice's bounds are clamped to the size: a decision resting on the
+            # default range (`2 > n -> False`) is its length (see
+            # SymbolicDimensions.on_default_bound_decision). Only comparisons with a
+            # bound are: torch's other decisions there (`n > 1`, a size-1 dimension's
+            # stride) choose layouts, as they do elsewhere, whose values are the same
+            dims.on_default_bound_decision = functools.partial(
+                _with_bound, bounds, self._rely_on_default_bounds
+            )
         try:
             # Fake values carry no autograd history: recording it costs time, and a
             # rule's output must not be a leaf that requires grad (in-place ops on it
@@ -324,6 +359,7 @@ class FakeExecutionMixin(MixinBase):
             torch._C._set_grad_enabled(grad_mode)
             self.state.in_fake -= 1
             dims.on_default_bound_division = None
+            dims.on_default_bound_decision = None
         if len(dims.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return dims.canonical(val)

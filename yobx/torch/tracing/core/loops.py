@@ -153,9 +153,10 @@ class SymbolicPieces(SymbolicRange):
     (``x.select(d, i).unsqueeze(d)`` for ``split(1, d)``), see the module's docstring.
     Given whole to ``torch.stack`` or ``torch.cat``, the pieces join into what they
     make of ``x`` (:meth:`joined`: ``torch.stack(x.unbind(d), k)`` is ``x`` with axis
-    ``d`` moved to ``k``). ``len()`` of them in the traced code is symbolic. Anything
-    else (indexing, unpacking into names) makes the pieces for real: their number is
-    fixed to the example's, as before.
+    ``d`` moved to ``k``). ``len()`` of them in the traced code is symbolic. One piece
+    taken by a constant index (``x.unbind(0)[1]``, ``x.split(2)[0]``) is computed alone
+    (:meth:`piece`). Anything else (slicing, unpacking into names) makes the pieces for
+    real: their number is fixed to the example's, as before.
     """
 
     def __init__(
@@ -202,6 +203,24 @@ class SymbolicPieces(SymbolicRange):
         if self._pieces is None:
             self._pieces = self._call()
         return self._pieces
+
+    def __getitem__(self, item: Any) -> Any:
+        whole = self.how == "unbind" or self.size == 1
+        if self._pieces is None and type(item) is int and (whole or item >= 0):
+            return self.piece(item)
+        return self._real()[item]
+
+    def piece(self, index: int) -> Any:
+        """Piece ``index`` alone, for any size of the tensor that has it: eager raises
+        an IndexError for the others, the capture adopts that the piece exists (a
+        decision on the size: versions or a checked constraint)."""
+        if self.how == "unbind" or self.size == 1:
+            # select's own bounds: -n <= index < n
+            return self.item(index)
+        start = index * self.size
+        torch._check(self.tensor.shape[self.dim] > start)
+        window = [slice(None)] * self.dim + [slice(start, start + self.size)]
+        return self.tensor[tuple(window)]
 
     def __iter__(self):
         if not self.loop or self._pieces is not None:

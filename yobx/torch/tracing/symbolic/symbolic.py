@@ -174,6 +174,10 @@ class SymbolicDimensions:
         #: lower bound (see :meth:`consult_prover`); None: such decisions are not
         #: reported (the tracer sets it while torch splits a tensor into pieces)
         self.on_default_bound_division: Callable[[sympy.Basic, bool], None] | None = None
+        #: called with ``(condition, value)`` when torch decides, from the ranges alone,
+        #: a condition on sizes whose answer is another one when the dimensions with
+        #: the default lower bound are 1 (see :meth:`consult_prover`); None: not reported
+        self.on_default_bound_decision: Callable[[sympy.Basic, bool], None] | None = None
 
     def __deepcopy__(self, memo: dict) -> SymbolicDimensions:
         """A deep copy is the same object: the dimensions of one trace are not copied.
@@ -227,6 +231,19 @@ class SymbolicDimensions:
                 result = None
             if result is not None:
                 if (
+                    self.on_default_bound_decision is not None
+                    and result in (sympy.true, sympy.false)
+                    and expr not in reported
+                    and not kwargs
+                    and _differs_at_one(expr, result, self.default_min)
+                ):
+                    # `slice(0, 2)` of a size decides `2 > n -> False` from the default
+                    # range: the slice has 2 rows, where eager has 1 at n = 1 (and a
+                    # window, a padding...). Reported, the decision gets a version at
+                    # that size as any other decision the default range settles
+                    reported.add(expr)
+                    self.on_default_bound_decision(expr, bool(result))
+                elif (
                     self.on_default_bound_division is not None
                     and result in (sympy.true, sympy.false)
                     and expr not in reported
@@ -730,6 +747,21 @@ def _finite(value: Any) -> int | float:
 
 def _identifier(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _differs_at_one(expr: sympy.Basic, answer: Any, default_min: set) -> bool:
+    """Whether the inequality ``expr``, answered ``answer`` from the ranges, has the
+    other answer when its dimensions with the default lower bound are 1 (and its other
+    symbols leave it decided): what the default range, not the sizes, decided."""
+    symbols = expr.free_symbols & default_min
+    if not symbols or not isinstance(expr, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)):
+        # an equality with 1 chooses strides (a size-1 dimension's), not values
+        return False
+    try:
+        at_one = expr.xreplace({s: sympy.Integer(1) for s in symbols})
+    except Exception:
+        return False
+    return at_one in (sympy.true, sympy.false) and at_one != answer
 
 
 def _quotient_is_zero(expr: sympy.Basic) -> bool:
