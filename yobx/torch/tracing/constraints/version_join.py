@@ -214,6 +214,7 @@ def _routed_positions(versions: list[Version]) -> list[int]:
 
 
 def _same_constant(a: Any, b: Any) -> bool:
+    """Whether two versions' constant outputs are the same value."""
     if type(a) is not type(b):
         return False
     if isinstance(a, torch.Tensor):

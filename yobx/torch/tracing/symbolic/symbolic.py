@@ -175,8 +175,9 @@ class SymbolicDimensions:
         #: reported (the tracer sets it while torch splits a tensor into pieces)
         self.on_default_bound_division: Callable[[sympy.Basic, bool], None] | None = None
         #: called with ``(condition, value)`` when torch decides, from the ranges alone,
-        #: a condition on sizes whose answer is another one when the dimensions with
-        #: the default lower bound are 1 (see :meth:`consult_prover`); None: not reported
+        #: an inequality of sizes whose answer is another one when the dimensions with
+        #: the default lower bound are 1 (see :meth:`consult_prover`); None: such
+        #: decisions are not reported (the tracer sets it while torch slices a tensor)
         self.on_default_bound_decision: Callable[[sympy.Basic, bool], None] | None = None
 
     def __deepcopy__(self, memo: dict) -> SymbolicDimensions:
@@ -237,10 +238,10 @@ class SymbolicDimensions:
                     and not kwargs
                     and _differs_at_one(expr, result, self.default_min)
                 ):
-                    # `slice(0, 2)` of a size decides `2 > n -> False` from the default
-                    # range: the slice has 2 rows, where eager has 1 at n = 1 (and a
-                    # window, a padding...). Reported, the decision gets a version at
-                    # that size as any other decision the default range settles
+                    # `x[0:2]` decides `2 > n -> False` from the default range: the
+                    # slice has 2 rows, where eager has 1 at n = 1. Reported, the
+                    # decision gets a version at that size as any other decision the
+                    # default range settles
                     reported.add(expr)
                     self.on_default_bound_decision(expr, bool(result))
                 elif (

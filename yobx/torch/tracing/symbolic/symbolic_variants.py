@@ -93,9 +93,9 @@ def _symbolic_getitem(original: Callable) -> Callable:
     return __getitem__
 
 
-def _fills_under_a_scalar_mask(target: torch.Tensor, key: Any, value: Any) -> bool:
-    """Whether ``target[key] = value`` writes a number or a 0-d tensor into all of
-    ``target`` or nothing, as the 0-d boolean ``key`` says."""
+def _fills_under_a_scalar_mask(key: Any, value: Any) -> bool:
+    """Whether ``x[key] = value`` writes a number or a 0-d tensor into all of ``x`` or
+    nothing, as the 0-d boolean ``key`` says."""
     return (
         isinstance(key, torch.Tensor)
         and key.dtype == torch.bool
@@ -110,7 +110,7 @@ def _fills_under_a_scalar_mask(target: torch.Tensor, key: Any, value: Any) -> bo
 def _symbolic_setitem(original: Callable, getitem: Callable) -> Callable:
     @functools.wraps(original)
     def __setitem__(self, key, value):
-        if type(self) is FakeTensor and _fills_under_a_scalar_mask(self, key, value):
+        if type(self) is FakeTensor and _fills_under_a_scalar_mask(key, value):
             # x[m] = v with a 0-d mask m (x[x.sum() > 0] = 0): torch's kernel indexes
             # x[None] with m[None], whose count of true values (0 or 1) depends on the
             # values; masked_fill_ fills the same (all of x or nothing)
