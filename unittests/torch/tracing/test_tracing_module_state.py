@@ -203,3 +203,29 @@ def test_preserved_parameters_copies_only_what_is_written():
     torch.testing.assert_close(model.weight.detach(), weight)
     assert model.weight.stride() == weight.stride()
     torch.testing.assert_close(model.bias.detach(), bias)
+
+
+def test_an_interrupt_while_parameters_are_put_back_puts_them_back_first(monkeypatch):
+    """An interrupt landing while the copies are written back: they are all written,
+    then the interrupt is raised."""
+    from yobx.torch.tracing.isolation import parameter_writes
+
+    model = torch.nn.Linear(3, 2)
+    weight = model.weight.detach().clone()
+    writes = parameter_writes._FirstWrites(list(model.parameters()))
+    with writes, torch.no_grad():
+        model.weight.mul_(3.0)
+    interrupted = []
+    original = torch.Tensor.copy_
+
+    def copy_once_interrupted(self, *args, **kwargs):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_once_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        writes.put_back()
+    monkeypatch.undo()
+    torch.testing.assert_close(model.weight.detach(), weight)

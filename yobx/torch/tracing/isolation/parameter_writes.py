@@ -74,13 +74,26 @@ class _FirstWrites(TorchFunctionMode):
                     )
 
     def put_back(self) -> None:
-        """Writes the copies back into their parameters."""
-        with torch.no_grad():
-            for parameter, values, storage, geometry in self.copies.values():
-                now = (parameter.storage_offset(), tuple(parameter.shape), parameter.stride())
-                if now != geometry or _memory(parameter) != storage.data_ptr():
-                    parameter.set_(storage, *geometry)
-                parameter.copy_(values)
+        """Writes the copies back into their parameters. An interrupt landing in it
+        makes it run again (no parameter is left half restored), then is raised."""
+        interrupt = None
+        while True:
+            try:
+                with torch.no_grad():
+                    for parameter, values, storage, geometry in self.copies.values():
+                        now = (
+                            parameter.storage_offset(),
+                            tuple(parameter.shape),
+                            parameter.stride(),
+                        )
+                        if now != geometry or _memory(parameter) != storage.data_ptr():
+                            parameter.set_(storage, *geometry)
+                        parameter.copy_(values)
+                break
+            except KeyboardInterrupt as exc:
+                interrupt = interrupt or exc
+        if interrupt is not None:
+            raise interrupt
 
 
 @contextlib.contextmanager
