@@ -20,7 +20,11 @@ import torch
 
 from ..errors import exception_summary
 from ..isolation.module_snapshot import preserved_modules
-from ..isolation.parameter_writes import preserved_parameters
+from ..isolation.parameter_writes import (
+    preserved_parameters,
+    restore_all,
+    snapshot,
+)
 from .size_search import compile_condition, tensor_like
 
 #: inputs a version's witness may allocate, in bytes, at least (more when the example
@@ -137,7 +141,7 @@ def run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
         # a model exported before its weights (the meta device) cannot run: the
         # version's capture, on fake tensors, is the only check of that side
         return None
-    saved = {n: _saved_buffer(b) for n, b in module.named_buffers()} if module else {}
+    saved = {n: snapshot(b) for n, b in module.named_buffers()} if module else {}
     try:
         with torch.no_grad(), contextlib.ExitStack() as stack:
             if module is not None:
@@ -152,38 +156,8 @@ def run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
     return None
 
 
-def _saved_buffer(buffer: torch.Tensor) -> tuple:
-    """What :func:`restore_buffers` puts back: the values, and the view's storage and
-    geometry, which a model may change in place (``self.buf.t_()``, ``resize_``)."""
-    with torch.no_grad():
-        return (
-            buffer.detach().clone(),
-            buffer.untyped_storage(),
-            buffer.storage_offset(),
-            tuple(buffer.shape),
-            buffer.stride(),
-        )
-
-
 def restore_buffers(module: torch.nn.Module, saved: dict[str, tuple]) -> None:
-    """Puts the buffers back as :func:`_saved_buffer` saved them: the same storage seen
-    with the same geometry, holding the same values. An interrupt landing in it makes
-    it run again (the model is never left half restored), then is raised."""
-    interrupt = None
-    while True:
-        try:
-            with torch.no_grad():
-                for name, buffer in module.named_buffers():
-                    if name not in saved:
-                        continue
-                    values, storage, offset, shape, stride = saved[name]
-                    geometry = (buffer.storage_offset(), tuple(buffer.shape), buffer.stride())
-                    moved = buffer.untyped_storage().data_ptr() != storage.data_ptr()
-                    if moved or geometry != (offset, shape, stride):
-                        buffer.set_(storage, offset, shape, stride)
-                    buffer.copy_(values)
-            break
-        except KeyboardInterrupt as exc:
-            interrupt = interrupt or exc
-    if interrupt is not None:
-        raise interrupt
+    """Puts the buffers back as :func:`~..isolation.parameter_writes.snapshot` saved
+    them (storage and geometry too: ``self.buf.t_()``), through interrupts
+    (:func:`~..isolation.parameter_writes.restore_all`)."""
+    restore_all([(b, saved[n]) for n, b in module.named_buffers() if n in saved])

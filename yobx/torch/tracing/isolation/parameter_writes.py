@@ -49,8 +49,8 @@ class _FirstWrites(TorchFunctionMode):
             address = _memory(parameter)
             if address is not None:
                 self.owners.setdefault(address, []).append(parameter)
-        #: id of the parameter -> the parameter, its values before the first write, and
-        #: its storage and geometry (``t_()`` changes them in place)
+        #: id of the parameter -> the parameter and its :func:`snapshot` before the
+        #: first write
         self.copies: dict[int, tuple] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -65,35 +65,45 @@ class _FirstWrites(TorchFunctionMode):
         for parameter in self.owners.get(_memory(written) or -1, ()):
             if id(parameter) not in self.copies:
                 # the mode is off inside its own handler: clone is not seen again
-                with torch.no_grad():
-                    self.copies[id(parameter)] = (
-                        parameter,
-                        parameter.detach().clone(),
-                        parameter.untyped_storage(),
-                        (parameter.storage_offset(), tuple(parameter.shape), parameter.stride()),
-                    )
+                self.copies[id(parameter)] = (parameter, snapshot(parameter))
 
     def put_back(self) -> None:
-        """Writes the copies back into their parameters. An interrupt landing in it
-        makes it run again (no parameter is left half restored), then is raised."""
-        interrupt = None
-        while True:
-            try:
-                with torch.no_grad():
-                    for parameter, values, storage, geometry in self.copies.values():
-                        now = (
-                            parameter.storage_offset(),
-                            tuple(parameter.shape),
-                            parameter.stride(),
-                        )
-                        if now != geometry or _memory(parameter) != storage.data_ptr():
-                            parameter.set_(storage, *geometry)
-                        parameter.copy_(values)
-                break
-            except KeyboardInterrupt as exc:
-                interrupt = interrupt or exc
-        if interrupt is not None:
-            raise interrupt
+        """Writes the copies back into their parameters (see :func:`restore_all`)."""
+        restore_all(list(self.copies.values()))
+
+
+def snapshot(tensor: torch.Tensor) -> tuple:
+    """What :func:`restore` puts back: the values of ``tensor``, its storage and its
+    geometry, which a model may change in place (``t_()``, ``resize_``)."""
+    with torch.no_grad():
+        geometry = (tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        return tensor.detach().clone(), tensor.untyped_storage(), geometry
+
+
+def restore(tensor: torch.Tensor, saved: tuple) -> None:
+    """Puts ``tensor`` back as :func:`snapshot` saved it: the same storage seen with the
+    same geometry, holding the same values."""
+    values, storage, geometry = saved
+    with torch.no_grad():
+        now = (tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        if now != geometry or _memory(tensor) != storage.data_ptr():
+            tensor.set_(storage, *geometry)
+        tensor.copy_(values)
+
+
+def restore_all(saved: list[tuple[torch.Tensor, tuple]]) -> None:
+    """:func:`restore` of each ``(tensor, snapshot)``: an interrupt landing in it makes
+    it run again (the model is never left half restored), then is raised."""
+    interrupt = None
+    while True:
+        try:
+            for tensor, values in saved:
+                restore(tensor, values)
+            break
+        except KeyboardInterrupt as exc:
+            interrupt = interrupt or exc
+    if interrupt is not None:
+        raise interrupt
 
 
 @contextlib.contextmanager
@@ -108,4 +118,4 @@ def preserved_parameters(module: torch.nn.Module) -> Iterator[None]:
         writes.put_back()
 
 
-__all__ = ["preserved_parameters", "writes_in_place"]
+__all__ = ["preserved_parameters", "restore", "restore_all", "snapshot", "writes_in_place"]
