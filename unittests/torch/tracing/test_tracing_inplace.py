@@ -168,3 +168,51 @@ def test_inplace_squeeze_of_a_dynamic_dimension(dims):
     inputs = {"x": torch.randn(3, 5)}
     others = [{"x": torch.randn(2, 5)}, {"x": torch.randn(4, 5)}]
     check_trace(M(), inputs, {"x": {0: "b"}}, other_inputs=others)
+
+
+class UnboundInPlace(torch.nn.Module):
+    """In-place methods called through the class, as ``map(torch.Tensor.zero_, ...)``
+    would: on an input, a buffer, and a tensor built in ``forward`` taking a traced
+    argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, 4))
+
+    def forward(self, x):
+        torch.Tensor.mul_(x, 0.5)
+        torch.Tensor.add_(self.scale, 1.0)
+        total = torch.zeros(4)
+        torch.Tensor.add_(total, x.sum(dim=0))
+        torch.Tensor.clamp_(total, min=-1.0)
+        return x * self.scale + total
+
+
+@pytest.mark.parametrize("remove_inplace", [False, True])
+def test_unbound_inplace_methods(remove_inplace):
+    # the class's descriptor refuses anything but a tensor (a TypeError before):
+    # torch.export captures these calls, running real tensors
+    from ._helpers import trace_module
+
+    model, reference = UnboundInPlace(), UnboundInPlace()
+    _, graph, gm = trace_module(
+        model, {"x": torch.randn(3, 4)}, {"x": {0: "n"}}, remove_inplace=remove_inplace
+    )
+    # tracing left the buffer as it was
+    torch.testing.assert_close(model.scale, reference.scale)
+    for n in (3, 5, 1):
+        x = torch.randn(n, 4)
+        x_graph, x_eager = x.clone(), x.clone()
+        torch.testing.assert_close(gm(x_graph), reference(x_eager))
+        # the input and the buffer are written as eager writes them
+        torch.testing.assert_close(x_graph, x_eager)
+        torch.testing.assert_close(model.scale, reference.scale)
+    if remove_inplace:
+        # functional, then the input's and the buffer's new values copied back
+        writes = [n for n in graph.nodes if str(n.target).endswith("_")]
+        assert [(n.target, n.args[0].op) for n in writes] == [
+            ("copy_", "placeholder"),
+            ("copy_", "get_attr"),
+        ]
+    # the class's methods are the originals again
+    assert type(torch.Tensor.mul_).__name__ == "method_descriptor"

@@ -835,6 +835,35 @@ def test_an_example_pinned_with_no_other_size_keeps_its_capture():
         gm(torch.randn(4, 3))
 
 
+class CapturedAtOneOnly(torch.nn.Module):
+    """``min(dim, 2)`` gives versions for dim >= 3, 2 and below 2; the last one is
+    captured at 1 (a constant there), and its capture at 0 fails (``flatten`` of an
+    empty fake tensor), while eager runs at 0 (fuzz_tracing seed 3048)."""
+
+    def forward(self, x):
+        t1 = x.narrow(2, 0, min(x.shape[2], 2))
+        torch.nn.functional.scaled_dot_product_attention(t1, t1, t1, is_causal=True)
+        t1.narrow(1, 0, min(t1.shape[1], 3)).flatten()
+        return t1 @ t1.transpose(-1, -2), t1.shape[-1] * 2 + t1.shape[0]
+
+
+def test_a_version_captured_at_one_checks_it_where_no_version_takes_zero():
+    # the check `dim >= 1 when dim < 2` was built on the ShapeEnv's positive symbols,
+    # for which sympy folds it to True: the version of dim = 1 ran at dim = 0 and
+    # returned 5 (its constant) instead of 3
+    model = CapturedAtOneOnly()
+    tracer, graph, gm = trace_module(
+        model, {"x": torch.randn(3, 3, 4)}, {"x": {1: "length", 2: "dim"}}
+    )
+    assert any("dim >= 1" in note for note in tracer.version_notes), tracer.version_notes
+    for length, dim in ((3, 4), (5, 2), (11, 8), (3, 1), (1, 1)):
+        x = torch.randn(3, length, dim)
+        assert_same(model(x), gm(x))
+    for length in (0, 3):
+        with pytest.raises(ConstraintViolationError, match="dim >= 1"):
+            gm(torch.randn(3, length, 0))
+
+
 class SameLineTwice(torch.nn.Module):
     """One decision line met twice; its other side reads tensor values in Python,
     which no capture takes (eager runs there)."""

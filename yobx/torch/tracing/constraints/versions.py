@@ -675,16 +675,22 @@ def pinned_checks(first: Version, versions: list[Version]) -> list[RuntimeCheck]
     versions run there): without the check, the version computes sizes 1 and 0 as 2
     (``y[: n]`` keeps two rows)."""
     dims = first.tracer.dims
+    # on sympy's non-negative twins of the ShapeEnv's symbols: positive ones would fold
+    # `dim >= 1` to True, and the check of a version captured at 1 would vanish
+    twins = {
+        sympy.Symbol(name, integer=True): dims.twins(symint.node._expr)
+        for name, symint in dims.by_name.items()
+    }
     checks = []
     for version in versions:
-        path = sympy.And(*(in_dimensions(dims, c.condition) for c in version.conditions))
         user_path = sympy.And(*(c.condition for c in version.conditions))
+        path = user_path.xreplace(twins)
         for name, size in pinned_sizes(version).items():
             if name not in dims.by_name:
                 continue
             if implied_by(sympy.Ge(sympy.Symbol(name, integer=True), size), user_path):
                 continue  # the sizes below have versions (Versioning._below_pinned)
-            at_least = sympy.Ge(dims.by_name[name].node._expr, size)
+            at_least = sympy.Ge(twins[sympy.Symbol(name, integer=True)], size)
             checks.append(
                 RuntimeCheck(
                     sympy.Or(sympy.Not(path), at_least),

@@ -155,6 +155,18 @@ _SIZES_METHODS = ("expand", "new_zeros", "new_ones", "new_empty")
 #: other methods of real tensors that traced arguments reach unrecorded: ``split`` is
 #: Python code choosing ``split_with_sizes`` for anything but an int
 _TRACED_ARGUMENT_METHODS = ("split",)
+#: the in-place methods torch writes in C (``add_``, ``copy_``, ``masked_fill_``...):
+#: called unbound on a proxy, ``torch.Tensor.mul_(x, 0.5)``, the descriptor refuses
+#: anything but a tensor before any dispatch (torch.export, running real tensors,
+#: captures it). The other C methods are left alone: the tracer's own fake execution
+#: calls ``size``, ``dim`` or ``stride`` in its inner loops, and each call would go
+#: through the replacement while a trace runs.
+_UNBOUND_INPLACE_METHODS = tuple(
+    name
+    for name in vars(torch._C.TensorBase)
+    # torch.Tensor's Python methods (``share_memory_``) dispatch proxies themselves
+    if name.endswith("_") and not name.startswith("_") and name not in vars(torch.Tensor)
+)
 
 
 def _real_tensor_method(name: str) -> Callable:
@@ -384,6 +396,13 @@ def _replacements() -> list[tuple[Any, str, Any]]:
         *(
             (torch.Tensor, name, _real_tensor_method(name))
             for name in dict.fromkeys(_DTYPE_METHODS + _SIZES_METHODS + _TRACED_ARGUMENT_METHODS)
+        ),
+        # right in every thread (the original for anything but a proxy): installed
+        # without a gate each, which would cost every trace a fraction of a millisecond
+        *(
+            (torch.Tensor, name, any_thread(_real_tensor_method(name)))
+            for name in _UNBOUND_INPLACE_METHODS
+            if name not in _DTYPE_METHODS + _SIZES_METHODS
         ),
         (torch, "_check", _check(torch._check)),
         (torch, "_check_tensor_all", _check(torch._check_tensor_all)),

@@ -24,10 +24,12 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.node import Node
 from torch.fx.proxy import Proxy
 from torch.overrides import TorchFunctionMode
 
 from ..isolation.parameter_writes import writes_in_place
+from .constant_writes import ConstantWrites
 
 
 class StateWrites(TorchFunctionMode):
@@ -42,6 +44,8 @@ class StateWrites(TorchFunctionMode):
         self.tracer = tracer
         #: ids of the parameters and buffers written into while tracing
         self.written: set[int] = set()
+        #: the tensors created while tracing that the graph writes into
+        self.created = ConstantWrites(tracer)
         # the inverse of the trace's tensor_names, made at the first write through a
         # get_attr node (tensor_names is filled before the mode is entered)
         self._ids_by_name: dict[str, list[int]] | None = None
@@ -49,16 +53,19 @@ class StateWrites(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         state = self.tracer.state
-        if state.in_fake or not state.tensor_names:
+        if state.in_fake or (not state.tensor_names and not self.created):
             return func(*args, **kwargs)
         in_place = writes_in_place(func, kwargs)
-        if not self.written and not in_place:
+        if not self.written and not in_place and not self.created:
             return func(*args, **kwargs)  # nothing written yet: the common path
         names = state.tensor_names
         if in_place and args and _is_state(args[0], names):
             self.written.add(id(args[0]))
+        if in_place and args and self.created.written_later(args[0]):
+            # an eager write into memory the graph reads: recorded (see constant_writes)
+            self.created.proxy_of(args[0])
         leaves = pytree.tree_leaves((args, kwargs))
-        if not any(_is_state(t, names) and id(t) in self.written for t in leaves):
+        if not any(self._written(t, names) for t in leaves):
             return func(*args, **kwargs)
         args, kwargs = pytree.tree_map(self._proxy_of_written, (args, kwargs))
         if args and isinstance(args[0], Proxy):
@@ -71,11 +78,43 @@ class StateWrites(TorchFunctionMode):
                 return getattr(args[0], name)(*args[1:], **kwargs)
         return func(*args, **kwargs)
 
+    def _written(self, value: Any, names: dict[int, str]) -> bool:
+        return (_is_state(value, names) and id(value) in self.written) or self.created.holds(value)
+
     def _proxy_of_written(self, value: Any) -> Any:
         names = self.tracer.state.tensor_names
         if _is_state(value, names) and id(value) in self.written:
             return self.tracer.create_proxy("get_attr", names[id(value)], (), {})
+        if self.created.holds(value):
+            return self.created.proxy_of(value)
         return value
+
+    @staticmethod
+    def writes_attribute(kind: str, target: Any, args: Any, kwargs: dict) -> bool:
+        """Whether a node about to be recorded writes in place into a ``get_attr``
+        (a parameter, a buffer, a constant of the trace), its first argument."""
+        return bool(
+            kind != "get_attr"
+            and args
+            and type(args[0]) is Node
+            and args[0].op == "get_attr"
+            and writes_in_place(target, kwargs)
+        )
+
+    def written_argument(self, written: Node) -> Node:
+        """The node a node about to be recorded writes into, ``written`` (a ``get_attr``):
+        for a tensor the model created while tracing (a constant of the graph), its
+        view of the copy of its memory the graph writes into instead (see
+        :mod:`.constant_writes`); else ``written``."""
+        tensor = self.tracer.state.constants.get(written.target)
+        if tensor is None or not self.created.is_created_tensor(tensor):
+            return written
+        view = self.created.proxy_of(tensor).node
+        if not written.users:
+            # made for this write only: the view reads the memory instead
+            self.tracer.state.constant_nodes.pop(id(tensor), None)
+            written.graph.erase_node(written)
+        return view
 
     def note_write(self, node: Any) -> None:
         """A recorded ``node`` writing into a parameter or buffer through its

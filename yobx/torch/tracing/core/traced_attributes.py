@@ -154,6 +154,10 @@ class AttributesMixin(MixinBase):
         return super().create_arg(a)
 
     def _tensor_constant(self, tensor: torch.Tensor) -> Node:
+        writes = self.state.state_writes
+        if writes is not None and writes.created.holds(tensor):
+            # memory the graph writes into: its copy's view (see constant_writes)
+            return self.create_arg(writes.created.proxy_of(tensor))
         key = id(tensor)
         name = self.state.tensor_names.get(key) or self.tensor_attrs.get(tensor)
         if name is None:
@@ -161,6 +165,8 @@ class AttributesMixin(MixinBase):
             if node is not None and node.graph is self.graph:
                 return node
             name = self.add_constant(tensor)
+            if writes is not None:
+                writes.created.note_read(tensor)
         node = self.create_node("get_attr", name, (), {})
         node.meta["val"] = self.trace_dims().from_real(tensor)
         self.state.constant_nodes[key] = node

@@ -68,7 +68,7 @@ from .proxy_patches import (
     patch_len_in,
     replace_problematic_function_before_tracing,
 )
-from .state_writes import StateWrites, writes_in_place
+from .state_writes import StateWrites
 from .trace_results import TraceResultsMixin
 from .trace_state import TraceState
 from .traced_attributes import CONSTANT_PREFIX, AttributesMixin
@@ -723,6 +723,11 @@ class CustomTracer(
                     name = _NODE_NAMES[target] = self.graph._target_to_str(target)
             except TypeError:  # an unhashable callable
                 pass
+        writes = self.state.state_writes is not None and self.state.state_writes.writes_attribute(
+            kind, target, args, kwargs
+        )
+        if writes:
+            args = (self.state.state_writes.written_argument(args[0]), *args[1:])
         if type(args) is tuple and args and self.graph.owning_module is None:
             # torch.fx walks the arguments with pytree for raw SymInts (a tenth of a
             # node's cost; create_arg warns instead): they are set after, as torch.fx
@@ -733,14 +738,7 @@ class CustomTracer(
             node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if self.state.active_loop is not None:
             self.record_in_loop(node)
-        if (
-            kind != "get_attr"
-            and args
-            and type(args[0]) is Node
-            and args[0].op == "get_attr"
-            and self.state.state_writes is not None
-            and writes_in_place(target, kwargs)
-        ):
+        if writes and node.args[0].op == "get_attr":
             self.state.state_writes.note_write(node)
         return node
 

@@ -23,8 +23,9 @@ from torch.overrides import TorchFunctionMode
 def writes_in_place(func: Any, kwargs: dict) -> bool:
     """Whether a torch function or tensor method writes into its first argument (its
     name ends with ``_``: ``add_``, ``copy_``, ``index_copy_``; ``__setitem__`` and
-    the ``__i*__`` operators) or into an ``out=`` tensor."""
-    name = getattr(func, "__name__", "")
+    the ``__i*__`` operators) or into an ``out=`` tensor. ``func`` may be a method's
+    name (the target of a ``call_method`` node)."""
+    name = func if isinstance(func, str) else getattr(func, "__name__", "")
     if name.startswith("__"):
         return name == "__setitem__" or (name.startswith("__i") and name != "__index__")
     return name.endswith("_") or "out" in kwargs
