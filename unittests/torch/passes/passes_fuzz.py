@@ -63,8 +63,6 @@ ALLOWED_CAPTURE_FAILURES = {
         r"failed on fake tensors with RuntimeError: .*SymIntArrayRef expected to contain only",
         # x[mask] = tensor: the number of selected elements is data-dependent
         r"Could not guard on data-dependent expression",
-        # torch.Tensor.mul_(x, 2): an unbound method called on a proxy
-        r"descriptor '\w+' for 'torch._C.TensorBase' objects doesn't apply to a 'Custom\w*Proxy'",
     ),
 }
 ALLOWED_CAPTURE_FAILURES["tracer_default"] = ALLOWED_CAPTURE_FAILURES["tracer"]

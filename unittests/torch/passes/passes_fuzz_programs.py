@@ -3,10 +3,11 @@
 A program is the source of a ``torch.nn.Module`` whose ``forward(x, y)`` chains views of
 every kind (slices, select, transpose, diagonal, view/reshape, expand, tuple-of-views
 elements of split, chunk, unbind, tensor_split...), in-place operations, item
-assignments with masks, slices and index tensors, on its inputs, on fresh tensors and on
-buffers (one of which may be a view of the other); ``y`` may alias ``x``. Each line is
-kept only if eager PyTorch runs the program so far at every size (twice, buffers
-carrying over), so every program is valid by construction.
+assignments with masks, slices and index tensors, on its inputs, on fresh tensors, on
+tensors it creates from Python values and on buffers (one of which may be a view of the
+other); ``y`` may alias ``x``. Each line is kept only if eager PyTorch runs the program
+so far at every size (twice, buffers carrying over), so every program is valid by
+construction.
 """
 
 from __future__ import annotations
@@ -81,6 +82,15 @@ _FRESH = (
     "{v} - {w}",
     "torch.where({v} > 0, {v}, {w})",
 )
+#: tensors the program creates from Python values: real while tracing, constants of the
+#: graph once a traced value is written into them (yobx's constant_writes)
+_CREATED = (
+    "torch.zeros(4, 6)",
+    "torch.ones(6)",
+    "torch.full((3, 6), 0.5)",
+    "torch.arange(24.0).reshape(4, 6)",
+    "torch.zeros(6, 4).t()",
+)
 _INPLACE = (
     "{v}.add_(1.5)",
     "{v}.mul_(-2.0)",
@@ -119,7 +129,14 @@ _SETITEM = (
     "{v}[1:] = {w}[:-1]",
     "{v}[:, 0] = {w}[:, -1]",
 )
-_KINDS = ((_VIEWS, 4), (_TUPLE_VIEWS, 3), (_FRESH, 1), (_INPLACE, 4), (_SETITEM, 3))
+_KINDS = (
+    (_VIEWS, 4),
+    (_TUPLE_VIEWS, 3),
+    (_FRESH, 1),
+    (_CREATED, 1),
+    (_INPLACE, 4),
+    (_SETITEM, 3),
+)
 
 
 @dataclass
@@ -264,7 +281,7 @@ def _candidate(rng: random.Random, program: Program, variables: list[str]) -> st
     template = rng.choice(templates)
     v, w = rng.choice(variables), rng.choice(variables)
     text = template.format(v=v, w=w, i=rng.choice((0, 1, 1, 2)))
-    if templates in (_VIEWS, _TUPLE_VIEWS, _FRESH):
+    if templates in (_VIEWS, _TUPLE_VIEWS, _FRESH, _CREATED):
         return f"v{len(variables) - len(_names(program, 0))} = {text}"
     if ("+=" in text or "*=" in text) and text.startswith("self."):
         # augmented assignment rebinds a name: only on local variables and inputs

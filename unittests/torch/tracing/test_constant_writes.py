@@ -152,3 +152,33 @@ def test_a_created_tensor_viewed_with_two_dtypes_is_refused():
 
     with pytest.raises(TracingError, match="two dtypes"):
         trace_module(Model(), {"x": torch.randn(3, 4)}, {"x": {0: "n"}})
+
+
+TABLE = torch.zeros(4)
+
+
+class WritesAGlobal(torch.nn.Module):
+    """A tensor that lives before the call (a global): eager writes into that object at
+    every call, and so does the graph."""
+
+    def forward(self, x):
+        TABLE.add_(x.sum(dim=0))
+        return x + TABLE
+
+
+@pytest.mark.parametrize("remove_inplace", [False, True])
+def test_a_global_tensor_written_by_the_graph_is_the_one_eager_writes(remove_inplace):
+    TABLE.zero_()
+    _, _, gm = trace_module(
+        WritesAGlobal(), {"x": torch.randn(3, 4)}, {"x": {0: "n"}}, remove_inplace=remove_inplace
+    )
+    # tracing recorded the write without running it
+    torch.testing.assert_close(TABLE, torch.zeros(4))
+    for n in (3, 5, 2):
+        x = torch.randn(n, 4)
+        before = TABLE.clone()
+        got = gm(x)
+        after = TABLE.clone()
+        TABLE.copy_(before)
+        _same(got, WritesAGlobal()(x))
+        torch.testing.assert_close(TABLE, after)

@@ -390,6 +390,26 @@ def test_declared_bounds_and_shared_dimensions_are_checked():
         gm(torch.randn(4, 2), torch.randn(5, 2))
 
 
+def test_a_declared_minimum_of_one_is_checked():
+    # `batch >= 1` was built on the ShapeEnv's positive symbol, which sympy folds to
+    # True: the graph, whose decision `batch != 0` the declared range settled, ran at
+    # batch 0 and returned zeros where eager returns 5
+    class EmptyBatch(torch.nn.Module):
+        def forward(self, x):
+            if x.shape[0] != 0:
+                return x.sum(0) * 2
+            return x.sum(0) + 5
+
+    _, _, gm = check_trace(
+        EmptyBatch(),
+        {"x": torch.randn(3, 2)},
+        {"x": {0: Dim("batch", min=1)}},
+        [{"x": torch.randn(1, 2)}, {"x": torch.randn(6, 2)}],
+    )
+    with pytest.raises(ConstraintViolationError, match="batch >= 1"):
+        gm(torch.randn(0, 2))
+
+
 def test_derived_dimension_is_checked():
     class Shifted(torch.nn.Module):
         def forward(self, x, y):

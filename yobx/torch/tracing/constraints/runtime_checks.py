@@ -189,7 +189,11 @@ def declared_checks(dims: SymbolicDimensions) -> list[RuntimeCheck]:
             # the default lower bound is checked only where a decision needs it
             checks.append(
                 RuntimeCheck(
-                    sympy.Ge(symbol, low), f"{name} >= {low} (declared)", where, "declared"
+                    # a twin: sympy folds `s >= 1` to True on a positive ShapeEnv symbol
+                    sympy.Ge(dims.twin(symbol), low),
+                    f"{name} >= {low} (declared)",
+                    where,
+                    "declared",
                 )
             )
         if high is not None:

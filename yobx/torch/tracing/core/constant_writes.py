@@ -66,6 +66,10 @@ class ConstantWrites:
         self.views: dict[int, tuple[torch.Tensor, Proxy]] = {}
         #: the storages of created tensors the graph reads as constants
         self.read: set[Any] = set()
+        #: the storages the model's code allocated while tracing (results of calls on
+        #: real tensors that view none of their arguments): a global or a closure's
+        #: tensor written into by the graph stays the one object eager writes into
+        self.born: set[Any] = set()
         #: the storages of the module's parameters, buffers and tensor attributes
         #: (computed at the first question): writes into them are the module's
         self._state: set[Any] | None = None
@@ -86,10 +90,31 @@ class ConstantWrites:
             and _storage_key(value) in self.copies
         )
 
+    def note_result(self, result: Any, args: tuple, kwargs: dict) -> Any:
+        """Returns ``result``, a call's on real tensors, after noting the memory it
+        allocated (:attr:`born`)."""
+        if type(result) is not torch.Tensor or result.layout != torch.strided:
+            return result
+        key = _storage_key(result)
+        if key in self.born:
+            return result
+        for value in (*args, *kwargs.values()):
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            for item in values:
+                if (
+                    isinstance(item, torch.Tensor)
+                    and not isinstance(item, Proxy)
+                    and item.layout == torch.strided
+                    and _storage_key(item) == key
+                ):
+                    return result  # a view of an argument (`t.T`, `as_tensor(t)`)
+        self.born.add(key)
+        return result
+
     def is_created_tensor(self, value: Any) -> bool:
-        """Whether ``value`` is a real tensor the model's code created while tracing:
-        neither a fake value nor a parameter, buffer or tensor attribute of a module, or
-        a view of one."""
+        """Whether ``value`` is a real tensor the model's code created while tracing
+        (:attr:`born`), neither a fake value nor a parameter, buffer or tensor attribute
+        of a module, or a view of one."""
         if (
             isinstance(value, Proxy)
             or not isinstance(value, torch.Tensor)
@@ -97,6 +122,9 @@ class ConstantWrites:
             or value.layout != torch.strided
             or value.device.type == "meta"
         ):
+            return False
+        key = _storage_key(value)
+        if key not in self.born:
             return False
         if self._state is None:
             root = getattr(self.tracer, "root", None)
@@ -109,7 +137,7 @@ class ConstantWrites:
                 for t in tensors
                 if isinstance(t, torch.Tensor) and t.layout == torch.strided
             }
-        return _storage_key(value) not in self._state
+        return key not in self._state
 
     def note_read(self, tensor: torch.Tensor) -> None:
         """The graph reads ``tensor`` as a constant: an eager write into its memory

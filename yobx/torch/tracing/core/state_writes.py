@@ -16,6 +16,10 @@ call of the model's code. An in-place operation on a parameter or buffer marks i
 instead of the tensor: the call is recorded in the graph, on the buffer's node, as the
 module attribute would have been. A state tensor never written keeps being read as a
 constant of the trace (its value is the same at every call of the graph).
+
+Tensors the code creates while it runs and the graph then writes into are not the
+module's state: the graph writes into a copy of their memory made at each call, and
+the mode sends the calls on them to that copy (:mod:`.constant_writes`).
 """
 
 from __future__ import annotations
@@ -53,20 +57,24 @@ class StateWrites(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         state = self.tracer.state
-        if state.in_fake or (not state.tensor_names and not self.created):
+        if state.in_fake:
             return func(*args, **kwargs)
+        created = self.created
+        if not state.tensor_names and not created:
+            return created.note_result(func(*args, **kwargs), args, kwargs)
         in_place = writes_in_place(func, kwargs)
-        if not self.written and not in_place and not self.created:
-            return func(*args, **kwargs)  # nothing written yet: the common path
+        if not self.written and not in_place and not created:
+            # nothing written yet: the common path
+            return created.note_result(func(*args, **kwargs), args, kwargs)
         names = state.tensor_names
         if in_place and args and _is_state(args[0], names):
             self.written.add(id(args[0]))
-        if in_place and args and self.created.written_later(args[0]):
+        if in_place and args and created.written_later(args[0]):
             # an eager write into memory the graph reads: recorded (see constant_writes)
-            self.created.proxy_of(args[0])
+            created.proxy_of(args[0])
         leaves = pytree.tree_leaves((args, kwargs))
         if not any(self._written(t, names) for t in leaves):
-            return func(*args, **kwargs)
+            return created.note_result(func(*args, **kwargs), args, kwargs)
         args, kwargs = pytree.tree_map(self._proxy_of_written, (args, kwargs))
         if args and isinstance(args[0], Proxy):
             # a method's or a property's descriptor takes no proxy: the proxy's own
