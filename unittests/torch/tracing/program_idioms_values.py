@@ -170,6 +170,28 @@ def loop_over_pieces(b: ProgramBuilder) -> Made:
 
 
 @idiom(0.5)
+def write_into_created(b: ProgramBuilder) -> Made:
+    """A tensor created from Python values, written with traced values (directly,
+    through a view, or eagerly after the graph read it), then read: every call of the
+    graph starts from the created values (yobx's constant_writes)."""
+    v = b.pick()
+    acc, t = b.new("acc"), b.new()
+    k = b.rng.randint(2, 4)
+    how = b.rng.choice(("add", "setitem", "view", "eager"))
+    write = {
+        "add": [f"{acc}.add_({v}.sum())"],
+        "setitem": [f"{acc}[{k - 1}] = {v}.mean()"],
+        "view": [f"{acc}[1:].mul_({v}.abs().sum() + 1)"],
+        "eager": [f"{t} = {v} * {acc}[0]", f"{acc}.add_(1.0)"],
+    }[how]
+    return [
+        f"{acc} = torch.arange({float(k)})",
+        *write,
+        f"{t} = {v} * ({acc}.sum() + 1)" if how != "eager" else f"{t} = {t} + {acc}.sum()",
+    ], [t]
+
+
+@idiom(0.5)
 def tensor_of_dim(b: ProgramBuilder) -> Made:
     v = b.pick()
     return _one(b, f"{v} * torch.tensor({v}.shape[-1], dtype=torch.float32)")

@@ -34,11 +34,16 @@ from ..errors import TracingError
 
 
 def _storage_key(tensor: torch.Tensor) -> Any:
+    """Identifies the memory of ``tensor``; None for a tensor without storage (a
+    ``torch.vmap`` batched tensor, a functional wrapper), which this module leaves alone."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     # the trace's StateWrites mode would record the call on a tensor it stands for
     with torch._C.DisableTorchFunction():
-        return StorageWeakRef(tensor.untyped_storage())
+        try:
+            return StorageWeakRef(tensor.untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            return None
 
 
 def _flat_memory(tensor: torch.Tensor) -> torch.Tensor:
@@ -87,17 +92,26 @@ class ConstantWrites:
             and isinstance(value, torch.Tensor)
             and not isinstance(value, torch._subclasses.FakeTensor)
             and value.layout == torch.strided
-            and _storage_key(value) in self.copies
+            and _storage_key(value) in self.copies  # (None is no key)
         )
 
     def note_result(self, result: Any, args: tuple, kwargs: dict) -> Any:
-        """Returns ``result``, a call's on real tensors, after noting the memory it
-        allocated (:attr:`born`)."""
-        if type(result) is not torch.Tensor or result.layout != torch.strided:
-            return result
-        key = _storage_key(result)
-        if key in self.born:
-            return result
+        """Returns ``result``, a call's on real tensors (a tensor, or a tuple of them:
+        ``torch.sort``), after noting the memory it allocated (:attr:`born`)."""
+        if type(result) is torch.Tensor:
+            self._note_allocated(result, args, kwargs)
+        elif type(result) in (tuple, list) or isinstance(result, tuple):
+            for item in result:
+                if type(item) is torch.Tensor:
+                    self._note_allocated(item, args, kwargs)
+        return result
+
+    def _note_allocated(self, tensor: torch.Tensor, args: tuple, kwargs: dict) -> None:
+        if tensor.layout != torch.strided:
+            return
+        key = _storage_key(tensor)
+        if key is None or key in self.born:
+            return
         for value in (*args, *kwargs.values()):
             values = value if isinstance(value, (list, tuple)) else (value,)
             for item in values:
@@ -107,9 +121,8 @@ class ConstantWrites:
                     and item.layout == torch.strided
                     and _storage_key(item) == key
                 ):
-                    return result  # a view of an argument (`t.T`, `as_tensor(t)`)
+                    return  # a view of an argument (`t.T`, `as_tensor(t)`, `t.unbind()`)
         self.born.add(key)
-        return result
 
     def is_created_tensor(self, value: Any) -> bool:
         """Whether ``value`` is a real tensor the model's code created while tracing
@@ -124,7 +137,7 @@ class ConstantWrites:
         ):
             return False
         key = _storage_key(value)
-        if key not in self.born:
+        if key is None or key not in self.born:
             return False
         if self._state is None:
             root = getattr(self.tracer, "root", None)
