@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
-from unittests.torch.tracing.test_tracing_loops import Cell, Recurrence, Writes
+from unittests.torch.tracing.test_tracing_loops import Cell, FromOne, Recurrence, Writes
 
 
 def _op_types(model_proto) -> list[str]:
@@ -39,6 +39,18 @@ def test_loop_is_a_scan_exact_at_other_lengths(model):
             expected = model(x)
         expected = expected if isinstance(expected, tuple) else (expected,)
         for e, got in zip(expected, _run(result, x=x)):
+            np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
+
+
+def test_a_scan_of_zero_steps_runs_in_onnxruntime():
+    # onnxruntime's Scan fails on empty inputs ("dim0_offset < dim0_size was false"):
+    # the export gives it one step of zeros there, which a mask keeps out of the states
+    # (yobx.torch.onnx.empty_scans)
+    model = FromOne()
+    result = export_and_validate(model, (torch.randn(4, 3, 7),), dynamic_shapes=({2: "dim"},))
+    for dim in (7, 2, 1):
+        y = torch.randn(4, 3, dim)
+        for e, got in zip(model(y), _run(result, y=y)):
             np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
 
 

@@ -118,6 +118,15 @@ def test_created_tensor_written_by_the_graph_in_onnx(cls):
     export_and_validate(cls(), (torch.randn(4, 4),), dynamic_shapes=({0: "n"},))
 
 
+def test_a_write_through_an_as_strided_view_is_refused_by_the_onnx_export():
+    # the graph module keeps that write in place (right); ONNX has no in-place writes
+    from yobx.torch.onnx import to_onnx
+    from yobx.torch.onnx.errors import OnnxExportError
+
+    with pytest.raises(OnnxExportError, match="as_strided"):
+        to_onnx(TransposedBlock(), (torch.randn(4, 4),), dynamic_shapes=({0: "n"},))
+
+
 def test_writes_into_a_view_of_a_buffer_stay_the_modules():
     """A real view of a buffer, written with a traced value, writes into the buffer
     (the module's state), not into a copy."""

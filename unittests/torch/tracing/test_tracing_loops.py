@@ -118,6 +118,29 @@ def test_reversed_range_from_one():
         gm(torch.randn(2, 1, 3))
 
 
+class FromOne(torch.nn.Module):
+    """A loop over ``range(1, n)``: no step at n = 1, where eager returns the state as
+    it came in and an empty stack."""
+
+    def forward(self, y):
+        h = y[..., 0] * 0
+        outs = []
+        for i in range(1, y.shape[2]):
+            h = h * 0.5 + y[..., i]
+            outs.append(h * 2)
+        return h * len(outs), h
+
+
+def test_a_scan_of_zero_steps_gives_its_states_back():
+    # torch's scan reads the first step to know its outputs and raised IndexError
+    # (fuzz_tracing seeds 3091, 3108, 3158, 3170, 4064, 4125, 4128, 4177, 4182)
+    model = FromOne()
+    _, _, gm = trace_module(model, {"y": torch.randn(4, 3, 7)}, {"y": {2: "dim"}})
+    for dim in (7, 3, 2, 1):
+        y = torch.randn(4, 3, dim)
+        assert_same(model(y), gm(y))
+
+
 def test_cell_with_submodule_and_unbind():
     _check(Cell())
 

@@ -17,6 +17,7 @@ import torch
 
 from yobx import __version__
 from yobx.torch.onnx import _torch_onnx_internals as internals
+from yobx.torch.onnx.empty_scans import guard_empty_scans
 from yobx.torch.onnx.errors import OnnxExportError, UnsupportedOperatorError
 from yobx.torch.onnx.lowering import SOURCE_NODE_KEY, LoweredGraph
 from yobx.torch.onnx.opsets import DEFAULT_OPSET
@@ -139,6 +140,8 @@ def build_model(
     output_names = _set_outputs(model.graph, lowered.graph_module, values, output_names)
     _name_outputs(model.graph, output_names)
     internals.add_opset_imports(model)
+    # onnxruntime refuses a scan of zero steps (a loop over an empty range)
+    guard_empty_scans(model)
     return model
 
 

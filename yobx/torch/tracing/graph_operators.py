@@ -65,4 +65,16 @@ class ScanCCOp(_GraphOperator):
     _registered_name = "yobx_scan"
 
     def __call__(self, combine_fn, init, xs, additional_inputs):
-        return _ORIGINAL_SCAN(combine_fn, list(init), list(xs), list(additional_inputs))
+        init, xs, additional_inputs = list(init), list(xs), list(additional_inputs)
+        if xs and all(type(x.shape[0]) is int and x.shape[0] == 0 for x in xs):
+            return _no_step(combine_fn, init, xs, additional_inputs)
+        return _ORIGINAL_SCAN(combine_fn, init, xs, additional_inputs)
+
+
+def _no_step(combine_fn, init: list, xs: list, additional_inputs: list) -> list:
+    """A scan of zero steps (a loop over ``range(1, n)`` at ``n = 1``), which torch's
+    scan refuses (it reads the first step to know the outputs): the carries as they
+    came in and empty stacked outputs, whose shapes a step on zeros gives."""
+    steps = [x.new_zeros(x.shape[1:]) for x in xs]
+    outputs = list(combine_fn(*init, *steps, *additional_inputs))[len(init) :]
+    return [*(c.clone() for c in init), *(y.new_empty((0, *y.shape)) for y in outputs)]
