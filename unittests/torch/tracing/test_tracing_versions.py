@@ -864,6 +864,26 @@ def test_a_version_captured_at_one_checks_it_where_no_version_takes_zero():
             gm(torch.randn(3, length, 0))
 
 
+class TwoChunks(torch.nn.Module):
+    """``len(x.chunk(2))``: 2 pieces from 2 rows on, which torch decides from the
+    default range without a guard, 1 piece for one row."""
+
+    def forward(self, x):
+        pieces = x.chunk(2, 0)
+        return x * len(pieces), pieces[0] + 1
+
+
+def test_the_number_of_chunks_decided_by_the_default_range_gets_a_version():
+    # the graph returned 2 pieces at one row (x * 2 where eager gives x * 1, and a
+    # first piece of one row taken for a half), silently (fuzz_tracing seed 5108)
+    model = TwoChunks()
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(7, 3)}, {"x": {0: "rows"}})
+    for rows in (7, 2, 13, 1, 0):
+        x = torch.randn(rows, 3)
+        assert_same(model(x), gm(x))
+    assert any("rows < 2" in v.when for v in tracer.versions), [v.when for v in tracer.versions]
+
+
 class SameLineTwice(torch.nn.Module):
     """One decision line met twice; its other side reads tensor values in Python,
     which no capture takes (eager runs there)."""

@@ -190,6 +190,35 @@ def _splits_into_pieces(node: Node) -> bool:
     return target in _CHUNKING
 
 
+def _chunk_count_decided(node: Node, args: tuple, kwargs: dict, val: Any, default_min: set) -> list:
+    """The conditions ``s >= 2`` a ``chunk``'s number of pieces rests on, for each
+    dimension ``s`` of its length declared without a minimum, when the length at
+    ``s = 1`` gives another number (``x.chunk(2)``: 2 pieces from the default range
+    alone, without a guard, 1 piece for one row); none otherwise."""
+    if not _splits_into_pieces(node) or not isinstance(val, (tuple, list)) or not args:
+        return []
+    target = node.target if isinstance(node.target, str) else node.target.__name__
+    if target not in _CHUNKING:
+        return []
+    chunks = kwargs.get("chunks", args[1] if len(args) > 1 else None)
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+    tensor = args[0]
+    if type(chunks) is not int or type(dim) is not int or not isinstance(tensor, torch.Tensor):
+        return []
+    length = tensor.shape[dim]
+    if not isinstance(length, torch.SymInt):
+        return []
+    expr = length.node.expr
+    symbols = expr.free_symbols & default_min
+    at_one = expr.xreplace({symbol: sympy.Integer(1) for symbol in symbols})
+    if not symbols or not at_one.is_Integer or int(at_one) < 0:
+        return []
+    pieces = len(torch.empty(int(at_one), device="meta").chunk(chunks))
+    if pieces == len(val):
+        return []
+    return [sympy.Ge(symbol, 2) for symbol in sorted(symbols, key=str)]
+
+
 def _slice_bounds(node: Node) -> set[int]:
     """The bounds, as numbers, of the slices ``node`` takes of a tensor (``x[:2]``,
     ``x[-3:, 1:]``: {2}, {3, 1}), whose bounds torch clamps to the sizes."""
@@ -288,22 +317,7 @@ class FakeExecutionMixin(MixinBase):
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
         # the only caller, installed it (no proxy reaches fake kernels anyway)
         grad_mode = torch.is_grad_enabled()
-        if _splits_into_pieces(node):
-            # how many pieces there are rests on a quotient torch decides is not 0
-            # (see SymbolicDimensions.on_default_bound_division); elsewhere (a reshape
-            # to `d // 2` rows) such a decision changes nothing at 0 and would only
-            # cost a version
-            dims.on_default_bound_division = self._rely_on_default_bounds
-        bounds = _slice_bounds(node)
-        if bounds:
-            # a slice's bounds are clamped to the size: a decision resting on the
-            # default range (`2 > n -> False`) is its length (see
-            # SymbolicDimensions.on_default_bound_decision). Only comparisons with a
-            # bound are: torch's other decisions there (`n > 1`, a size-1 dimension's
-            # stride) choose layouts, as they do elsewhere, whose values are the same
-            dims.on_default_bound_decision = functools.partial(
-                _with_bound, bounds, self._rely_on_default_bounds
-            )
+        self._watch_default_bound_decisions(node, dims)
         try:
             # Fake values carry no autograd history: recording it costs time, and a
             # rule's output must not be a leaf that requires grad (in-place ops on it
@@ -360,9 +374,32 @@ class FakeExecutionMixin(MixinBase):
             self.state.in_fake -= 1
             dims.on_default_bound_division = None
             dims.on_default_bound_decision = None
+        for condition in _chunk_count_decided(node, args, kwargs, val, dims.default_min):
+            self._rely_on_default_bounds(condition, True)
         if len(dims.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return dims.canonical(val)
+
+    def _watch_default_bound_decisions(self, node: Node, dims: Any) -> None:
+        """Makes the decisions torch takes from the default range alone while running
+        ``node`` decisions of the capture, where they decide values: the number of
+        pieces, a slice's length."""
+        if _splits_into_pieces(node):
+            # how many pieces there are rests on a quotient torch decides is not 0
+            # (see SymbolicDimensions.on_default_bound_division); elsewhere (a reshape
+            # to `d // 2` rows) such a decision changes nothing at 0 and would only
+            # cost a version
+            dims.on_default_bound_division = self._rely_on_default_bounds
+        bounds = _slice_bounds(node)
+        if bounds:
+            # a slice's bounds are clamped to the size: a decision resting on the
+            # default range (`2 > n -> False`) is its length (see
+            # SymbolicDimensions.on_default_bound_decision). Only comparisons with a
+            # bound are: torch's other decisions there (`n > 1`, a size-1 dimension's
+            # stride) choose layouts, as they do elsewhere, whose values are the same
+            dims.on_default_bound_decision = functools.partial(
+                _with_bound, bounds, self._rely_on_default_bounds
+            )
 
     def _dispatch_again(self, node: Node, args: tuple, kwargs: dict, error: Exception) -> Any:
         """The node's fake value after ``error``: computed again where the failure has a
