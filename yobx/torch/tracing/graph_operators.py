@@ -59,7 +59,8 @@ class ScanCCOp(_GraphOperator):
     A torch :class:`~torch._ops.HigherOrderOperator` registered as
     ``torch.ops.higher_order.yobx_scan``. Calling it runs
     ``torch.ops.higher_order.scan`` and returns the final carries followed by the
-    stacked per-step outputs. Every ``ScanCCOp()`` is the same operator.
+    stacked per-step outputs (for zero steps, which torch's scan refuses: the carries
+    as they came in and empty stacks). Every ``ScanCCOp()`` is the same operator.
     """
 
     _registered_name = "yobx_scan"

@@ -381,9 +381,9 @@ class FakeExecutionMixin(MixinBase):
         return dims.canonical(val)
 
     def _watch_default_bound_decisions(self, node: Node, dims: Any) -> None:
-        """Makes the decisions torch takes from the default range alone while running
-        ``node`` decisions of the capture, where they decide values: the number of
-        pieces, a slice's length."""
+        """Has the decisions torch takes from the default range alone while running
+        ``node`` reported as decisions of the capture, where they decide values (the
+        number of pieces, a slice's length)."""
         if _splits_into_pieces(node):
             # how many pieces there are rests on a quotient torch decides is not 0
             # (see SymbolicDimensions.on_default_bound_division); elsewhere (a reshape
