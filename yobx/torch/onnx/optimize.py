@@ -32,6 +32,7 @@ from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
 from yobx.torch.onnx.if_trees import collapse_if_trees
 from yobx.torch.onnx.ort_fusions import fusions_for_ort, takes_a_cache
 from yobx.torch.onnx.reshape_rules import repair_zero_reshapes
+from yobx.torch.onnx.zero_divisors import replace_zero_divisors
 
 
 def _linear_rules() -> list:
@@ -218,6 +219,8 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
         common_passes.NameFixPass(),
     ]
     ir.passes.Sequential(*passes)(model)
+    # a remainder by a constant 0 (a version at size 0) would stop onnxruntime loading it
+    replace_zero_divisors(model)
 
 
 #: rounds of :func:`merge_branches` (a round merges what the previous one made alike)
