@@ -884,6 +884,28 @@ def test_the_number_of_chunks_decided_by_the_default_range_gets_a_version():
     assert any("rows < 2" in v.when for v in tracer.versions), [v.when for v in tracer.versions]
 
 
+class HalfFromTheEnd(torch.nn.Module):
+    """``y[-(n // 2):]``: the last half, counted from the end where ``n // 2 > 0``,
+    which torch decides from the default range; at ``n = 1`` the start is 0 and the
+    slice is the whole tensor."""
+
+    def forward(self, y):
+        half = y[-(y.shape[0] // 2) :]
+        if y.shape[0] > half.shape[0]:
+            return y + 1
+        return y * 3
+
+
+def test_a_slice_whose_symbolic_start_stops_being_negative_gets_a_version():
+    # the graph kept n // 2 rows at n = 1 and returned y + 1 where eager returns y * 3
+    # (fuzz_tracing seed 6180)
+    model = HalfFromTheEnd()
+    _, _, gm = trace_module(model, {"y": torch.randn(6, 3)}, {"y": {0: "length"}})
+    for length in (6, 2, 7, 1, 0):
+        y = torch.randn(length, 3)
+        assert_same(model(y), gm(y))
+
+
 class SameLineTwice(torch.nn.Module):
     """One decision line met twice; its other side reads tensor values in Python,
     which no capture takes (eager runs there)."""

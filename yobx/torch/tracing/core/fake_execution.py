@@ -235,10 +235,33 @@ def _slice_bounds(node: Node) -> set[int]:
     }
 
 
-def _with_bound(bounds: set[int], report: Callable, condition: sympy.Basic, value: bool) -> None:
+def _symbolic_slice_parts(node: Node) -> set[sympy.Basic]:
+    """The floor divisions, minima and other functions of sizes in the symbolic bounds
+    of the slices ``node`` takes (``x[-(n // 2):]``: ``{n // 2}``)."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return set()
+    index = node.args[1]
+    parts: set[sympy.Basic] = set()
+    for item in index if isinstance(index, tuple) else (index,):
+        if type(item) is not slice:
+            continue
+        for bound in (item.start, item.stop):
+            value = bound.meta.get("val") if isinstance(bound, Node) else None
+            if isinstance(value, torch.SymInt):
+                parts |= value.node.expr.atoms(sympy.Function)
+    return parts
+
+
+def _with_bound(
+    bounds: set[int], parts: set, report: Callable, condition: sympy.Basic, value: bool
+) -> None:
     """``report(condition, value)`` when ``condition`` compares with one of the
-    ``bounds``: a clamp of the slice (``n >= 2`` for ``x[:2]``)."""
-    if {abs(int(a)) for a in condition.atoms(sympy.Integer)} & bounds:
+    ``bounds`` (a clamp of the slice: ``n >= 2`` for ``x[:2]``) or reads one of the
+    ``parts`` of a symbolic bound (``-(n // 2) < 0``, whether ``x[-(n // 2):]``
+    counts from the end: not at ``n = 1``, where it is the whole tensor)."""
+    if {abs(int(a)) for a in condition.atoms(sympy.Integer)} & bounds or any(
+        condition.has(part) for part in parts
+    ):
         report(condition, value)
 
 
@@ -390,15 +413,15 @@ class FakeExecutionMixin(MixinBase):
             # to `d // 2` rows) such a decision changes nothing at 0 and would only
             # cost a version
             dims.on_default_bound_division = self._rely_on_default_bounds
-        bounds = _slice_bounds(node)
-        if bounds:
+        bounds, parts = _slice_bounds(node), _symbolic_slice_parts(node)
+        if bounds or parts:
             # a slice's bounds are clamped to the size: a decision resting on the
             # default range (`2 > n -> False`) is its length (see
             # SymbolicDimensions.on_default_bound_decision). Only comparisons with a
             # bound are: torch's other decisions there (`n > 1`, a size-1 dimension's
             # stride) choose layouts, as they do elsewhere, whose values are the same
             dims.on_default_bound_decision = functools.partial(
-                _with_bound, bounds, self._rely_on_default_bounds
+                _with_bound, bounds, parts, self._rely_on_default_bounds
             )
 
     def _dispatch_again(self, node: Node, args: tuple, kwargs: dict, error: Exception) -> Any:
