@@ -128,6 +128,10 @@ class ConstantWrites:
         """Whether ``value`` is a real tensor the model's code created while tracing
         (:attr:`born`), neither a fake value nor a parameter, buffer or tensor attribute
         of a module, or a view of one."""
+        return self._created_key(value) is not None
+
+    def _created_key(self, value: Any) -> Any:
+        """The storage key of ``value`` when :meth:`is_created_tensor`, else None."""
         if (
             isinstance(value, Proxy)
             or not isinstance(value, torch.Tensor)
@@ -135,10 +139,10 @@ class ConstantWrites:
             or value.layout != torch.strided
             or value.device.type == "meta"
         ):
-            return False
+            return None
         key = _storage_key(value)
         if key is None or key not in self.born:
-            return False
+            return None
         if self._state is None:
             root = getattr(self.tracer, "root", None)
             tensors = list(self.tracer.tensor_attrs)
@@ -150,21 +154,20 @@ class ConstantWrites:
                 for t in tensors
                 if isinstance(t, torch.Tensor) and t.layout == torch.strided
             }
-        return key not in self._state
+        return None if key in self._state else key
 
     def note_read(self, tensor: torch.Tensor) -> None:
         """The graph reads ``tensor`` as a constant: an eager write into its memory
         after that is recorded instead (:meth:`written_later`)."""
-        if self.is_created_tensor(tensor):
-            self.read.add(_storage_key(tensor))
+        key = self._created_key(tensor)
+        if key is not None:
+            self.read.add(key)
 
     def written_later(self, tensor: Any) -> bool:
         """Whether ``tensor`` views memory the graph already reads as a constant: a
         write into it then goes into the graph's copy, so that the earlier reads keep
         the values they had (``y = x + t; t.add_(1)``)."""
-        if not self.read or not self.is_created_tensor(tensor):
-            return False
-        return _storage_key(tensor) in self.read
+        return bool(self.read) and self._created_key(tensor) in self.read
 
     def proxy_of(self, tensor: torch.Tensor) -> Proxy:
         """The proxy standing for ``tensor`` in the graph: its view of the copy of its
