@@ -31,17 +31,19 @@ def _leaf(name: str, op: str, source: str, factor: str | None = None) -> onnx.Gr
     return oh.make_graph(nodes, name, [], info)
 
 
-def _tree(index: int, source: str, output: str, inner_condition: str = "c2") -> list:
+def _tree(
+    index: int, source: str, output: str, inner_condition: str = "c2", inner_else: str = "Exp"
+) -> list:
     """``If(c1, then=[two, If(c2, then=Neg(z)*two, else=Exp(z)*two)], else=Neg(z)*2)``:
     the then side's leaf reads a constant of the dispatch level, the else side's leaf
-    computes the same with a constant of its own."""
+    computes the same with a constant of its own (``inner_else`` replaces ``Exp``)."""
     prefix = f"t{index}"
     inner = oh.make_node(
         "If",
         [inner_condition],
         [f"{prefix}_inner"],
         then_branch=_leaf(f"{prefix}_a", "Neg", source, factor=f"{prefix}_two"),
-        else_branch=_leaf(f"{prefix}_b", "Exp", source, factor=f"{prefix}_two"),
+        else_branch=_leaf(f"{prefix}_b", inner_else, source, factor=f"{prefix}_two"),
         name=f"{prefix}_inner_if",
     )
     two = onnx.numpy_helper.from_array(np.array(2.0, np.float32))
@@ -63,12 +65,17 @@ def _tree(index: int, source: str, output: str, inner_condition: str = "c2") -> 
     ]
 
 
-def _layers(count: int) -> onnx.ModelProto:
+def _layers(count: int, inner_else: str = "Exp", last: str = "Tanh") -> onnx.ModelProto:
+    """``count`` trees one after the other, each followed by ``last`` (the graph's
+    output ``y_tanh``; the last tree's output itself when ``last`` is empty)."""
     nodes, source = [], "x"
     for index in range(count):
         output = "y" if index == count - 1 else f"z{index}"
-        nodes += _tree(index, source, output)
-        nodes.append(oh.make_node("Tanh", [output], [f"{output}_tanh"]))
+        if index == count - 1 and not last:
+            output = "y_tanh"
+        nodes += _tree(index, source, output, inner_else=inner_else)
+        if output != "y_tanh":
+            nodes.append(oh.make_node(last or "Tanh", [output], [f"{output}_tanh"]))
         source = f"{output}_tanh"
     graph = oh.make_graph(
         nodes,
@@ -117,6 +124,19 @@ def test_trees_sharing_their_conditions_choose_between_distinct_leaves(layers):
         # the leaf reading the dispatch level's constant has a copy of it
         ops = sorted(n.op_type for n in branches["then_branch"].node)
         assert ops == ["Constant", "Mul", "Neg"], ops
+    _same_outputs(proto, after)
+
+
+def test_trees_of_one_distinct_leaf_whose_output_is_the_graph_s():
+    # every leaf computes Neg(z) * 2: the trees become their leaf's nodes, and the
+    # last one's values become the graph's output (they were its leaf graph's outputs,
+    # which onnx-ir refused to move: fuzz_branch_merging seed 6195)
+    proto = _layers(2, inner_else="Neg", last="")
+    count, after = _collapsed(proto)
+    assert count == 2
+    # the selector of the paths is left, unused, for the removal of unused nodes
+    ifs = [n.name for n in after.graph.node if n.op_type == "If"]
+    assert all(name.startswith("yobx_path") for name in ifs), ifs
     _same_outputs(proto, after)
 
 

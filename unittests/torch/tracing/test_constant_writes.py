@@ -123,8 +123,12 @@ def test_a_write_through_an_as_strided_view_is_refused_by_the_onnx_export():
     from yobx.torch.onnx import to_onnx
     from yobx.torch.onnx.errors import OnnxExportError
 
-    with pytest.raises(OnnxExportError, match="as_strided"):
+    with pytest.raises(OnnxExportError, match="as_strided") as caught:
         to_onnx(TransposedBlock(), (torch.randn(4, 4),), dynamic_shapes=({0: "n"},))
+    # the user's line, and what to do there (a clone would not write into the tensor)
+    assert 'test_constant_writes.py", line 80' in str(caught.value)
+    assert "index the tensor itself" in str(caught.value)
+    assert ".clone()" not in str(caught.value)
 
 
 def test_writes_into_a_view_of_a_buffer_stay_the_modules():

@@ -408,28 +408,6 @@ def _refuse_meta_model(model: torch.nn.Module, action: str) -> None:
         )
 
 
-def _refuse_kept_writes(captured: Any) -> None:
-    """An in-place write ``remove_inplace`` had to keep cannot be exported: ONNX has no
-    in-place operations, and its translation as a plain operation would lose the write
-    into what the written tensor shares storage with (``w = t[:, ::2].contiguous();
-    w.mul_(2)`` writes into ``t`` at the sizes where ``contiguous()`` returns ``t``'s
-    view itself). The graph module keeps such writes and stays right; the export refuses
-    them, naming each one."""
-    result = captured.passes.get("remove_inplace")
-    refused = list(getattr(result, "refused", ()) or ())
-    if not refused:
-        return
-    reasons = dict.fromkeys(refusal.reason for refusal in refused)  # versions repeat them
-    lines = "\n".join(f"  - {reason}" for reason in reasons)
-    raise OnnxExportError(
-        f"the model writes in place into tensors that may share storage with others, "
-        f"and ONNX has no in-place writes ({len(reasons)} found):\n{lines}\n"
-        "a reshape or a `contiguous()` of a tensor that is not contiguous is a view at "
-        "some sizes, a copy at others: write into a `.clone()` of it (a copy at every "
-        "size), or into the tensor itself"
-    )
-
-
 def _pass_counts(captured: Any) -> dict[str, int]:
     """[passes, issue 11] The counts of the default passes, which the capture ran once."""
     return {name: int(result) for name, result in captured.passes.items()}
@@ -908,7 +886,7 @@ def to_onnx(
         declared = declared_dimensions(model, args, kwargs, dynamic_shapes, captured.graph_module)
         with stage("passes") as info:
             info.update(_pass_counts(captured))
-            _refuse_kept_writes(captured)
+            mistakes.refuse_kept_writes(captured)
             # the model's checks on values: gates of the outputs, or none when asked
             info["value_checks"] = gate_value_checks(captured.graph_module, runtime_checks)
             if info["value_checks"] and not runtime_checks:

@@ -331,6 +331,8 @@ def _rewrite(
             leaves[0].remove(inner)
         added.extend(moved)
         results = list(leaves[0].outputs)
+        # the leaf graph is dropped: its outputs may become the graph's own (seed 6195)
+        leaves[0].outputs.clear()
     else:
         chosen: ir.Node | None = None
         for position in range(len(leaves) - 2, -1, -1):
@@ -367,6 +369,9 @@ def _rewrite(
         results = list(chosen.outputs)
     graph.insert_before(node, added)
     for old, new in zip(node.outputs, results):
+        # a leaf's value may have no type of its own: the tree's output had one
+        new.type = new.type or old.type
+        new.shape = new.shape or old.shape
         if old.is_graph_output():
             name = old.name
             old.name = names.fresh(f"{name}_tree")

@@ -7,7 +7,10 @@ cause and its fix, before they become an error about an operator or a node.
   dropouts would drop values at random: call ``model.eval()``;
 * an output that is not a tensor (a string, a number): ONNX outputs are tensors;
 * a model that raises on its own example inputs: the capture fails, and the error
-  says that eager PyTorch fails the same way, with eager's own message.
+  says that eager PyTorch fails the same way, with eager's own message;
+* an in-place write the passes had to keep (into a tensor that may share storage with
+  another at some sizes, or through a view no ONNX operator writes through): each
+  named with the user's line.
 """
 
 from __future__ import annotations
@@ -112,3 +115,37 @@ __all__ = [
     "refuse_numpy_inputs",
     "refuse_training_mode",
 ]
+
+
+def refuse_kept_writes(captured: Any) -> None:
+    """An in-place write ``remove_inplace`` had to keep cannot be exported: ONNX has no
+    in-place operations, and its translation as a plain operation would lose the write
+    into what the written tensor shares storage with (``w = t[:, ::2].contiguous();
+    w.mul_(2)`` writes into ``t`` at the sizes where ``contiguous()`` returns ``t``'s
+    view itself). The graph module keeps such writes and stays right; the export refuses
+    them, naming each one."""
+    result = captured.passes.get("remove_inplace")
+    refused = list(getattr(result, "refused", ()) or ())
+    if not refused:
+        return
+    reasons = dict.fromkeys(refusal.reason for refusal in refused)  # versions repeat them
+    lines = "\n".join(f"  - {reason}" for reason in reasons)
+    hints = []
+    if any("'as_strided'" in reason for reason in reasons):
+        # a block of a transposed tensor the model created: no slice of the tensor is
+        # that view, and a clone would not write into the tensor
+        hints.append(
+            "a view whose strides no slice or reshape gives (a block of a transposed "
+            "tensor, `t.t()[:2, :2] += v`) becomes `as_strided`, which no ONNX "
+            "operator writes through: index the tensor itself (`t[:2, :2] += v.t()`)"
+        )
+    if any("'as_strided'" not in reason for reason in reasons):
+        hints.append(
+            "a reshape or a `contiguous()` of a tensor that is not contiguous is a view "
+            "at some sizes, a copy at others: write into a `.clone()` of it (a copy at "
+            "every size), or into the tensor itself"
+        )
+    raise OnnxExportError(
+        f"the model writes in place into tensors that may share storage with others, "
+        f"and ONNX has no in-place writes ({len(reasons)} found):\n{lines}\n" + "\n".join(hints)
+    )
