@@ -18,7 +18,10 @@ defaults). Then, on the exported components run by transformers' runners:
 
 ::
 
-    python _scripts/compare_hf_exporters.py [--timeout S] [--limit N] [NAME ...]
+    python _scripts/compare_hf_exporters.py [--timeout S] [--limit N] [--only yobx] [NAME ...]
+
+``--only yobx`` runs yobx alone (a check of every architecture's export for
+generation, without the times to compare), ``--only onnx`` transformers' alone.
 
 Every exporter runs on every architecture in a process of its own, forked from the
 script's (:func:`_each_in_its_process`); a line each, then the counts, the median
@@ -181,15 +184,17 @@ def _cells(result: tuple) -> list[str]:
     return [exported, equal, tokens, f"{result[1]:.1f}"]
 
 
-def _each_in_its_process(model_type: str, name: str, timeout: float) -> dict:
+def _each_in_its_process(
+    model_type: str, name: str, timeout: float, kinds: tuple[str, ...] = EXPORTERS
+) -> dict:
     """The results of every exporter, each run in a process of its own forked from
     this one: each starts from the same state (the model built, a generation run, none
     of the other exporter's imports and caches). Run one after the other in one
     process, the second exporter found the modules and caches of torch.export and
     FakeTensor the first had loaded: yobx then took 2.2 s instead of 3.0 s for the
-    tiny Llama."""
-    results: dict = {}
-    for kind in EXPORTERS:
+    tiny Llama. ``kinds``: the exporters run (the others' results are ``-``)."""
+    results: dict = {kind: ("-",) for kind in EXPORTERS}
+    for kind in kinds:
         if results.get("eager", ("ok",))[0] != "ok":
             results[kind] = ("-",)  # the model does not generate eagerly
             continue
@@ -203,7 +208,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("names", nargs="*", help="class names (default: every causal LM)")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--only", choices=EXPORTERS, help="run one exporter alone")
     args = parser.parse_args(argv)
+    kinds = (args.only,) if args.only else EXPORTERS
     warnings.filterwarnings("ignore")
     byte_compiled_yobx()
     todo = [(t, n) for t, n in architectures("causal-lm") if not args.names or n in args.names]
@@ -213,7 +220,7 @@ def main(argv: list[str]) -> None:
     print(f"{'architecture':36s} {'eager':6s} {header}", flush=True)
     table = []
     for model_type, name in todo:
-        results = _each_in_its_process(model_type, name, args.timeout)
+        results = _each_in_its_process(model_type, name, args.timeout, kinds)
         cells = {k: _cells(results[k]) for k in EXPORTERS}
         table.append((name, results["eager"][0].split(":")[0], cells))
         row = " ".join(f"{c:12s}" for k in EXPORTERS for c in cells[k])
@@ -223,9 +230,13 @@ def main(argv: list[str]) -> None:
                 print(f"    {kind}: {results[kind][0][6:]}", flush=True)
     ran = [(n, c) for n, e, c in table if e == "ok"]
     print(f"\n{len(table)} architectures, {len(ran)} generate eagerly")
-    for kind in EXPORTERS:
+    for kind in kinds:
         counts = [sum(c[kind][i] == "ok" for _, c in ran) for i in range(3)]
         print(f"  {kind:5s} exported {counts[0]}, equal {counts[1]}, same tokens {counts[2]}")
+        wrong = [n for n, c in ran if "WRONG" in c[kind][1:3]]
+        print(f"  {kind:5s} WRONG ({len(wrong)}): {', '.join(wrong)}")
+    if len(kinds) == 1:
+        return
     both = [c for _, c in ran if c["onnx"][0] == "ok" and c["yobx"][0] == "ok"]
     if both:
         ratios = [float(c["yobx"][3]) / float(c["onnx"][3]) for c in both]

@@ -535,3 +535,22 @@ def test_a_slice_clamped_below_the_default_range_gets_a_version():
         for expected, got in zip(_SlicedRows()(x), session.run(None, {"x": x.numpy()})):
             assert got.shape == tuple(expected.shape), rows
             np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _FirstColumnPieces(torch.nn.Module):
+    def forward(self, x):
+        first, last, piece = x[:, :1], x[:, -1:], x.split(1, 1)[0]
+        return first.new_zeros(*first.shape, 2) + last.sum(), piece * last.shape[1]
+
+
+def test_a_slice_of_length_one_over_an_empty_dimension_runs_in_onnxruntime():
+    """``x[:, :1]`` has ``min(1, width)`` columns, which sympy folds to 1: the model
+    made one column at width 0 where eager makes none. ``split``'s first piece at width
+    0 is the empty tensor itself (onnxruntime's SplitToSequence gives no piece)."""
+    result = to_onnx(_FirstColumnPieces(), (torch.randn(3, 8),), dynamic_shapes=({1: "width"},))
+    session = _session(result)
+    for width in (8, 2, 1, 0):
+        x = torch.randn(3, width)
+        for expected, got in zip(_FirstColumnPieces()(x), session.run(None, {"x": x.numpy()})):
+            assert got.shape == tuple(expected.shape), width
+            np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)

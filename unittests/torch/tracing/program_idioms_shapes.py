@@ -43,6 +43,25 @@ def slice_end_expression(b: ProgramBuilder) -> Made:
 
 
 @idiom()
+def slice_of_one(b: ProgramBuilder) -> Made:
+    """A slice of length ``min(1, n)``, which sympy folds to 1: 0 for an empty axis."""
+    v = b.pick()
+    return _one(b, b.index(v, b.axis(v), b.rng.choice((":1", "-1:", "0:1"))))
+
+
+@idiom(0.5)
+def size_folded_from_one(b: ProgramBuilder) -> Made:
+    """Python on a size that holds from 1 on only: ``if n:``, ``range(n - 1)``,
+    ``max(n, 1)``."""
+    v = b.pick()
+    n = f"{v}.shape[{b.axis(v)}]"
+    factor = b.rng.choice(
+        (f"(1 if {n} else 2)", f"len(range({n} - 1))", f"({n} // max({n}, 1) + 1)")
+    )
+    return _one(b, f"{v} * {factor}")
+
+
+@idiom()
 def slice_by_other(b: ProgramBuilder) -> Made:
     v = b.pick()
     w = b.other(v)

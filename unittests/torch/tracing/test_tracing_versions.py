@@ -900,6 +900,68 @@ def test_a_slice_whose_symbolic_start_stops_being_negative_gets_a_version():
     _check_sizes(model, gm, lambda length: torch.randn(length, 3), (6, 2, 7, 1, 0))
 
 
+class FirstColumns(torch.nn.Module):
+    """Slices of length ``min(1, width)``, which sympy folds to 1 on the ShapeEnv's
+    positive symbols without a guard: 0 for an empty ``width``."""
+
+    def __init__(self, index: str):
+        super().__init__()
+        self.index = index
+
+    def forward(self, x):
+        picked = {
+            "x[:, :1]": lambda: x[:, :1],
+            "x[..., -1:]": lambda: x[..., -1:],
+            "x[:, 0:1, None]": lambda: x[:, 0:1, None],
+            "x[:, width - 1:]": lambda: x[:, x.shape[1] - 1 :],
+            "x.split(1, 1)[0]": lambda: x.split(1, 1)[0],
+        }[self.index]()
+        return picked.new_zeros(*picked.shape, 2) + picked.sum()
+
+
+@pytest.mark.parametrize(
+    "index", ["x[:, :1]", "x[..., -1:]", "x[:, 0:1, None]", "x[:, width - 1:]", "x.split(1, 1)[0]"]
+)
+def test_a_slice_of_length_one_over_an_empty_dimension_gets_a_version(index):
+    # the graph kept a length of 1 at width 0 (new_zeros of 1 column where eager makes
+    # 0), silently, and split's first piece raised there (fuzz_tracing seed 5028)
+    model = FirstColumns(index)
+    tracer, _, gm = trace_module(model, {"x": torch.randn(3, 8)}, {"x": {1: "width"}})
+    _check_sizes(model, gm, lambda width: torch.randn(3, width), (8, 2, 1, 0))
+    assert any("width < 1" in v.when for v in tracer.versions), [v.when for v in tracer.versions]
+
+
+class FoldedOnPositiveSizes(torch.nn.Module):
+    """Python on a size that sympy settles from 1 on, without a guard: ``bool(n)``,
+    ``len(range(n - 1))``, ``range(1, n)``, ``max(n, 1)``."""
+
+    def __init__(self, case: str):
+        super().__init__()
+        self.case = case
+
+    def forward(self, x):
+        n = x.shape[1]
+        if self.case == "bool":
+            return x.sum() + (1 if n else 2)
+        if self.case == "len(range(n - 1))":
+            return x.sum() + len(range(n - 1))
+        if self.case == "range(1, n)":
+            acc = x.new_zeros(x.shape[0])
+            for i in range(1, n):
+                acc = acc * 0.5 + x[:, i]
+            return acc
+        return x.sum() + n // max(n, 1)
+
+
+@pytest.mark.parametrize("case", ["bool", "len(range(n - 1))", "range(1, n)", "n // max(n, 1)"])
+def test_python_on_a_size_folded_from_one_on_gets_a_version(case):
+    # each returned the value of width >= 1 at width 0 (`if n:` taken, -1 steps, ...)
+    model = FoldedOnPositiveSizes(case)
+    tracer, _, gm = trace_module(model, {"x": torch.randn(3, 8)}, {"x": {1: "width"}})
+    _check_sizes(model, gm, lambda width: torch.randn(3, width), (8, 2, 1, 0))
+    assert any("width < 1" in v.when for v in tracer.versions), [v.when for v in tracer.versions]
+
+
 class SameLineTwice(torch.nn.Module):
     """One decision line met twice; its other side reads tensor values in Python,
     which no capture takes (eager runs there)."""

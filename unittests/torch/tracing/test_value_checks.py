@@ -33,7 +33,9 @@ def test_checks_on_values_raise_where_eager_raises():
     assert 'assert lengths.max() <= x.shape[1], "too long"' in checks[0].args[1]
     assert checks[1].args[1] == "torch._check(n >= 0)"
     assert all(__file__ in n.args[2] for n in checks)
-    assert tracer.constraints == []
+    # `x[:, :1]` has no column at s = 0, whose version no capture takes (the witness's
+    # lengths fail the assert there): checked rather than one column, as the graph made
+    assert [c.expression for c in tracer.constraints] == ["s >= 1"]
     x = torch.randn(3, 6)
     good = torch.tensor([1, 2, 6])
     assert_same(model(x, good), gm(x, good))

@@ -322,7 +322,11 @@ def _placeholder_values(gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> 
 
 
 def trace_graph_module(
-    model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any = None
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    dynamic_shapes: Any = None,
+    runtime_checks: bool = True,
 ) -> torch.fx.GraphModule:
     """Capture ``model`` with yobx's ``CustomTracer``.
 
@@ -330,6 +334,10 @@ def trace_graph_module(
     :param args: positional example inputs
     :param kwargs: keyword example inputs
     :param dynamic_shapes: torch.export's format, given to the tracer
+    :param runtime_checks: the graph checks its inputs' sizes (``CustomTracer``'s
+        option); ``to_onnx`` captures without, and versions that compute alike then
+        share a branch: the graph compared with its ONNX model must be captured the
+        same way for their values to be matched by name
     :raises TypeError: the inputs do not match ``model.forward``'s signature
     """
     if isinstance(model, torch.fx.GraphModule):
@@ -339,7 +347,7 @@ def trace_graph_module(
     named = _signature_names(model.forward, args, kwargs)
     if named is None:
         raise TypeError(f"inputs do not match {type(model).__name__}.forward's signature")
-    tracer = CustomTracer()
+    tracer = CustomTracer(runtime_checks=runtime_checks)
     graph = tracer.trace(model, concrete_args=named, dynamic_shapes=dynamic_shapes)
     return torch.fx.GraphModule(tracer.traced_model, graph)
 
@@ -458,7 +466,9 @@ def record_run(
             named_runs = [_signature_names(model.forward, a, k) for a, k in runs]
             if all(named is not None for named in named_runs):
                 dynamic_shapes = varying_dynamic_shapes(named_runs)
-        graph_module = trace_graph_module(model, first_args, first_kwargs, dynamic_shapes)
+        graph_module = trace_graph_module(
+            model, first_args, first_kwargs, dynamic_shapes, runtime_checks=onnx_model is None
+        )
     result = TraceResult()
     handler = JSONTraceHandler(profile, process_name="yobx record_run") if profile else None
     recorder = Recorder(result, keep_tensors, max_calls, handler)

@@ -168,6 +168,16 @@ def _roll_axis(x, shift, axis: int):
     return _op.Concat(_op.Slice(x, kept, size, axes), _op.Slice(x, zero, kept, axes), axis=axis)
 
 
+def _split_to_onnx(self, split_size, dim: int = 0):
+    # torch splits an empty axis into one empty piece, onnxruntime's SplitToSequence
+    # into none: a capture where the axis is 0 (a version for an empty input) reads
+    # that one piece
+    shape = self.shape
+    if shape is not None and isinstance(shape[dim], int) and shape[dim] == 0:
+        return _op.SequenceConstruct(self)
+    return _op.SplitToSequence(self, split_size, axis=dim)
+
+
 def _repeat_interleave_to_onnx(self, repeats, dim=None, output_size=None):
     # torch_lib's (onnxscript 0.7.2) puts a repeat computed from a dimension at the axis
     # of the repeated one instead of the new axis after it: the Expand only works where
@@ -324,7 +334,8 @@ def register_translations(registry: Any) -> None:
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
     dimension lowers to, ``round`` of a dimension, symbolic floats (``sym_float``,
     ``truediv``) in double as Python computes them, and nearest resizing with
-    torch's index arithmetic (:mod:`.nearest_resize`).
+    torch's index arithmetic (:mod:`.nearest_resize`), and ``split`` of an empty axis
+    (one empty piece, as torch).
     """
     from .complex_ops import register_complex_translations
     from .grouped_mm import grouped_mm_to_onnx
@@ -333,6 +344,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten._grouped_mm.default, grouped_mm_to_onnx)
     registry.register_op(torch.ops.aten.sort.stable, _stable_sort_to_onnx)
     registry.register_op(torch.ops.aten.roll.default, _roll_to_onnx)
+    registry.register_op(torch.ops.aten.split.Tensor, _split_to_onnx)
     registry.register_op(torch.ops.aten.searchsorted.Tensor, _searchsorted_to_onnx)
     registry.register_op(torch.ops.aten.repeat_interleave.self_int, _repeat_interleave_to_onnx)
     register_nearest_translations(registry)

@@ -55,6 +55,18 @@ class AdoptedFact:
     origin: str = "operator"
 
 
+def _lower_bound(condition: sympy.Basic) -> tuple[str, int] | None:
+    """``(name, k)`` for ``condition`` reading ``name >= k`` (a ShapeEnv symbol or its
+    twin, which share their name), None otherwise."""
+    if (
+        isinstance(condition, sympy.GreaterThan)
+        and condition.lhs.is_Symbol
+        and condition.rhs.is_Integer
+    ):
+        return condition.lhs.name, int(condition.rhs)
+    return None
+
+
 class Refinements:
     """The facts adopted during one trace, and the fixes named Dims need.
 
@@ -106,8 +118,19 @@ class Refinements:
 
     @property
     def constraints(self) -> list[Constraint]:
-        """The adopted constraints, in the order the trace needed them."""
-        return [fact.constraint for fact in self.adopted]
+        """The adopted constraints, in the order the trace needed them, but the lower
+        bounds a stronger one on the same dimension implies (``seq >= 1`` for a loop
+        over ``range(1, seq)``, then ``seq >= 2`` for stacking its steps)."""
+        bounds = [_lower_bound(fact.condition) for fact in self.adopted]
+        strongest: dict[str, int] = {}
+        for bound in bounds:
+            if bound is not None:
+                strongest[bound[0]] = max(bound[1], strongest.get(bound[0], bound[1]))
+        return [
+            fact.constraint
+            for fact, bound in zip(self.adopted, bounds)
+            if bound is None or bound[1] == strongest[bound[0]]
+        ]
 
     def adopt(
         self,

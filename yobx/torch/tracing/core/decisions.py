@@ -148,8 +148,10 @@ class DecisionsMixin(MixinBase):
         if isinstance(val, torch.SymBool):
             return self.decide(val)
         if isinstance(val, (torch.SymInt, torch.SymFloat)):
-            # a comparison of symbolic numbers is a SymBool (torch's stubs say bool)
-            return self.decide(cast(torch.SymBool, val != 0))
+            # `if n:` is `n != 0` compared in the graph: torch folds `s != 0` to True on
+            # its positive symbols, and the comparison's node has that decision judged
+            # for the sizes below the default range (a version for `s == 0`)
+            return bool(obj != 0)
         if isinstance(val, torch.Tensor):
             raise TracingError.at(
                 self.location(),

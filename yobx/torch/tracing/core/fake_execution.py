@@ -37,6 +37,7 @@ from ..shape_rules._strides import decided_contiguity
 from ..symbolic.symbolic import Guard
 from ..symbolic.symbolic_variants import function_variant
 from .decisions import user_location
+from .positive_folds import empty_slice_conditions, folded_extremum_conditions
 from .tracer_contract import MixinBase
 
 #: a guard longer than this is adopted without trying to prove it. Swin's windows of
@@ -397,11 +398,24 @@ class FakeExecutionMixin(MixinBase):
             self.state.in_fake -= 1
             dims.on_default_bound_division = None
             dims.on_default_bound_decision = None
-        for condition in _chunk_count_decided(node, args, kwargs, val, dims.default_min):
-            self._rely_on_default_bounds(condition, True)
+        self._rely_on_what_was_folded(node, args, kwargs, val, dims)
         if len(dims.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
         return dims.canonical(val)
+
+    def _rely_on_what_was_folded(
+        self, node: Node, args: tuple, kwargs: dict, val: Any, dims: Any
+    ) -> None:
+        """Judges as decisions what the default range or sympy's positive symbols
+        settled in ``node``'s value without a guard: the number of a ``chunk``'s
+        pieces, a slice's length ``min(1, n)``, ``max(n, 1)`` (see
+        :mod:`.positive_folds`)."""
+        for condition in [
+            *_chunk_count_decided(node, args, kwargs, val, dims.default_min),
+            *empty_slice_conditions(node, args, val, dims.default_min, dims.hint_of),
+            *folded_extremum_conditions(node, args, val),
+        ]:
+            self._rely_on_default_bounds(condition, True)
 
     def _watch_default_bound_decisions(self, node: Node, dims: Any) -> None:
         """Has the decisions torch takes from the default range alone while running

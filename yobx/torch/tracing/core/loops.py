@@ -122,8 +122,15 @@ class SymbolicRange:
         return _LoopIterator(self, reverse=True)
 
     def length(self) -> Any:
-        """The number of steps, a proxy of ``stop - start``."""
-        return self.stop if self.start == 0 else self.stop - self.start
+        """The number of steps, a proxy of ``stop - start`` (0 where ``stop`` is below
+        ``start``: ``range(1, n)`` at ``n = 0``, ``range(n - 1)`` too)."""
+        steps = self.stop if self.start == 0 else self.stop - self.start
+        # a comparison in the graph: torch folds `n - 1 < 0` to False on its positive
+        # symbols, and the comparison's decision gets the sizes below the default range
+        # (a version for `n < 1`) where a bare `n - 1` would count -1 steps there
+        if steps < 0:
+            return 0
+        return steps
 
     def _real(self) -> range:
         return _RANGE(self.start, self.tracer.to_int(self.stop))
@@ -214,11 +221,13 @@ class SymbolicPieces(SymbolicRange):
         """Piece ``index`` alone, for any size of the tensor that has it: eager raises
         an IndexError for the others, the capture adopts that the piece exists (a
         decision on the size: versions or a checked constraint)."""
-        if self.how == "unbind" or self.size == 1:
+        if self.how == "unbind" or (self.size == 1 and index != 0):
             # select's own bounds: -n <= index < n
             return self.item(index)
         start = index * self.size
-        torch._check(self.tensor.shape[self.dim] > start)
+        if start > 0:
+            # a split's first piece exists at any size: an empty tensor is its own piece
+            torch._check(self.tensor.shape[self.dim] > start)
         window = [slice(None)] * self.dim + [slice(start, start + self.size)]
         return self.tensor[tuple(window)]
 
