@@ -962,6 +962,23 @@ def test_python_on_a_size_folded_from_one_on_gets_a_version(case):
     assert any("width < 1" in v.when for v in tracer.versions), [v.when for v in tracer.versions]
 
 
+class FirstOfTheInner(torch.nn.Module):
+    """``x[:, 1:-1][:, :1]`` has ``min(1, width - 2)`` columns, which sympy leaves open:
+    ``expand`` then needs to know whether it is 1."""
+
+    def forward(self, x):
+        inner = x[:, 1:-1] + 1
+        return inner[:, :1].expand(*inner.shape) * 2
+
+
+def test_an_expand_of_a_slice_length_left_open_decides_it_with_a_version():
+    # expand failed on fake tensors ("non-broadcasting semantics require
+    # Min(1, s0 - 2) == s0 - 2"), where eager runs at every width (fuzz_tracing 9172)
+    model = FirstOfTheInner()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(3, 8)}, {"x": {1: "width"}})
+    _check_sizes(model, gm, lambda width: torch.randn(3, width), (8, 3, 5, 2, 1, 0))
+
+
 class SameLineTwice(torch.nn.Module):
     """One decision line met twice; its other side reads tensor values in Python,
     which no capture takes (eager runs there)."""

@@ -26,6 +26,7 @@ from onnx_ir.passes import common as common_passes
 from yobx.torch.onnx.branch_hoisting import hoist_out_of_branches
 from yobx.torch.onnx.branch_merging import merge_if_branches
 from yobx.torch.onnx.branch_sinking import sink_into_branches
+from yobx.torch.onnx.empty_reshapes import resolve_empty_reshapes
 from yobx.torch.onnx.filler_slots import merge_filler_slots
 from yobx.torch.onnx.folding import folding_pass
 from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
@@ -221,6 +222,7 @@ def optimize_model(model: ir.Model, num_iterations: int = 2) -> None:
     ir.passes.Sequential(*passes)(model)
     # a remainder by a constant 0 (a version at size 0) would stop onnxruntime loading it
     replace_zero_divisors(model)
+    resolve_empty_reshapes(model)
 
 
 #: rounds of :func:`merge_branches` (a round merges what the previous one made alike)

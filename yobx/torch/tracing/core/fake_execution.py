@@ -191,6 +191,11 @@ def _splits_into_pieces(node: Node) -> bool:
     return target in _CHUNKING
 
 
+#: how torch's ``expand`` fails on a size it cannot prove 1 nor the one asked for
+#: (``x[:, 1:-1][:, :1]`` has ``min(1, n - 2)`` columns, which sympy leaves open)
+_EXPANDING = "non-broadcasting semantics require"
+
+
 def _chunk_count_decided(node: Node, args: tuple, kwargs: dict, val: Any, default_min: set) -> list:
     """The conditions ``s >= 2`` a ``chunk``'s number of pieces rests on, for each
     dimension ``s`` of its length declared without a minimum, when the length at
@@ -500,13 +505,21 @@ class FakeExecutionMixin(MixinBase):
         answer, a version capturing the other side). Returns ``(args, kwargs)`` with
         the operands decided to broadcast given a literal 1 there (fake tensors: only
         their sizes matter), or None when there is nothing to decide."""
-        if not (isinstance(error, RuntimeError) and "must match the size" in str(error)):
+        if not isinstance(error, RuntimeError):
             return None
         leaves = pytree.tree_leaves((args, kwargs))
         shapes = [t.shape for t in leaves if isinstance(t, torch.Tensor)]
+        if _EXPANDING in str(error) and args and isinstance(args[0], torch.Tensor):
+            # `x.expand(*sizes)`: the sizes are met as a tensor's would be
+            sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+            shapes = [args[0].shape, tuple(sizes)]
+        elif "must match the size" not in str(error):
+            return None
         ones: dict[Any, set[int]] = {}
         for axis in range(1, max((len(shape) for shape in shapes), default=0) + 1):
+            # an expand's -1 keeps the size it meets
             sizes = [shape[-axis] for shape in shapes if len(shape) >= axis]
+            sizes = [size for size in sizes if not (type(size) is int and size == -1)]
             for size in sizes:
                 if not isinstance(size, torch.SymInt) or size.node.maybe_as_int() is not None:
                     continue
