@@ -400,10 +400,13 @@ def test_versions_writing_into_their_inputs_export_both_sides(model, shapes, siz
     result = to_onnx(
         model, tuple(a.clone() for a in args), dynamic_shapes={n: dynamic[n] for n in names}
     )
-    assert result.version_fallback == "" and len(result.versions) == 2
+    # `x[:, :1]` in the version of an even `cols` has a version at cols = 0, where the
+    # folding made the model's input `[rows, 0]` through an Identity (a fallback)
+    assert result.version_fallback == "" and len(result.versions) >= 2
     outputs = [o.name for o in result.model_proto.graph.output]
     session = _session(result)
-    for case in [shapes, *sizes]:
+    zero = [(s[0], 0) if len(s) == 2 else s for s in shapes]
+    for case in [shapes, *sizes, zero]:
         inputs = [torch.randn(*s) for s in case]
         eager_inputs = [t.clone() for t in inputs]
         with torch.no_grad():

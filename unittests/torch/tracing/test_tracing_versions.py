@@ -979,6 +979,25 @@ def test_an_expand_of_a_slice_length_left_open_decides_it_with_a_version():
     _check_sizes(model, gm, lambda width: torch.randn(3, width), (8, 3, 5, 2, 1, 0))
 
 
+class OddColumnsPadded(torch.nn.Module):
+    """In the version of an even ``dim`` (``dim = 2*k``), ``x[:, 1::2][:, :1]`` has
+    ``min(1, k)`` columns, which sympy folds to 1 on ``k``, a symbol of its own."""
+
+    def forward(self, y):
+        if y.shape[-1] % 2 != 0:
+            y = torch.nn.functional.pad(y, (0, 1))
+        first = y[..., 1::2][..., :1]
+        return first.shape[-1] * 2 + first.sum()
+
+
+def test_a_slice_of_length_one_in_a_version_of_even_sizes_gets_a_version_at_zero():
+    # the even version returned 2 at dim 0 (a column of the empty tensor), silently
+    # (fuzz_tracing seed 9266)
+    model = OddColumnsPadded()
+    _, _, gm = trace_module(model, {"y": torch.randn(6, 6)}, {"y": {0: "dim", 1: "dim"}})
+    _check_sizes(model, gm, lambda dim: torch.randn(dim, dim), (6, 5, 2, 1, 0))
+
+
 class SameLineTwice(torch.nn.Module):
     """One decision line met twice; its other side reads tensor values in Python,
     which no capture takes (eager runs there)."""

@@ -140,8 +140,14 @@ def folding_pass(**kwargs: Any) -> ir.passes.InPlacePass:
                 for output, (shape, type_) in zip(node.outputs, known):
                     output.shape, output.type = shape, type_
 
+        def call(self, model: ir.Model):
+            # the model's inputs keep their declared shapes whatever node reads them
+            self._declared_inputs = list(model.graph.inputs)
+            return super().call(model)
+
         def process_node(self, node: ir.Node, is_function: bool):
             outer = _outer_shapes(node)
+            outer += [(v, v.shape) for v in getattr(self, "_declared_inputs", ())]
             try:
                 return super().process_node(node, is_function)
             except RuntimeError as e:

@@ -417,7 +417,9 @@ class FakeExecutionMixin(MixinBase):
         :mod:`.positive_folds`)."""
         for condition in [
             *_chunk_count_decided(node, args, kwargs, val, dims.default_min),
-            *empty_slice_conditions(node, args, val, dims.default_min, dims.hint_of),
+            *empty_slice_conditions(
+                node, args, val, dims.default_min, dims.hint_of, dims.shape_env.replacements
+            ),
             *folded_extremum_conditions(node, args, val),
         ]:
             self._rely_on_default_bounds(condition, True)

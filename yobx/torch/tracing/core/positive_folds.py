@@ -96,8 +96,27 @@ def _length_at(
     return len(range(size)[slice(*parts)])
 
 
+def _roots(default_min: set, replacements: dict) -> dict[sympy.Symbol, sympy.Symbol]:
+    """The symbols standing for a dimension declared without a minimum, each with that
+    dimension's symbol: itself, or the ``k`` of ``dim = 2*k`` once a version assumed
+    ``dim % 2 == 0`` (``k`` is 0 where ``dim`` is)."""
+    roots = {symbol: symbol for symbol in default_min}
+    for symbol, replacement in replacements.items():
+        if symbol not in default_min:
+            continue
+        coefficient, rest = replacement.as_coeff_Mul()
+        if coefficient.is_Integer and coefficient != 0 and rest.is_Symbol:
+            roots.setdefault(rest, symbol)
+    return roots
+
+
 def empty_slice_conditions(
-    node: Node, args: tuple, val: Any, default_min: set, hint_of: Any
+    node: Node,
+    args: tuple,
+    val: Any,
+    default_min: set,
+    hint_of: Any,
+    replacements: dict | None = None,
 ) -> list[sympy.Basic]:
     """The conditions ``s >= 1`` (unevaluated: sympy would fold them) that the lengths
     of the slices ``node`` takes rest on, for each dimension ``s`` declared without a
@@ -108,6 +127,7 @@ def empty_slice_conditions(
     :param val: the node's fake value
     :param default_min: the symbols of the dimensions declared without a minimum
     :param hint_of: the example's size of a symbol
+    :param replacements: the ShapeEnv's replacements (``dim -> 2*k``)
     """
     if node.op != "call_function" or node.target is not operator.getitem or len(args) != 2:
         return []
@@ -117,6 +137,7 @@ def empty_slice_conditions(
     axes = _sliced_axes(index, tensor.dim())
     if not axes:
         return []
+    roots = _roots(default_min, replacements or {})
     conditions: list[sympy.Basic] = []
     for axis, out, bounds in axes:
         length, traced = _expr(tensor.shape[axis]), _expr(val.shape[out])
@@ -126,12 +147,12 @@ def empty_slice_conditions(
         for bound in (bounds.start, bounds.stop):
             expr = _expr(bound) if bound is not None else None
             symbols |= expr.free_symbols if expr is not None else set()
-        for symbol in sorted(symbols & default_min, key=str):
+        for symbol in sorted(symbols & roots.keys(), key=str):
             values = {s: sympy.Integer(hint_of(s)) for s in symbols if s is not symbol}
             values[symbol] = sympy.Integer(0)
             eager, ours = _length_at(length, bounds, values), _value_at(traced, values)
             if eager is not None and ours is not None and ours != eager:
-                condition = sympy.Ge(symbol, 1, evaluate=False)
+                condition = sympy.Ge(roots[symbol], 1, evaluate=False)
                 if condition not in conditions:
                     conditions.append(condition)
     return conditions
