@@ -504,17 +504,21 @@ class FakeExecutionMixin(MixinBase):
         slice's size (``Max(0, n - Max(0, n - 1))``: 1, or 0 when ``n`` is) is not
         provably ``n`` nor 1. Each size of the operands that may be 1 and is not
         provably the size it meets becomes a decision (``== 1``, with the example's
-        answer, a version capturing the other side). Returns ``(args, kwargs)`` with
-        the operands decided to broadcast given a literal 1 there (fake tensors: only
-        their sizes matter), or None when there is nothing to decide."""
+        answer, a version capturing the other side). ``expand`` fails the same way on
+        a size sympy left open (``min(1, n - 2)``, "non-broadcasting semantics
+        require"): its sizes are met as a tensor's would be. Returns ``(args, kwargs)``
+        with the operands decided to broadcast given a literal 1 there (fake tensors:
+        only their sizes matter), or None when there is nothing to decide."""
         if not isinstance(error, RuntimeError):
             return None
         leaves = pytree.tree_leaves((args, kwargs))
-        shapes = [t.shape for t in leaves if isinstance(t, torch.Tensor)]
+        shapes: list[torch.Size] = [t.shape for t in leaves if isinstance(t, torch.Tensor)]
         if _EXPANDING in str(error) and args and isinstance(args[0], torch.Tensor):
             # `x.expand(*sizes)`: the sizes are met as a tensor's would be
-            sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
-            shapes = [args[0].shape, tuple(sizes)]
+            requested = (
+                args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+            )
+            shapes = [args[0].shape, torch.Size(requested)]
         elif "must match the size" not in str(error):
             return None
         ones: dict[Any, set[int]] = {}
