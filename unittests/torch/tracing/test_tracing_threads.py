@@ -140,18 +140,22 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=tracing, args=(i,)) for i in range(2)]
-    eager_threads = [threading.Thread(target=loop) for loop in (plain_loop, cond_loop)]
+    # daemon threads: one stuck in a trace fails this test without keeping the test
+    # worker from exiting (a trace it holds would stop every later trace of the worker)
+    threads = [threading.Thread(target=tracing, args=(i,), daemon=True) for i in range(2)]
+    eager_threads = [threading.Thread(target=loop, daemon=True) for loop in (plain_loop, cond_loop)]
     for thread in eager_threads:
         thread.start()
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=600)
+        thread.join(timeout=240)
     done.set()
     for thread in eager_threads:
-        thread.join(timeout=600)
+        thread.join(timeout=120)
+    stuck = [t.name for t in [*threads, *eager_threads] if t.is_alive()]
+    assert not stuck, (stuck, eager, traced)
     assert not errors, errors
     assert sorted(traced) == [0, 0, 0, 1, 1, 1], traced
     # eager code ran, also while the patches were installed, and never saw the trace's
@@ -178,7 +182,7 @@ def test_trace_in_a_thread_while_another_holds_a_torch_fx_trace():
     def fx_trace():
         outcome.append(torch.fx.symbolic_trace(Blocking()))
 
-    thread = threading.Thread(target=fx_trace)
+    thread = threading.Thread(target=fx_trace, daemon=True)
     thread.start()
     assert started.wait(timeout=60)
     timer = threading.Timer(0.5, release.set)
@@ -207,11 +211,11 @@ def test_tracer_reused_across_threads():
             )
         )
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=600)
+        thread.join(timeout=240)
     assert len(graphs) == 2
 
 
