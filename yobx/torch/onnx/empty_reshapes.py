@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from yobx.torch.onnx.ort_fusions import graphs_within
+from yobx.torch.onnx.constant_inputs import nodes_with_constant_input, replace_constant_input
 
 
 def _static(shape: ir.Shape | None) -> list[int] | None:
@@ -54,30 +54,15 @@ def resolve_empty_reshapes(model: ir.Model) -> int:
     ``-1`` of each ``Reshape`` whose output is static and empty by that output's shape
     (``allowzero=1``); returns how many."""
     count = 0
-    for graph in graphs_within(model.graph):
-        for node in list(graph):
-            if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
-                continue
-            target = node.inputs[1] if len(node.inputs) > 1 else None
-            tensor = None if target is None else target.const_value
-            if tensor is None or -1 not in tensor.numpy():
-                continue
-            dims = _empty_output(node, tensor.numpy().reshape(-1))
-            if dims is None:
-                continue
-            fixed = ir.node(
-                "Constant",
-                [],
-                attributes={"value": ir.tensor(np.array(dims, dtype=np.int64))},
-                name=f"{node.name}_empty_shape",
-            )
-            fixed.outputs[0].name = f"{target.name}_empty_{count}"
-            fixed.outputs[0].dtype = ir.DataType.INT64
-            fixed.outputs[0].shape = ir.Shape([len(dims)])
-            graph.insert_before(node, fixed)
-            node.replace_input_with(1, fixed.outputs[0])
-            node.attributes["allowzero"] = ir.AttrInt64("allowzero", 1)
-            count += 1
+    for graph, node, target in nodes_with_constant_input(model, "Reshape", 1):
+        if -1 not in target:
+            continue
+        dims = _empty_output(node, target.reshape(-1))
+        if dims is None:
+            continue
+        replace_constant_input(graph, node, 1, np.array(dims, dtype=np.int64), f"_empty_{count}")
+        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 1)
+        count += 1
     return count
 
 

@@ -17,35 +17,19 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from yobx.torch.onnx.ort_fusions import graphs_within
+from yobx.torch.onnx.constant_inputs import nodes_with_constant_input, replace_constant_input
 
 
 def replace_zero_divisors(model: ir.Model) -> int:
     """Replaces, in the model and its subgraphs, the constant integer divisors of
     ``Mod`` nodes holding a 0 by the same constant with 1 there; returns how many."""
     count = 0
-    for graph in graphs_within(model.graph):
-        for node in list(graph):
-            if node.op_type != "Mod" or node.domain not in ("", "ai.onnx"):
-                continue
-            divisor = node.inputs[1] if len(node.inputs) > 1 else None
-            tensor = None if divisor is None else divisor.const_value
-            if tensor is None:
-                continue
-            array = tensor.numpy()
-            if array.dtype.kind not in "iu" or np.all(array != 0):
-                continue
-            fixed = ir.node(
-                "Constant",
-                [],
-                attributes={"value": ir.tensor(np.where(array == 0, 1, array).astype(array.dtype))},
-                name=f"{node.name}_divisor",
-            )
-            fixed.outputs[0].name = f"{divisor.name}_nonzero_{count}"
-            fixed.outputs[0].dtype, fixed.outputs[0].shape = divisor.dtype, divisor.shape
-            graph.insert_before(node, fixed)
-            node.replace_input_with(1, fixed.outputs[0])
-            count += 1
+    for graph, node, array in nodes_with_constant_input(model, "Mod", 1):
+        if array.dtype.kind not in "iu" or np.all(array != 0):
+            continue
+        fixed = np.where(array == 0, 1, array).astype(array.dtype)
+        replace_constant_input(graph, node, 1, fixed, f"_nonzero_{count}")
+        count += 1
     return count
 
 
