@@ -404,3 +404,19 @@ def test_a_math_function_of_a_size_is_checked(function):
         np.testing.assert_allclose(_run(session, x=x)[0], model(x).numpy())
     for n in (1, 3, 4):
         assert _refused(session, x=torch.randn(n, 3))
+
+
+def test_a_check_whose_guard_divides_by_zero_where_it_does_not_hold_passes():
+    # `... when (dim >= 2) and ... // ((dim + 3)//4) != 4`: at dim = 0 the guard's
+    # division by 0 broke the check (the model refused widths of 0, where eager runs)
+    from ..tracing.test_tracing_constraints import ChunkCounts
+
+    model = ChunkCounts()
+    result = export_to_onnx(model, (torch.randn(7, 8),), dynamic_shapes=({0: "seq", 1: "dim"},))
+    assert any("//4" in c.expression for c in result.runtime_checks)
+    session = _session(result)
+    for shape in ((7, 8), (7, 0), (1, 0), (7, 13), (3, 4)):
+        x = torch.randn(*shape)
+        for got, expected in zip(_run(session, x=x), model(x), strict=True):
+            np.testing.assert_allclose(got, expected.numpy(), atol=1e-5)
+            assert got.shape == tuple(expected.shape)

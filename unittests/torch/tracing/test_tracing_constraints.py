@@ -609,3 +609,50 @@ def test_a_check_with_fractions_under_a_min_runs():
     assert any("min(" in c.expression and "/2" in c.expression for c in tracer.constraints)
     with pytest.raises(ConstraintViolationError, match="% 2 == 0"):
         gm(torch.randn(2, 10))
+
+
+class ChunkCounts(torch.nn.Module):
+    """Numbers of chunks of dynamic lengths (fuzz_tracing seed 9435): torch's guard on
+    the pieces of ``x.chunk(4, 1)`` is ``(dim + ceil(dim/4) - 1) // ceil(dim/4) == 4``,
+    a division by 0 at ``dim = 0``."""
+
+    def forward(self, x):
+        t1 = x * len(x.chunk(4, 1))
+        p2, q3 = t1.split([t1.shape[1] // 2, t1.shape[1] - t1.shape[1] // 2], 1)
+        t4 = p2.sum(1, keepdim=True) + q3
+        t5 = t1 * len(t1.chunk(2, 0))
+        t6 = t4.reshape(int(t4.shape[0]), -1)
+        t9 = torch.cat(t1.split(2, 1), 1)
+        return torch.cat([t9, t9[:1]], 0), t5 + x, t6
+
+
+def test_a_check_whose_guard_divides_by_zero_where_it_does_not_hold_passes():
+    # the graph checked `seq >= 1 when (dim >= 2) and (seq < 2) and (... // ((dim + 3)//4)
+    # == 4)` computing every part: ZeroDivisionError at dim = 0, where eager runs and
+    # Python's short circuit stops at `dim >= 2`
+    tracer, _, gm = check_trace(
+        ChunkCounts(),
+        {"x": torch.randn(7, 8)},
+        {"x": {0: "seq", 1: "dim"}},
+        [{"x": torch.randn(7, 0)}, {"x": torch.randn(1, 0)}, {"x": torch.randn(7, 13)}],
+    )
+    assert any("//4" in c.when for c in tracer.constraints), tracer.constraints
+
+
+def test_a_condition_computed_in_python_counts_an_undefined_conjunct_as_false():
+    # what the versions' witness search and the ONNX model's checks compute, in Python
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    from yobx.torch.tracing.constraints.size_search import compile_condition, holds
+
+    n, m = sympy.Symbol("n", integer=True), sympy.Symbol("m", integer=True)
+    guard = sympy.And(sympy.Ge(n, 2), sympy.Eq(FloorDiv(m, FloorDiv(n + 3, 4)), 4))
+    check = compile_condition(sympy.Or(sympy.Ge(n, 6), sympy.Not(guard)), (n, m))
+    assert holds(check, (0, 8))  # (n + 3) // 4 is 0, where n >= 2 does not hold
+    assert not holds(check, (5, 8))  # the guard holds, the body does not
+    assert holds(check, (5, 10)) and holds(check, (6, 8))
+    # outside any `and`/`or`, a division by zero still fails the check
+    assert not holds(
+        compile_condition(sympy.Eq(FloorDiv(m, FloorDiv(n + 3, 4)), 0), (n, m)), (0, 1)
+    )

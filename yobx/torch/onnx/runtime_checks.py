@@ -392,8 +392,8 @@ class _CheckGraph:
             return fractions.Fraction(int(expr.p), int(expr.q))
         if expr.is_Float:
             return float(expr)
-        if isinstance(expr, sympy.Or):
-            return self._disjunction(expr)
+        if isinstance(expr, (sympy.And, sympy.Or)):
+            return self._junction(expr)
         args = [self._interpret(a) for a in expr.args]
         for classes, method in _OPERATIONS:
             if isinstance(expr, classes):
@@ -647,11 +647,16 @@ class _CheckGraph:
             result = self.op("And" if conjunction else "Or", [result, other])
         return result
 
-    def _disjunction(self, expr: sympy.Or) -> Any:
-        """``Or``: each disjunct counts where it is defined, the whole is defined
-        everywhere. ``body when guard`` is ``Or(Not(guard), body)``: where the guard
-        does not hold, the body may divide by zero (a window count that is 0 outside
-        the version that needs it) without breaking the check."""
+    def _junction(self, expr: sympy.Basic) -> Any:
+        """``And``/``Or``: each operand counts where it is defined (false where it
+        divides by zero), the whole is defined everywhere. ``body when guard`` is
+        ``Or(Not(guard), body)``: where the guard does not hold, the body may divide by
+        zero (a window count that is 0 outside the version that needs it) without
+        breaking the check; a guard whose division by a size is by 0 where one of its
+        other conditions fails (``dim >= 2 and ... // ((dim + 3) // 4) == 4`` at
+        ``dim = 0``) does not hold there, as Python's short circuit never evaluates
+        it. The traced graph's checks count them the same way
+        (:mod:`yobx.torch.tracing.constraints.runtime_checks`)."""
         terms = []
         for arg in expr.args:
             outer, self.defined = self.defined, []

@@ -337,6 +337,12 @@ class _CheckBuilder:
         self.input_sizes = input_sizes
         self.tracer = GraphAppendingTracer(graph)
         self.proxies: dict[sympy.Expr, Any] = {}
+        #: whether divisions are guarded (in a check, see :meth:`_junction`)
+        self.guarded = False
+        #: the conditions the value being built needs to be defined (divisors other
+        #: than zero), and those of each value built (with its proxy, in the memo)
+        self.defined: list[Any] = []
+        self.needs: dict[sympy.Basic, tuple] = {}
 
     def add(self, check: RuntimeCheck) -> int:
         condition = condition_in_sizes(self.dims, check.condition)
@@ -349,7 +355,12 @@ class _CheckBuilder:
         proxies = {s: p for s, p in found.items() if p is not None}
         if len(proxies) < len(found):
             raise self._unchecked(check)
+        self.guarded, self.defined = True, []
         result = self._interpret(condition)
+        # where the condition divides by zero outside any `and`/`or`, it fails (eager
+        # Python would raise) instead of the graph raising ZeroDivisionError
+        for defined in self.defined:
+            result = self._call(operator.and_, (defined, result))
         values = {self._display(s): proxies[s].node for s in symbols}
         node = self.graph.call_function(
             check_constraint,
@@ -413,8 +424,11 @@ class _CheckBuilder:
         return self.proxies[key]
 
     def _interpret(self, expr: sympy.Basic) -> Any:
-        """Builds nodes computing ``expr`` from the symbols' proxies."""
+        """Builds nodes computing ``expr`` from the symbols' proxies; in a check, the
+        conditions it needs to be defined are added to :attr:`defined`, also when its
+        value comes from the memo."""
         if expr in self.proxies:
+            self.defined.extend(self.needs.get(expr, ()))
             return self.proxies[expr]
         if isinstance(expr, sympy.Symbol):
             return self._symbol(expr)
@@ -431,15 +445,53 @@ class _CheckBuilder:
             proxy.node.meta[RUNTIME_CHECK] = True
             self.proxies[expr] = proxy
             return proxy
+        if self.guarded and isinstance(expr, (sympy.And, sympy.Or)):
+            result = self._junction(expr)
+            self.proxies[expr] = result
+            return result
+        outer, self.defined = self.defined, []
+        try:
+            result = self._compute(expr)
+            needs = tuple(self.defined)
+        finally:
+            self.defined = outer
+        self.proxies[expr] = result
+        if needs:
+            self.needs[expr] = needs
+            self.defined.extend(needs)
+        return result
+
+    def _compute(self, expr: sympy.Basic) -> Any:
         function, folds = _operation(expr)
         args = [self._interpret(a) for a in expr.args]
-        if folds:
-            result = args[0]
-            for other in args[1:]:
-                result = self._call(function, (result, other))
-        else:
-            result = self._call(function, tuple(args))
-        self.proxies[expr] = result
+        if self.guarded and isinstance(expr, _DIVISIONS) and isinstance(args[1], Proxy):
+            self.defined.append(self._call(operator.ne, (args[1], 0)))
+            args[1] = self._call(nonzero_divisor, (args[1],))
+        if not folds:
+            return self._call(function, tuple(args))
+        result = args[0]
+        for other in args[1:]:
+            result = self._call(function, (result, other))
+        return result
+
+    def _junction(self, expr: sympy.Basic) -> Any:
+        """``And``/``Or`` in a check: each operand counts where it is defined, false
+        where it divides by zero, as Python's short circuit leaves it unevaluated
+        there (``seq >= 1 when dim >= 2 and (dim + 3) // 4 ... == 4``: the guard's
+        division is by 0 at ``dim = 0``, where ``dim >= 2`` is false); the whole is
+        defined everywhere. The ONNX checks count them the same way
+        (:mod:`yobx.torch.onnx.runtime_checks`)."""
+        function = operator.and_ if isinstance(expr, sympy.And) else operator.or_
+        result: Any = None
+        for arg in expr.args:
+            outer, self.defined = self.defined, []
+            try:
+                value = self._interpret(arg)
+                for defined in self.defined:
+                    value = self._call(operator.and_, (defined, value))
+            finally:
+                self.defined = outer
+            result = value if result is None else self._call(function, (result, value))
         return result
 
     def _call(self, function, operands: tuple) -> Any:
@@ -483,9 +535,27 @@ def size_max(a: Any, b: Any) -> Any:
     return max(a, b)
 
 
+def nonzero_divisor(divisor: Any) -> Any:
+    """``divisor``, or 1 where it is 0: a check divides by a size only where that size
+    is not 0, and counts the part of its condition holding the division as false
+    there (see ``_CheckBuilder._junction``)."""
+    if isinstance(divisor, _SYMBOLIC):
+        return torch.sym_ite(divisor != 0, divisor, 1)
+    return divisor if divisor != 0 else 1
+
+
 _SYMBOLIC = (torch.SymInt, torch.SymFloat)
 # a check reads sizes and raises: nothing for the graph passes to rewrite
-register_untouched_functions(check_constraint, size_min, size_max)
+register_untouched_functions(check_constraint, size_min, size_max, nonzero_divisor)
+#: the operations Python refuses for a divisor of 0
+_DIVISIONS = (
+    torch_sympy.FloorDiv,
+    torch_sympy.Mod,
+    torch_sympy.PythonMod,
+    sympy.Mod,
+    torch_sympy.IntTrueDiv,
+    torch_sympy.FloatTrueDiv,
+)
 _FOLDED: dict[type, Callable[..., Any]] = {
     sympy.Add: operator.add,
     sympy.Mul: operator.mul,

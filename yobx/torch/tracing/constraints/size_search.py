@@ -38,9 +38,13 @@ def compile_condition(condition: sympy.Basic, symbols: Sequence[sympy.Symbol]) -
     the rational constants, Python's ``//``, ``%``, ``min`` and ``max``.
 
     A division by zero raises ``ZeroDivisionError``, as Python does, except inside a
-    disjunction: an ``Or`` holds where one of its disjuncts is defined and true, so that
-    ``body when guard`` (``Or(Not(guard), body)``) holds where the guard does not, even
-    if the body divides by zero there (the ONNX checks compute it so).
+    disjunction or a conjunction: an ``Or`` holds where one of its disjuncts is defined
+    and true, so that ``body when guard`` (``Or(Not(guard), body)``) holds where the
+    guard does not, even if the body divides by zero there; an ``And`` holds where
+    each conjunct is defined and true, so that a guard dividing by a size that is 0
+    where another of its conjuncts fails does not hold there, as Python's short circuit
+    never evaluates that conjunct (the ONNX checks and the traced graph's compute them
+    so).
 
     Compiled once per condition and symbols (the function is pure): the versions ask
     for the same sizes at every witness they try (776 calls for 19 conditions in the
@@ -62,18 +66,23 @@ def _compiled(condition: sympy.Basic, symbols: tuple[sympy.Symbol, ...]) -> Call
     arguments = ", ".join(str(names[s]) for s in symbols)
     # `int(n * 0.5)` prints as `math.trunc(0.5*torch.sym_float(n))`
     scope: dict[str, Any] = {"math": math, "min": min, "max": max, "torch": torch}
-    scope["_any_defined"] = _any_defined
+    scope["_any_defined"], scope["_all_defined"] = _any_defined, _all_defined
     scope.update({str(v): fractions.Fraction(int(r.p), int(r.q)) for r, v in rationals.items()})
     # the text is printed from a sympy expression of ours: no user string reaches it
     return eval(f"lambda {arguments}: {text}", scope)
 
 
 class _Printer(PythonPrinter):
-    """Python's printer, with each disjunct of an ``Or`` evaluated on its own."""
+    """Python's printer, with each operand of an ``Or`` and an ``And`` evaluated on its
+    own."""
 
     def _print_Or(self, expr: sympy.Or) -> str:
         disjuncts = ", ".join(f"lambda: {self._print(a)}" for a in expr.args)
         return f"_any_defined({disjuncts})"
+
+    def _print_And(self, expr: sympy.And) -> str:
+        conjuncts = ", ".join(f"lambda: {self._print(a)}" for a in expr.args)
+        return f"_all_defined({conjuncts})"
 
 
 def _any_defined(*disjuncts: Callable[[], Any]) -> bool:
@@ -85,6 +94,17 @@ def _any_defined(*disjuncts: Callable[[], Any]) -> bool:
         except (ZeroDivisionError, ValueError, OverflowError):
             continue
     return False
+
+
+def _all_defined(*conjuncts: Callable[[], Any]) -> bool:
+    """Whether every conjunct is defined (does not divide by zero) and true."""
+    for conjunct in conjuncts:
+        try:
+            if not conjunct():
+                return False
+        except (ZeroDivisionError, ValueError, OverflowError):
+            return False
+    return True
 
 
 def holds(function: Callable, values: Sequence[int]) -> bool:
