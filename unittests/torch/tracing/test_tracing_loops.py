@@ -362,8 +362,10 @@ def test_joined_values_are_new_tensors_as_eager_makes():
 
     model = _Fn(joins)
     tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 5, 3)}, DIMS)
-    assert _scans(graph) == 1
-    for b, n in [(2, 5), (3, 2), (1, 8)]:
+    # `x[:, :1]` has a version for an empty sequence, whose capture failed before
+    # (the flatten of an empty tensor): `seq >= 1` was a check where eager runs
+    assert _all_scans(gm) == 1 and tracer.constraints == []
+    for b, n in [(2, 5), (3, 2), (1, 8), (2, 0)]:
         x = torch.randn(b, n, 3)
         assert_same(model(x.clone()), gm(x.clone()))
 

@@ -837,8 +837,7 @@ def test_an_example_pinned_with_no_other_size_keeps_its_capture():
 
 class CapturedAtOneOnly(torch.nn.Module):
     """``min(dim, 2)`` gives versions for dim >= 3, 2 and below 2; the last one is
-    captured at 1 (a constant there), and its capture at 0 fails (``flatten`` of an
-    empty fake tensor), while eager runs at 0 (fuzz_tracing seed 3048)."""
+    captured at 1 (a constant there), then at 0 (fuzz_tracing seed 3048)."""
 
     def forward(self, x):
         t1 = x.narrow(2, 0, min(x.shape[2], 2))
@@ -847,16 +846,43 @@ class CapturedAtOneOnly(torch.nn.Module):
         return t1 @ t1.transpose(-1, -2), t1.shape[-1] * 2 + t1.shape[0]
 
 
-def test_a_version_captured_at_one_checks_it_where_no_version_takes_zero():
+_CAPTURED_AT_ONE_SIZES = ((3, 4), (5, 2), (11, 8), (3, 1), (1, 1))
+
+
+def test_a_version_captured_at_one_has_its_version_at_zero():
+    # the capture at 0 failed (a flatten of an empty fake tensor asked whether it was
+    # contiguous) and `dim >= 1` stayed a check, where eager runs
+    model = CapturedAtOneOnly()
+    tracer, graph, gm = trace_module(
+        model, {"x": torch.randn(3, 3, 4)}, {"x": {1: "length", 2: "dim"}}
+    )
+    assert not any("capture for" in note for note in tracer.version_notes), tracer.version_notes
+    sizes = (*_CAPTURED_AT_ONE_SIZES, (0, 0), (3, 0))
+    _check_sizes(model, gm, lambda s: torch.randn(3, *s), sizes)
+
+
+def test_a_version_captured_at_one_checks_it_where_no_version_takes_zero(monkeypatch):
     # the check `dim >= 1 when dim < 2` was built on the ShapeEnv's positive symbols,
     # for which sympy folds it to True: the version of dim = 1 ran at dim = 0 and
-    # returned 5 (its constant) instead of 3
+    # returned 5 (its constant) instead of 3. The capture at 0 is made to fail, as
+    # that of an operator the tracer cannot run on an empty tensor would
+    from yobx.torch.tracing.constraints import versions
+
+    capture = versions.Versioning._capture
+
+    def failing_at_zero(self, version, witness, path, fact):
+        if 0 in witness.values():
+            self._note(fact, "the capture for dim=0 fails (made to fail by the test)")
+            return None
+        return capture(self, version, witness, path, fact)
+
+    monkeypatch.setattr(versions.Versioning, "_capture", failing_at_zero)
     model = CapturedAtOneOnly()
     tracer, graph, gm = trace_module(
         model, {"x": torch.randn(3, 3, 4)}, {"x": {1: "length", 2: "dim"}}
     )
     assert any("dim >= 1" in note for note in tracer.version_notes), tracer.version_notes
-    _check_sizes(model, gm, lambda s: torch.randn(3, *s), ((3, 4), (5, 2), (11, 8), (3, 1), (1, 1)))
+    _check_sizes(model, gm, lambda s: torch.randn(3, *s), _CAPTURED_AT_ONE_SIZES)
     for length in (0, 3):
         with pytest.raises(ConstraintViolationError, match="dim >= 1"):
             gm(torch.randn(3, length, 0))
@@ -1030,3 +1056,26 @@ def test_a_line_whose_other_side_no_capture_takes_gets_one_try_next(monkeypatch)
     for batch in (4, 50, 1):
         x = torch.randn(batch, 3)
         assert_same(model(x), gm(x))
+
+
+class ChunksThenReshape(torch.nn.Module):
+    """The number of chunks of ``dim`` gets a version at ``dim = 0``, which reshapes the
+    empty ``(seq, 0)`` sum of two halves to ``(seq, -1)``."""
+
+    def forward(self, x):
+        t1 = x * len(x.chunk(4, 1))
+        p2, q3 = t1.split([t1.shape[1] // 2, t1.shape[1] - t1.shape[1] // 2], 1)
+        t4 = p2.sum(1, keepdim=True) + q3
+        return t4.reshape(int(t4.shape[0]), -1)
+
+
+def test_a_version_at_zero_reshaping_an_empty_tensor_is_captured():
+    # the reshape asked whether the empty tensor was exactly contiguous, which the
+    # shape rules leave to torch for an empty one: the version's capture failed and
+    # `dim >= 1` stayed a constraint (fuzz_tracing 9435)
+    model = ChunksThenReshape()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(7, 8)}, {"x": {0: "seq", 1: "dim"}})
+    assert not any("capture for" in note for note in tracer.version_notes), tracer.version_notes
+    assert any("dim < 1" in v.when for v in tracer.versions), [v.when for v in tracer.versions]
+    _check_sizes(model, gm, lambda d: torch.randn(7, d), [8, 0, 1, 13])
+    _check_sizes(model, gm, lambda s: torch.randn(s, 0), [3, 1])

@@ -193,7 +193,12 @@ def _reshape_copy(tensor: torch.Tensor, shape: tuple) -> torch.Tensor | None:
     either way, torch documents that code must not depend on reshape copying or not,
     and torch's own symbolic kernels copy when a stride equality is not provable.
     """
-    if exactly_contiguous(tensor):
+    try:
+        if exactly_contiguous(tensor):
+            return None
+    except Unsupported:
+        # an empty tensor: no element to copy or alias, view or not (a version captured
+        # at size 0 reshaped `(seq, 0)` to `(seq, -1)`, and its capture failed)
         return None
     sizes = list(shape)
     inferred = [i for i, size in enumerate(sizes) if type(size) is int and size == -1]
