@@ -420,3 +420,22 @@ def test_a_check_whose_guard_divides_by_zero_where_it_does_not_hold_passes():
         for got, expected in zip(_run(session, x=x), model(x), strict=True):
             np.testing.assert_allclose(got, expected.numpy(), atol=1e-5)
             assert got.shape == tuple(expected.shape)
+
+
+def test_a_guard_dividing_by_zero_where_none_of_its_conditions_fails_is_checked():
+    # `... when (batch < 1) and ... // ((dim + 3)//4) == 4` at batch = dim = 0: the
+    # choice between versions would divide by zero there, so the check counts its
+    # guard as failing and refuses the sizes by name (a kernel of a branch failed when
+    # the guard counted as false); at batch = 3 the guard fails on `batch < 1`
+    from ..tracing.test_tracing_versions import ChunksOfAnEmptyBatch
+
+    model = ChunksOfAnEmptyBatch()
+    dims = {"x": {0: "dim", 1: "batch", 2: "dim"}, "y": {2: "width", 3: "dim"}}
+    example = {"x": torch.randn(8, 8, 8), "y": torch.randn(3, 4, 8, 8)}
+    session = _session(export_to_onnx(model, (), example, dynamic_shapes=dims))
+    for dim, batch in ((8, 8), (13, 5), (0, 3)):
+        x, y = torch.randn(dim, batch, dim), torch.randn(3, 4, 5, dim)
+        (got,) = _run(session, x=x, y=y)
+        np.testing.assert_allclose(got, model(x, y).numpy(), atol=1e-5)
+    refused = _refused(session, x=torch.randn(0, 0, 0), y=torch.randn(3, 4, 5, 0))
+    assert "batch < 1" in refused, refused

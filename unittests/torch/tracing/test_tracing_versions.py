@@ -1079,3 +1079,36 @@ def test_a_version_at_zero_reshaping_an_empty_tensor_is_captured():
     assert any("dim < 1" in v.when for v in tracer.versions), [v.when for v in tracer.versions]
     _check_sizes(model, gm, lambda d: torch.randn(7, d), [8, 0, 1, 13])
     _check_sizes(model, gm, lambda s: torch.randn(s, 0), [3, 1])
+
+
+class ChunksOfAnEmptyBatch(torch.nn.Module):
+    """fuzz_tracing seed 10005: the version of an empty batch chooses on the number of
+    ``chunk(4, 2)`` pieces of ``dim``, ``(dim + ceil(dim/4) - 1) // ceil(dim/4)``,
+    which divides by 0 at ``dim = 0``."""
+
+    def forward(self, x, y):
+        t2 = x[:, :1] * 0
+        for i in range((x.shape[1] + 1) // 2):
+            t2 = t2 + x.narrow(1, i, 1)
+        p3, q4 = t2.chunk(2, 2)
+        t6 = torch.cat([q4, p3], 2).chunk(4, 2)[0]
+        if t6.shape[-1] % 2 != 0:
+            t6 = torch.nn.functional.pad(t6, (0, 1))
+        return t6 + y.sum()
+
+
+def test_a_choice_dividing_by_a_size_that_is_zero_names_the_division():
+    # the choice raised ZeroDivisionError at dim = batch = 0 (no version was captured
+    # there): it is a ConstraintViolationError naming the divisor and the user's line
+    model = ChunksOfAnEmptyBatch()
+    dims = {"x": {0: "dim", 1: "batch", 2: "dim"}, "y": {2: "width", 3: "dim"}}
+    tracer, _, gm = trace_module(
+        model, {"x": torch.randn(8, 8, 8), "y": torch.randn(3, 4, 8, 8)}, dims
+    )
+    for dim, batch in ((8, 8), (14, 12), (13, 5), (0, 3)):
+        x, y = torch.randn(dim, batch, dim), torch.randn(3, 4, 5, dim)
+        assert_same(model(x, y), gm(x, y))
+    with pytest.raises(
+        ConstraintViolationError, match=r"\(\(dim \+ 3\)//4\) != 0.*versions.py:\d+\): dim=0"
+    ):
+        gm(torch.randn(0, 0, 0), torch.randn(3, 4, 5, 0))

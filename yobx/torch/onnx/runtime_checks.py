@@ -648,28 +648,58 @@ class _CheckGraph:
         return result
 
     def _junction(self, expr: sympy.Basic) -> Any:
-        """``And``/``Or``: each operand counts where it is defined (false where it
-        divides by zero), the whole is defined everywhere. ``body when guard`` is
-        ``Or(Not(guard), body)``: where the guard does not hold, the body may divide by
-        zero (a window count that is 0 outside the version that needs it) without
-        breaking the check; a guard whose division by a size is by 0 where one of its
-        other conditions fails (``dim >= 2 and ... // ((dim + 3) // 4) == 4`` at
-        ``dim = 0``) does not hold there, as Python's short circuit never evaluates
-        it. The traced graph's checks count them the same way
-        (:mod:`yobx.torch.tracing.constraints.runtime_checks`)."""
-        terms = []
+        """``And``/``Or`` of operands that may divide by zero.
+
+        An ``Or`` counts each disjunct where it is defined (false where it divides by
+        zero) and is defined everywhere. ``body when guard`` is ``Or(Not(guard),
+        body)``: where the guard does not hold, the body may divide by zero (a window
+        count that is 0 outside the version that needs it) without breaking the check.
+
+        An ``And`` is false where one of its defined conjuncts is, whatever the others
+        (the choice between versions stops there: ``dim >= 2 and ... // ((dim + 3) //
+        4) == 4`` at ``dim = 0``), and is defined there or where every conjunct is.
+        Where none is false and one divides by zero, the choice between versions
+        would divide by zero too: ``Not(guard)`` is undefined there, the check counts
+        it as false and the body decides. The traced graph's checks count them the
+        same way (:mod:`yobx.torch.tracing.constraints.runtime_checks`)."""
+        values, definitions = [], []
         for arg in expr.args:
             outer, self.defined = self.defined, []
             try:
-                value = self._interpret(arg)
+                values.append(self._interpret(arg))
                 needs = self.defined
             finally:
                 self.defined = outer
-            if needs and value is not False:
-                for defined in needs:
-                    value = self.op("And", [self._boolean(defined), self._boolean(value)])
-            terms.append(value)
-        return self._connective(expr, terms)
+            defined = None
+            for need in needs:
+                need = self._boolean(need)
+                defined = need if defined is None else self.op("And", [defined, need])
+            definitions.append(defined)
+        if isinstance(expr, sympy.Or):
+            terms = [
+                value
+                if defined is None or value is False
+                else self.op("And", [defined, self._boolean(value)])
+                for value, defined in zip(values, definitions)
+            ]
+            return self._connective(expr, terms)
+        result = self._connective(expr, values)
+        known = [d for d in definitions if d is not None]
+        if result is False or not known:
+            return result
+        # defined where a defined conjunct is false, or where all of them are defined
+        whole = known[0]
+        for defined in known[1:]:
+            whole = self.op("And", [whole, defined])
+        for value, defined in zip(values, definitions):
+            if value is True:
+                continue
+            false = self.op("Not", [value])
+            whole = self.op(
+                "Or", [whole, false if defined is None else self.op("And", [defined, false])]
+            )
+        self.defined.append(whole)
+        return result
 
     def _not(self, expr: sympy.Basic, args: list) -> Any:
         (value,) = args

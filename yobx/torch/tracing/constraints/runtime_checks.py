@@ -298,15 +298,23 @@ def insert_condition(
     dims: SymbolicDimensions,
     condition: sympy.Basic,
     input_sizes: Mapping[str, Sequence[Any] | torch.SymInt] | None = None,
+    location: str = "",
 ) -> torch.fx.Node | bool:
     """Appends to ``graph`` the nodes computing ``condition`` (on ShapeEnv symbols of
     ``dims``) from the sizes of its placeholders, as the runtime checks do; returns the
     node holding its value (a bool when it is constant).
 
+    A division by a size in the condition is checked first: where the size is 0, no
+    version was captured on this side of the choice (``(dim + 3)//4`` pieces' count at
+    ``dim = 0``), and the graph raises :class:`ConstraintViolationError` naming it
+    (``location``: the user's line of the decision) instead of ``ZeroDivisionError``.
+    The ONNX model's checks refuse those sizes first.
+
     :raises TracingError: the condition reads a value no input gives
     """
     placeholders = {n.target: n for n in graph.nodes if n.op == "placeholder"}
     builder = _CheckBuilder(graph, dims, placeholders, input_sizes or {})
+    builder.divisors_checked_at = location
     check = RuntimeCheck(condition, dims.render(condition))
     prepared = condition_in_sizes(dims, condition)
     if prepared is None:
@@ -343,6 +351,9 @@ class _CheckBuilder:
         #: than zero), and those of each value built (with its proxy, in the memo)
         self.defined: list[Any] = []
         self.needs: dict[sympy.Basic, tuple] = {}
+        #: the location divisors are checked at before a division (a choice between
+        #: versions, see :func:`insert_condition`); None: they are not
+        self.divisors_checked_at: str | None = None
 
     def add(self, check: RuntimeCheck) -> int:
         condition = condition_in_sizes(self.dims, check.condition)
@@ -445,10 +456,6 @@ class _CheckBuilder:
             proxy.node.meta[RUNTIME_CHECK] = True
             self.proxies[expr] = proxy
             return proxy
-        if self.guarded and isinstance(expr, (sympy.And, sympy.Or)):
-            result = self._junction(expr)
-            self.proxies[expr] = result
-            return result
         outer, self.defined = self.defined, []
         try:
             result = self._compute(expr)
@@ -462,11 +469,15 @@ class _CheckBuilder:
         return result
 
     def _compute(self, expr: sympy.Basic) -> Any:
+        if self.guarded and isinstance(expr, (sympy.And, sympy.Or)):
+            return self._junction(expr)
         function, folds = _operation(expr)
         args = [self._interpret(a) for a in expr.args]
         if self.guarded and isinstance(expr, _DIVISIONS) and isinstance(args[1], Proxy):
             self.defined.append(self._call(operator.ne, (args[1], 0)))
             args[1] = self._call(nonzero_divisor, (args[1],))
+        elif self.divisors_checked_at is not None and isinstance(expr, _DIVISIONS):
+            self._check_divisor(expr.args[1], args[1])
         if not folds:
             return self._call(function, tuple(args))
         result = args[0]
@@ -474,24 +485,64 @@ class _CheckBuilder:
             result = self._call(function, (result, other))
         return result
 
+    def _check_divisor(self, divisor: sympy.Basic, value: Any) -> None:
+        """A check that ``divisor`` (``value`` in the graph) is not 0."""
+        if not isinstance(value, Proxy):
+            return
+        symbols = sorted(divisor.free_symbols, key=str)
+        names = {s: sympy.Symbol(self._display(s)) for s in symbols}
+        expression = f"{divisor.xreplace(names)} != 0"
+        values = {str(names[s]): self._symbol(s).node for s in symbols}
+        nonzero = self._call(operator.ne, (value, 0))
+        node = self.graph.call_function(
+            check_constraint, (nonzero.node, expression, self.divisors_checked_at, values)
+        )
+        node.meta["val"] = None
+        node.meta[RUNTIME_CHECK] = True
+
     def _junction(self, expr: sympy.Basic) -> Any:
-        """``And``/``Or`` in a check: each operand counts where it is defined, false
-        where it divides by zero, as Python's short circuit leaves it unevaluated
-        there (``seq >= 1 when dim >= 2 and (dim + 3) // 4 ... == 4``: the guard's
-        division is by 0 at ``dim = 0``, where ``dim >= 2`` is false); the whole is
-        defined everywhere. The ONNX checks count them the same way
-        (:mod:`yobx.torch.onnx.runtime_checks`)."""
-        function = operator.and_ if isinstance(expr, sympy.And) else operator.or_
-        result: Any = None
+        """``And``/``Or`` in a check, of operands that may divide by zero, counted as
+        the ONNX checks count them (:mod:`yobx.torch.onnx.runtime_checks`): an ``Or``
+        counts each disjunct where it is defined (false where it divides by zero) and
+        is defined everywhere; an ``And`` is false where one of its defined conjuncts
+        is (``seq >= 1 when dim >= 2 and ... // ((dim + 3)//4) == 4`` holds at
+        ``dim = 0``, where the choice between versions stops at ``dim >= 2``), and is
+        defined there or where every conjunct is."""
+        values, definitions = [], []
         for arg in expr.args:
             outer, self.defined = self.defined, []
             try:
-                value = self._interpret(arg)
-                for defined in self.defined:
-                    value = self._call(operator.and_, (defined, value))
+                values.append(self._interpret(arg))
+                needs = self.defined
             finally:
                 self.defined = outer
-            result = value if result is None else self._call(function, (result, value))
+            defined = None
+            for need in needs:
+                defined = need if defined is None else self._call(operator.and_, (defined, need))
+            definitions.append(defined)
+        disjunction = isinstance(expr, sympy.Or)
+        if disjunction:
+            values = [
+                v if d is None else self._call(operator.and_, (d, v))
+                for v, d in zip(values, definitions)
+            ]
+        function = operator.or_ if disjunction else operator.and_
+        result = values[0]
+        for value in values[1:]:
+            result = self._call(function, (result, value))
+        known = [d for d in definitions if d is not None]
+        if disjunction or not known or result is False:
+            return result
+        # defined where a defined conjunct is false, or where all of them are defined
+        whole = known[0]
+        for defined in known[1:]:
+            whole = self._call(operator.and_, (whole, defined))
+        for value, defined in zip(values, definitions):
+            false = self._call(operator.not_, (value,))
+            if defined is not None:
+                false = self._call(operator.and_, (defined, false))
+            whole = self._call(operator.or_, (whole, false))
+        self.defined.append(whole)
         return result
 
     def _call(self, function, operands: tuple) -> Any:

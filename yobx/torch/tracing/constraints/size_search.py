@@ -40,11 +40,11 @@ def compile_condition(condition: sympy.Basic, symbols: Sequence[sympy.Symbol]) -
     A division by zero raises ``ZeroDivisionError``, as Python does, except inside a
     disjunction or a conjunction: an ``Or`` holds where one of its disjuncts is defined
     and true, so that ``body when guard`` (``Or(Not(guard), body)``) holds where the
-    guard does not, even if the body divides by zero there; an ``And`` holds where
-    each conjunct is defined and true, so that a guard dividing by a size that is 0
-    where another of its conjuncts fails does not hold there, as Python's short circuit
-    never evaluates that conjunct (the ONNX checks and the traced graph's compute them
-    so).
+    guard does not, even if the body divides by zero there; an ``And`` is false where
+    one of its conjuncts is defined and false, so that a guard dividing by a size that
+    is 0 where another of its conditions fails does not hold there (the choice between
+    versions stops at that condition), and raises where none is false and one divides
+    by zero. The ONNX checks and the traced graph's compute them so.
 
     Compiled once per condition and symbols (the function is pure): the versions ask
     for the same sizes at every witness they try (776 calls for 19 conditions in the
@@ -97,13 +97,18 @@ def _any_defined(*disjuncts: Callable[[], Any]) -> bool:
 
 
 def _all_defined(*conjuncts: Callable[[], Any]) -> bool:
-    """Whether every conjunct is defined (does not divide by zero) and true."""
+    """False where a conjunct is defined and false, whatever the others; True where
+    every conjunct is defined and true; otherwise the first conjunct's failure is
+    raised (the choice between versions would divide by zero there too)."""
+    failure = None
     for conjunct in conjuncts:
         try:
             if not conjunct():
                 return False
-        except (ZeroDivisionError, ValueError, OverflowError):
-            return False
+        except (ZeroDivisionError, ValueError, OverflowError) as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
     return True
 
 

@@ -110,7 +110,7 @@ class VersionJoin:
         inputs = first.tracer.state.inputs
         sizes = {n: s for n, s in zip(inputs.names, inputs.sizes) if isinstance(s, (list, tuple))}
         condition = in_dimensions(first.tracer.dims, tree.condition.condition)
-        pred = insert_condition(graph, first.tracer.dims, condition, sizes)
+        pred = insert_condition(graph, first.tracer.dims, condition, sizes, tree.condition.location)
         branches = []
         for subtree in (tree.true, tree.false):
             if isinstance(subtree, Version):
