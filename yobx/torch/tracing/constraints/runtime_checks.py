@@ -492,7 +492,9 @@ class _CheckBuilder:
         symbols = sorted(divisor.free_symbols, key=str)
         names = {s: sympy.Symbol(self._display(s)) for s in symbols}
         expression = f"{divisor.xreplace(names)} != 0"
-        values = {str(names[s]): self._symbol(s).node for s in symbols}
+        # the divisor was computed from them: each is read from an input
+        proxies = {s: self._symbol(s) for s in symbols}
+        values = {str(names[s]): p.node for s, p in proxies.items() if p is not None}
         nonzero = self._call(operator.ne, (value, 0))
         node = self.graph.call_function(
             check_constraint, (nonzero.node, expression, self.divisors_checked_at, values)
