@@ -9,6 +9,7 @@ import onnx_ir as ir
 import onnxruntime
 import pytest
 import sympy
+import torch
 
 from yobx.torch.onnx.check_gates import FAST_PATH_FROM
 from yobx.torch.onnx.runtime_checks import CHECK_NODE_PREFIX, _CheckGraph, failed_check
@@ -172,3 +173,37 @@ def test_equal_sizes_are_compared_at_once_and_the_first_broken_is_named(count):
         except Exception as e:
             reported = failed_check(str(e))[len(CHECK_NODE_PREFIX) :]
         assert reported == expected, (a, b)
+
+
+class _SquareBesideAVector(torch.nn.Module):
+    """The model reads the vector only (the square input is checked, not gated)."""
+
+    def forward(self, y, z):
+        return (z.reshape(int(z.shape[0]), -1) * 2,)
+
+
+def test_the_gate_of_a_vector_input_loads_in_onnxruntime():
+    # a vector's gate reshaped it to the token expanded to one element: onnxruntime
+    # removed that Expand, and its ReshapeFusion, fusing the gate's Reshape with the
+    # model's reshape of the vector, took the check's Reshape for the gate's, typed
+    # int64 ("Type (tensor(float)) of output arg (z__checked) ... does not match
+    # expected type (tensor(int64))"): the model did not load (fuzz_onnx 7488)
+    from yobx.torch.onnx import to_onnx
+
+    model = _SquareBesideAVector()
+    result = to_onnx(
+        model,
+        (torch.randn(3, 3), torch.randn(5)),
+        dynamic_shapes={"y": {0: "length", 1: "length"}, "z": None},
+    )
+    assert result.runtime_checks
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for length in (3, 6, 1):
+        y, z = torch.randn(length, length), torch.randn(5)
+        got = session.run(None, {"y": y.numpy(), "z": z.numpy()})
+        for value, expected in zip(got, model(y, z), strict=True):
+            np.testing.assert_allclose(value, expected.numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match="y.size\\(1\\) == length"):
+        session.run(None, {"y": np.zeros((3, 4), np.float32), "z": np.zeros(5, np.float32)})

@@ -193,12 +193,20 @@ def gate_graph(
             rank = len(value.shape)
             if rank not in zeros:
                 # the token repeated to the rank; for a scalar, none of it (onnxruntime
-                # expands [0] to a shape [0] as [1]): computed from the token either way
+                # expands [0] to a shape [0] as [1]): computed from the token either way.
+                # For a vector, the token's absolute value (0 too): onnxruntime removes
+                # an Expand to the token's own shape, and its ReshapeFusion then fused the
+                # check's Reshape into the gate's, typed as the token (int64) instead of
+                # the input ("Type (tensor(float)) of output arg (z__checked) does not
+                # match expected type (tensor(int64))": fuzz_onnx seed 7488)
                 zero = writer.int_constant(0)
-                zeros[rank] = writer.op(
-                    "Expand" if rank else "Slice",
-                    [token, writer.int_constant(rank)] if rank else [token, zero, zero],
-                )
+                if rank == 1:
+                    zeros[rank] = writer.op("Abs", [token])
+                else:
+                    zeros[rank] = writer.op(
+                        "Expand" if rank else "Slice",
+                        [token, writer.int_constant(rank)] if rank else [token, zero, zero],
+                    )
             shape = zeros[rank]
         name = f"{prefix}gate_{value.name}"
         checked = writer.op("Reshape", [value, shape], name=name, into=into)
