@@ -762,6 +762,28 @@ def test_one_piece_of_a_split_is_computed_alone():
             gm(torch.randn(rows, 3))
 
 
+class _PieceAfterTheFirst(torch.nn.Module):
+    def forward(self, x):
+        return x.flatten().split(2, -1)[1:][1] * 2
+
+
+def test_a_piece_of_the_tail_of_a_split_is_computed_alone():
+    """``pieces[1:][1]`` (fuzz_passes seed 70193) is piece 2 computed alone: slicing
+    the pieces made them for real, and their number refused the dynamic rows as a
+    specialization, where torch.export captures the model."""
+    from yobx.torch.tracing import ConstraintViolationError
+
+    model = _PieceAfterTheFirst()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(5, 3)}, {"x": {0: "rows"}})
+    for rows in (5, 2, 9):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(gm(x), model(x))
+    with pytest.raises(IndexError):
+        model(torch.randn(1, 3))
+    with pytest.raises(ConstraintViolationError):
+        gm(torch.randn(1, 3))
+
+
 class NestedLargeSides(torch.nn.Module):
     """Two decisions on the batch: the second is met inside the version of the first,
     whose example (3001 rows of 4 KB) is already 1500 times the user's."""

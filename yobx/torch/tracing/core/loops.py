@@ -162,8 +162,9 @@ class SymbolicPieces(SymbolicRange):
     make of ``x`` (:meth:`joined`: ``torch.stack(x.unbind(d), k)`` is ``x`` with axis
     ``d`` moved to ``k``). ``len()`` of them in the traced code is symbolic. One piece
     taken by a constant index (``x.unbind(0)[1]``, ``x.split(2)[0]``) is computed alone
-    (:meth:`piece`). Anything else (slicing, unpacking into names) makes the pieces for
-    real: their number is fixed to the example's, as before.
+    (:meth:`piece`), also after the first ones are sliced off (``x.split(2)[1:][1]``,
+    :class:`TrailingPieces`). Anything else (other slices, unpacking into names) makes
+    the pieces for real: their number is fixed to the example's, as before.
     """
 
     def __init__(
@@ -215,6 +216,8 @@ class SymbolicPieces(SymbolicRange):
         whole = self.how == "unbind" or self.size == 1
         if self._pieces is None and type(item) is int and (whole or item >= 0):
             return self.piece(item)
+        if self._pieces is None and _is_tail(item):
+            return TrailingPieces(self, item.start or 0)
         return self._real()[item]
 
     def piece(self, index: int) -> Any:
@@ -241,6 +244,51 @@ class SymbolicPieces(SymbolicRange):
 
     def __repr__(self) -> str:
         return f"{self.how}({self.tensor}, dim={self.dim})"
+
+
+def _is_tail(item: Any) -> bool:
+    """Whether ``item`` is a slice ``[k:]`` with a constant ``k >= 0``."""
+    return (
+        type(item) is slice
+        and item.stop is None
+        and item.step in (None, 1)
+        and (item.start is None or (type(item.start) is int and item.start >= 0))
+    )
+
+
+class TrailingPieces:
+    """``pieces[k:]`` of :class:`SymbolicPieces`: one of them taken by a constant index
+    (``x.flatten().split(2)[1:][1]``) is the piece ``k`` further, computed alone;
+    anything else is the tuple of the pieces made for real, sliced (their number fixed
+    to the example's, as before)."""
+
+    def __init__(self, pieces: SymbolicPieces, offset: int):
+        self.pieces = pieces
+        self.offset = offset
+
+    def _real(self) -> Any:
+        return self.pieces._real()[self.offset :]
+
+    def __getitem__(self, item: Any) -> Any:
+        if self.pieces._pieces is None and type(item) is int and item >= 0:
+            return self.pieces.piece(self.offset + item)
+        if self.pieces._pieces is None and _is_tail(item):
+            return TrailingPieces(self.pieces, self.offset + (item.start or 0))
+        return self._real()[item]
+
+    def __iter__(self):
+        return iter(self._real())
+
+    def __len__(self) -> int:
+        return len(self._real())
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+    def __repr__(self) -> str:
+        return f"{self.pieces!r}[{self.offset}:]"
 
 
 class SymbolicRepeat(SymbolicRange):
