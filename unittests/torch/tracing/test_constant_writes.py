@@ -81,6 +81,18 @@ class TransposedBlock(torch.nn.Module):
         return acc + 1
 
 
+class AssignedFirst(torch.nn.Module):
+    """The first write into the created tensor assigns traced values (fuzz_onnx seed
+    7371): the node called the trace's gate of ``Tensor.__setitem__``, which the passes
+    did not know, and the ONNX export refused the write."""
+
+    def forward(self, x):
+        acc = torch.zeros(4)
+        acc[3] = x.mean()
+        acc[:2] = x[0, :2]
+        return x * acc.sum() + acc
+
+
 MODELS = [
     Accumulates,
     ThroughAView,
@@ -88,6 +100,7 @@ MODELS = [
     EagerWriteAfterARead,
     RowsAndColumns,
     ColumnsInsideRows,
+    AssignedFirst,
     TransposedBlock,
 ]
 

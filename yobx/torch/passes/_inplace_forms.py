@@ -58,6 +58,18 @@ class InplaceForm:
     reason: str = ""
 
 
+#: ``Tensor.__setitem__`` before any trace patches it
+_TENSOR_SETITEM = torch.Tensor.__setitem__
+
+
+def _is_setitem_gate(target: Any) -> bool:
+    """Whether ``target`` is a trace's gate of ``Tensor.__setitem__``: the node a
+    traced value written into a tensor the model created (``acc[3] = x.mean()``)
+    records, as ``__torch_function__`` receives the patched method."""
+    gated = getattr(target, "__yobx_gate__", None)
+    return gated is not None and gated[0] is _TENSOR_SETITEM
+
+
 def _needs_cast(twin_name: str, self_node: Any, others: list[Any]) -> bool:
     """Tells if the functional twin may return another dtype than the mutated tensor."""
     if twin_name in DTYPE_PRESERVING:
@@ -176,7 +188,7 @@ def inplace_form(node: Node) -> InplaceForm | None:
     if node.op not in ("call_function", "call_method"):
         return None
     target = node.target
-    if target is operator.setitem:
+    if target is operator.setitem or _is_setitem_gate(target):
         base_kind = is_tensor(node.args[0])
         if base_kind is False:
             return None
