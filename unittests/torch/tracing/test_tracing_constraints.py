@@ -652,6 +652,13 @@ def test_a_condition_computed_in_python_counts_an_undefined_conjunct_as_false():
     assert holds(check, (0, 8))  # (n + 3) // 4 is 0, where n >= 2 does not hold
     assert not holds(check, (5, 8))  # the guard holds, the body does not
     assert holds(check, (5, 10)) and holds(check, (6, 8))
+    # whatever the order of the conjuncts (sympy prints a division's last, where
+    # Python's own `and` stops first): false where one is false, undefined where none is
+    from yobx.torch.tracing.constraints import size_search
+
+    assert size_search._all_defined(lambda: 1 // 0 == 4, lambda: False) is False
+    with pytest.raises(ZeroDivisionError):
+        size_search._all_defined(lambda: 1 // 0 == 4, lambda: True)
     # outside any `and`/`or`, a division by zero still fails the check
     assert not holds(
         compile_condition(sympy.Eq(FloorDiv(m, FloorDiv(n + 3, 4)), 0), (n, m)), (0, 1)

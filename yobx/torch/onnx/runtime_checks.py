@@ -42,6 +42,7 @@ from torch.utils._sympy import functions as torch_sympy
 
 from yobx.torch.onnx.check_gates import Holds, SizePair, chain_checks, compare_sizes, gate_graph
 from yobx.torch.onnx.errors import OnnxExportError
+from yobx.torch.tracing.constraints.defined_junctions import junction
 from yobx.torch.tracing.constraints.runtime_checks import (
     RuntimeCheck,
     condition_in_sizes,
@@ -634,76 +635,52 @@ class _CheckGraph:
         result = self.op(op_type, [b, a] if swap else [a, b])
         return self.op("Not", [result]) if negate else result
 
-    def _connective(self, expr: sympy.Basic, args: list) -> Any:
-        conjunction = isinstance(expr, sympy.And)
-        constants = [a for a in args if isinstance(a, bool)]
-        if constants and (not all(constants) if conjunction else any(constants)):
-            return not conjunction
-        computed = [a for a in args if not isinstance(a, bool)]
-        if not computed:
-            return conjunction
-        result = computed[0]
-        for other in computed[1:]:
-            result = self.op("And" if conjunction else "Or", [result, other])
-        return result
-
     def _junction(self, expr: sympy.Basic) -> Any:
-        """``And``/``Or`` of operands that may divide by zero.
-
-        An ``Or`` counts each disjunct where it is defined (false where it divides by
-        zero) and is defined everywhere. ``body when guard`` is ``Or(Not(guard),
-        body)``: where the guard does not hold, the body may divide by zero (a window
-        count that is 0 outside the version that needs it) without breaking the check.
-
-        An ``And`` is false where one of its defined conjuncts is, whatever the others
-        (the choice between versions stops there: ``dim >= 2 and ... // ((dim + 3) //
-        4) == 4`` at ``dim = 0``), and is defined there or where every conjunct is.
-        Where none is false and one divides by zero, the choice between versions
-        would divide by zero too: ``Not(guard)`` is undefined there, the check counts
-        it as false and the body decides. The traced graph's checks count them the
-        same way (:mod:`yobx.torch.tracing.constraints.runtime_checks`)."""
-        values, definitions = [], []
+        """``And``/``Or`` of operands that may divide by zero
+        (:func:`~yobx.torch.tracing.constraints.defined_junctions.junction`): a
+        disjunct that divides by zero counts as false (``body when guard`` is
+        ``Or(Not(guard), body)``: where the guard does not hold, the body may divide by
+        zero, a window count that is 0 outside the version that needs it, without
+        breaking the check); a conjunction is false where one of its conditions is, and
+        undefined where none is and one divides by zero. The traced graph's checks
+        count them the same way (:mod:`yobx.torch.tracing.constraints.runtime_checks`)."""
+        operands = []
         for arg in expr.args:
             outer, self.defined = self.defined, []
             try:
-                values.append(self._interpret(arg))
-                needs = self.defined
+                operands.append((self._interpret(arg), self.defined))
             finally:
                 self.defined = outer
-            defined = None
-            for need in needs:
-                need = self._boolean(need)
-                defined = need if defined is None else self.op("And", [defined, need])
-            definitions.append(defined)
-        if isinstance(expr, sympy.Or):
-            terms = [
-                value
-                if defined is None or value is False
-                else self.op("And", [defined, self._boolean(value)])
-                for value, defined in zip(values, definitions)
-            ]
-            return self._connective(expr, terms)
-        result = self._connective(expr, values)
-        known = [d for d in definitions if d is not None]
-        if result is False or not known:
-            return result
-        # defined where a defined conjunct is false, or where all of them are defined
-        whole = known[0]
-        for defined in known[1:]:
-            whole = self.op("And", [whole, defined])
-        for value, defined in zip(values, definitions):
-            if value is True:
-                continue
-            false = self.op("Not", [value])
-            whole = self.op(
-                "Or", [whole, false if defined is None else self.op("And", [defined, false])]
-            )
-        self.defined.append(whole)
+        result, defined = junction(
+            operands, isinstance(expr, sympy.Or), self._both, self._either, self._negate
+        )
+        if defined is not None:
+            self.defined.append(defined)
         return result
+
+    def _both(self, a: Any, b: Any) -> Any:
+        """``a and b`` of two conditions, each a bool or a computed one."""
+        return self._logical("And", a, b, absorbing=False)
+
+    def _either(self, a: Any, b: Any) -> Any:
+        """``a or b`` of two conditions, each a bool or a computed one."""
+        return self._logical("Or", a, b, absorbing=True)
+
+    def _logical(self, op_type: str, a: Any, b: Any, absorbing: bool) -> Any:
+        if a is absorbing or b is absorbing:
+            return absorbing
+        if a is (not absorbing):
+            return b
+        if b is (not absorbing):
+            return a
+        return self.op(op_type, [a, b])
+
+    def _negate(self, value: Any) -> Any:
+        return not value if isinstance(value, bool) else self.op("Not", [value])
 
     def _not(self, expr: sympy.Basic, args: list) -> Any:
         (value,) = args
-        return not value if isinstance(value, bool) else self.op("Not", [value])
+        return self._negate(value)
 
 
 def _size_pair(condition: sympy.Basic, sources: dict, inputs: Mapping) -> SizePair | None:
@@ -799,6 +776,5 @@ _OPERATIONS: tuple = (
     (torch_sympy.CeilToInt, lambda b, e, a: b._rounded(a[0], ceiling=True)),
     (torch_sympy.FloorToInt, lambda b, e, a: b._rounded(a[0], ceiling=False)),
     (tuple(_PYTHON_RELATIONS), _CheckGraph._relation),
-    ((sympy.And, sympy.Or), _CheckGraph._connective),
     (sympy.Not, _CheckGraph._not),
 )

@@ -35,6 +35,7 @@ from ..errors import TracingError
 from ..symbolic.integral_conditions import integral_condition
 from ..symbolic.symbolic import SymbolicDimensions
 from .constraints import ConstraintViolationError
+from .defined_junctions import junction
 
 #: ``node.meta`` key set on the nodes a graph runs to check its inputs (not the model's)
 RUNTIME_CHECK = "yobx_runtime_check"
@@ -504,47 +505,23 @@ class _CheckBuilder:
 
     def _junction(self, expr: sympy.Basic) -> Any:
         """``And``/``Or`` in a check, of operands that may divide by zero, counted as
-        the ONNX checks count them (:mod:`yobx.torch.onnx.runtime_checks`): an ``Or``
-        counts each disjunct where it is defined (false where it divides by zero) and
-        is defined everywhere; an ``And`` is false where one of its defined conjuncts
-        is (``seq >= 1 when dim >= 2 and ... // ((dim + 3)//4) == 4`` holds at
-        ``dim = 0``, where the choice between versions stops at ``dim >= 2``), and is
-        defined there or where every conjunct is."""
-        values, definitions = [], []
+        the ONNX checks count them (:func:`~.defined_junctions.junction`)."""
+        operands = []
         for arg in expr.args:
             outer, self.defined = self.defined, []
             try:
-                values.append(self._interpret(arg))
-                needs = self.defined
+                operands.append((self._interpret(arg), self.defined))
             finally:
                 self.defined = outer
-            defined = None
-            for need in needs:
-                defined = need if defined is None else self._call(operator.and_, (defined, need))
-            definitions.append(defined)
-        disjunction = isinstance(expr, sympy.Or)
-        if disjunction:
-            values = [
-                v if d is None else self._call(operator.and_, (d, v))
-                for v, d in zip(values, definitions)
-            ]
-        function = operator.or_ if disjunction else operator.and_
-        result = values[0]
-        for value in values[1:]:
-            result = self._call(function, (result, value))
-        known = [d for d in definitions if d is not None]
-        if disjunction or not known or result is False:
-            return result
-        # defined where a defined conjunct is false, or where all of them are defined
-        whole = known[0]
-        for defined in known[1:]:
-            whole = self._call(operator.and_, (whole, defined))
-        for value, defined in zip(values, definitions):
-            false = self._call(operator.not_, (value,))
-            if defined is not None:
-                false = self._call(operator.and_, (defined, false))
-            whole = self._call(operator.or_, (whole, false))
-        self.defined.append(whole)
+        result, defined = junction(
+            operands,
+            isinstance(expr, sympy.Or),
+            lambda a, b: self._call(operator.and_, (a, b)),
+            lambda a, b: self._call(operator.or_, (a, b)),
+            lambda a: self._call(operator.not_, (a,)),
+        )
+        if defined is not None:
+            self.defined.append(defined)
         return result
 
     def _call(self, function, operands: tuple) -> Any:
