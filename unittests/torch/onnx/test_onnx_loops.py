@@ -54,6 +54,51 @@ def test_a_scan_of_zero_steps_runs_in_onnxruntime():
             np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
 
 
+class FirstColumnRecurrence(torch.nn.Module):
+    """A loop over the rows of ``y[..., :1]``, whose state has 0 columns where ``y``
+    has none, and a flattened product of ``y`` with its sizes, which a version at
+    ``length = 0`` computes (fuzz_onnx seed 7722)."""
+
+    def forward(self, y):
+        first = y[..., :1]
+        state = first[0] * 0
+        for i in range(first.shape[0]):
+            state = state * 0.5 + first[i]
+        return state, (y * torch.tensor(y.shape).sum().float()).flatten()
+
+
+class FirstColumnRecurrenceBesideRows(torch.nn.Module):
+    """The same loop, its versions kept apart by what else they compute: the state's
+    first value is computed once before them, for both."""
+
+    def forward(self, y):
+        first = y[..., :1]
+        rows = y.narrow(0, 0, min(y.shape[0], 6))
+        scaled = rows * torch.tensor(rows.shape).sum().float()
+        state = first[0] * 0
+        for i in range(first.shape[0]):
+            state = state * 0.5 + first[i]
+        return scaled.flatten(), state
+
+
+@pytest.mark.parametrize("model", [FirstColumnRecurrence, FirstColumnRecurrenceBesideRows])
+def test_a_scan_state_empty_in_one_version_runs_in_onnxruntime(model):
+    # the versions at `length = 0` and at `length >= 1` each had a Scan whose state is
+    # 0 or 1 wide: merged into one Scan (or its first state computed once for both),
+    # the body kept the declared width 1, which onnxruntime refused to load (a hoisted
+    # state) or allocated ahead and refused to run at length 0 (a merged body)
+    model = model()
+    result = export_and_validate(
+        model, (torch.randn(8, 7),), dynamic_shapes=({0: "seq", 1: "length"},)
+    )
+    for shape in [(8, 7), (3, 0), (4, 1), (1, 3)]:
+        y = torch.randn(*shape)
+        got = _run(result, y=y)
+        for e, g in zip(model(y), got):
+            assert e.shape == g.shape
+            np.testing.assert_allclose(e.numpy(), g, atol=1e-5, rtol=1e-5)
+
+
 def test_mamba_slow_path_has_a_dynamic_sequence():
     transformers = pytest.importorskip("transformers")
     config = transformers.MambaConfig(

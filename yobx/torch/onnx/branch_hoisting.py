@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from yobx.torch.onnx.branch_merging import node_key
+from yobx.torch.onnx.branch_merging import merged_shape, node_key
 from yobx.torch.onnx.ort_fusions import graphs_within
 
 _BRANCHES = ("then_branch", "else_branch")
@@ -87,6 +87,11 @@ def _hoist_from(graph: ir.Graph, if_node: ir.Node) -> int:
             then_branch.remove(kept)
             graph.insert_before(if_node, kept)
             for value, other in zip(kept.outputs, twin.outputs):
+                # the sides may know different sizes (a version at `length = 0` has
+                # `x[..., :1]` of 0 columns, the other one of 1): onnxruntime allocates
+                # a scan's states after the declared shape, so the one value read by
+                # both declares only what both sides agree on
+                value.shape = merged_shape(value.shape, other.shape)
                 other.replace_all_uses_with(value)
                 local[0].discard(id(value))
             else_branch.remove(twin, safe=True)

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["FILLER_KEY", "merge_if_branches", "node_key"]
+__all__ = ["FILLER_KEY", "merge_if_branches", "merged_shape", "node_key"]
 
 #: ``node.meta`` key (in memory only) of the constants filling an output a stretch only
 #: needs on the other side: nothing reads them on their side
@@ -202,15 +202,18 @@ class _Branch:
 
 def _nested(node: ir.Node):
     yield node
+    for graph in _subgraphs(node):
+        for inner in graph:
+            yield from _nested(inner)
+
+
+def _subgraphs(node: ir.Node):
+    """The graphs ``node`` holds (an ``If``'s branches, a ``Scan``'s body), in order."""
     for attribute in node.attributes.values():
-        graphs = ()
         if attribute.type == ir.AttributeType.GRAPH:
-            graphs = (attribute.value,)
+            yield attribute.value
         elif attribute.type == ir.AttributeType.GRAPHS:
-            graphs = attribute.value
-        for graph in graphs:
-            for inner in graph:
-                yield from _nested(inner)
+            yield from attribute.value
 
 
 def _merge(node: ir.Node, names: _Names) -> int:
@@ -532,13 +535,16 @@ def _rank(value: ir.Value) -> float:
 
 
 def _defined_alike(first: ir.Node, second: ir.Node):
-    """The values two nodes of equal keys define alike: their outputs, and those of the
-    nodes their subgraphs hold, in order."""
+    """The values two nodes of equal keys define alike: their outputs, the inputs of
+    their subgraphs (a scan's body: onnxruntime allocates its states after their
+    declared shapes), and the outputs of the nodes their subgraphs hold, in order."""
     for a, b in zip(_nested(first), _nested(second)):
         yield from zip(a.outputs, b.outputs)
+        for graph_a, graph_b in zip(_subgraphs(a), _subgraphs(b)):
+            yield from zip(graph_a.inputs, graph_b.inputs)
 
 
-def _merged_shape(first: ir.Shape | None, second: ir.Shape | None) -> ir.Shape | None:
+def merged_shape(first: ir.Shape | None, second: ir.Shape | None) -> ir.Shape | None:
     """The shape a value has on both sides: the dimensions they agree on, the others
     unknown."""
     if first is None or second is None or len(first) != len(second):
@@ -673,7 +679,7 @@ def _share(
             if value is not None and id(value) in replacements:
                 inner.replace_input_with(index, replacements[id(value)])
     for a, b in _defined_alike(then_node, else_node):
-        a.shape = _merged_shape(a.shape, b.shape)
+        a.shape = merged_shape(a.shape, b.shape)
     if not else_node.meta.get(FILLER_KEY):
         # a filler paired with a real constant (a zero scalar) is read on one side
         then_node.meta.pop(FILLER_KEY, None)
@@ -751,6 +757,6 @@ def _stretch_if(
             rank = len(known.shape) if known.shape is not None else None
             out.shape = ir.Shape([None] * rank) if rank is not None else None
         else:
-            out.shape = _merged_shape(a.shape, b.shape)
+            out.shape = merged_shape(a.shape, b.shape)
         out.name = names.fresh(f"{name}_{known.name}")
     return new_if

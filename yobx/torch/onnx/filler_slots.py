@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from .branch_merging import FILLER_KEY, _merged_shape, _Names, _source
+from .branch_merging import FILLER_KEY, _Names, _source, merged_shape
 
 __all__ = ["merge_filler_slots"]
 
@@ -151,7 +151,7 @@ def _merge_slots(node: ir.Node, main: bool, names: _Names) -> int:
         first = node.outputs[group.positions[0]]
         shape = first.shape
         for position in group.positions[1:]:
-            shape = _merged_shape(shape, node.outputs[position].shape)
+            shape = merged_shape(shape, node.outputs[position].shape)
         new.type, new.shape = first.type, shape
         name = first.name
         for position in group.positions:
