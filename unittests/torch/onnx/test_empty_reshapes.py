@@ -3,6 +3,7 @@
 
 import numpy as np
 import onnxruntime
+import pytest
 import torch
 
 from unittests.torch.onnx._helpers import export_and_validate
@@ -31,4 +32,61 @@ def test_a_reshape_of_an_empty_tensor_to_minus_one_loads_and_is_exact():
         (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
         expected = model(x)
         assert got.shape == tuple(expected.shape), heads
+        np.testing.assert_allclose(expected.numpy(), got, rtol=1e-5, atol=1e-5)
+
+
+class AttendingEveryOtherRow(torch.nn.Module):
+    """``scaled_dot_product_attention`` reshapes its transposed key to ``(1, 0, 1, 1)``
+    in the version captured where ``dim`` is 0, which ``x[:, :1]`` has (fuzz_onnx seeds
+    7424, 7943)."""
+
+    def forward(self, x):
+        rows = x[:, ::2]
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            rows, rows, rows, is_causal=True
+        )
+        return attended + torch.cat([x, x[:, :1]], 1).sum()
+
+
+class NormedWithAPaddedRow(torch.nn.Module):
+    """``group_norm`` reshapes its normalized ``(3, 1, 0)`` back to the input's
+    ``(3, 0, 3, 0)`` in the version captured where ``length`` is 0, which ``x[:, :1]``
+    has (fuzz_onnx seed 7904)."""
+
+    def forward(self, x):
+        padded = torch.nn.functional.pad(x, (0, 0, 1, x.shape[-2] % 2))
+        return torch.nn.functional.group_norm(padded, 1) + torch.cat([x, x[:, :1]], 1).sum()
+
+
+@pytest.mark.parametrize(
+    "model, shape, dims, sizes",
+    [
+        # not at dim = 0: torch_lib's attention reshapes the empty rows to (-1, 0, 2),
+        # which onnxruntime refuses at run time (torch.onnx's model too)
+        (AttendingEveryOtherRow, (5, 5, 2), {0: "dim", 1: "dim"}, [(4, 4, 2), (1, 1, 2)]),
+        # at length = 0, the version computes nothing (yobx.torch.onnx.empty_values):
+        # onnxruntime's InstanceNormalization crashes the process on an empty input
+        (
+            NormedWithAPaddedRow,
+            (3, 4, 2, 4),
+            {1: "length", 3: "length"},
+            [(3, 6, 2, 6), (3, 0, 2, 0)],
+        ),
+    ],
+)
+def test_a_reshape_of_an_empty_tensor_reading_its_zeros_as_sizes_loads(model, shape, dims, sizes):
+    # torch_lib computes the target from the input's shape with allowzero=0, where a 0
+    # copies the input's size: the version at size 0 folded it to a constant whose 0
+    # points past the input's axes, and onnxruntime refused to create the session
+    # ("Invalid position of 0") for a branch that runs only at size 0
+    model = model()
+    result = export_and_validate(model, (torch.randn(*shape),), dynamic_shapes=(dims,))
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for size in [shape, *sizes]:
+        x = torch.randn(*size)
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        expected = model(x)
+        assert got.shape == tuple(expected.shape), size
         np.testing.assert_allclose(expected.numpy(), got, rtol=1e-5, atol=1e-5)
