@@ -28,67 +28,93 @@ import onnx_ir as ir
 from yobx.torch.onnx.constant_inputs import nodes_with_constant_input, replace_constant_input
 
 
-def _static(shape: ir.Shape | None) -> list[int] | None:
-    """The sizes of ``shape`` when every one is known, None otherwise."""
+def _sizes(shape: ir.Shape | None) -> list[int | None] | None:
+    """The sizes of ``shape``, None for each one not known; None for an unknown rank."""
     if shape is None:
         return None
-    dims = [d if isinstance(d, int) else getattr(d, "value", None) for d in shape]
-    return dims if all(isinstance(d, int) for d in dims) else None
+    return [d if isinstance(d, int) else getattr(d, "value", None) for d in shape]
 
 
-def _static_input(node: ir.Node) -> list[int] | None:
-    """The static shape of ``node``'s first input: its declared one, or, for a
-    ``Transpose`` of a static value, that value's sizes permuted (the optimizer's shape
-    inference ran before this module made the reshapes it reads static:
-    ``scaled_dot_product_attention`` transposes the key it reshaped, then reshapes it
-    again)."""
+def _static(shape: ir.Shape | None) -> list[int] | None:
+    """The sizes of ``shape`` when every one is known, None otherwise."""
+    dims = _sizes(shape)
+    return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
+
+
+def _input_sizes(node: ir.Node) -> list[int | None] | None:
+    """The sizes of ``node``'s first input (None where not known): its declared ones,
+    or, for a ``Transpose`` of a value of known rank, that value's sizes permuted (the
+    optimizer's shape inference ran before this module made the reshapes it reads
+    static: ``scaled_dot_product_attention`` transposes the key it reshaped, then
+    reshapes it again)."""
     value = node.inputs[0]
-    known = _static(value.shape) if value is not None else None
-    producer = value.producer() if value is not None else None
-    if known is not None or producer is None or producer.op_type != "Transpose":
-        return known
-    source = _static(producer.inputs[0].shape) if producer.inputs[0] is not None else None
-    if source is None:
+    if value is None:
         return None
+    known = _sizes(value.shape)
+    producer = value.producer()
+    if (known is not None and 0 in known) or producer is None or producer.op_type != "Transpose":
+        return known
+    source = _sizes(producer.inputs[0].shape) if producer.inputs[0] is not None else None
+    if source is None:
+        return known
     perm = producer.attributes.get_ints("perm", None)
     perm = list(reversed(range(len(source)))) if perm is None else list(perm)
-    return [source[axis] for axis in perm] if sorted(perm) == list(range(len(source))) else None
+    if sorted(perm) != list(range(len(source))):
+        return known
+    return [source[axis] for axis in perm]
 
 
-def _empty_output(node: ir.Node, target: np.ndarray) -> list[int] | None:
-    """The static shape of ``node``'s empty output: its own when known, else the target
-    read on the static empty input (``0`` copying the input's size unless
-    ``allowzero``, ``-1`` standing for 0: any size gives the same empty tensor)."""
-    known = _static(node.outputs[0].shape)
-    if known is not None:
-        return known if 0 in known else None
-    source = _static_input(node)
+def _read_on_input(node: ir.Node, target: np.ndarray) -> list[int | None] | None:
+    """The sizes ``node``'s target gives when its input is empty at every size (one of
+    its sizes is a static 0), a 0 of the target copying the input's size unless
+    ``allowzero`` (None where that size is not known, ``-1`` left as it is); None when
+    the input is not known empty or a 0 points past its axes."""
+    source = _input_sizes(node)
     if source is None or 0 not in source:
         return None
     allowzero = node.attributes.get_int("allowzero", 0)
-    dims = []
+    dims: list[int | None] = []
     for index, size in enumerate(int(t) for t in target):
         if size == 0 and not allowzero:
             if index >= len(source):
                 return None
-            size = source[index]
-        dims.append(0 if size == -1 else size)
+            dims.append(source[index])
+        else:
+            dims.append(size)
     return dims
+
+
+def _empty_output(node: ir.Node, target: np.ndarray) -> list[int] | None:
+    """The static shape of ``node``'s empty output: its own when known, else the target
+    read on the input empty at every size (:func:`_read_on_input`), ``-1`` standing for
+    0: any size gives the same empty tensor, and torch itself refuses such a reshape
+    (only a decomposition writes one, ``group_norm``'s ``(0, groups, -1)``, and reads
+    the sizes it needs elsewhere)."""
+    known = _static(node.outputs[0].shape)
+    if known is not None:
+        return known if 0 in known else None
+    dims = _read_on_input(node, target)
+    sizes = [size for size in dims or () if size is not None]
+    if dims is None or len(sizes) != len(dims):
+        return None
+    return [0 if size == -1 else size for size in sizes]
 
 
 def _zeros_are_sizes(node: ir.Node, target: np.ndarray) -> bool:
     """The 0s of ``node``'s constant target (without ``-1``) can only be sizes: its input
-    is static and empty, and reading them as the input's sizes (``allowzero=0``) points
-    past the input's axes, changes the number of elements, or gives another shape than
-    the output's own static one."""
+    is empty at every size, and reading them as the input's sizes (``allowzero=0``)
+    points past the input's axes, changes the number of elements, or gives another
+    shape than the output's own static one."""
     if node.attributes.get_int("allowzero", 0) or 0 not in target:
         return False
-    source = _static_input(node)
+    source = _input_sizes(node)
     if source is None or 0 not in source:
         return False
-    if any(size == 0 and index >= len(source) for index, size in enumerate(target)):
-        return True
-    copied = [source[i] if size == 0 else int(size) for i, size in enumerate(target)]
+    copied = _read_on_input(node, target)
+    if copied is None:
+        return True  # a 0 past the input's axes
+    if any(size is None for size in copied):
+        return False
     known = _static(node.outputs[0].shape)
     return 0 not in copied or (known is not None and known != copied and known == list(target))
 
