@@ -65,3 +65,36 @@ def test_values_with_elements_or_dynamic_sizes_stay():
             "Shape",
             "Reshape",
         ]
+
+
+def test_an_if_returning_an_empty_value_beside_others_stays_valid():
+    # the branches' empty outputs become constants; the If still returns its computed
+    # value, which must keep a name: a trailing output without one was left out when
+    # serialized, and onnxruntime refused an If of 2 outputs whose branches give 3
+    # (fuzz_onnx seed 8218)
+    x = ir.Value(name="x", type=ir.TensorType(_FLOAT), shape=ir.Shape([2, 0]))
+    condition = ir.Value(name="c", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    branches = {}
+    for side in ("then_branch", "else_branch"):
+        negated = ir.node("Neg", [x], name=f"{side}_neg")
+        negated.outputs[0].name, negated.outputs[0].dtype = f"{side}_neg", _FLOAT
+        negated.outputs[0].shape = ir.Shape([2, 0])
+        size = ir.node("Shape", [x], name=f"{side}_size")
+        size.outputs[0].name = f"{side}_size"
+        outputs = [size.outputs[0], negated.outputs[0]]
+        graph = ir.Graph([], outputs, nodes=[negated, size], name=side)
+        branches[side] = ir.AttrGraph(side, graph)
+    choice = ir.node("If", [condition], attributes=branches, num_outputs=2, name="choice")
+    choice.outputs[0].name = "size"
+    choice.outputs[1].name, choice.outputs[1].dtype = "negated", _FLOAT
+    choice.outputs[1].shape = ir.Shape([2, 0])
+    graph = ir.Graph(
+        [x, condition], list(choice.outputs), nodes=[choice], opset_imports={"": 18}, name="g"
+    )
+    model = ir.Model(graph, ir_version=10)
+    assert fold_empty_values(model) == 3
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+    assert [value.name for value in model.graph.outputs] == ["size", "negated"]
+    size, negated = run_ir_model(model, {"x": np.zeros((2, 0), np.float32), "c": np.array(True)})
+    np.testing.assert_array_equal(size, [2, 0])
+    assert negated.shape == (2, 0)

@@ -69,11 +69,14 @@ def fold_empty_values(model: ir.Model) -> int:
                 output.dtype, output.shape = value.dtype, ir.Shape(dims)
                 graph.insert_before(node, constant)
                 if value.is_graph_output():
-                    # the graph's output keeps its name
-                    name, value.name = value.name, None
+                    # the graph's output keeps its name; the computed value keeps one
+                    # too: an If may go on computing it beside outputs still read, and
+                    # a trailing output without a name is left out when serialized
+                    name = value.name
+                    value.name = f"{name}_computed_{count}"
                     output.name = name
                 else:
-                    output.name = f"{value.name}_empty"
+                    output.name = f"{value.name}_empty_{count}"
                 value.replace_all_uses_with(output, replace_graph_outputs=True)
                 count += 1
     return count
