@@ -26,8 +26,8 @@ from onnx_ir.passes import common as common_passes
 from yobx.torch.onnx.branch_hoisting import hoist_out_of_branches
 from yobx.torch.onnx.branch_merging import merge_if_branches
 from yobx.torch.onnx.branch_sinking import sink_into_branches
+from yobx.torch.onnx.empty_kernels import skip_empty_kernels
 from yobx.torch.onnx.empty_reshapes import resolve_empty_reshapes
-from yobx.torch.onnx.empty_values import fold_empty_values
 from yobx.torch.onnx.filler_slots import merge_filler_slots
 from yobx.torch.onnx.folding import folding_pass
 from yobx.torch.onnx.gqa_fusion import fuse_group_query_attention
@@ -297,23 +297,19 @@ def arrange_branches(model: ir.Model) -> dict[str, int]:
     """What the choices between versions need to run fast: :func:`merge_branches`,
     :func:`collapse_branch_trees`, :func:`hoist_branch_twins`, then each node that only
     one side of an ``If`` reads moved into that side (:mod:`.branch_sinking`), and the
-    values a version computes empty written as constants (:mod:`.empty_values`: after
-    the merges, which pair the nodes computing them with the other side's); returns how
-    many nodes or trees each step changed (``nodes_merged``, ``if_trees_collapsed``,
-    ``nodes_hoisted``, ``nodes_sunk``, ``empty_values_folded``)."""
+    kernels onnxruntime cannot run on the empty tensors of a version skipped
+    (:mod:`.empty_kernels`: after the merges, which pair those nodes with the other
+    side's); returns how many nodes or trees each step changed (``nodes_merged``,
+    ``if_trees_collapsed``, ``nodes_hoisted``, ``nodes_sunk``, ``empty_kernels_skipped``)."""
     merged = merge_branches(model)
     collapsed = collapse_branch_trees(model)
     hoisted = hoist_branch_twins(model)
-    sunk = sink_into_branches(model)
-    folded = fold_empty_values(model)
-    if folded:
-        common_passes.RemoveUnusedNodesPass()(model)
     return {
         "nodes_merged": merged,
         "if_trees_collapsed": collapsed,
         "nodes_hoisted": hoisted,
-        "nodes_sunk": sunk,
-        "empty_values_folded": folded,
+        "nodes_sunk": sink_into_branches(model),
+        "empty_kernels_skipped": skip_empty_kernels(model),
     }
 
 
