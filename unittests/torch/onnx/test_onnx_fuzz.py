@@ -26,3 +26,14 @@ def test_random_programs_match_eager_in_onnxruntime(batch):
     exported = [o for o in outcomes if o.kind in ("correct", "narrowed")]
     assert len(exported) >= PROGRAMS_PER_BATCH // 2, [o.message for o in outcomes]
     assert sum(o.checked for o in exported) >= len(exported) * 2
+
+
+@pytest.mark.parametrize("seed", [7424, 8184])
+def test_programs_attending_in_a_version_at_size_zero_load_and_match_eager(seed):
+    # scaled_dot_product_attention in the version captured at size 0: torch_lib's
+    # reshape of the transposed key to (1, 0, 0, 0) (7424) or (1, 0, 2, 3) (8184), its
+    # 0 read as the input's size, made onnxruntime refuse the model when creating the
+    # session ("Invalid position of 0"; then "Incompatible dimensions" for a product
+    # of matrices whose shapes the optimizer had inferred from that reading)
+    outcome = run_onnx_program(generate_program(seed))
+    assert outcome.kind == "correct", outcome.report()

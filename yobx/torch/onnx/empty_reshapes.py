@@ -119,6 +119,24 @@ def _zeros_are_sizes(node: ir.Node, target: np.ndarray) -> bool:
     return 0 not in copied or (known is not None and known != copied and known == list(target))
 
 
+def _forget_shapes_after(value: ir.Value, main: ir.Graph) -> None:
+    """Forgets the shapes of the values computed from ``value``: the optimizer's shape
+    inference wrote them from the 0s read as the input's sizes (``(1, 2, 2, 3)`` where
+    the reshape gives ``(1, 0, 2, 3)``), and onnxruntime would check a product of
+    matrices on them when creating the session (``Incompatible dimensions``). The
+    model's outputs keep theirs, the capture's (their dimensions are named)."""
+    seen = {id(value)}
+    todo = [value]
+    while todo:
+        for use in todo.pop().uses():
+            for output in use.node.outputs:
+                if id(output) not in seen:
+                    seen.add(id(output))
+                    if not (output.is_graph_output() and use.node.graph is main):
+                        output.shape = None
+                    todo.append(output)
+
+
 def resolve_empty_reshapes(model: ir.Model) -> int:
     """Makes the ``Reshape`` nodes of empty tensors in the model and its subgraphs
     loadable (see the module's documentation): a constant target holding a ``-1``, of
@@ -129,6 +147,8 @@ def resolve_empty_reshapes(model: ir.Model) -> int:
         if -1 not in target:
             if _zeros_are_sizes(node, target.reshape(-1)):
                 node.attributes["allowzero"] = ir.AttrInt64("allowzero", 1)
+                node.outputs[0].shape = ir.Shape([int(size) for size in target.reshape(-1)])
+                _forget_shapes_after(node.outputs[0], model.graph)
                 count += 1
             continue
         dims = _empty_output(node, target.reshape(-1))
