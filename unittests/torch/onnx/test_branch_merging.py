@@ -240,3 +240,72 @@ def test_a_decoder_choosing_between_versions_multiplies_its_weights_once_at_the_
             expected = model(input_ids=ids).logits.numpy()
         got = session.run(None, {"input_ids": ids.numpy()})[0]
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def _constant_beside_a_pair_model() -> onnx.ModelProto:
+    """``If(c, then=(ReduceSum(x) / 3, 8), else=(ReduceSum(x), n * 2))``, the 8 a
+    constant of the then side: a version's ``(x.mean(1), 8)`` against the other's
+    ``(x.sum(1), x.shape[1] * 2)``."""
+    axes = onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")
+    then_branch = oh.make_graph(
+        [
+            oh.make_node("ReduceSum", ["x", "axes"], ["s1"], keepdims=0),
+            oh.make_node("Div", ["s1", "three"], ["mean"]),
+        ],
+        "then",
+        [],
+        [
+            oh.make_tensor_value_info("mean", onnx.TensorProto.FLOAT, None),
+            oh.make_tensor_value_info("eight", onnx.TensorProto.INT64, []),
+        ],
+        [
+            onnx.numpy_helper.from_array(np.array(3.0, np.float32), "three"),
+            onnx.numpy_helper.from_array(np.array(8, np.int64), "eight"),
+        ],
+    )
+    else_branch = oh.make_graph(
+        [
+            oh.make_node("ReduceSum", ["x", "axes"], ["s2"], keepdims=0),
+            oh.make_node("Shape", ["x"], ["shape"], start=1, end=2),
+            oh.make_node("Squeeze", ["shape"], ["n"]),
+            oh.make_node("Mul", ["n", "two"], ["twice"]),
+        ],
+        "else",
+        [],
+        [
+            oh.make_tensor_value_info("s2", onnx.TensorProto.FLOAT, None),
+            oh.make_tensor_value_info("twice", onnx.TensorProto.INT64, []),
+        ],
+        [onnx.numpy_helper.from_array(np.array(2, np.int64), "two")],
+    )
+    graph = oh.make_graph(
+        [oh.make_node("If", ["c"], ["y", "k"], then_branch=then_branch, else_branch=else_branch)],
+        "constant_beside_a_pair",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, "n"]),
+            oh.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+        ],
+        [
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("k", onnx.TensorProto.INT64, []),
+        ],
+        [axes],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_an_output_neither_computed_once_nor_paired_leaves_the_branches_as_they_are():
+    # the pair of sums closed the stretch before the copies of the constant and of the
+    # product: the merge found no value for that output (KeyError: None)
+    proto = _constant_beside_a_pair_model()
+    model = ir.serde.deserialize_model(copy.deepcopy(proto))
+    merge_if_branches(model)
+    merged = ir.serde.serialize_model(model)
+    onnx.checker.check_model(merged)
+    x = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
+    for condition in (True, False):
+        feeds = {"x": x, "c": np.array(condition)}
+        for got, expected in zip(
+            _session(merged).run(None, feeds), _session(proto).run(None, feeds)
+        ):
+            np.testing.assert_allclose(got, expected, rtol=1e-6)

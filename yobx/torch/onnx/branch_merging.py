@@ -396,6 +396,13 @@ class _Planner:
         self.plan.outputs = [self.key(a, b) for a, b in outputs]
         for index, (a, b) in self.final.items():
             self.plan.outputs[index] = self.key(a, b)
+        if None in self.plan.outputs:
+            # an output neither computed once nor paired in a stretch (the copies of a
+            # constant of one side and a value of the other, after a pair closed the
+            # stretch before them): the branches stay as they are
+            for copy in self.plan.copies:
+                _detach(copy)
+            return None
         self.plan.resolved = self.resolved
         return self.plan
 
