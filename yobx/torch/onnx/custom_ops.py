@@ -334,10 +334,12 @@ def register_translations(registry: Any) -> None:
     symbolic math functions (``torch._sym_sqrt``...) Python's ``math.sqrt`` of a
     dimension lowers to, ``round`` of a dimension, symbolic floats (``sym_float``,
     ``truediv``) in double as Python computes them, and nearest resizing with
-    torch's index arithmetic (:mod:`.nearest_resize`), and ``split`` of an empty axis
-    (one empty piece, as torch).
+    torch's index arithmetic (:mod:`.nearest_resize`), ``split`` of an empty axis
+    (one empty piece, as torch), and means over axes that may be empty (NaN, as torch:
+    :mod:`.empty_means`).
     """
     from .complex_ops import register_complex_translations
+    from .empty_means import register_mean_translations
     from .grouped_mm import grouped_mm_to_onnx
     from .nearest_resize import register_nearest_translations
 
@@ -348,6 +350,7 @@ def register_translations(registry: Any) -> None:
     registry.register_op(torch.ops.aten.searchsorted.Tensor, _searchsorted_to_onnx)
     registry.register_op(torch.ops.aten.repeat_interleave.self_int, _repeat_interleave_to_onnx)
     register_nearest_translations(registry)
+    register_mean_translations(registry)
 
     register_defined_operators(registry)
     registry.register_op(torch.ops.aten.sym_numel.default, _sym_numel_to_onnx)

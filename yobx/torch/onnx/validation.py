@@ -226,7 +226,9 @@ def _compare(
     both_nan = np.isnan(a) & np.isnan(b)
     diff = np.where(both_inf | both_nan, 0.0, np.abs(a - b))
     diff = np.where(np.isnan(diff), np.inf, diff)
-    magnitude = np.abs(np.where(np.isinf(b), 0.0, b))
+    # an infinite or NaN expected value has no magnitude to scale the tolerance by (a
+    # NaN one made every comparison false: NaN in both was a difference)
+    magnitude = np.abs(np.where(np.isfinite(b), b, 0.0))
     rel = diff / (magnitude + 1e-5)
     within = bool(np.all(diff <= atol + rtol * magnitude))
     return OutputDiscrepancy(
