@@ -1,9 +1,11 @@
 """Random traced programs exported to ONNX and compared with eager in onnxruntime.
 
 ``python _scripts/fuzz_onnx.py --count 200`` prints the outcome counts
-(correct / narrowed / refused / eager_failed / wrong), the most frequent refusals and
-narrowings (a size eager runs that the ONNX model refuses, naming the check);
-``--show-wrong`` prints every wrong program.
+(correct / narrowed / refused / eager_failed / wrong / crash), the most frequent
+refusals and narrowings (a size eager runs that the ONNX model refuses, naming the
+check), and the seed of each wrong or crashed program as it happens; ``--show-wrong``
+prints every wrong program. A crash is an exception out of the comparison itself
+(onnxruntime refusing to load the exported model): the run goes on to the next seed.
 """
 
 from __future__ import annotations
@@ -33,8 +35,15 @@ def main() -> None:
     narrowings: collections.Counter = collections.Counter()
     start = time.perf_counter()
     for seed in range(options.start, options.start + options.count):
-        outcome = run_onnx_program(generate_program(seed))
+        try:
+            outcome = run_onnx_program(generate_program(seed))
+        except Exception as e:
+            counts["crash"] += 1
+            print(f"seed {seed}: crash: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
         counts[outcome.kind] += 1
+        if outcome.kind == "wrong":
+            print(f"seed {seed}: wrong: {outcome.message[:300]}", flush=True)
         if outcome.kind == "refused":
             # file names and numbers differ between programs: the kind of refusal stays
             refusals[re.sub(r"/\S+:\d+|\d+", "#", outcome.message)[:140]] += 1
@@ -47,7 +56,7 @@ def main() -> None:
         f"{options.count} programs in {elapsed:.1f} s: "
         + ", ".join(
             f"{kind} {counts[kind]}"
-            for kind in ("correct", "narrowed", "refused", "eager_failed", "wrong")
+            for kind in ("correct", "narrowed", "refused", "eager_failed", "wrong", "crash")
         )
     )
     for message, count in refusals.most_common():

@@ -24,11 +24,20 @@ class MeanOfRows(torch.nn.Module):
         return x.mean(0), x.mean(), x.mean((0, -1), keepdim=True, dtype=torch.float64)
 
 
-class NormedRows(torch.nn.Module):
-    """A mean over the static last axis (an RMS normalization)."""
+class SpreadOfRows(torch.nn.Module):
+    """Variances and deviations over the rows (torch_lib's gave ``-0`` over none)."""
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        var_mean = torch.var_mean(x, 0, correction=0)
+        std_mean = torch.std_mean(x, 0, keepdim=True)
+        return x.var(0), x.std(0, keepdim=True), x.var(), *var_mean, *std_mean
+
+
+class NormedRows(torch.nn.Module):
+    """A mean over the static last axis (an RMS normalization), and a variance."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + x.var(-1, keepdim=True)
 
 
 def _op_types(result) -> list[str]:
@@ -40,6 +49,7 @@ def _op_types(result) -> list[str]:
     [
         (PooledTail, (7, 6, 7), {0: "width", 1: "batch", 2: "width"}, (2, 5, 2)),
         (MeanOfRows, (5, 3), {0: "rows"}, (0, 3)),
+        (SpreadOfRows, (5, 3), {0: "rows"}, (0, 3)),
     ],
 )
 def test_a_mean_of_no_element_is_nan_as_in_eager(model, shape, dims, empty):
@@ -62,7 +72,7 @@ def test_a_mean_of_no_element_is_nan_as_in_eager(model, shape, dims, empty):
     assert report.ok, report.reasons()
 
 
-def test_a_mean_over_a_static_axis_stays_one_reduce_mean():
+def test_a_mean_over_a_static_axis_stays_torch_lib_s_reduce_mean():
     result = export_and_validate(
         NormedRows(), (torch.randn(2, 5, 8),), dynamic_shapes=({0: "batch", 1: "seq"},)
     )

@@ -1,16 +1,18 @@
-"""Means over axes that may be empty, NaN as in torch.
+"""Means and variances over axes that may be empty, NaN as in torch.
 
 torch's mean of no element is ``0 / 0``, NaN; onnxruntime's ``ReduceMean`` of no element
-is 0. ``F.adaptive_avg_pool1d(y[..., 2:], 1)`` at ``y.shape[-1] == 2`` gave zeros in
+is 0 (and torch_lib's variance, a ``ReduceMean`` of squares, ``-0``).
+``F.adaptive_avg_pool1d(y[..., 2:], 1)`` at ``y.shape[-1] == 2`` gave zeros in
 onnxruntime where eager gives NaN, silently (fuzz_onnx seed 8971); torch_lib translates
 ``aten.mean`` to ``ReduceMean`` alone.
 
-:func:`register_mean_translations` translates ``aten.mean.dim`` and
-``aten.mean.default`` of a real tensor to the sum divided by the number of elements
-(``0 / 0`` is NaN in ONNX too) where a reduced axis is not known to hold an element (a
-dynamic size, which may be 0), and to ``ReduceMean`` where every reduced axis has a
-static size of at least 1 (a hidden size: normalization fusions look for
-``ReduceMean``).
+:func:`register_mean_translations` translates, for a real tensor, ``aten.mean`` to the
+sum divided by the number of elements (``0 / 0`` is NaN in ONNX too), and ``aten.var``,
+``aten.std``, ``aten.var_mean`` and ``aten.std_mean`` to torch's formula on those sums
+(``sum((x - mean)^2) / max(0, n - correction)``), where a reduced axis is not known to
+hold an element (a dynamic size, which may be 0). Where every reduced axis has a static
+size of at least 1 (a hidden size), they stay torch_lib's, node for node: the fusions
+of normalizations look for its ``ReduceMean``.
 """
 
 from __future__ import annotations
@@ -61,12 +63,59 @@ def _mean_all_to_onnx(self, dtype: int = -1):
     return _mean_to_onnx(self, None, False, dtype)
 
 
+def _variance(self, dim, correction, keepdim: bool):
+    """torch's ``sum((x - mean)^2) / max(0, n - correction)``: NaN over no element
+    (``0 / 0``), where torch_lib's ``ReduceMean`` of the squares gives ``-0``."""
+    axes = _op.Constant(value_ints=_reduced_axes(len(self.shape), dim))
+    count = _op.CastLike(
+        _op.ReduceProd(_op.Gather(_op.Shape(self), axes, axis=0), keepdims=0), self
+    )
+    mean = _op.Div(_op.ReduceSum(self, axes, keepdims=1), count)
+    centered = _op.Sub(self, mean)
+    squares = _op.ReduceSum(_op.Mul(centered, centered), axes, keepdims=keepdim)
+    correction = 1.0 if correction is None else float(correction)
+    denominator = _op.Max(_op.Sub(count, _op.CastLike(correction, self)), _op.CastLike(0.0, self))
+    return _op.Div(squares, denominator), _op.Div(
+        _op.ReduceSum(self, axes, keepdims=keepdim), count
+    )
+
+
+def _var_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
+    if not _may_be_empty(self, dim):
+        return core.aten_var_correction(self, dim, correction, keepdim)
+    return _variance(self, dim, correction, keepdim)[0]
+
+
+def _std_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
+    if not _may_be_empty(self, dim):
+        return core.aten_std_correction(self, dim, correction, keepdim)
+    return _op.Sqrt(_variance(self, dim, correction, keepdim)[0])
+
+
+def _var_mean_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
+    if not _may_be_empty(self, dim):
+        return core.aten_var_mean_correction(self, dim, correction, keepdim)
+    return _variance(self, dim, correction, keepdim)
+
+
+def _std_mean_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
+    if not _may_be_empty(self, dim):
+        return core.aten_std_mean_correction(self, dim, correction, keepdim)
+    var, mean = _variance(self, dim, correction, keepdim)
+    return _op.Sqrt(var), mean
+
+
 def register_mean_translations(registry: Any) -> None:
-    """Adds the translations of ``aten.mean.dim`` and ``aten.mean.default`` of real
-    tensors to ``registry`` (see the module's documentation); torch_lib's stay for
-    complex ones."""
-    registry.register_op(torch.ops.aten.mean.dim, _mean_to_onnx)
-    registry.register_op(torch.ops.aten.mean.default, _mean_all_to_onnx)
+    """Adds the translations of ``aten.mean``, ``aten.var``, ``aten.std``,
+    ``aten.var_mean`` and ``aten.std_mean`` of real tensors to ``registry`` (see the
+    module's documentation); torch_lib's stay for complex ones."""
+    aten = torch.ops.aten
+    registry.register_op(aten.mean.dim, _mean_to_onnx)
+    registry.register_op(aten.mean.default, _mean_all_to_onnx)
+    registry.register_op(aten.var.correction, _var_to_onnx)
+    registry.register_op(aten.std.correction, _std_to_onnx)
+    registry.register_op(aten.var_mean.correction, _var_mean_to_onnx)
+    registry.register_op(aten.std_mean.correction, _std_mean_to_onnx)
 
 
 __all__ = ["register_mean_translations"]
