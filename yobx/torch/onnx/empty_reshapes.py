@@ -119,6 +119,15 @@ def _zeros_are_sizes(node: ir.Node, target: np.ndarray) -> bool:
     return 0 not in copied or (known is not None and known != copied and known == list(target))
 
 
+def _declare(node: ir.Node, dims: list[int]) -> None:
+    """Declares the static shape of ``node``'s output, with its input's type when it
+    has none (a shape without a type is left out when the model is serialized)."""
+    output = node.outputs[0]
+    if output.type is None and node.inputs[0] is not None:
+        output.type = node.inputs[0].type
+    output.shape = ir.Shape(dims)
+
+
 def _forget_shapes_after(value: ir.Value, main: ir.Graph) -> None:
     """Forgets the shapes of the values computed from ``value``: the optimizer's shape
     inference wrote them from the 0s read as the input's sizes (``(1, 2, 2, 3)`` where
@@ -147,7 +156,7 @@ def resolve_empty_reshapes(model: ir.Model) -> int:
         if -1 not in target:
             if _zeros_are_sizes(node, target.reshape(-1)):
                 node.attributes["allowzero"] = ir.AttrInt64("allowzero", 1)
-                node.outputs[0].shape = ir.Shape([int(size) for size in target.reshape(-1)])
+                _declare(node, [int(size) for size in target.reshape(-1)])
                 _forget_shapes_after(node.outputs[0], model.graph)
                 count += 1
             continue
@@ -156,7 +165,7 @@ def resolve_empty_reshapes(model: ir.Model) -> int:
             continue
         replace_constant_input(graph, node, 1, np.array(dims, dtype=np.int64), f"_empty_{count}")
         # static now: the reshapes after it read their input's sizes (_static_input)
-        node.outputs[0].shape = ir.Shape(dims)
+        _declare(node, dims)
         node.attributes["allowzero"] = ir.AttrInt64("allowzero", 1)
         count += 1
     return count
