@@ -199,14 +199,13 @@ def gate_graph(
                 # check's Reshape into the gate's, typed as the token (int64) instead of
                 # the input ("Type (tensor(float)) of output arg (z__checked) does not
                 # match expected type (tensor(int64))": fuzz_onnx seed 7488)
-                zero = writer.int_constant(0)
-                if rank == 1:
+                if rank == 0:
+                    zero = writer.int_constant(0)
+                    zeros[rank] = writer.op("Slice", [token, zero, zero])
+                elif rank == 1:
                     zeros[rank] = writer.op("Abs", [token])
                 else:
-                    zeros[rank] = writer.op(
-                        "Expand" if rank else "Slice",
-                        [token, writer.int_constant(rank)] if rank else [token, zero, zero],
-                    )
+                    zeros[rank] = writer.op("Expand", [token, writer.int_constant(rank)])
             shape = zeros[rank]
         name = f"{prefix}gate_{value.name}"
         checked = writer.op("Reshape", [value, shape], name=name, into=into)

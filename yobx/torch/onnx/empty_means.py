@@ -17,7 +17,7 @@ of normalizations look for its ``ReduceMean``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import onnxscript
@@ -64,8 +64,8 @@ def _mean_all_to_onnx(self, dtype: int = -1):
 
 
 def _variance(self, dim, correction, keepdim: bool):
-    """torch's ``sum((x - mean)^2) / max(0, n - correction)``: NaN over no element
-    (``0 / 0``), where torch_lib's ``ReduceMean`` of the squares gives ``-0``."""
+    """torch's ``sum((x - mean)^2) / max(0, n - correction)`` and the mean: NaN over no
+    element (``0 / 0``), where torch_lib's ``ReduceMean`` of the squares gives ``-0``."""
     axes = _op.Constant(value_ints=_reduced_axes(len(self.shape), dim))
     count = _op.CastLike(
         _op.ReduceProd(_op.Gather(_op.Shape(self), axes, axis=0), keepdims=0), self
@@ -75,34 +75,19 @@ def _variance(self, dim, correction, keepdim: bool):
     squares = _op.ReduceSum(_op.Mul(centered, centered), axes, keepdims=keepdim)
     correction = 1.0 if correction is None else float(correction)
     denominator = _op.Max(_op.Sub(count, _op.CastLike(correction, self)), _op.CastLike(0.0, self))
-    return _op.Div(squares, denominator), _op.Div(
-        _op.ReduceSum(self, axes, keepdims=keepdim), count
-    )
+    return _op.Div(squares, denominator), mean if keepdim else _op.Squeeze(mean, axes)
 
 
-def _var_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
-    if not _may_be_empty(self, dim):
-        return core.aten_var_correction(self, dim, correction, keepdim)
-    return _variance(self, dim, correction, keepdim)[0]
+def _spread(torch_lib: Callable, finish: Callable) -> Callable:
+    """The translation of a variance-like operator: torch_lib's where no reduced axis
+    may be empty, ``finish(variance, mean)`` of :func:`_variance` elsewhere."""
 
+    def translate(self, dim=None, correction=None, keepdim: bool = False):
+        if not _may_be_empty(self, dim):
+            return torch_lib(self, dim, correction, keepdim)
+        return finish(*_variance(self, dim, correction, keepdim))
 
-def _std_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
-    if not _may_be_empty(self, dim):
-        return core.aten_std_correction(self, dim, correction, keepdim)
-    return _op.Sqrt(_variance(self, dim, correction, keepdim)[0])
-
-
-def _var_mean_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
-    if not _may_be_empty(self, dim):
-        return core.aten_var_mean_correction(self, dim, correction, keepdim)
-    return _variance(self, dim, correction, keepdim)
-
-
-def _std_mean_to_onnx(self, dim=None, correction=None, keepdim: bool = False):
-    if not _may_be_empty(self, dim):
-        return core.aten_std_mean_correction(self, dim, correction, keepdim)
-    var, mean = _variance(self, dim, correction, keepdim)
-    return _op.Sqrt(var), mean
+    return translate
 
 
 def register_mean_translations(registry: Any) -> None:
@@ -112,10 +97,17 @@ def register_mean_translations(registry: Any) -> None:
     aten = torch.ops.aten
     registry.register_op(aten.mean.dim, _mean_to_onnx)
     registry.register_op(aten.mean.default, _mean_all_to_onnx)
-    registry.register_op(aten.var.correction, _var_to_onnx)
-    registry.register_op(aten.std.correction, _std_to_onnx)
-    registry.register_op(aten.var_mean.correction, _var_mean_to_onnx)
-    registry.register_op(aten.std_mean.correction, _std_mean_to_onnx)
+    spreads = {
+        aten.var.correction: (core.aten_var_correction, lambda var, mean: var),
+        aten.std.correction: (core.aten_std_correction, lambda var, mean: _op.Sqrt(var)),
+        aten.var_mean.correction: (core.aten_var_mean_correction, lambda var, mean: (var, mean)),
+        aten.std_mean.correction: (
+            core.aten_std_mean_correction,
+            lambda var, mean: (_op.Sqrt(var), mean),
+        ),
+    }
+    for target, (torch_lib, finish) in spreads.items():
+        registry.register_op(target, _spread(torch_lib, finish))
 
 
 __all__ = ["register_mean_translations"]
