@@ -557,3 +557,26 @@ def test_a_slice_of_length_one_over_an_empty_dimension_runs_in_onnxruntime():
         for expected, got in zip(_FirstColumnPieces()(x), session.run(None, {"x": x.numpy()})):
             assert got.shape == tuple(expected.shape), width
             np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class EitherSize(torch.nn.Module):
+    def forward(self, x):
+        # `|` of two comparisons: one decision, whose example side is its negation
+        if (x.shape[0] == 1) | (x.shape[1] == 2):
+            return x + 1
+        return x * 2
+
+
+def test_a_version_chosen_by_a_negated_disjunction_is_exported():
+    """The version taken where ``not (a == 1 or b == 2)`` holds: its choice computed
+    with ``operator.not_`` asked the lowering's symbolic boolean for its value, fixing
+    the choice, and the versions fell back to the example's side alone."""
+    model = EitherSize()
+    result = to_onnx(model, (torch.randn(3, 4),), dynamic_shapes=({0: "a", 1: "b"},))
+    assert not result.version_fallback, result.version_fallback
+    assert len(result.versions) == 2
+    session = _session(result)
+    for shape in ((3, 4), (1, 4), (3, 2), (1, 2), (5, 5)):
+        x = torch.randn(*shape)
+        (got,) = session.run(None, {"x": x.numpy()})
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-6)

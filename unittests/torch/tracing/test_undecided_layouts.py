@@ -1,7 +1,8 @@
 """``x.contiguous()`` where the sizes do not settle whether ``x`` is contiguous: a copy,
 not a decision narrowing the capture (a decode step traced from one new token); a
-write into that copy (it reaches ``x`` at some sizes only) makes the layout a decision
-again, each side captured."""
+write into that copy or into ``x`` (it reaches the other at some sizes only) makes the
+layout a decision again, each side captured, as for a reshape (a view of ``x`` at some
+sizes, a copy at others)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 from unittests.torch.tracing._helpers import check_trace
-from yobx.torch.onnx import OnnxExportError, to_onnx
+from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.validation import validate
+from yobx.torch.passes import MUTATIONS_KEY
 from yobx.torch.tracing import SpecializationError
 
 
@@ -84,19 +87,86 @@ def test_the_onnx_step_from_one_token_runs_prefill_and_decode():
             np.testing.assert_allclose(e.numpy(), g, atol=1e-5)
 
 
+def _matches_eager_in_onnxruntime(model, example: dict, dims: dict, sizes: list[dict]) -> None:
+    """The ONNX model of ``model`` computes what eager computes on each input set of
+    ``sizes``: its outputs, and the inputs it writes into after the call."""
+    result = to_onnx(model, kwargs=example, dynamic_shapes=dims)
+    output = next(n for n in result.graph_module.graph.nodes if n.op == "output")
+    mutations = output.meta.get(MUTATIONS_KEY, ())
+    report = validate(model, result, [((), inputs) for inputs in sizes], mutations=mutations)
+    assert report.ok, report.reasons()
+    assert all(not case.skipped for case in report.cases)
+
+
 @pytest.mark.parametrize("seq", [1, 4])
 def test_a_write_into_the_copy_decides_the_layout(seq):
     """Written into, the result's layout matters: it becomes a decision, each side
-    captured (at ``seq == 1`` the write reaches ``y``). ONNX, where every write is
-    functional, refuses the write that is a view at some sizes only, saying what to
-    write instead."""
+    captured (at ``seq == 1`` the write reaches ``y``, at others a copy), in the graph
+    and in ONNX."""
     model = WritesIntoContiguousOfTransposed()
     others = [{"x": torch.randn(3, s, 3)} for s in (1, 2, 5)]
     dims = {"x": {0: "batch", 1: "seq"}}
     check_trace(model, {"x": torch.randn(2, seq, 3)}, dims, other_inputs=others)
-    refused = (OnnxExportError, SpecializationError)
-    with pytest.raises(refused, match="a view at some sizes, a copy at others|add_' needs"):
-        to_onnx(model, kwargs={"x": torch.randn(2, seq, 3)}, dynamic_shapes=dims)
+    sizes = [{"x": torch.randn(b, s, 3)} for b, s in ((2, 1), (3, 1), (3, 2), (1, 5), (2, 4))]
+    _matches_eager_in_onnxruntime(model, {"x": torch.randn(2, seq, 3)}, dims, sizes)
+
+
+class WritesIntoReshapeOfSlice(torch.nn.Module):
+    """The reshape is a view where the kept columns are one (``n // 2 == 1``) or the
+    rows are (``a == 1``): there the write doubles half of ``x``, elsewhere a copy."""
+
+    def forward(self, x):
+        w = x[:, : x.shape[1] // 2].reshape(-1)
+        w.mul_(2)
+        return x + 1
+
+
+class WritesIntoContiguousOfSlice(torch.nn.Module):
+    def forward(self, x):
+        w = x[:, : x.shape[1] // 2].contiguous()
+        w.mul_(2)
+        return x + 1
+
+
+class WritesIntoTheInputOfAContiguous(torch.nn.Module):
+    """The write goes into ``x``; ``w`` sees it where it is ``x``'s view (``a == 1``)."""
+
+    def forward(self, x):
+        w = x[:, : x.shape[1] // 2].contiguous()
+        x.mul_(2)
+        return w + 0
+
+
+@pytest.mark.parametrize(
+    "model",
+    [WritesIntoReshapeOfSlice(), WritesIntoContiguousOfSlice(), WritesIntoTheInputOfAContiguous()],
+    ids=lambda m: type(m).__name__,
+)
+@pytest.mark.parametrize("shape", [(3, 6), (1, 6), (3, 2), (2, 9)])
+def test_a_write_through_a_view_at_some_sizes_matches_eager_at_every_size(model, shape):
+    """Each example, on either side of the decisions, exports a model that writes into
+    ``x`` exactly where eager does (``x`` is an output of the ONNX model)."""
+    dims = {"x": {0: "a", 1: "n"}}
+    shapes = [(3, 6), (1, 6), (3, 2), (3, 3), (2, 9), (1, 3), (4, 1)]
+    sizes = [{"x": torch.randn(*s)} for s in shapes]
+    check_trace(model, {"x": torch.randn(*shape)}, dims, other_inputs=sizes)
+    _matches_eager_in_onnxruntime(model, {"x": torch.randn(*shape)}, dims, sizes)
+
+
+class WritesAfterInterpolating(torch.nn.Module):
+    def forward(self, x):
+        up = torch.nn.functional.interpolate(x, size=x.shape[-1] * 3 // 2 + 1, mode="nearest")
+        x[..., -1:] += 1
+        return up, x.flatten(1, 2)
+
+
+def test_a_write_after_interpolating_leaves_the_interpolated_tensor():
+    """``interpolate`` always returns a new tensor: the write into its input after it
+    does not reach it (the passes took it for a possible alias, and the export refused
+    the write)."""
+    dims = {"x": {0: "batch", 2: "length"}}
+    sizes = [{"x": torch.randn(b, 3, n)} for b, n in ((2, 4), (1, 7), (3, 2))]
+    _matches_eager_in_onnxruntime(WritesAfterInterpolating(), sizes[0], dims, sizes)
 
 
 def test_a_write_into_the_copy_without_versions_names_the_decision():

@@ -186,6 +186,19 @@ INPLACE_MODULES = {
         (m.p, m.training),
     ),
 }
+# torch.nn.functional functions no aten operator of their name describes, which always
+# return new tensors (the upsampling kernels allocate their output, whatever the size)
+FRESH_FUNCTIONS = frozenset(
+    {
+        torch.nn.functional.interpolate,
+        torch.nn.functional.upsample,
+        torch.nn.functional.upsample_nearest,
+        torch.nn.functional.upsample_bilinear,
+        torch.nn.functional.grid_sample,
+        torch.nn.functional.affine_grid,
+    }
+)
+
 # Modules always returning a new tensor.
 FRESH_MODULES = (
     torch.nn.Linear,

@@ -25,6 +25,14 @@ from ._targets import aten, example_value
 # scatter(graph, view_node, base_value, new_view_value) -> new base value
 Scatter = Callable[[Graph, Node, Node, Node], Node]
 
+#: ``node.meta`` key a tracer sets on a ``contiguous()`` or a reshape whose result is a
+#: view at some sizes and a copy at others, once the capture decided which it is at the
+#: sizes its graph runs for (see ``yobx.torch.tracing.core.layout_copies``):
+#: :data:`LAYOUT_VIEW` or :data:`LAYOUT_COPY`
+LAYOUT_KEY = "yobx_layout"
+LAYOUT_VIEW = "view"
+LAYOUT_COPY = "copy"
+
 
 def _arg(node: Node, index: int, name: str, default: Any = None, *aliases: str) -> Any:
     if len(node.args) > index:

@@ -53,6 +53,7 @@ from ._storages import (
 )
 from ._targets import (
     ALIASING_DESPITE_SCHEMA,
+    FRESH_FUNCTIONS,
     FRESH_MODULES,
     FUNCTIONAL_OPERATORS,
     INPLACE_MODULES,
@@ -66,6 +67,8 @@ from ._targets import (
     tensor_type_kind,
 )
 from ._views import (
+    LAYOUT_COPY,
+    LAYOUT_KEY,
     Scatter,
     aten_view_scatter,
     element_scatter,
@@ -310,6 +313,9 @@ def _classify_by_name(node: Node, name: str) -> Alias:
         return Alias(VIEW, base, scatter, (node,))
     if name == "positive":
         return Alias(VIEW, base, scatter_identity)
+    decided = _decided_layout(node, name, base)
+    if decided is not None:
+        return decided
     if may_be_view(name):
         base_value = example_value(base)
         # ravel copies a non-contiguous input whatever its shape (contiguous().view)
@@ -321,6 +327,19 @@ def _classify_by_name(node: Node, name: str) -> Alias:
     if conversion is not None:
         return conversion
     return FRESH_ALIAS if aten_returns_fresh(name) else MAY_ALIAS_ALIAS
+
+
+def _decided_layout(node: Node, name: str, base: Node) -> Alias | None:
+    """A ``contiguous()`` or a reshape whose layout the tracer decided for the sizes
+    its graph runs at (:data:`LAYOUT_KEY`): a view, or a new tensor."""
+    layout = node.meta.get(LAYOUT_KEY)
+    if layout is None or not (name == "contiguous" or may_be_view(name)):
+        return None
+    if layout == LAYOUT_COPY:
+        return FRESH_ALIAS
+    if name == "contiguous":
+        return Alias(VIEW, base, scatter_identity)
+    return Alias(VIEW, base, scatter_reshape(False), (node,))
 
 
 # Conversions returning their input itself when nothing changes (``x.to(x.dtype)``).
@@ -406,6 +425,8 @@ def _classify(node: Node, known: Mapping[Node, Alias] | None, form: Any) -> Alia
             return Alias(VIEW, node.args[0], scatter_identity)
         if target in FUNCTIONAL_OPERATORS or target in INPLACE_OPERATORS:
             return NONTENSOR_ALIAS if is_tensor(node) is False else FRESH_ALIAS
+        if target in FRESH_FUNCTIONS:
+            return FRESH_ALIAS
     if is_tensor(node) is False and _holds_no_tensor(node):
         return NONTENSOR_ALIAS
     name = op_name(node)

@@ -76,10 +76,11 @@ class SpecializationError(TracingError):
 
 
 class LayoutAliasNeeded(TracingError):
-    """A write into what ``x.contiguous()`` returned, traced as a copy where the sizes
-    did not settle whether it is ``x`` itself, while at the example's sizes it is:
-    :meth:`CustomTracer.trace` captures again, deciding that call's layout
-    (:attr:`copy_location`, the user's ``file:line`` of the ``contiguous()``)."""
+    """A write into what ``x.contiguous()`` or ``x.reshape(...)`` returned (or into
+    ``x``), traced as a copy where the sizes did not settle whether it is a view of
+    ``x``, while at the example's sizes it is: :meth:`CustomTracer.trace` captures
+    again, deciding that call's layout (:attr:`copy_location`, the user's ``file:line``
+    of the call; see :mod:`yobx.torch.tracing.core.layout_copies`)."""
 
     copy_location = ""
 

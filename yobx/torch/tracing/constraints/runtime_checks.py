@@ -518,7 +518,7 @@ class _CheckBuilder:
             isinstance(expr, sympy.Or),
             lambda a, b: self._call(operator.and_, (a, b)),
             lambda a, b: self._call(operator.or_, (a, b)),
-            lambda a: self._call(operator.not_, (a,)),
+            lambda a: self._call(torch.sym_not, (a,)),
         )
         if defined is not None:
             self.defined.append(defined)
@@ -611,7 +611,9 @@ _BINARY: dict[type, Callable[..., Any]] = {
     # int(n * 0.5) and float(n) of a dimension (see symbolic_builtins)
     torch_sympy.TruncToInt: math.trunc,
     torch_sympy.ToFloat: torch.sym_float,
-    sympy.Not: operator.not_,
+    # not `operator.not_`: Python's `not` asks a symbolic boolean for its value, which
+    # the lowering then fixed (a version chosen by `not (a == 1 or n == n // 2)`)
+    sympy.Not: torch.sym_not,
 }
 
 

@@ -56,6 +56,7 @@ import sympy
 import torch
 import torch.fx
 
+from ...passes._views import LAYOUT_KEY
 from ..symbolic.expression_text import pretty
 from ..symbolic.symbolic import DEFAULT_MIN
 from .versions import Split, Version, VersionCondition, leaves
@@ -404,6 +405,10 @@ class _Comparison:
             mine = operator.attrgetter(str(a.target))(self.general.tracer.traced_model)
             theirs = operator.attrgetter(str(b.target))(self.pinned.tracer.traced_model)
             return _same_constant(mine, theirs)
+        # a `contiguous()` or reshape a view in one version and a copy in the other
+        # (see tracing.core.layout_copies): the writes through it differ
+        if a.meta.get(LAYOUT_KEY) != b.meta.get(LAYOUT_KEY):
+            return False
         return _as_method(a) == _as_method(b)
 
     def _same(self, a: Any, b: Any) -> bool:

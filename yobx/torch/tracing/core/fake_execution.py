@@ -26,17 +26,16 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 from torch.fx.node import Node, map_arg
 from torch.fx.proxy import TraceError
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._sympy.functions import FloorDiv, Mod
 
 from ...node_text import operation_name
-from ...passes._side_effects import writes
 from .. import shape_rules
-from ..errors import LayoutAliasNeeded, TracingError, exception_summary
+from ..errors import TracingError, exception_summary
 from ..shape_rules._strides import decided_contiguity
 from ..symbolic.symbolic import Guard
 from ..symbolic.symbolic_variants import function_variant
 from .decisions import user_location
+from .layout_copies import is_reshape_call
 from .positive_folds import empty_slice_conditions, folded_extremum_conditions
 from .tracer_contract import MixinBase
 
@@ -121,6 +120,13 @@ def _copy_when_layout_undecided(args: tuple, kwargs: dict) -> Any:
     if decided_contiguity(x, memory_format) is not None:
         return None
     return x.clone(memory_format=memory_format)
+
+
+def _plain_contiguous(args: tuple, kwargs: dict) -> bool:
+    """``x.contiguous()`` in the default memory format (the only one whose layout a
+    write decides, see :mod:`.layout_copies`)."""
+    memory_format = kwargs.get("memory_format", args[1] if len(args) > 1 else None)
+    return memory_format in (None, torch.contiguous_format)
 
 
 def _squeezed_dims(x: torch.Tensor, args: tuple, kwargs: dict) -> list[int]:
@@ -331,17 +337,15 @@ class FakeExecutionMixin(MixinBase):
         assert rules is not None, "a trace with dimensions has shape rules"
         guards_before = len(dims.shape_env.guards)
         known = dims.snapshot()
-        if _is_contiguous_call(node) and self.location() not in self.aliased_layouts:
+        if _is_contiguous_call(node):
             with self.fake_mode, torch.no_grad():
                 copy = _copy_when_layout_undecided(args, kwargs)
+            if copy is not None and _plain_contiguous(args, kwargs):
+                copy = self.settled_layout(node, args, kwargs, copy)
             if copy is not None:
-                self.state.layout_copies[StorageWeakRef(copy.untyped_storage())] = (
-                    self.location(),
-                    args[0],
-                )
                 return dims.canonical(copy)
-        if self.state.layout_copies:
-            self._decide_write_into_layout_copy(node)
+        if self.state.layout_calls:
+            self.decide_layouts_written(node)
         self.state.in_fake += 1
         # torch's own Python code runs here with the builtin isinstance: create_proxy,
         # the only caller, installed it (no proxy reaches fake kernels anyway)
@@ -406,6 +410,8 @@ class FakeExecutionMixin(MixinBase):
         self._rely_on_what_was_folded(node, args, kwargs, val, dims)
         if len(dims.shape_env.guards) > guards_before:
             self._new_guards(guards_before, node, known)
+        if is_reshape_call(node) or (_is_contiguous_call(node) and _plain_contiguous(args, kwargs)):
+            val = self.settled_layout(node, args, kwargs, val)
         return dims.canonical(val)
 
     def _rely_on_what_was_folded(
@@ -465,38 +471,6 @@ class FakeExecutionMixin(MixinBase):
                 self.location(),
                 f"{operation_name(node)} failed on fake tensors with {exception_summary(again)}",
             ) from again
-
-    def _decide_write_into_layout_copy(self, node: Node) -> None:
-        """An in-place write into what ``x.contiguous()`` returned, when the sizes did
-        not settle whether that is ``x`` itself: eager writes into ``x`` at some sizes
-        and not at others. Whether it is a copy becomes a decision here (a fact of the
-        capture, whose other side a version captures); when the example's ``x`` is
-        contiguous, the trace went on with a copy where eager has ``x`` itself:
-        :class:`LayoutAliasNeeded` makes the tracer capture again, that ``contiguous()``
-        deciding its layout from the example."""
-        for written in writes(node):
-            value = _fake_value(written)
-            if not isinstance(value, torch.Tensor):
-                continue
-            found = self.state.layout_copies.get(StorageWeakRef(value.untyped_storage()))
-            if found is None:
-                continue
-            where, source = found
-            guards_before, known = len(self.shape_env.guards), self.trace_dims().snapshot()
-            with self.fake_mode:
-                contiguous = source.is_contiguous()
-            if len(self.shape_env.guards) > guards_before:
-                self._new_guards(guards_before, node, known)
-            if contiguous:
-                error = LayoutAliasNeeded.at(
-                    self.location(),
-                    f"{operation_name(node)} writes into the result of `contiguous()` at "
-                    f"{where}, which is its input itself at the example's sizes and a "
-                    "copy at others (the input's strides decide): write into a "
-                    "`.clone()` instead, or into the input directly",
-                )
-                error.copy_location = where
-                raise error
 
     def _broadcast_decided(self, error: Exception, args: tuple, kwargs: dict) -> Any:
         """torch's broadcasting decides ``size == 1`` size-obliviously (never, unless

@@ -54,10 +54,10 @@ class TraceState:
     #: the tensors whose layout the traced code read (``stride()``, ``is_contiguous()``...),
     #: with the user's ``file:line``: a read folded into a constant leaves no node
     layout_reads: list[tuple[Node, str]] = dataclasses.field(default_factory=list)
-    #: the storages of the copies ``x.contiguous()`` gave where the sizes did not settle
-    #: whether it returns ``x`` itself (see fake_execution), with the user's ``file:line``
-    #: and ``x``: a write into one would reach ``x`` at some sizes only
-    layout_copies: dict[Any, tuple[str, Any]] = dataclasses.field(default_factory=dict)
+    #: the ``contiguous()`` and reshape calls whose result may be a view of their input
+    #: at some sizes and a copy at others (:class:`~.layout_copies.LayoutCall`): a write
+    #: into one, or into its input, decides which (see :mod:`.layout_copies`)
+    layout_calls: list[Any] = dataclasses.field(default_factory=list)
     #: depth of fake executions in progress (> 0: torch runs an operation on fake
     #: values, module calls and attribute reads are torch's, not the user's)
     in_fake: int = 0

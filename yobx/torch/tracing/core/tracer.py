@@ -56,6 +56,7 @@ from ..symbolic.symbolic_memo import memoized_symbolic_arithmetic
 from .decisions import NOT_CONSTANT, DecisionsMixin, constant_value, user_location
 from .fake_execution import FakeExecutionMixin
 from .graph_finish import GraphFinishMixin, _CallableModule, graph_fingerprint
+from .layout_copies import LayoutCopiesMixin
 from .loop_tracing import PIECE_TARGETS, LoopsMixin
 from .module_state import buffer_assignments
 from .proxies import (
@@ -118,6 +119,7 @@ def _check_traceable(root: Any) -> None:
 class CustomTracer(
     LoopsMixin,
     FakeExecutionMixin,
+    LayoutCopiesMixin,
     AttributesMixin,
     GraphFinishMixin,
     DecisionsMixin,
@@ -225,8 +227,9 @@ class CustomTracer(
         # dimensions taking a size below 2 (1 or 0) in the capture a trace from other
         # sizes stands in for (see _trace_from_other_size)
         self._small_sizes: dict[str, int] = {}
-        #: the ``file:line`` of the ``contiguous()`` calls whose layout the example
-        #: decides: a write into their result needs it (see fake_execution)
+        #: the ``file:line`` of the ``contiguous()`` and reshape calls whose layout is
+        #: decided from the start: a write into their result needs it (see
+        #: core.layout_copies)
         self.aliased_layouts: set[str] = set()
         self._version_constraints: list[Constraint] | None = None
         self._version_checks: list[RuntimeCheck] | None = None
@@ -315,8 +318,9 @@ class CustomTracer(
             try:
                 return self._trace_or_from_other_size(root, concrete_args, arguments)
             except LayoutAliasNeeded as error:
-                # a contiguous() traced as a copy is written into where it is its input
-                # itself: captured again, that call's layout decided by the example
+                # a contiguous() or a reshape traced as a copy is written into where it
+                # is a view of its input: captured again, that call's layout decided
+                # from the start (see core.layout_copies)
                 if error.copy_location in self.aliased_layouts:
                     raise
                 self.aliased_layouts.add(error.copy_location)

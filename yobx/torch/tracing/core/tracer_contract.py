@@ -55,7 +55,8 @@ class TracerContract(Protocol):
     runtime_checks: bool
     #: module type -> whether an instance stays a leaf
     module_leaves: dict[type, Any]
-    #: ``file:line`` of the ``contiguous()`` calls whose layout the example decides
+    #: ``file:line`` of the ``contiguous()`` and reshape calls whose layout is decided
+    #: from the start (see :mod:`.layout_copies`)
     aliased_layouts: set[str]
     #: whether every shape rule is checked against torch's kernel (a test mode)
     _check_shape_rules: bool
@@ -118,6 +119,20 @@ class TracerContract(Protocol):
 
     def _rely_on_default_bounds(self, condition: sympy.Basic, value: bool) -> None:
         """A condition torch decided from the default ranges, judged as a decision."""
+
+    # core/layout_copies.py
+
+    def remember_layout_call(self, node: torch.fx.Node, source: Any, value: Any, kind: str) -> None:
+        """Records ``value``, what ``node`` made of ``source``, for a later write."""
+
+    def settled_layout(self, node: torch.fx.Node, args: tuple, kwargs: dict, value: Any) -> Any:
+        """The value of a ``contiguous()`` or reshape ``node``, remembered or decided."""
+
+    def layout_decided_now(self, node: torch.fx.Node, kind: str, source: Any, value: Any) -> Any:
+        """The value of a layout call at a line whose layout is decided on the sizes."""
+
+    def decide_layouts_written(self, node: torch.fx.Node) -> None:
+        """A write into a remembered call's value or input decides the call's layout."""
 
     # core/loop_tracing.py
 

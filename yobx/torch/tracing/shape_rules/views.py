@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -233,11 +234,20 @@ def reshape(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
     return _view_or_reshape(factory, args, kwargs, copy=True)
 
 
-def view_strides(old_sizes: list, old_strides: list, new_sizes: list) -> list | None:
+def view_strides(
+    old_sizes: list,
+    old_strides: list,
+    new_sizes: list,
+    decide: Callable[[Any], bool] = decide,
+    one: Callable[[Any], bool] = is_one,
+) -> list | None:
     """ATen's ``computeStride``: the strides of a view, ``None`` when a copy is needed.
 
-    Every comparison of sizes goes through :func:`decide` (known from the ranges, or
-    the rule does not apply).
+    Every comparison of sizes goes through ``decide`` (by default :func:`decide`: known
+    from the ranges, or the rule does not apply) and every test of a size being 1
+    through ``one`` (by default :func:`is_one`: a symbolic size is never taken for 1).
+    The tracer passes its own, which decide on the sizes, when the answer matters for
+    every size (a write into the result, see ``core.layout_copies``).
     """
     if not old_sizes:
         return [1] * len(new_sizes)
@@ -249,14 +259,14 @@ def view_strides(old_sizes: list, old_strides: list, new_sizes: list) -> list | 
     for tensor_d in range(len(old_sizes) - 1, -1, -1):
         tensor_numel = tensor_numel * old_sizes[tensor_d]
         if tensor_d == 0 or (
-            not is_one(old_sizes[tensor_d - 1])
-            and not _equal(old_strides[tensor_d - 1], tensor_numel * chunk_base_stride)
+            not one(old_sizes[tensor_d - 1])
+            and not _equal(old_strides[tensor_d - 1], tensor_numel * chunk_base_stride, decide)
         ):
-            while view_d >= 0 and (decide(view_numel < tensor_numel) or is_one(new_sizes[view_d])):
+            while view_d >= 0 and (decide(view_numel < tensor_numel) or one(new_sizes[view_d])):
                 new_strides[view_d] = view_numel * chunk_base_stride
                 view_numel = view_numel * new_sizes[view_d]
                 view_d -= 1
-            if not _equal(view_numel, tensor_numel):
+            if not _equal(view_numel, tensor_numel, decide):
                 return None
             if tensor_d > 0:
                 chunk_base_stride = old_strides[tensor_d - 1]
@@ -267,7 +277,7 @@ def view_strides(old_sizes: list, old_strides: list, new_sizes: list) -> list | 
     return new_strides
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: Any, b: Any, decide: Callable[[Any], bool]) -> bool:
     if same_size(a, b):
         return True
     return decide(a == b)
