@@ -177,3 +177,20 @@ def test_a_write_into_the_copy_without_versions_names_the_decision():
             {"x": {0: "batch", 1: "seq"}},
             tracer_kwargs={"narrowing": "constraints"},
         )
+
+
+class WritesIntoContiguousOfStaticTranspose(torch.nn.Module):
+    """``t`` has static sizes: its transpose's ``contiguous()`` is a copy at every size,
+    the write stays in it (the passes could not prove the copy and refused the write)."""
+
+    def forward(self, x):
+        t = x.amax(0)
+        w = t.transpose(0, 1).contiguous()
+        w.add_(1)
+        return t + 1, w
+
+
+def test_a_write_into_contiguous_of_a_static_transpose_leaves_its_input():
+    dims = {"x": {0: "width"}}
+    sizes = [{"x": torch.randn(w, 4, 3)} for w in (5, 2, 1)]
+    _matches_eager_in_onnxruntime(WritesIntoContiguousOfStaticTranspose(), sizes[0], dims, sizes)

@@ -406,8 +406,10 @@ class _Comparison:
             theirs = operator.attrgetter(str(b.target))(self.pinned.tracer.traced_model)
             return _same_constant(mine, theirs)
         # a `contiguous()` or reshape a view in one version and a copy in the other
-        # (see tracing.core.layout_copies): the writes through it differ
-        if a.meta.get(LAYOUT_KEY) != b.meta.get(LAYOUT_KEY):
+        # (see tracing.core.layout_copies): the writes through it differ (a call no
+        # write goes through may be left unmarked, its layout not decided)
+        layouts = {a.meta.get(LAYOUT_KEY), b.meta.get(LAYOUT_KEY)} - {None}
+        if len(layouts) > 1:
             return False
         return _as_method(a) == _as_method(b)
 

@@ -171,12 +171,18 @@ class LayoutCopiesMixin(MixinBase):
         self.state.layout_calls.append(call)
 
     def settled_layout(self, node: Node, args: tuple, kwargs: dict, value: Any) -> Any:
-        """The value of a ``contiguous()`` or reshape ``node`` that ran into ``value``,
-        remembered for a later write where the sizes may change whether it is a view;
-        at a line whose layout is decided (:attr:`aliased_layouts`), the view or the
-        copy eager makes, decided on the sizes (:meth:`layout_decided_now`)."""
+        """The value of a ``contiguous()`` or reshape ``node`` that ran into ``value``:
+        marked a view or a copy where that holds at every size (static sizes, a fresh
+        tensor's layout; the passes may not prove a copy), else remembered for a later
+        write; at a line whose layout is decided (:attr:`aliased_layouts`), the view
+        or the copy eager makes, decided on the sizes (:meth:`layout_decided_now`)."""
         source = _first_tensor(args, kwargs)
-        if source is None or not isinstance(value, torch.Tensor) or not _layout_varies(source):
+        if source is None or not isinstance(value, torch.Tensor):
+            return value
+        if not _layout_varies(source):
+            # static sizes, or a fresh tensor's layout: the answer holds at every size
+            same = _storage(value) == _storage(source)
+            node.meta[LAYOUT_KEY] = LAYOUT_VIEW if same else LAYOUT_COPY
             return value
         kind = "reshape" if is_reshape_call(node) else "contiguous"
         if self.location() in self.aliased_layouts:
