@@ -449,9 +449,23 @@ def test_error_names_source_line():
     pytest.importorskip("yobx.torch.tracing")
     from passes_capture import capture
 
-    gm = capture("tracer", Lambda(_refused_contiguous), (X, Y))
-    with pytest.raises(InplaceRemovalError, match=r"test_passes_inplace.py.*x\.add_"):
+    gm = capture("tracer", Lambda(_refused_expand), (X, Y))
+    with pytest.raises(InplaceRemovalError, match=r"test_passes_inplace.py.*e\.add_"):
         remove_inplace(gm.graph)
+
+
+def test_the_tracer_marks_a_static_contiguous_copy():
+    """The values torch.fx records do not say whether ``x.t().contiguous()`` copies at
+    every size; the tracer, capturing static sizes, knows it does: the write into ``x``
+    after it is rewritten, and ``c`` keeps the values before it."""
+    pytest.importorskip("yobx.torch.tracing")
+    from passes_capture import capture
+
+    gm = capture("tracer", Lambda(_refused_contiguous), (X, Y))
+    expected = Lambda(_refused_contiguous)(X.clone(), Y.clone())
+    assert remove_inplace(gm.graph) == 1
+    gm.recompile()
+    assert_same(expected, gm(X.clone(), Y.clone()))
 
 
 def test_unknown_placeholder_type_is_refused():
