@@ -194,3 +194,26 @@ def test_a_write_into_contiguous_of_a_static_transpose_leaves_its_input():
     dims = {"x": {0: "width"}}
     sizes = [{"x": torch.randn(w, 4, 3)} for w in (5, 2, 1)]
     _matches_eager_in_onnxruntime(WritesIntoContiguousOfStaticTranspose(), sizes[0], dims, sizes)
+
+
+class WritesIntoContiguousOfAFreshTensor(torch.nn.Module):
+    """``contiguous()`` and ``reshape`` of tensors laid out as fresh ones are views at
+    every size: the writes reach ``t`` and ``u`` (the shape rules compute a new fake
+    tensor for them, whose storage said copy: the writes were dropped, found by
+    fuzz_onnx 9669 and 9728)."""
+
+    def forward(self, x):
+        t = torch.nn.functional.avg_pool1d(x, 2)
+        w = t.contiguous()
+        w.add_(w.shape[-1])
+        u = x[0, : x.shape[1] // 2].transpose(0, 0).contiguous()
+        u.add_(1)
+        v = (x * 2).reshape(-1)
+        v.mul_(3)
+        return t + 1, x + 0, u
+
+
+def test_writes_into_views_of_fresh_tensors_reach_them():
+    dims = {"x": {0: "d", 1: "s", 2: "w"}}
+    sizes = [{"x": torch.randn(*s)} for s in ((3, 5, 8), (2, 4, 6), (1, 1, 2))]
+    _matches_eager_in_onnxruntime(WritesIntoContiguousOfAFreshTensor(), sizes[0], dims, sizes)

@@ -179,16 +179,33 @@ class LayoutCopiesMixin(MixinBase):
         source = _first_tensor(args, kwargs)
         if source is None or not isinstance(value, torch.Tensor):
             return value
-        if not _layout_varies(source):
-            # static sizes, or a fresh tensor's layout: the answer holds at every size
-            same = _storage(value) == _storage(source)
-            node.meta[LAYOUT_KEY] = LAYOUT_VIEW if same else LAYOUT_COPY
-            return value
         kind = "reshape" if is_reshape_call(node) else "contiguous"
+        if not _layout_varies(source):
+            return self._layout_at_every_size(node, kind, source, value)
         if self.location() in self.aliased_layouts:
             return self.layout_decided_now(node, kind, source, value)
         self.remember_layout_call(node, source, value, kind)
         return value
+
+    def _layout_at_every_size(self, node: Node, kind: str, source: Any, value: Any) -> Any:
+        """The value of ``node`` where its layout is the same at every size (static
+        sizes, or a fresh tensor's layout): eager's view of ``source`` or ``value``, a
+        copy, the node marked a view or a copy. Not read from ``value``'s storage: a
+        shape rule computes a fresh tensor for a reshape or a ``contiguous()`` that
+        eager makes a view."""
+        view = None
+        static = not any(isinstance(s, torch.SymInt) for s in (*source.shape, *source.stride()))
+        with self.fake_mode:
+            # symbolic sizes here: laid out as a fresh tensor (see _layout_varies)
+            if kind == "contiguous" and (not static or source.is_contiguous()):
+                view = source
+            elif kind == "reshape":
+                try:
+                    view = source.view(value.shape)
+                except RuntimeError:
+                    view = None  # computeStride finds no view: reshape copies
+        node.meta[LAYOUT_KEY] = LAYOUT_COPY if view is None else LAYOUT_VIEW
+        return value if view is None else view
 
     def layout_decided_now(self, node: Node, kind: str, source: Any, value: Any) -> Any:
         """The value of ``node`` (``kind`` of call on ``source``, which gave ``value``
