@@ -317,8 +317,8 @@ class LayoutCopiesMixin(MixinBase):
     def _decided_clauses(self, node: Node, clauses: list[list[Any]]) -> bool:
         """Whether every clause holds (one of its comparisons), decided on the sizes in
         the name of ``node`` (the write, or the call whose line's layout is decided) by
-        the fewest comparisons the example's answer rests on: a clause none of whose
-        comparisons holds (each decided false), or one comparison holding in each
+        the comparisons the example's answer rests on: the first clause none of whose
+        comparisons holds (each decided false), or the first comparison holding in each
         clause (decided true). Each is decided alone (:meth:`decide`, proved or
         adopted, its other side a version): torch's ShapeEnv cannot assume every
         conjunction of disjunctions (its simplification fails on some)."""
