@@ -202,8 +202,10 @@ class LayoutCopiesMixin(MixinBase):
             elif kind == "reshape":
                 try:
                     view = source.view(value.shape)
-                except RuntimeError:
-                    view = None  # computeStride finds no view: reshape copies
+                except (RuntimeError, ValueError):
+                    # computeStride finds no view (torch's fake kernel raises a
+                    # ValueError for it): reshape copies
+                    view = None
         node.meta[LAYOUT_KEY] = LAYOUT_COPY if view is None else LAYOUT_VIEW
         return value if view is None else view
 
