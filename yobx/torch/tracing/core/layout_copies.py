@@ -65,6 +65,7 @@ class LayoutCall:
     :param node: the graph node of the call
     :param kind: ``"contiguous"`` or ``"reshape"``
     :param storage: the storage of the call's value in the trace
+    :param source_storage: the storage of ``source`` (read at every later write)
     :param view: whether that value is a view of ``source`` (else a copy)
     """
 
@@ -73,6 +74,7 @@ class LayoutCall:
     node: Node
     kind: str
     storage: Any
+    source_storage: Any
     view: bool
 
 
@@ -92,11 +94,16 @@ def _storage(value: torch.Tensor) -> Any:
     return StorageWeakRef(value.untyped_storage())
 
 
+def _static(source: torch.Tensor) -> bool:
+    """Whether the sizes and strides of ``source`` are all Python ints."""
+    return not any(isinstance(s, torch.SymInt) for s in (*source.shape, *source.stride()))
+
+
 def _layout_varies(source: torch.Tensor) -> bool:
     """Whether a ``contiguous()`` or a reshape of ``source`` may be a view at some sizes
     and a copy at others: not when its sizes are static, nor when it is laid out as a
     fresh tensor (both are then views at every size)."""
-    if not any(isinstance(s, torch.SymInt) for s in (*source.shape, *source.stride())):
+    if _static(source):
         return False
     try:
         return not exactly_contiguous(source)
@@ -165,9 +172,9 @@ class LayoutCopiesMixin(MixinBase):
 
     def remember_layout_call(self, node: Node, source: Any, value: Any, kind: str) -> None:
         """Records ``value``, what ``node`` made of ``source``, for a later write."""
-        storage = _storage(value)
-        view = storage == _storage(source)
-        call = LayoutCall(self.location(), source, node, kind, storage, view)
+        storage, source_storage = _storage(value), _storage(source)
+        view = storage == source_storage
+        call = LayoutCall(self.location(), source, node, kind, storage, source_storage, view)
         self.state.layout_calls.append(call)
 
     def settled_layout(self, node: Node, args: tuple, kwargs: dict, value: Any) -> Any:
@@ -194,10 +201,9 @@ class LayoutCopiesMixin(MixinBase):
         shape rule computes a fresh tensor for a reshape or a ``contiguous()`` that
         eager makes a view."""
         view = None
-        static = not any(isinstance(s, torch.SymInt) for s in (*source.shape, *source.stride()))
         with self.fake_mode:
             # symbolic sizes here: laid out as a fresh tensor (see _layout_varies)
-            if kind == "contiguous" and (not static or source.is_contiguous()):
+            if kind == "contiguous" and (not _static(source) or source.is_contiguous()):
                 view = source
             elif kind == "reshape":
                 try:
@@ -249,7 +255,7 @@ class LayoutCopiesMixin(MixinBase):
         for call in self.state.layout_calls:
             if LAYOUT_KEY in call.node.meta:
                 continue
-            if call.storage in written or _storage(call.source) in written:
+            if call.storage in written or call.source_storage in written:
                 self._decide_layout(node, call)
 
     def _decide_layout(self, node: Node, call: LayoutCall) -> None:
