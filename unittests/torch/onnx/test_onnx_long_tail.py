@@ -17,6 +17,7 @@ from unittests.torch.tracing.test_tracing_long_tail import (
     PositionGrid,
     RealTensorSizes,
     RepeatedLists,
+    RepeatedListsIndexedAndCompared,
     SquareGrid,
 )
 from yobx.torch.onnx import to_onnx
@@ -36,6 +37,7 @@ from ._helpers import export_and_validate
         (HalfWrite(), (torch.randn(5, 3),), ({0: "b"},)),
         (NumpyOfSizes(), (torch.randn(2, 3, 4, 5),), ({0: "b", 1: "h", 2: "w"},)),
         (RepeatedLists(), (torch.randn(2, 3),), ({0: "b"},)),
+        (RepeatedListsIndexedAndCompared(), (torch.randn(3, 4),), ({0: "n"},)),
     ],
     ids=[
         "identity-none",
@@ -45,6 +47,7 @@ from ._helpers import export_and_validate
         "half-write",
         "numpy-sizes",
         "repeated-lists",
+        "repeated-lists-indexed",
     ],
 )
 def test_long_tail_models_export_exact(model, args, dynamic_shapes):

@@ -9,6 +9,7 @@ import torch
 from torch.export import Dim
 
 from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing.constraints.constraints import ConstraintViolationError
 from yobx.torch.tracing.errors import SpecializationError
 
 from ._helpers import assert_same, check_trace, trace_module
@@ -345,6 +346,36 @@ def test_a_list_repeated_by_a_size_stays_symbolic():
         other_inputs=[{"x": torch.randn(5, 3)}, {"x": torch.randn(1, 3)}],
     )
     assert tracer.constraints == [] and tracer.versions == []
+
+
+class RepeatedListsIndexedAndCompared(torch.nn.Module):
+    """An item of a list repeated by a size taken by a constant index, and the list
+    compared with one written out: ``[0] * n == [0, 0]`` is ``n == 2``."""
+
+    def forward(self, x):
+        scales = [2.0, 3.0] * x.shape[0]
+        flags = [0] * x.shape[0]
+        y = x * scales[0] + scales[-1]
+        if flags == [0, 0]:
+            y = y * 10
+        if flags != [0]:
+            y = y - 1
+        return y + (flags == [1, 1]) + (flags == (0, 0))
+
+
+def test_a_list_repeated_by_a_size_indexed_and_compared_stays_symbolic():
+    model = RepeatedListsIndexedAndCompared()
+    sizes = (3, 1, 2, 5)
+    tracer, _, gm = check_trace(
+        model,
+        {"x": torch.randn(3, 4)},
+        {"x": {0: "n"}},
+        other_inputs=[{"x": torch.randn(n, 4)} for n in sizes],
+    )
+    # eager raises an IndexError at n == 0: the capture checks that the item exists
+    assert [c.expression for c in tracer.constraints] == ["n >= 1"], tracer.constraints
+    with pytest.raises(ConstraintViolationError, match="n >= 1"):
+        gm(torch.randn(0, 4))
 
 
 class RepeatedListsUsedAsLists(torch.nn.Module):

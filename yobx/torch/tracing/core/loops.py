@@ -296,8 +296,11 @@ class SymbolicRepeat(SymbolicRange):
 
     ``torch.tensor`` of it is the items' tensor repeated ``n`` times (Chroma's
     ``torch.tensor([0] * batch_size)``); ``len()`` of it in the traced code is
-    symbolic. Anything else (iterating, indexing, writing) makes the list for real:
-    ``n`` is then fixed to the example's, as for the builtin.
+    symbolic; so are an item taken by a constant index (``l[0]``, ``l[-1]``: the capture
+    adopts that it exists, as eager raises an IndexError where it does not) and an
+    equality with a list or tuple written out (``[0] * n == [0, 0]`` is ``n == 2``).
+    Anything else (iterating, slicing, writing) makes the list for real: ``n`` is then
+    fixed to the example's, as for the builtin.
     """
 
     def __init__(self, tracer: Any, items: list | tuple, count: Any):
@@ -336,8 +339,35 @@ class SymbolicRepeat(SymbolicRange):
 
     __rmul__ = __mul__
 
-    def __eq__(self, other: Any) -> bool:
-        return self._real() == other
+    def __getitem__(self, item: Any) -> Any:
+        if self._list is not None or type(item) is not int:
+            return self._real()[item]
+        # the item exists where the list is longer than the index (eager raises an
+        # IndexError elsewhere): a decision on the size, not its example value
+        length = self.length()
+        torch._check(length > item if item >= 0 else length >= -item)
+        return self.items[item % len(self.items)]
+
+    def __eq__(self, other: Any) -> Any:
+        settled = self._compared(other)
+        return self._real() == other if settled is None else settled
+
+    def __ne__(self, other: Any) -> Any:
+        settled = self._compared(other)
+        return self._real() != other if settled is None else not settled
+
+    def _compared(self, other: Any) -> Any:
+        """``self == other`` for a list or tuple written out, without making the list:
+        False where ``other`` is not the items repeated (at any size), else the
+        comparison of the count with its number of repeats. None for anything else."""
+        if self._list is not None or type(other) not in (list, tuple):
+            return None
+        if type(other) is not type(self.items):
+            return False
+        repeats, rest = divmod(len(other), len(self.items))
+        if rest or list(other) != list(self.items) * repeats:
+            return False
+        return self.count == repeats
 
     __hash__ = None  # type: ignore[assignment]
 
