@@ -10,6 +10,8 @@ import torch
 
 from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
 from unittests.torch.tracing.test_tracing_loops import Cell, FromOne, Recurrence, Writes
+from yobx.torch.onnx import to_onnx
+from yobx.torch.onnx.errors import OnnxExportError
 
 
 def _op_types(model_proto) -> list[str]:
@@ -51,6 +53,46 @@ def test_a_scan_of_zero_steps_runs_in_onnxruntime():
     for dim in (7, 2, 1):
         y = torch.randn(4, 3, dim)
         for e, got in zip(model(y), _run(result, y=y)):
+            np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
+
+
+class WriteIntoTheLoopState(torch.nn.Module):
+    """Writes into the states a loop carries out, one through a view (fuzz_onnx seed
+    10084): each state is new storage the body computes (a clone for zero steps), never
+    an input's."""
+
+    def forward(self, x):
+        state = x[:1] * 0
+        decayed = x[0] * 1
+        for i in range(x.shape[0]):
+            state = state + x[i]
+            decayed = decayed * 0.5 + x[i]
+        state[:, ::2].mul_(2)
+        decayed.add_(1)
+        return state + 1, decayed, x
+
+
+class WriteIntoALoopStartedFromAView(torch.nn.Module):
+    """A loop whose state starts as a view of ``x``: where the loop runs no step, the
+    write after it reaches ``x``."""
+
+    def forward(self, x, y):
+        state = x[:1]
+        for i in range(y.shape[0]):
+            state = state * 0.5 + y[i]
+        state.add_(1)
+        return state * 1, x * 1
+
+
+def test_a_write_into_the_state_of_a_loop_is_exported():
+    # the scan's outputs may have aliased its inputs for the passes, which refused the
+    # write ("may share storage with input 'x'")
+    model = WriteIntoTheLoopState()
+    result = export_and_validate(model, (torch.randn(3, 4),), dynamic_shapes=({0: "n"},))
+    assert "Scan" in _op_types(result.model_proto)
+    for n in (3, 1, 2, 6):
+        x = torch.randn(n, 4)
+        for e, got in zip(model(x.clone()), _run(result, x=x)):
             np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
 
 
@@ -121,3 +163,14 @@ def test_mamba_slow_path_has_a_dynamic_sequence():
             expected = model(input_ids=ids, use_cache=False).last_hidden_state
         got = _run(result, input_ids=ids)[0]
         np.testing.assert_allclose(expected.numpy(), got, atol=1e-4, rtol=1e-4)
+
+
+def test_a_write_into_a_loop_state_that_may_view_an_input_is_refused():
+    # for zero steps the state is `x[:1]` itself: a write into it changes `x`, which
+    # a functional graph cannot show, so the export refuses instead of dropping it
+    with pytest.raises(OnnxExportError, match="may share storage with input 'x'"):
+        to_onnx(
+            WriteIntoALoopStartedFromAView(),
+            (torch.randn(3, 4), torch.randn(3, 4)),
+            dynamic_shapes=({}, {0: "n"}),
+        )

@@ -147,6 +147,30 @@ def test_a_scan_of_zero_steps_gives_its_states_back():
         assert_same(model(y), gm(y))
 
 
+class WriteAfterNoStep(torch.nn.Module):
+    """A loop whose state starts as a view of ``x``, written after the loop."""
+
+    def forward(self, x, y):
+        state = x[:1]
+        for i in range(y.shape[0]):
+            state = state * 0.5 + y[i]
+        state.add_(1)
+        return state * 1, x * 1
+
+
+def test_a_scan_of_zero_steps_gives_its_states_themselves():
+    # for zero steps the state is `x[:1]` itself, as in eager: the write reaches `x`
+    # (the scan gave a copy: x was left unchanged)
+    model = WriteAfterNoStep()
+    example = {"x": torch.randn(3, 4), "y": torch.randn(3, 4)}
+    _, _, gm = trace_module(model, example, {"x": {}, "y": {0: "n"}})
+    for n in (3, 1, 0):
+        x, y = torch.randn(3, 4), torch.randn(n, 4)
+        written = x.clone()
+        assert_same(model(x, y), gm(written, y))
+        assert_same(x, written)
+
+
 def test_cell_with_submodule_and_unbind():
     _check(Cell())
 
@@ -180,6 +204,15 @@ def _counter(x):
     for i in range(x.shape[1]):
         h, n = h + x[:, i], n + 1
     return h / n
+
+
+def _exchanged(x):
+    # nothing the steps record reads `a` or `b`: the exchange is Python's alone, which
+    # the scan (repeating what the steps record) did not repeat, wrong at even lengths
+    a, b = x[:, 0] * 1, x[:, 0] * 2
+    for _ in range(x.shape[1]):
+        a, b = b, a
+    return a - b
 
 
 def _last(x):
@@ -250,6 +283,7 @@ class _Fn(torch.nn.Module):
     ("model", "reason"),
     [
         (_Fn(_counter), "the Python value of `n` changes from one step to the next"),
+        (_Fn(_exchanged), "`a`, `b` take a tensor from one step to the next"),
         (_Fn(_last), "is used after it"),
         (_Fn(_first_step), "a decision on"),
         (_Fn(_early_exit), "a decision on"),

@@ -62,6 +62,7 @@ from ._targets import (
     VIEW_ATTRIBUTES,
     aten_returns_fresh,
     example_value,
+    fetch_attr,
     is_tensor,
     module_of,
     tensor_type_kind,
@@ -243,6 +244,8 @@ def _classify_getitem(node: Node, known: Mapping[Node, Alias] | None) -> Alias:
         if plan.advanced:
             return FRESH_ALIAS
         return Alias(VIEW, container, scatter_getitem, (node,))
+    if getattr(container.target, "_name", None) == "yobx_scan":
+        return _scan_output(node, container, index)
     outer = known.get(container) if known is not None else None
     if outer is None:
         outer = classify(container, known)
@@ -433,6 +436,69 @@ def _classify(node: Node, known: Mapping[Node, Alias] | None, form: Any) -> Alia
     if name is None:
         return MAY_ALIAS_ALIAS
     return _classify_by_name(node, name)
+
+
+def _scan_output(node: Node, scan: Node, index: Any) -> Alias:
+    """An output of a scan of the tracer (``yobx_scan``: body, carries, stacked inputs,
+    constants): its final carries, then the stacked outputs of its steps.
+
+    A stacked output is always new. A final carry is what the body's last step returns,
+    new where the body computes it into storage of its own; for zero steps it is the
+    initial carry itself: new too where that is a new tensor no one else reads.
+    Anything else may alias the scan's inputs.
+    """
+    init = scan.args[1] if len(scan.args) > 1 else None
+    if type(index) is not int or not isinstance(init, (list, tuple)) or index < 0:
+        return MAY_ALIAS_ALIAS
+    if index >= len(init):
+        return FRESH_ALIAS
+    results = _scan_body_results(scan)
+    if results is None or len(results) < len(init):
+        return MAY_ALIAS_ALIAS
+    roots = [_own_root(r) for r in results[: len(init)]]
+    # two carries of one storage would be one tensor after the scan too
+    if roots[index] is None or roots.count(roots[index]) > 1:
+        return MAY_ALIAS_ALIAS
+    first = init[index]
+    if (
+        not isinstance(first, Node)
+        or len(first.users) != 1
+        or _own_root(first) is not first
+        or sum(a is first for a in init) != 1
+    ):
+        return MAY_ALIAS_ALIAS
+    return FRESH_ALIAS
+
+
+def _scan_body_results(scan: Node) -> list | None:
+    """What the body of ``scan`` returns, as nodes of its own graph."""
+    owner = scan.graph.owning_module
+    body_node = scan.args[0] if scan.args else None
+    if owner is None or not isinstance(body_node, Node) or body_node.op != "get_attr":
+        return None
+    try:
+        graph = getattr(fetch_attr(owner, body_node), "graph", None)
+    except AttributeError:
+        return None
+    if not isinstance(graph, torch.fx.Graph):
+        return None
+    output = graph.find_nodes(op="output")[0]
+    results = output.args[0]
+    return list(results) if isinstance(results, (list, tuple)) else [results]
+
+
+def _own_root(node: Any) -> Node | None:
+    """The node whose new storage ``node`` looks into, None when that storage may be
+    an input's (a placeholder or an attribute of the graph, or unknown)."""
+    while isinstance(node, Node):
+        alias = classify(node)
+        if alias.kind == VIEW and alias.base is not None:
+            node = alias.base
+            continue
+        if alias.kind == FRESH and node.op not in ("placeholder", "get_attr"):
+            return node
+        return None
+    return None
 
 
 def _holds_no_tensor(node: Node) -> bool:

@@ -60,7 +60,8 @@ class ScanCCOp(_GraphOperator):
     ``torch.ops.higher_order.yobx_scan``. Calling it runs
     ``torch.ops.higher_order.scan`` and returns the final carries followed by the
     stacked per-step outputs (for zero steps, which torch's scan refuses: the carries
-    as they came in and empty stacks). Every ``ScanCCOp()`` is the same operator.
+    as they came in, the same tensors as in the user's loop, and empty stacks). Every
+    ``ScanCCOp()`` is the same operator.
     """
 
     _registered_name = "yobx_scan"
@@ -75,7 +76,9 @@ class ScanCCOp(_GraphOperator):
 def _no_step(combine_fn, init: list, xs: list, additional_inputs: list) -> list:
     """A scan of zero steps (a loop over ``range(1, n)`` at ``n = 1``), which torch's
     scan refuses (it reads the first step to know the outputs): the carries as they
-    came in and empty stacked outputs, whose shapes a step on zeros gives."""
+    came in and empty stacked outputs, whose shapes a step on zeros gives. The carries
+    are the tensors themselves, as after a loop that runs no step: a write into one
+    reaches what it views (a loop starting from ``x[:1]``)."""
     steps = [x.new_zeros(x.shape[1:]) for x in xs]
     outputs = list(combine_fn(*init, *steps, *additional_inputs))[len(init) :]
-    return [*(c.clone() for c in init), *(y.new_empty((0, *y.shape)) for y in outputs)]
+    return [*init, *(y.new_empty((0, *y.shape)) for y in outputs)]

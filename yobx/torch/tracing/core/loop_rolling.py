@@ -175,12 +175,9 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
             f"the example runs it {count} time{'' if count == 1 else 's'}; at least 2 steps "
             f"are needed to check that each step computes the same thing"
         )
-    changed = sorted(
-        {n for a, b in zip(region.frames, region.frames[1:]) for n in changed_locals(a, b)}
-    )
+    changed = _changed_locals(region, proxies=False)
     if changed:
-        names = ", ".join(f"`{n}`" for n in changed)
-        return f"the Python value of {names} changes from one step to the next"
+        return f"the Python value of {changed} changes from one step to the next"
     steps = [_compared(nodes, region.graph) for nodes in region.steps]
     operands = _Operands(steps, region.index_nodes)
     try:
@@ -199,6 +196,13 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
             if not same:
                 node = steps[k][position]
                 return f"steps {k - 1} and {k} differ at `{node.name}` ({_where(node)})"
+    changed = _changed_locals(region, proxies=True)
+    if changed:
+        verb = "takes" if ", " not in changed else "take"
+        return (
+            f"{changed} {verb} a tensor from one step to the next that the step does not "
+            f"compute (values exchanged in Python)"
+        )
     for position, init in carries.items():
         if not isinstance(init.meta.get("val"), torch.Tensor):
             return f"it carries `{init.name}`, which is not a tensor, from one step to the next"
@@ -220,6 +224,16 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
         elif _writes_in_place(node):
             return f"`{node.name}` writes in place ({_where(node)})"
     return plan
+
+
+def _changed_locals(region: LoopRegion, proxies: bool) -> str:
+    """The names of the loop's frame whose value changes between steps (see
+    :func:`~.loops.changed_locals`), quoted, or an empty string."""
+    changed = set()
+    for k in range(1, len(region.frames)):
+        recorded = {*region.steps[k], region.index_nodes[k]} if proxies else None
+        changed.update(changed_locals(region.frames[k - 1], region.frames[k], recorded))
+    return ", ".join(f"`{n}`" for n in sorted(changed))
 
 
 def _flat(operand: Any) -> list:

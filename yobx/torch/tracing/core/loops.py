@@ -476,23 +476,41 @@ def iterated_at_once(frame: FrameType | None) -> bool:
 
 def frame_tokens(frame: FrameType | None) -> dict[str, Any]:
     """What of the frame's locals must not change from one step to the next: Python
-    values (numbers, strings...) and the identity of other objects; a proxy may change
-    (each step computes new ones) and so may the proxies a list or tuple holds."""
+    values (numbers, strings...) and the identity of other objects. A proxy may change
+    to one the step computes (:func:`changed_locals`), and the proxies a list holds
+    may change (a list of one value per step grows)."""
     if frame is None:
         return {}
     return {name: _token(value, 0) for name, value in frame.f_locals.items()}
+
+
+class _ProxyToken:
+    """A proxy in a frame's tokens: equal to another for the same node."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Any):
+        self.node = node
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _ProxyToken) and other.node is self.node
+
+    def __hash__(self) -> int:
+        return id(self.node)
 
 
 def _token(value: Any, depth: int) -> Any:
     from torch.fx.proxy import Proxy
 
     if isinstance(value, Proxy):
-        return "proxy"
+        return _ProxyToken(value.node)
     if isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
         return (type(value), value)
-    if depth < 3 and isinstance(value, (list, tuple)):
+    if depth < 3 and isinstance(value, tuple):
+        return (tuple, None, tuple(_token(v, depth + 1) for v in value))
+    if depth < 3 and isinstance(value, list):
         kept = tuple(_token(v, depth + 1) for v in value if not isinstance(v, Proxy))
-        return (type(value), id(value) if isinstance(value, list) else None, kept)
+        return (list, id(value), kept)
     if depth < 3 and isinstance(value, dict):
         kept = tuple(
             (repr(k), _token(v, depth + 1)) for k, v in value.items() if not isinstance(v, Proxy)
@@ -501,9 +519,25 @@ def _token(value: Any, depth: int) -> Any:
     return ("object", id(value))
 
 
-def changed_locals(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Names whose Python value changed from one step to the next."""
-    return sorted(n for n, t in after.items() if n in before and before[n] != t)
+def changed_locals(
+    before: dict[str, Any], after: dict[str, Any], recorded: set | None = None
+) -> list[str]:
+    """Names whose Python value changed from one step to the next, a step recording the
+    nodes ``recorded``. A proxy may change to a node of the step only: one computed
+    before (``a, b = b, a``: values exchanged, nothing recorded) would move between
+    names in Python, unseen by the scan, which repeats what the steps record. Without
+    ``recorded``, proxies are not compared."""
+    return sorted(n for n, t in after.items() if n in before and not _same(before[n], t, recorded))
+
+
+def _same(before: Any, after: Any, recorded: set | None) -> bool:
+    if isinstance(after, _ProxyToken):
+        return isinstance(before, _ProxyToken) and (
+            recorded is None or after.node is before.node or after.node in recorded
+        )
+    if type(before) is tuple and type(after) is tuple and len(before) == len(after):
+        return all(_same(b, a, recorded) for b, a in zip(before, after))
+    return before == after
 
 
 def loop_symbol(dims: Any, region: LoopRegion, step: int) -> torch.SymInt:
