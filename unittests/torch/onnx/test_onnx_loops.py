@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
-from unittests.torch.tracing.test_tracing_loops import Cell, FromOne, Recurrence, Writes
+from unittests.torch.tracing.test_tracing_loops import (
+    Cell,
+    FromOne,
+    ReadsNoSlice,
+    Recurrence,
+    Writes,
+)
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.errors import OnnxExportError
 
@@ -174,3 +180,34 @@ def test_a_write_into_a_loop_state_that_may_view_an_input_is_refused():
             (torch.randn(3, 4), torch.randn(3, 4)),
             dynamic_shapes=({}, {0: "n"}),
         )
+
+
+class ZeroStepsInAVersion(torch.nn.Module):
+    """A loop over ``range(1, n)`` inside one of the capture's versions (its first
+    state is empty at ``n = 0``): no step at ``n = 1``."""
+
+    def forward(self, x):
+        state = x[:1].sum(0) * 0
+        for i in range(1, x.shape[0]):
+            state = torch.tanh(state + x[i] * -1.0)
+        return state
+
+
+def test_a_scan_of_zero_steps_in_a_version_runs_in_onnxruntime():
+    # the version's branch is a local function until the optimizer inlines it: the
+    # guard against onnxruntime's empty scans did not look there, and the model
+    # failed at n = 1 ("dim0_offset < dim0_size was false")
+    model = ZeroStepsInAVersion()
+    result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
+    for n in (4, 2, 1, 0):
+        x = torch.randn(n, 3)
+        np.testing.assert_allclose(model(x).numpy(), _run(result, x=x)[0], atol=1e-5)
+
+
+def test_a_loop_reading_no_slice_is_a_scan_of_its_steps():
+    model = ReadsNoSlice()
+    result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
+    assert "Scan" in _op_types(result.model_proto)
+    for n in (4, 1, 2, 7):
+        x = torch.randn(n, 3)
+        np.testing.assert_allclose(model(x).numpy(), _run(result, x=x)[0], atol=1e-5)

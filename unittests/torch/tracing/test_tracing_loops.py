@@ -171,6 +171,27 @@ def test_a_scan_of_zero_steps_gives_its_states_themselves():
         assert_same(x, written)
 
 
+class ReadsNoSlice(torch.nn.Module):
+    """A loop whose steps read no slice of a tensor: only its carried states."""
+
+    def forward(self, x):
+        state, decay = x[0] * 1, x[0] * 0 + 0.5
+        for _ in range(1, x.shape[0]):
+            state = state * decay + 1
+        return state
+
+
+def test_a_loop_reading_no_slice_runs_its_number_of_steps():
+    # the scan took its number of steps from the slices it reads: with none, torch's
+    # scan ran no step and returned its states as they came in, at every length
+    model = ReadsNoSlice()
+    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    assert _scans(graph) == 1
+    for n in (4, 1, 2, 7):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
+
+
 def test_cell_with_submodule_and_unbind():
     _check(Cell())
 

@@ -25,13 +25,16 @@ from yobx.torch.onnx.ort_fusions import graphs_within
 
 
 def guard_empty_scans(model: ir.Model) -> int:
-    """Rewrites every ``Scan`` of the model and of its subgraphs as the module's
-    documentation says; returns how many. A scan whose inputs do not run along their
-    first axis forward, or whose first input's element type is unknown, is left as it
-    is."""
+    """Rewrites every ``Scan`` of the model, of its local functions (a version's
+    branch is one until the optimizer inlines it) and of their subgraphs as the
+    module's documentation says; returns how many. A scan whose inputs do not run along
+    their first axis forward, or whose first input's element type is unknown, is left
+    as it is."""
+    roots = [model.graph, *(function.graph for function in model.functions.values())]
     scans = [
         (graph, node)
-        for graph in graphs_within(model.graph)
+        for root in roots
+        for graph in graphs_within(root)
         for node in graph
         if node.op_type == "Scan" and node.domain in ("", "ai.onnx")
     ]

@@ -421,6 +421,12 @@ class _BodyBuilder:
             with fake_mode:
                 ph.meta["val"] = source.meta["val"].select(axis, 0).contiguous()
             self.slices[(source, axis)] = ph
+        if not self.sources:
+            # a scan runs as many steps as what it scans is long: a loop that reads no
+            # slice scans its steps' numbers (see _Emitter.steps), which the body ignores
+            ph = graph.placeholder("step")
+            with fake_mode:
+                ph.meta["val"] = torch.empty((), dtype=torch.int64)
         self.lifted = {}
         for j, outer in enumerate(self.additional):
             ph = graph.placeholder(f"in_{j}")
@@ -486,6 +492,8 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     assert region.last is not None, "a closed region has a last node"
     with graph.inserting_before(region.last.next):
         xs = [emitter.scanned(source, axis) for source, axis in builder.sources]
+        if not xs:
+            xs = [emitter.steps()]
         body_node = tracer.register_callable(f"loop{region.number}_body", body)
         inits = [plan.carries[p] for p in builder.carry_order]
         per_step = [builder.nodes[p].meta["val"] for p in positions]
@@ -542,6 +550,11 @@ class _Emitter:
         if region.reverse:
             moved = self.node(torch.flip, (moved, [0]))
         return moved
+
+    def steps(self) -> Node:
+        """``torch.arange(length)``: what a scan of a loop reading no slice scans, so
+        that it runs the loop's number of steps."""
+        return self.node(torch.arange, (self.length,))
 
     def scan(self, args: tuple, carried: list, per_step: list) -> list[Node]:
         """The scan node and one ``getitem`` per output."""
