@@ -171,6 +171,31 @@ def test_a_scan_of_zero_steps_gives_its_states_themselves():
         assert_same(x, written)
 
 
+class SlicesOfInvariants(torch.nn.Module):
+    """Steps selecting their slice from a tensor each step computes the same way from
+    values before the loop: ``x[:, 0][i]``, ``x.transpose(0, 1)[:, i]``."""
+
+    def forward(self, x):
+        total, h = x[:1].sum(0) * 0, x[0] * 0
+        for i in range(x.shape[0] - 1):
+            total = total + x[:, 0][i]
+            h = torch.tanh(h + x.transpose(0, 1)[:, i] * 0.5)
+        return total, h
+
+
+def test_slices_of_loop_invariants_are_scanned():
+    # the selection's source was computed in the loop: the loop was unrolled (refused
+    # for a dynamic dimension); it is computed once before the scan now
+    model = SlicesOfInvariants()
+    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    assert _scans(graph) == 1
+    (scan,) = [n for n in graph.nodes if isinstance(n.target, ScanCCOp)]
+    assert scan.args[3] == [], "the body computes nothing it does not need"
+    for n in (4, 1, 2, 7):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
+
+
 class ReadsNoSlice(torch.nn.Module):
     """A loop whose steps read no slice of a tensor: only its carried states."""
 
@@ -308,7 +333,7 @@ class _Fn(torch.nn.Module):
         (_Fn(_last), "is used after it"),
         (_Fn(_first_step), "a decision on"),
         (_Fn(_early_exit), "a decision on"),
-        (_Fn(_reversed_index), "the index selects from"),
+        (_Fn(_reversed_index), "the index is used by"),
         (_Fn(_two_steps_back), "2 steps back"),
         (_Fn(_read_while_written), "also read while the loop writes it"),
         (_Counts(), "it assigns `_Counts.calls`"),

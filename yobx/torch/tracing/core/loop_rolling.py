@@ -262,7 +262,9 @@ def _selection(node: Node, index: Node, operands: _Operands) -> tuple | str:
     if kwargs or not args or not isinstance(args[0], Node):
         return why
     source = args[0]
-    if operands.where.get(source) is not None or source in operands.index_of:
+    if source in operands.index_of or (
+        operands.where.get(source) is not None and not _invariant(source, operands)
+    ):
         return f"the index selects from `{source.name}`, computed in the loop ({_where(node)})"
     val = source.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dim() == 0:
@@ -280,6 +282,42 @@ def _selection(node: Node, index: Node, operands: _Operands) -> tuple | str:
     ):
         return source, args[1] % val.dim(), "narrow"
     return why
+
+
+def _invariant(node: Node, operands: _Operands) -> bool:
+    """Whether a node of a step computes the same value at every step: made from values
+    from before the loop only (``x[:, 0]`` in ``x[:, 0][i]``), nothing written; the
+    scan reads it computed once before the loop (:func:`_hoisted`)."""
+    step = operands.where[node][0]
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if _writes_in_place(current) or current.op not in ("call_function", "call_method"):
+            return False
+        for value in current.all_input_nodes:
+            if value in operands.index_of:
+                return False
+            where = operands.where.get(value)
+            if where is not None and where[0] != step:
+                return False
+            if where is not None:
+                pending.append(value)
+    return True
+
+
+def _hoisted(graph: torch.fx.Graph, node: Node, operands: _Operands, copies: dict) -> Node:
+    """The copy, in ``graph`` at the insertion point, of an invariant node of a step
+    (see :func:`_invariant`) and of the nodes of the step it reads."""
+    if operands.where.get(node) is None:
+        return node
+    if node not in copies:
+        copy = graph.node_copy(node, lambda n: _hoisted(graph, n, operands, copies))
+        copy.meta.update(node.meta)
+        copies[node] = copy
+    return copies[node]
 
 
 def _item_selection(item: Any, source: Node, index: Node, ndim: int) -> tuple | None:
@@ -385,11 +423,27 @@ class _BodyBuilder:
             if (source, axis) not in self.sources:
                 self.sources.append((source, axis))
         self.additional: list[Node] = []
+        #: positions of the nodes only hoisted sources of selections need (computed
+        #: once before the scan: the body does without them)
+        self.hoisted: set[int] = set()
+        for position in reversed(range(len(self.nodes))):
+            users = self.nodes[position].users
+            if (
+                position not in plan.carries
+                and users
+                and all(
+                    self.local.get(u) in plan.selections or self.local.get(u) in self.hoisted
+                    for u in users
+                )
+            ):
+                self.hoisted.add(position)
 
     def collect(self) -> None:
         """First pass: the values from before the loop the body reads."""
         for position, node in enumerate(self.nodes):
             if position in self.plan.selections or position in self.plan.writes:
+                continue
+            if position in self.hoisted:
                 continue
             map_arg((node.args, node.kwargs), self._collect)
 
@@ -433,7 +487,7 @@ class _BodyBuilder:
             ph.meta["val"] = outer.meta.get("val")
             self.lifted[outer] = ph
         for position, node in enumerate(self.nodes):
-            if position not in self.plan.writes:
+            if position not in self.plan.writes and position not in self.hoisted:
                 self.env[node] = self._copy(position, node)
         results = [self.env[self.nodes[p]] for p in self.carry_order]
         results += [self.env[self.nodes[p]] for p in outputs]
@@ -491,7 +545,12 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     emitter = _Emitter(tracer, region)
     assert region.last is not None, "a closed region has a last node"
     with graph.inserting_before(region.last.next):
-        xs = [emitter.scanned(source, axis) for source, axis in builder.sources]
+        copies: dict[Node, Node] = {}
+        operands = _Operands(plan.steps, region.index_nodes)
+        xs = [
+            emitter.scanned(_hoisted(graph, source, operands, copies), axis)
+            for source, axis in builder.sources
+        ]
         if not xs:
             xs = [emitter.steps()]
         body_node = tracer.register_callable(f"loop{region.number}_body", body)
