@@ -14,6 +14,7 @@ from unittests.torch.tracing.test_tracing_loops import (
     FromOne,
     ReadsNoSlice,
     Recurrence,
+    SetByTheFirstStep,
     SlicesOfInvariants,
     Writes,
 )
@@ -22,9 +23,16 @@ from yobx.torch.onnx.errors import OnnxExportError
 
 
 def _op_types(model_proto) -> list[str]:
-    types = [n.op_type for n in model_proto.graph.node]
-    for function in model_proto.functions:
-        types.extend(n.op_type for n in function.node)
+    """The operator types of the model, its functions and their subgraphs (a version's
+    branch)."""
+    nodes = [*model_proto.graph.node, *(n for f in model_proto.functions for n in f.node)]
+    types = []
+    while nodes:
+        node = nodes.pop()
+        types.append(node.op_type)
+        for attribute in node.attribute:
+            nodes.extend(attribute.g.node)
+            nodes.extend(n for g in attribute.graphs for n in g.node)
     return types
 
 
@@ -208,7 +216,7 @@ def test_a_scan_of_zero_steps_in_a_version_runs_in_onnxruntime():
             np.testing.assert_allclose(e.numpy(), got, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", [ReadsNoSlice, SlicesOfInvariants])
+@pytest.mark.parametrize("model", [ReadsNoSlice, SlicesOfInvariants, SetByTheFirstStep])
 def test_a_loop_reading_no_slice_or_slices_of_invariants_is_a_scan(model):
     model = model()
     result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))

@@ -171,6 +171,33 @@ def test_a_scan_of_zero_steps_gives_its_states_themselves():
         assert_same(x, written)
 
 
+class SetByTheFirstStep(torch.nn.Module):
+    """Names the steps set to a tensor from before the loop (``prev = other``) or to a
+    Python value (``seen = True``): where the loop runs no step, they keep their value
+    from before it."""
+
+    def forward(self, x):
+        state, other = x[:1][0], x[0] * -1.0
+        prev, seen = state, False
+        for i in range(1, x.shape[0]):
+            state = torch.tanh(state + x[i] * -1.0)
+            prev = other
+            seen = True
+        return state, prev, state * 0 + seen
+
+
+def test_names_set_by_the_first_step_keep_their_value_without_steps():
+    # the scan made `prev` the tensor the steps set at every length: at n = 1 (no
+    # step) eager's is `state`, and the graph's was wrong; the capture decides now that
+    # the loop runs, and a version captures n = 1
+    model = SetByTheFirstStep()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    assert [str(v.conditions[0].expression) for v in tracer.versions] == ["n >= 2", "n < 2"]
+    for n in (4, 1, 2, 6):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
+
+
 class SlicesOfInvariants(torch.nn.Module):
     """Steps selecting their slice from a tensor each step computes the same way from
     values before the loop: ``x[:, 0][i]``, ``x.transpose(0, 1)[:, i]``."""

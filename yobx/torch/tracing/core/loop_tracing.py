@@ -20,6 +20,7 @@ from .loops import (
     SymbolicPieces,
     SymbolicRange,
     SymbolicRepeat,
+    changed_locals,
     frame_tokens,
     iterated_at_once,
     loop_index,
@@ -117,9 +118,9 @@ class LoopsMixin(MixinBase):
         kwargs = {**kwargs, "tensors": real} if "tensors" in kwargs else kwargs
         return self.create_proxy("call_function", target, args, kwargs)
 
-    def loop_begin(self, symbolic_range: SymbolicRange, reverse: bool) -> LoopRegion:
+    def loop_begin(self, symbolic_range: SymbolicRange, reverse: bool, frame=None) -> LoopRegion:
         """Opens the region of a loop over ``symbolic_range`` (``reversed()`` of it when
-        ``reverse``)."""
+        ``reverse``) in the user's ``frame``."""
         length = symbolic_range.length()
         count = max(0, int(self.trace_dims().hint(length.node.meta["val"])))
         region = LoopRegion(
@@ -131,6 +132,7 @@ class LoopsMixin(MixinBase):
             length=length,
             count=count,
             reverse=reverse,
+            before=frame_tokens(frame),
         )
         self.state.loops.append(region)
         self.state.active_loop = region
@@ -141,6 +143,8 @@ class LoopsMixin(MixinBase):
         step = len(region.index_nodes)
         if step > 0:
             region.frames.append(frame_tokens(frame))
+        if step == 1:
+            self._decide_the_loop_runs(region)
         if step >= region.count:
             self.state.active_loop = None
             self._loop_close(region)
@@ -155,6 +159,20 @@ class LoopsMixin(MixinBase):
         region.index_nodes.append(node)
         region.steps.append([])
         return self.proxy(node)
+
+    def _decide_the_loop_runs(self, region: LoopRegion) -> None:
+        """After the first step: names it gives a value the scan does not compute (a
+        tensor from before the loop, a Python value: ``prev = s``, ``seen = True``)
+        keep their value from before the loop where it runs no step. The capture then
+        decides that it runs (a version for the sizes where it does not)."""
+        if region.before is None:
+            return
+        recorded = {*region.steps[0], region.index_nodes[0]}
+        names = changed_locals(region.before, region.frames[0], recorded)
+        if names:
+            quoted = ", ".join(f"`{n}`" for n in names)
+            runs = region.length.node.meta["val"] >= 1
+            self.decide(runs, f"the loop runs (its first step sets {quoted})")
 
     def record_in_loop(self, node: Node) -> None:
         """Called for every node created: keeps the nodes of the step being run."""

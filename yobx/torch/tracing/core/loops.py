@@ -90,6 +90,8 @@ class LoopRegion:
     unrolled: bool = False
     #: ``reversed(range(...))``: the steps run from the last index down
     reverse: bool = False
+    #: the Python locals of the loop's frame before its first step, as comparable tokens
+    before: dict | None = None
 
     def index_value(self, step: int) -> int:
         """The index of ``step`` on the example."""
@@ -428,7 +430,7 @@ class _LoopIterator:
         tracer = self.range.tracer
         frame = sys._getframe(1)
         if self.region is None:
-            self.region = tracer.loop_begin(self.range, self.reverse)
+            self.region = tracer.loop_begin(self.range, self.reverse, frame)
         return self.range.item(tracer.loop_next(self.region, frame))
 
 
