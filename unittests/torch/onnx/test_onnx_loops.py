@@ -17,6 +17,7 @@ from unittests.torch.tracing.test_tracing_loops import (
     SetByTheFirstStep,
     SlicesOfInvariants,
     Writes,
+    WritesIntoItsOwn,
 )
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.errors import OnnxExportError
@@ -216,8 +217,10 @@ def test_a_scan_of_zero_steps_in_a_version_runs_in_onnxruntime():
             np.testing.assert_allclose(e.numpy(), got, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", [ReadsNoSlice, SlicesOfInvariants, SetByTheFirstStep])
-def test_a_loop_reading_no_slice_or_slices_of_invariants_is_a_scan(model):
+@pytest.mark.parametrize(
+    "model", [ReadsNoSlice, SlicesOfInvariants, SetByTheFirstStep, WritesIntoItsOwn]
+)
+def test_loops_of_other_forms_are_scans(model):
     model = model()
     result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
     assert "Scan" in _op_types(result.model_proto)

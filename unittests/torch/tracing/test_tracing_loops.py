@@ -223,6 +223,32 @@ def test_slices_of_loop_invariants_are_scanned():
         assert_same(model(x), gm(x))
 
 
+class WritesIntoItsOwn(torch.nn.Module):
+    """Steps writing in place into new tensors they make: a clone of the state, written
+    through ``setitem`` and ``mul_``, read before and after the writes."""
+
+    def forward(self, x):
+        state = x[0] * 0
+        for i in range(x.shape[0]):
+            fresh = state.clone()
+            before = fresh * 2
+            fresh[::2] = x[i, ::2]
+            fresh.mul_(0.5)
+            state = fresh + before + x[i]
+        return state
+
+
+def test_writes_into_a_new_tensor_of_the_step_are_scanned():
+    # an in-place write in a step made the loop unrolled (refused for a dynamic
+    # dimension): one into a tensor the step makes is seen by nothing else
+    model = WritesIntoItsOwn()
+    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    assert _scans(graph) == 1
+    for n in (4, 1, 2, 7):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
+
+
 class ReadsNoSlice(torch.nn.Module):
     """A loop whose steps read no slice of a tensor: only its carried states."""
 

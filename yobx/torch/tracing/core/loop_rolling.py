@@ -221,9 +221,23 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
             if isinstance(selection, str):
                 return selection
             plan.selections[position] = selection
-        elif _writes_in_place(node):
+        elif _writes_in_place(node) and not _writes_into_its_own(node, operands):
             return f"`{node.name}` writes in place ({_where(node)})"
     return plan
+
+
+def _writes_into_its_own(node: Node, operands: _Operands) -> bool:
+    """Whether an in-place ``node`` writes into a new tensor its own step made
+    (``t = s.clone(); t[::2] = ...``): no other step nor anything before the loop sees
+    the write, the body repeats it."""
+    written = node.args[0] if node.args else None
+    where = operands.where.get(written) if isinstance(written, Node) else None
+    if where is None or where[0] != operands.where[node][0]:
+        return False
+    try:
+        return written.target in _FRESH
+    except TypeError:
+        return False
 
 
 def _changed_locals(region: LoopRegion, proxies: bool) -> str:
