@@ -18,6 +18,7 @@ from unittests.torch.tracing.test_tracing_loops import (
     SlicesOfInvariants,
     Writes,
     WritesIntoItsOwn,
+    WritesTheStateReceived,
 )
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.errors import OnnxExportError
@@ -218,7 +219,14 @@ def test_a_scan_of_zero_steps_in_a_version_runs_in_onnxruntime():
 
 
 @pytest.mark.parametrize(
-    "model", [ReadsNoSlice, SlicesOfInvariants, SetByTheFirstStep, WritesIntoItsOwn]
+    "model",
+    [
+        ReadsNoSlice,
+        SlicesOfInvariants,
+        SetByTheFirstStep,
+        WritesIntoItsOwn,
+        WritesTheStateReceived,
+    ],
 )
 def test_loops_of_other_forms_are_scans(model):
     model = model()

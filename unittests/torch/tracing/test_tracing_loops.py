@@ -249,6 +249,29 @@ def test_writes_into_a_new_tensor_of_the_step_are_scanned():
         assert_same(model(x), gm(x))
 
 
+class WritesTheStateReceived(torch.nn.Module):
+    """Each step writes the state it received before updating it (the states before
+    each step: an exclusive scan)."""
+
+    def forward(self, x):
+        state = x[0] * 0 + 1
+        before = torch.zeros_like(x)
+        for i in range(x.shape[0]):
+            before[i] = state
+            state = state * 0.5 + x[i]
+        return state, before
+
+
+def test_writing_the_state_received_is_scanned():
+    # the written value had to be computed by the step: the loop was unrolled
+    model = WritesTheStateReceived()
+    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    assert _scans(graph) == 1
+    for n in (4, 1, 2, 7):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
+
+
 class ReadsNoSlice(torch.nn.Module):
     """A loop whose steps read no slice of a tensor: only its carried states."""
 

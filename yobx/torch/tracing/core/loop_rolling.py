@@ -212,7 +212,7 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
     for position, node in enumerate(steps[1]):
         uses_index = ("index",) in _flat(signatures[1][position][2:4])
         if node.target is operator.setitem and uses_index:
-            write = _write(node, region, operands)
+            write = _write(node, region, operands, carries)
             if isinstance(write, str):
                 return write
             plan.writes[position] = write
@@ -364,9 +364,13 @@ _FRESH = {
 }  # fmt: skip
 
 
-def _write(node: Node, region: LoopRegion, operands: _Operands) -> tuple | str:
+def _write(
+    node: Node, region: LoopRegion, operands: _Operands, carries: dict[int, Node]
+) -> tuple | str:
     """(tensor, axis, item, value) for ``out[:, i] = value`` where ``out`` is a new
-    tensor made before the loop and only written by the loop's steps, else why not."""
+    tensor made before the loop and only written by the loop's steps, and ``value`` is
+    computed by the step or carried into it (``out[i] = h`` before ``h`` is updated),
+    else why not."""
     out, item, value = node.args
     why = f"`{node.name}` writes with the index ({_where(node)})"
     if not isinstance(out, Node) or operands.where.get(out) is not None:
@@ -380,7 +384,10 @@ def _write(node: Node, region: LoopRegion, operands: _Operands) -> tuple | str:
     writers = {n for nodes in region.steps for n in nodes if n.target is operator.setitem}
     if any(u not in writers for u in out.users):
         return f"{why} into `{out.name}`, which is also read while the loop writes it"
-    if not isinstance(value, Node) or operands.where.get(value, (None,))[0] != 1:
+    step, position = (
+        operands.where.get(value, (None, None)) if isinstance(value, Node) else (None, None)
+    )
+    if not (step == 1 or (step == 0 and position in carries)):
         return f"{why} a value not computed in the step"
     selection = _item_selection(item, out, region.index_nodes[1], out.meta["val"].dim())
     if selection is None:
@@ -505,7 +512,8 @@ class _BodyBuilder:
                 self.env[node] = self._copy(position, node)
         results = [self.env[self.nodes[p]] for p in self.carry_order]
         results += [self.env[self.nodes[p]] for p in outputs]
-        results += [self.env[n] for n in written]
+        # a value the step computes, or the carried one it received
+        results += [self._value(n) for n in written]
         graph.output(tuple(results))
         graph.lint()
         return graph
