@@ -172,18 +172,20 @@ def test_a_scan_of_zero_steps_gives_its_states_themselves():
 
 
 class SetByTheFirstStep(torch.nn.Module):
-    """Names the steps set to a tensor from before the loop (``prev = other``) or to a
+    """Names the steps set to a tensor from before the loop (``prev = other``), to a
+    state of the loop whose first value they did not hold (``latest = state``) or to a
     Python value (``seen = True``): where the loop runs no step, they keep their value
     from before it."""
 
     def forward(self, x):
         state, other = x[:1][0], x[0] * -1.0
-        prev, seen = state, False
+        prev, latest, seen = state, other, False
         for i in range(1, x.shape[0]):
             state = torch.tanh(state + x[i] * -1.0)
             prev = other
+            latest = state
             seen = True
-        return state, prev, state * 0 + seen
+        return state, prev, latest, state * 0 + seen
 
 
 def test_names_set_by_the_first_step_keep_their_value_without_steps():

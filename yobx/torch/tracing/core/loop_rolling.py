@@ -26,7 +26,7 @@ from torch.fx.node import Node, map_arg
 
 from ..errors import TracingError
 from ..graph_operators import ScanCCOp
-from .loops import LoopRegion, changed_locals, loop_index, loop_stacked
+from .loops import LoopRegion, ProxyToken, changed_locals, loop_index, loop_stacked
 
 
 @dataclasses.dataclass
@@ -238,6 +238,28 @@ def _writes_into_its_own(node: Node, operands: _Operands) -> bool:
         return written.target in _FRESH
     except TypeError:
         return False
+
+
+def names_set_apart(before: dict[str, Any], after: dict[str, Any], plan: ScanPlan) -> list[str]:
+    """The names of the loop's frame whose value after the first step (``after``) is
+    not what a scan of no step leaves them (``before``): the same value, or a state
+    whose first value it is."""
+    position = {n: p for p, n in enumerate(plan.steps[0])}
+
+    def kept(old: Any, new: Any) -> bool:
+        if isinstance(new, ProxyToken):
+            if isinstance(old, ProxyToken) and old.node is new.node:
+                return True
+            p = position.get(new.node)
+            if new.node.target is loop_index or (p is not None and p not in plan.carries):
+                # not a value the scan gives: a use after the loop unrolls it
+                return True
+            return p is not None and isinstance(old, ProxyToken) and plan.carries[p] is old.node
+        if type(old) is tuple and type(new) is tuple and len(old) == len(new):
+            return all(kept(o, n) for o, n in zip(old, new))
+        return old == new
+
+    return sorted(n for n, t in after.items() if n in before and not kept(before[n], t))
 
 
 def _changed_locals(region: LoopRegion, proxies: bool) -> str:

@@ -14,13 +14,12 @@ from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy
 
 from ..errors import exception_summary
-from .loop_rolling import emit_scan, outside_use_refusal, plan_scan
+from .loop_rolling import emit_scan, names_set_apart, outside_use_refusal, plan_scan
 from .loops import (
     LoopRegion,
     SymbolicPieces,
     SymbolicRange,
     SymbolicRepeat,
-    changed_locals,
     frame_tokens,
     iterated_at_once,
     loop_index,
@@ -143,8 +142,6 @@ class LoopsMixin(MixinBase):
         step = len(region.index_nodes)
         if step > 0:
             region.frames.append(frame_tokens(frame))
-        if step == 1:
-            self._decide_the_loop_runs(region)
         if step >= region.count:
             self.state.active_loop = None
             self._loop_close(region)
@@ -159,20 +156,6 @@ class LoopsMixin(MixinBase):
         region.index_nodes.append(node)
         region.steps.append([])
         return self.proxy(node)
-
-    def _decide_the_loop_runs(self, region: LoopRegion) -> None:
-        """After the first step: names it gives a value the scan does not compute (a
-        tensor from before the loop, a Python value: ``prev = s``, ``seen = True``)
-        keep their value from before the loop where it runs no step. The capture then
-        decides that it runs (a version for the sizes where it does not)."""
-        if region.before is None:
-            return
-        recorded = {*region.steps[0], region.index_nodes[0]}
-        names = changed_locals(region.before, region.frames[0], recorded)
-        if names:
-            quoted = ", ".join(f"`{n}`" for n in names)
-            runs = region.length.node.meta["val"] >= 1
-            self.decide(runs, f"the loop runs (its first step sets {quoted})")
 
     def record_in_loop(self, node: Node) -> None:
         """Called for every node created: keeps the nodes of the step being run."""
@@ -200,8 +183,24 @@ class LoopsMixin(MixinBase):
                     region.outputs[node] = (step, -1)
                 for node in region.outputs:
                     self.state.loop_outputs[node] = region
+                self._decide_the_loop_runs(region)
         if region.refusal is not None:
             self.unroll_loop(region, region.refusal)
+
+    def _decide_the_loop_runs(self, region: LoopRegion) -> None:
+        """Where the loop runs no step, the scan gives each state its first value, and
+        every other name keeps its value from before the loop. A name the steps set to
+        something else (a tensor from before the loop, another state, a Python value:
+        ``prev = s``, ``seen = True``) would have the value of the steps there: the
+        capture decides that the loop runs (a version for the sizes where it does
+        not)."""
+        if region.before is None or not region.frames:
+            return
+        names = names_set_apart(region.before, region.frames[0], region.plan)
+        if names:
+            quoted = ", ".join(f"`{n}`" for n in names)
+            runs = region.length.node.meta["val"] >= 1
+            self.decide(runs, f"the loop runs (its steps set {quoted})")
 
     def module_assigned(self, module: torch.nn.Module, name: str) -> None:
         """``module.name = ...`` in the traced code: inside a loop's step, Python state

@@ -486,7 +486,7 @@ def frame_tokens(frame: FrameType | None) -> dict[str, Any]:
     return {name: _token(value, 0) for name, value in frame.f_locals.items()}
 
 
-class _ProxyToken:
+class ProxyToken:
     """A proxy in a frame's tokens: equal to another for the same node."""
 
     __slots__ = ("node",)
@@ -495,7 +495,7 @@ class _ProxyToken:
         self.node = node
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _ProxyToken) and other.node is self.node
+        return isinstance(other, ProxyToken) and other.node is self.node
 
     def __hash__(self) -> int:
         return id(self.node)
@@ -505,7 +505,7 @@ def _token(value: Any, depth: int) -> Any:
     from torch.fx.proxy import Proxy
 
     if isinstance(value, Proxy):
-        return _ProxyToken(value.node)
+        return ProxyToken(value.node)
     if isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
         return (type(value), value)
     if depth < 3 and isinstance(value, tuple):
@@ -533,8 +533,8 @@ def changed_locals(
 
 
 def _same(before: Any, after: Any, recorded: set | None) -> bool:
-    if isinstance(after, _ProxyToken):
-        return isinstance(before, _ProxyToken) and (
+    if isinstance(after, ProxyToken):
+        return isinstance(before, ProxyToken) and (
             recorded is None or after.node is before.node or after.node in recorded
         )
     if type(before) is tuple and type(after) is tuple and len(before) == len(after):
@@ -563,6 +563,7 @@ def loop_symbols_in(dims: Any, expr: sympy.Basic) -> set[sympy.Symbol]:
 
 __all__ = [
     "LoopRegion",
+    "ProxyToken",
     "SymbolicPieces",
     "SymbolicRange",
     "changed_locals",
