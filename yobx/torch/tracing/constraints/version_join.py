@@ -30,6 +30,7 @@ from .version_writes import (
     copy_back,
     fresh_value,
     lift_buffers,
+    version_mutations,
     write_into_copies,
     written_inputs,
 )
@@ -78,10 +79,11 @@ class VersionJoin:
         self.computed = _routed_positions(leaves(tree))
         self.joined = leaves(tree)
         # the inputs some version writes into: every branch returns their new values
-        self.written = written_inputs(self.joined, operands)
+        mutations = version_mutations(self.joined)
+        self.written = written_inputs(mutations, operands)
         # the buffers some version writes into: the branches take them as inputs and
         # return their new values, the joined graph writes them back
-        self.buffers = buffer_operands(self.joined, operands)
+        self.buffers = buffer_operands(mutations, operands)
         check_unshared(self.first.graph, [*self.written, *self.buffers])
         lift_buffers(holder, self.first.tracer.traced_model, list(self.buffers))
         # two versions or more are left, whose tree is a Split

@@ -38,25 +38,11 @@ from ...passes._side_effects import writes_in
 from ..symbolic.symbolic_kernels import symbolic_kernels
 
 
-def written_operands(
-    graph: torch.fx.Graph, module: torch.nn.Module, operands: list[str]
-) -> set[str]:
-    """The inputs (placeholder targets among ``operands``) a version's ``graph`` writes
-    into, itself or through a view, as the passes find them on a copy of it."""
-    return {
-        record["target"]
-        for record in _mutations(graph, module)
-        if record["kind"] == "USER_INPUT_MUTATION" and record["target"] in operands
-    }
-
-
-def written_buffers(graph: torch.fx.Graph, module: torch.nn.Module) -> set[str]:
-    """The buffers (``get_attr`` targets) a version's ``graph`` writes into."""
-    return {
-        record["target"]
-        for record in _mutations(graph, module)
-        if record["kind"] == "BUFFER_MUTATION"
-    }
+def version_mutations(versions: list) -> list[list[dict]]:
+    """The writes into inputs and buffers of each of the ``versions``, as the passes
+    find them on a copy of its graph (run once per version: the passes take most of a
+    join's time on a large graph)."""
+    return [_mutations(v.graph, v.tracer.traced_model) for v in versions]
 
 
 def _mutations(graph: torch.fx.Graph, module: torch.nn.Module) -> list[dict]:
@@ -102,20 +88,28 @@ def check_unshared(graph: torch.fx.Graph, written: list[str]) -> None:
                 )
 
 
-def written_inputs(versions: list, operands: list[str]) -> list[str]:
-    """The inputs some of the ``versions`` write into, in the order of ``operands``."""
-    written: set[str] = set()
-    for version in versions:
-        written |= written_operands(version.graph, version.tracer.traced_model, operands)
+def written_inputs(mutations: list[list[dict]], operands: list[str]) -> list[str]:
+    """The inputs some version writes into (``mutations``: :func:`version_mutations`),
+    in the order of ``operands``."""
+    written = {
+        record["target"]
+        for records in mutations
+        for record in records
+        if record["kind"] == "USER_INPUT_MUTATION" and record["target"] in operands
+    }
     return sorted(written, key=operands.index)
 
 
-def buffer_operands(versions: list, operands: list[str]) -> dict[str, str]:
-    """The buffers some of the ``versions`` write into, each with the name of the
-    branches' input that replaces it (a name no operand has)."""
-    written: set[str] = set()
-    for version in versions:
-        written |= written_buffers(version.graph, version.tracer.traced_model)
+def buffer_operands(mutations: list[list[dict]], operands: list[str]) -> dict[str, str]:
+    """The buffers some version writes into (``mutations``: :func:`version_mutations`),
+    each with the name of the branches' input that replaces it (a name no operand
+    has)."""
+    written = {
+        record["target"]
+        for records in mutations
+        for record in records
+        if record["kind"] == "BUFFER_MUTATION"
+    }
     names: dict[str, str] = {}
     taken = set(operands)
     for target in sorted(written):
