@@ -38,10 +38,11 @@ from yobx.torch.tracing.constraints.constraints import ConstraintViolationError
 EXAMPLE = 4
 SIZES = (4, 0, 1, 2, 3, 6)
 RANGES = (
-    "range(x.shape[0])",
-    "range(1, x.shape[0])",
-    "range(x.shape[0] - 1)",
-    "reversed(range(x.shape[0]))",
+    "i in range(x.shape[0])",
+    "i in range(1, x.shape[0])",
+    "i in range(x.shape[0] - 1)",
+    "i in reversed(range(x.shape[0]))",
+    "row in x.unbind(0)",
 )
 #: the first value of a state (``{c}`` a constant); ``x[:1]...`` are views of ``x``
 INITS = (
@@ -71,7 +72,13 @@ STEPS = {
     "{a}.add_(x[i])": 1,
     "{a} = {a}.clone(); {a}[::2] = x[i, ::2]": 1,
     "if i == 0:\n                {a} = {a} * 2": 1,
+    "{a} = torch.tanh(self.linear({a}) + x[i])": 3,
+    "{a}, {b} = {a} + {b} * {c}, {b} * {c} + x[i]": 2,
+    "for _ in range(2):\n                {a} = {a} * {c} + x[i]": 2,
+    "outs.append(torch.cat([{a}, x[i]]))": 1,
 }
+#: statements that read the index otherwise than as ``x[i]``: not for ``row in ...``
+_INDEXED = ("i % 2", "+ i", "[i]", "[i:", "[i,", "i ==")
 #: what comes after the loop
 AFTER = (
     "{a}.mul_({c})",
@@ -93,8 +100,13 @@ def program(rng: random.Random) -> tuple[type, str]:
 
     lines = [f"{name} = {fill(rng.choice(INITS))}" for name in names]
     lines += ["outs = []", "buf = torch.zeros_like(x)", f"prev = {names[0]}"]
-    lines.append(f"for i in {rng.choice(RANGES)}:")
+    header = rng.choice(RANGES)
+    lines.append(f"for {header}:")
     steps = rng.choices(list(STEPS), weights=list(STEPS.values()), k=rng.randint(1, 4))
+    if header.startswith("row"):
+        # the slice the step reads is `row`; other uses of an index do not apply
+        steps = [t.replace("x[i]", "row") for t in steps]
+        steps = [t for t in steps if not any(u in t for u in _INDEXED)] or ["s0 = s0 + row"]
     body = [fill(step) for step in steps]
     lines += ["    " + line for line in body]
     after = fill(rng.choice(AFTER))
@@ -102,11 +114,19 @@ def program(rng: random.Random) -> tuple[type, str]:
         lines.append(after)
     outputs = [*names, "prev", "buf", "x * 1"]
     if any("outs.append" in line for line in body):
-        lines.append("stacked = torch.stack(outs) if outs else buf[:0]")
-        outputs.append("stacked")
+        join = rng.choice(("torch.stack(outs)", "torch.cat(outs)"))
+        lines.append(f"stacked = {join} if outs else buf[:0]")
+        lines.append("count = len(outs)")
+        outputs += ["stacked", "stacked.sum() * 0 + count"]
     lines.append(f"return {', '.join(outputs)}")
     text = "\n        ".join(lines)
-    source = f"class Program(torch.nn.Module):\n    def forward(self, x):\n        {text}\n"
+    source = (
+        "class Program(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(3, 3)\n\n"
+        f"    def forward(self, x):\n        {text}\n"
+    )
     namespace = {"torch": torch}
     exec(source, namespace)
     return namespace["Program"], source
@@ -223,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {p: dict.fromkeys(("correct", "refused", "wrong", "crash"), 0) for p in paths}
     for index in range(args.count):
         cls, source = program(rng)
+        torch.manual_seed(index)
         for path, check in paths.items():
             kind, detail = check(cls())
             counts[path][kind] += 1
