@@ -25,6 +25,7 @@ import argparse
 import os
 import random
 import sys
+import tempfile
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,6 +36,7 @@ import torch
 from yobx.torch.tracing import CustomTracer, TracingError
 from yobx.torch.tracing.constraints.constraints import ConstraintViolationError
 
+_FOLDER = tempfile.mkdtemp(prefix="yobx_fuzz_loops_")
 EXAMPLE = 4
 SIZES = (4, 0, 1, 2, 3, 6)
 RANGES = (
@@ -127,8 +129,13 @@ def program(rng: random.Random) -> tuple[type, str]:
         "        self.linear = torch.nn.Linear(3, 3)\n\n"
         f"    def forward(self, x):\n        {text}\n"
     )
+    # a file of its own: the tracer reads the user's frames (code run from a string is
+    # taken for internal code) and the messages name its lines
+    filename = os.path.join(_FOLDER, f"program_{rng.getrandbits(48):012x}.py")
+    with open(filename, "w") as f:
+        f.write(source)
     namespace = {"torch": torch}
-    exec(source, namespace)
+    exec(compile(source, filename, "exec"), namespace)
     return namespace["Program"], source
 
 
