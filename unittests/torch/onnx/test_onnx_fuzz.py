@@ -8,8 +8,12 @@ counted by ``python _scripts/fuzz_onnx.py --count 200``), but most programs must
 
 from __future__ import annotations
 
-import pytest
+import random
 
+import pytest
+import torch
+
+from ..tracing.loop_programs import exported_outcome, loop_program
 from ..tracing.program_generator import generate_program
 from .onnx_program_harness import run_onnx_program
 
@@ -37,3 +41,18 @@ def test_programs_attending_in_a_version_at_size_zero_load_and_match_eager(seed)
     # of matrices whose shapes the optimizer had inferred from that reading)
     outcome = run_onnx_program(generate_program(seed))
     assert outcome.kind == "correct", outcome.report()
+
+
+def test_random_loops_match_eager_in_onnxruntime():
+    # loops over a dynamic size become ONNX Scans (inside a version's branch where the
+    # capture decided the loop runs), compared at six sizes, zero steps included
+    rng = random.Random(2)
+    outcomes = []
+    for index in range(8):
+        cls, source = loop_program(rng)
+        torch.manual_seed(index)
+        kind, detail = exported_outcome(cls())
+        outcomes.append((kind, detail, source))
+    failed = [f"{k} {d}\n{s}" for k, d, s in outcomes if k in ("wrong", "crash")]
+    assert not failed, "\n\n".join(failed)
+    assert sum(k == "correct" for k, _, _ in outcomes) >= 2, [k for k, _, _ in outcomes]
