@@ -16,6 +16,7 @@ from unittests.torch.tracing.test_tracing_loops import (
     Recurrence,
     SetByTheFirstStep,
     SlicesOfInvariants,
+    SlicesWithNewAxes,
     Writes,
     WritesIntoItsOwn,
     WritesTheStateReceived,
@@ -238,3 +239,12 @@ def test_loops_of_other_forms_are_scans(model):
         expected = expected if isinstance(expected, tuple) else (expected,)
         for e, got in zip(expected, _run(result, x=x)):
             np.testing.assert_allclose(e.numpy(), got, atol=1e-5)
+
+
+def test_slices_with_new_axes_export_exact():
+    model = SlicesWithNewAxes()
+    result = export_and_validate(model, (torch.randn(2, 4, 3),), dynamic_shapes=({0: "b", 1: "n"},))
+    assert "Scan" in _op_types(result.model_proto)
+    for b, n in ((2, 4), (1, 1), (3, 2), (2, 7)):
+        x = torch.randn(b, n, 3)
+        np.testing.assert_allclose(model(x).numpy(), _run(result, x=x)[0], atol=1e-5)

@@ -274,6 +274,28 @@ def test_writing_the_state_received_is_scanned():
         assert_same(model(x), gm(x))
 
 
+class SlicesWithNewAxes(torch.nn.Module):
+    """Slices at the index with a new axis after it (xLSTM's ``fgate[:, :, t, None]``),
+    also after an ellipsis."""
+
+    def forward(self, x):
+        state = x[:, 0, :, None] * 0
+        for t in range(x.shape[1]):
+            state = state * torch.sigmoid(x[:, t, None, :]).transpose(1, 2) + x[..., t, :, None]
+        return state
+
+
+def test_slices_with_new_axes_are_scanned():
+    # a None after the index was refused: the loop was unrolled (refused for xLSTM's
+    # dynamic sequence)
+    model = SlicesWithNewAxes()
+    _, graph, gm = trace_module(model, {"x": torch.randn(2, 4, 3)}, {"x": {0: "b", 1: "n"}})
+    assert _scans(graph) == 1
+    for b, n in ((2, 4), (1, 1), (3, 2), (2, 7)):
+        x = torch.randn(b, n, 3)
+        assert_same(model(x), gm(x))
+
+
 class ReadsNoSlice(torch.nn.Module):
     """A loop whose steps read no slice of a tensor: only its carried states."""
 

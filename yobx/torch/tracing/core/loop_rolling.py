@@ -364,14 +364,15 @@ def _item_selection(item: Any, source: Node, index: Node, ndim: int) -> tuple | 
     q = next(j for j, i in enumerate(item) if i is index)
     full = slice(None, None, None)
     before, after = item[:q], item[q + 1 :]
-    if any(i is None or isinstance(i, Node) for i in after) or any(
+    # a None after the index (``gate[:, :, t, None]``) adds an axis to the slice
+    if any(isinstance(i, Node) for i in after) or any(
         i is not Ellipsis and i != full for i in before
     ):
         return None
     if any(isinstance(i, slice) and any(isinstance(v, Node) for v in (i.start, i.stop, i.step))
            for i in after):  # fmt: skip
         return None
-    axis = q if Ellipsis not in before else ndim - len(after) - 1
+    axis = q if Ellipsis not in before else ndim - sum(i is not None for i in after) - 1
     rest = before + after
     if all(i is Ellipsis or i == full for i in rest):
         return source, axis, None
@@ -412,7 +413,7 @@ def _write(
     if not (step == 1 or (step == 0 and position in carries)):
         return f"{why} a value not computed in the step"
     selection = _item_selection(item, out, region.index_nodes[1], out.meta["val"].dim())
-    if selection is None:
+    if selection is None or (isinstance(item, tuple) and any(i is None for i in item)):
         return why
     _, axis, _ = selection
     return out, axis, item, value
