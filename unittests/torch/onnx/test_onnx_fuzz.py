@@ -8,12 +8,9 @@ counted by ``python _scripts/fuzz_onnx.py --count 200``), but most programs must
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
 
-from ..tracing.loop_programs import exported_outcome, loop_program
+from ..tracing.loop_programs import exported_outcome, loop_outcomes
 from ..tracing.program_generator import generate_program
 from .onnx_program_harness import run_onnx_program
 
@@ -46,13 +43,7 @@ def test_programs_attending_in_a_version_at_size_zero_load_and_match_eager(seed)
 def test_random_loops_match_eager_in_onnxruntime():
     # loops over a dynamic size become ONNX Scans (inside a version's branch where the
     # capture decided the loop runs), compared at six sizes, zero steps included
-    rng = random.Random(2)
-    outcomes = []
-    for index in range(8):
-        cls, source = loop_program(rng)
-        torch.manual_seed(index)
-        kind, detail = exported_outcome(cls())
-        outcomes.append((kind, detail, source))
+    outcomes = loop_outcomes(2, 8, exported_outcome)
     failed = [f"{k} {d}\n{s}" for k, d, s in outcomes if k in ("wrong", "crash")]
     assert not failed, "\n\n".join(failed)
     assert sum(k == "correct" for k, _, _ in outcomes) >= 2, [k for k, _, _ in outcomes]

@@ -17,6 +17,7 @@ from unittests.torch.tracing.test_tracing_loops import (
     SetByTheFirstStep,
     SlicesOfInvariants,
     SlicesWithNewAxes,
+    WriteAfterNoStep,
     Writes,
     WritesIntoItsOwn,
     WritesTheStateReceived,
@@ -37,6 +38,16 @@ def _op_types(model_proto) -> list[str]:
             nodes.extend(attribute.g.node)
             nodes.extend(n for g in attribute.graphs for n in g.node)
     return types
+
+
+def _matches_eager(result, model, shapes) -> None:
+    """onnxruntime gives eager's outputs on an input ``x`` of each shape of ``shapes``."""
+    for shape in shapes:
+        x = torch.randn(*shape)
+        expected = model(x.clone())
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        for e, got in zip(expected, _run(result, x=x)):
+            np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
 
 
 def _run(result, **feeds) -> list[np.ndarray]:
@@ -90,28 +101,13 @@ class WriteIntoTheLoopState(torch.nn.Module):
         return state + 1, decayed, x
 
 
-class WriteIntoALoopStartedFromAView(torch.nn.Module):
-    """A loop whose state starts as a view of ``x``: where the loop runs no step, the
-    write after it reaches ``x``."""
-
-    def forward(self, x, y):
-        state = x[:1]
-        for i in range(y.shape[0]):
-            state = state * 0.5 + y[i]
-        state.add_(1)
-        return state * 1, x * 1
-
-
 def test_a_write_into_the_state_of_a_loop_is_exported():
     # the scan's outputs may have aliased its inputs for the passes, which refused the
     # write ("may share storage with input 'x'")
     model = WriteIntoTheLoopState()
     result = export_and_validate(model, (torch.randn(3, 4),), dynamic_shapes=({0: "n"},))
     assert "Scan" in _op_types(result.model_proto)
-    for n in (3, 1, 2, 6):
-        x = torch.randn(n, 4)
-        for e, got in zip(model(x.clone()), _run(result, x=x)):
-            np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
+    _matches_eager(result, model, [(n, 4) for n in (3, 1, 2, 6)])
 
 
 class FirstColumnRecurrence(torch.nn.Module):
@@ -188,7 +184,7 @@ def test_a_write_into_a_loop_state_that_may_view_an_input_is_refused():
     # a functional graph cannot show, so the export refuses instead of dropping it
     with pytest.raises(OnnxExportError, match="may share storage with input 'x'"):
         to_onnx(
-            WriteIntoALoopStartedFromAView(),
+            WriteAfterNoStep(),
             (torch.randn(3, 4), torch.randn(3, 4)),
             dynamic_shapes=({}, {0: "n"}),
         )
@@ -211,12 +207,7 @@ def test_a_scan_of_zero_steps_in_a_version_runs_in_onnxruntime():
     # failed at n = 1 ("dim0_offset < dim0_size was false")
     model = ZeroStepsInAVersion()
     result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
-    for n in (4, 2, 1, 0):
-        x = torch.randn(n, 3)
-        expected = model(x)
-        expected = expected if isinstance(expected, tuple) else (expected,)
-        for e, got in zip(expected, _run(result, x=x)):
-            np.testing.assert_allclose(e.numpy(), got, atol=1e-5)
+    _matches_eager(result, model, [(n, 3) for n in (4, 2, 1, 0)])
 
 
 @pytest.mark.parametrize(
@@ -233,18 +224,11 @@ def test_loops_of_other_forms_are_scans(model):
     model = model()
     result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
     assert "Scan" in _op_types(result.model_proto)
-    for n in (4, 1, 2, 7):
-        x = torch.randn(n, 3)
-        expected = model(x)
-        expected = expected if isinstance(expected, tuple) else (expected,)
-        for e, got in zip(expected, _run(result, x=x)):
-            np.testing.assert_allclose(e.numpy(), got, atol=1e-5)
+    _matches_eager(result, model, [(n, 3) for n in (4, 1, 2, 7)])
 
 
 def test_slices_with_new_axes_export_exact():
     model = SlicesWithNewAxes()
     result = export_and_validate(model, (torch.randn(2, 4, 3),), dynamic_shapes=({0: "b", 1: "n"},))
     assert "Scan" in _op_types(result.model_proto)
-    for b, n in ((2, 4), (1, 1), (3, 2), (2, 7)):
-        x = torch.randn(b, n, 3)
-        np.testing.assert_allclose(model(x).numpy(), _run(result, x=x)[0], atol=1e-5)
+    _matches_eager(result, model, [(2, 4, 3), (1, 1, 3), (3, 2, 3), (2, 7, 3)])

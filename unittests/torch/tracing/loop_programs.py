@@ -225,3 +225,17 @@ def exported_outcome(model: torch.nn.Module) -> tuple[str, str]:
         return tuple(outputs) if written else (*outputs, x)
 
     return _compare(model, run)
+
+
+def loop_outcomes(seed: int, count: int, check) -> list[tuple[str, str, str]]:
+    """``(outcome, detail, source)`` of ``check`` (:func:`traced_outcome` or
+    :func:`exported_outcome`) on the ``count`` programs of ``seed``, each module's
+    weights seeded by its position."""
+    rng = random.Random(seed)
+    outcomes = []
+    for index in range(count):
+        cls, source = loop_program(rng)
+        torch.manual_seed(index)
+        kind, detail = check(cls())
+        outcomes.append((kind, detail, source))
+    return outcomes

@@ -5,25 +5,16 @@ and most programs must become scans."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
 
-from .loop_programs import loop_program, traced_outcome
+from .loop_programs import loop_outcomes, traced_outcome
 
 PROGRAMS_PER_BATCH = 15
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_loops_match_eager(seed):
-    rng = random.Random(seed)
-    outcomes = []
-    for index in range(PROGRAMS_PER_BATCH):
-        cls, source = loop_program(rng)
-        torch.manual_seed(index)
-        kind, detail = traced_outcome(cls())
-        outcomes.append((kind, detail, source))
+    outcomes = loop_outcomes(seed, PROGRAMS_PER_BATCH, traced_outcome)
     failed = [f"{k} {d}\n{s}" for k, d, s in outcomes if k in ("wrong", "crash")]
     assert not failed, "\n\n".join(failed)
     assert sum(k == "correct" for k, _, _ in outcomes) >= PROGRAMS_PER_BATCH // 3

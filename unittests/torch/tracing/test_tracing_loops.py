@@ -19,6 +19,17 @@ def _scans(graph) -> int:
     return sum(1 for n in graph.nodes if isinstance(n.target, ScanCCOp))
 
 
+def _scanned_and_exact(model, lengths=(4, 1, 2, 7)) -> torch.fx.Graph:
+    """Traces ``model`` from an input of 4 rows (dimension ``n``): one scan, exact at
+    every length of ``lengths``; returns the graph."""
+    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    assert _scans(graph) == 1
+    for n in lengths:
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
+    return graph
+
+
 def _all_scans(gm: torch.fx.GraphModule) -> int:
     """The scans of a graph module and of its versions' graphs."""
     return sum(_scans(m.graph) for m in gm.modules() if isinstance(m, torch.fx.GraphModule))
@@ -215,14 +226,9 @@ class SlicesOfInvariants(torch.nn.Module):
 def test_slices_of_loop_invariants_are_scanned():
     # the selection's source was computed in the loop: the loop was unrolled (refused
     # for a dynamic dimension); it is computed once before the scan now
-    model = SlicesOfInvariants()
-    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
-    assert _scans(graph) == 1
+    graph = _scanned_and_exact(SlicesOfInvariants())
     (scan,) = [n for n in graph.nodes if isinstance(n.target, ScanCCOp)]
     assert scan.args[3] == [], "the body computes nothing it does not need"
-    for n in (4, 1, 2, 7):
-        x = torch.randn(n, 3)
-        assert_same(model(x), gm(x))
 
 
 class WritesIntoItsOwn(torch.nn.Module):
@@ -243,12 +249,7 @@ class WritesIntoItsOwn(torch.nn.Module):
 def test_writes_into_a_new_tensor_of_the_step_are_scanned():
     # an in-place write in a step made the loop unrolled (refused for a dynamic
     # dimension): one into a tensor the step makes is seen by nothing else
-    model = WritesIntoItsOwn()
-    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
-    assert _scans(graph) == 1
-    for n in (4, 1, 2, 7):
-        x = torch.randn(n, 3)
-        assert_same(model(x), gm(x))
+    _scanned_and_exact(WritesIntoItsOwn())
 
 
 class WritesTheStateReceived(torch.nn.Module):
@@ -266,12 +267,7 @@ class WritesTheStateReceived(torch.nn.Module):
 
 def test_writing_the_state_received_is_scanned():
     # the written value had to be computed by the step: the loop was unrolled
-    model = WritesTheStateReceived()
-    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
-    assert _scans(graph) == 1
-    for n in (4, 1, 2, 7):
-        x = torch.randn(n, 3)
-        assert_same(model(x), gm(x))
+    _scanned_and_exact(WritesTheStateReceived())
 
 
 class SlicesWithNewAxes(torch.nn.Module):
@@ -309,12 +305,7 @@ class ReadsNoSlice(torch.nn.Module):
 def test_a_loop_reading_no_slice_runs_its_number_of_steps():
     # the scan took its number of steps from the slices it reads: with none, torch's
     # scan ran no step and returned its states as they came in, at every length
-    model = ReadsNoSlice()
-    _, graph, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
-    assert _scans(graph) == 1
-    for n in (4, 1, 2, 7):
-        x = torch.randn(n, 3)
-        assert_same(model(x), gm(x))
+    _scanned_and_exact(ReadsNoSlice())
 
 
 def test_cell_with_submodule_and_unbind():

@@ -231,7 +231,9 @@ def _writes_into_its_own(node: Node, operands: _Operands) -> bool:
     (``t = s.clone(); t[::2] = ...``): no other step nor anything before the loop sees
     the write, the body repeats it."""
     written = node.args[0] if node.args else None
-    where = operands.where.get(written) if isinstance(written, Node) else None
+    if not isinstance(written, Node):
+        return False
+    where = operands.where.get(written)
     if where is None or where[0] != operands.where[node][0]:
         return False
     try:
