@@ -256,6 +256,18 @@ def check_merge(seed: int, hoist_only: bool = False) -> MergeOutcome:
             for c2 in (True, False):
                 feeds = {"x": x, "c1": np.array(c1), "c2": np.array(c2)}
                 expected, got = _run(proto, feeds), _run(after, feeds)
+                # the largest value of every output: an output that cancels to exactly
+                # 0 in the model as generated is 1.5e-7 in one element after the merge
+                # (seed 8479: its operands rounded apart), far below the values it is
+                # computed from (up to 9.8 there)
+                overall = max(
+                    (
+                        float(np.abs(e[np.isfinite(e)]).max())
+                        for e in expected
+                        if np.isfinite(e).any()
+                    ),
+                    default=0.0,
+                )
                 for e, g in zip(expected, got):
                     # onnxruntime prepacks the weights of the main graph's products, not
                     # a subgraph's, and picks other kernels for one row: a product moved
@@ -264,7 +276,7 @@ def check_merge(seed: int, hoist_only: bool = False) -> MergeOutcome:
                     # 3e-6 relative after a cancellation); a merge that reads the wrong
                     # value or branch is off by the values themselves
                     finite = np.abs(e[np.isfinite(e)])
-                    scale = float(finite.max()) if finite.size else 0.0
+                    scale = max(float(finite.max()) if finite.size else 0.0, overall)
                     close = np.allclose(e, g, rtol=1e-5, atol=1e-5 * scale, equal_nan=True)
                     if e.shape != g.shape or not close:
                         outcome.wrong = f"n={n} c1={c1} c2={c2}: {e.shape} {g.shape}"
