@@ -109,6 +109,23 @@ def test_a_chain_only_one_side_reads_moves_into_it_nested_ifs_included():
         assert sink_into_branches(model) == 0
 
 
+def test_a_node_moved_into_a_branch_gets_a_name_no_node_of_the_branch_has():
+    # names are unique within a graph only: a node named as one of the branch's kept
+    # its name, and onnxruntime refused the model ("two nodes with same node name",
+    # fuzz_branch_merging seed 8518)
+    model = _model(False)
+    then_branch = next(n for n in model.graph if n.op_type == "If").attributes["then_branch"]
+    next(n for n in model.graph if n.op_type == "Neg").name = "shared"
+    next(iter(then_branch.value)).name = "shared"
+    x = np.array([1.0, 2.0, -0.5], np.float32)
+    expected = _run(model, x)
+    assert sink_into_branches(model) == 2
+    names = [n.name for n in then_branch.value]
+    assert len(names) == len(set(names)), names
+    for got, want in zip(_run(model, x), expected):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_product_by_a_weight_stays_in_the_main_graph():
     """onnxruntime prepacks a weight, and quantizers find its product, in the main
     graph only: the ``MatMul`` stays, the ``Relu`` after it moves."""

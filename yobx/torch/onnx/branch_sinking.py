@@ -92,12 +92,20 @@ def _sink_in(graph: ir.Graph) -> int:
     owners = _owners(graph)
     moved = 0
     touched: dict[int, ir.Graph] = {}
+    #: the node names of each branch a node moved into
+    names: dict[int, set[str]] = {}
     for node in reversed(list(graph)):
         destination = _destination(node, owners)
         if destination is None:
             continue
         target, branch_name = destination
         branch = target.attributes[branch_name].value
+        taken = names.setdefault(id(branch), {n.name for n in branch if n.name})
+        if node.name in taken:
+            # names are unique within a graph only: onnxruntime refuses two nodes of
+            # one graph sharing one (fuzz_branch_merging seed 8518: two named `node`)
+            node.name = _unique(node.name, taken)
+        taken.add(node.name or "")
         graph.remove(node)
         # first: its inputs come from enclosing graphs, its users are later
         if len(branch):
@@ -116,6 +124,14 @@ def _sink_in(graph: ir.Graph) -> int:
             elif attribute.type == ir.AttributeType.GRAPHS:
                 moved += sum(_sink_in(subgraph) for subgraph in attribute.value)
     return moved
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """``name`` followed by the first number that makes it a name not in ``taken``."""
+    number = 1
+    while f"{name}_{number}" in taken:
+        number += 1
+    return f"{name}_{number}"
 
 
 __all__ = ["sink_into_branches"]
