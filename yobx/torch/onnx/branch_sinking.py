@@ -105,7 +105,8 @@ def _sink_in(graph: ir.Graph) -> int:
             # names are unique within a graph only: onnxruntime refuses two nodes of
             # one graph sharing one (fuzz_branch_merging seed 8518: two named `node`)
             node.name = _unique(node.name, taken)
-        taken.add(node.name or "")
+        if node.name:
+            taken.add(node.name)
         graph.remove(node)
         # first: its inputs come from enclosing graphs, its users are later
         if len(branch):

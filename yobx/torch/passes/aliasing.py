@@ -62,7 +62,6 @@ from ._targets import (
     VIEW_ATTRIBUTES,
     aten_returns_fresh,
     example_value,
-    fetch_attr,
     is_tensor,
     module_of,
     tensor_type_kind,
@@ -472,14 +471,10 @@ def _scan_output(node: Node, scan: Node, index: Any) -> Alias:
 
 def _scan_body_results(scan: Node) -> list | None:
     """What the body of ``scan`` returns, as nodes of its own graph."""
-    owner = scan.graph.owning_module
     body_node = scan.args[0] if scan.args else None
-    if owner is None or not isinstance(body_node, Node) or body_node.op != "get_attr":
+    if not isinstance(body_node, Node) or body_node.op != "get_attr":
         return None
-    try:
-        graph = getattr(fetch_attr(owner, body_node), "graph", None)
-    except AttributeError:
-        return None
+    graph = getattr(module_of(body_node), "graph", None)
     if not isinstance(graph, torch.fx.Graph):
         return None
     output = graph.find_nodes(op="output")[0]

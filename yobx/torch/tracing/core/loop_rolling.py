@@ -44,6 +44,8 @@ class ScanPlan:
     #: positions where a step writes its slice of a tensor made before the loop
     #: (``out[:, i] = value``): position -> (tensor, axis, item, value)
     writes: dict[int, tuple[Node, int, tuple, Node]] = dataclasses.field(default_factory=dict)
+    #: where each operand of the steps comes from (the scan hoists invariants with it)
+    operands: Any = None
 
 
 class _NotUniform(Exception):
@@ -208,7 +210,7 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
             return f"it carries `{init.name}`, which is not a tensor, from one step to the next"
         if _value_key(init.meta["val"]) != _value_key(steps[0][position].meta.get("val")):
             return f"`{init.name}` does not keep its shape from one step to the next"
-    plan = ScanPlan(steps, carries, {})
+    plan = ScanPlan(steps, carries, {}, operands=operands)
     for position, node in enumerate(steps[1]):
         uses_index = ("index",) in _flat(signatures[1][position][2:4])
         if node.target is operator.setitem and uses_index:
@@ -593,9 +595,8 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     assert region.last is not None, "a closed region has a last node"
     with graph.inserting_before(region.last.next):
         copies: dict[Node, Node] = {}
-        operands = _Operands(plan.steps, region.index_nodes)
         xs = [
-            emitter.scanned(_hoisted(graph, source, operands, copies), axis)
+            emitter.scanned(_hoisted(graph, source, plan.operands, copies), axis)
             for source, axis in builder.sources
         ]
         if not xs:
