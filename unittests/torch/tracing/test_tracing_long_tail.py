@@ -101,10 +101,27 @@ class SplitByTracedSize(torch.nn.Module):
         return x + torch.arange(40.0).split(x.shape[0] * 4)[0].view(x.shape[0], 4)
 
 
+class NamedTupleFields(torch.nn.Module):
+    """Fields of the named tuples torch returns (``values``, ``indices``), measured with
+    ``len`` and used as tensors (``len`` of the field failed as an attribute's)."""
+
+    def forward(self, x):
+        top = x.topk(min(x.shape[-1], 3), -1).values
+        n = len(top)
+        index = x.max(dim=-1).indices
+        ordered = torch.sort(x, dim=0, descending=True).values
+        return top.reshape(n, -1) / n, index * len(index), ordered[: len(ordered) // 2]
+
+
 @pytest.mark.parametrize(
     "model, shape",
-    [(KeywordForms(), (2, 3, 4)), (RealTensorSizes(), (2, 4)), (SplitByTracedSize(), (2, 4))],
-    ids=["keywords", "real-tensor-sizes", "split"],
+    [
+        (KeywordForms(), (2, 3, 4)),
+        (RealTensorSizes(), (2, 4)),
+        (SplitByTracedSize(), (2, 4)),
+        (NamedTupleFields(), (4, 3, 5)),
+    ],
+    ids=["keywords", "real-tensor-sizes", "split", "named-tuple-fields"],
 )
 def test_method_forms_eager_takes(model, shape):
     other = torch.randn(5, *shape[1:])

@@ -91,6 +91,12 @@ class CustomProxy(Proxy):
                 # a property (x.T, x.is_nested, x.real): computed now, so that
                 # constants (flags) are plain Python values and tensors get a node
                 return self.tracer.create_proxy("call_function", getattr, (self, name), {})
+        fields = getattr(type(val), "__match_args__", ()) if isinstance(val, tuple) else ()
+        if name in fields:
+            # a field of a named tuple (``x.topk(k).values``, ``x.max(0).indices``): the
+            # item it names, a proxy of what it holds as ``t[0]`` would be (``len``,
+            # ``isinstance`` and the passes then see a tensor, not an attribute)
+            return self[fields.index(name)]
         return CustomAttribute(self, name)
 
     def size(self, dim: int | None = None) -> Any:
