@@ -11,6 +11,12 @@ import torch
 from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
 from unittests.torch.tracing.test_tracing_loops import (
     Cell,
+    ConstantState,
+    LearnedState,
+    RunsOrNot,
+    _first_step,
+    _first_step_flag,
+    _Fn,
     FromOne,
     ReadsNoSlice,
     Recurrence,
@@ -44,7 +50,8 @@ def _matches_eager(result, model, shapes) -> None:
     """onnxruntime gives eager's outputs on an input ``x`` of each shape of ``shapes``."""
     for shape in shapes:
         x = torch.randn(*shape)
-        expected = model(x.clone())
+        with torch.no_grad():
+            expected = model(x.clone())
         expected = expected if isinstance(expected, tuple) else (expected,)
         for e, got in zip(expected, _run(result, x=x)):
             np.testing.assert_allclose(e.numpy(), got, atol=1e-5, rtol=1e-5)
@@ -232,3 +239,22 @@ def test_slices_with_new_axes_export_exact():
     result = export_and_validate(model, (torch.randn(2, 4, 3),), dynamic_shapes=({0: "b", 1: "n"},))
     assert "Scan" in _op_types(result.model_proto)
     _matches_eager(result, model, [(2, 4, 3), (1, 1, 3), (3, 2, 3), (2, 7, 3)])
+
+
+@pytest.mark.parametrize(
+    "model, batch",
+    [(_Fn(_first_step), 2), (_Fn(_first_step_flag), 2), (ConstantState(), 1), (LearnedState(), 2)],
+    ids=["decision", "flag", "constant-state", "learned-state"],
+)
+def test_a_first_step_apart_from_the_scan_exports_exact(model, batch):
+    result = export_and_validate(
+        model, (torch.randn(batch, 5, 3),), dynamic_shapes=({1: "n"},)
+    )
+    assert "Scan" in _op_types(result.model_proto)
+    _matches_eager(result, model, [(batch, n, 3) for n in (5, 1, 2, 3, 9)])
+
+
+def test_a_loop_over_a_whole_size_may_run_no_step_in_onnxruntime():
+    model = RunsOrNot()
+    result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
+    _matches_eager(result, model, [(n, 3) for n in (4, 0, 1, 2)])

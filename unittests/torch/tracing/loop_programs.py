@@ -45,6 +45,10 @@ INITS = (
     "x[:1].sum(0) * 0",
     "x[-1:].squeeze(0)",
     "x[:1][0]",
+    # a constant and a parameter: the first step computes with them otherwise than the
+    # steps after it read the state (it runs apart, before the scan)
+    "torch.zeros(3) + {c}",
+    "self.h0 * {c}",
 )
 #: one step's statements (``{a}``, ``{b}`` states, ``{c}`` a constant) and their
 #: weights: the forms a scan takes come more often than those that unroll the loop
@@ -66,6 +70,7 @@ STEPS = {
     "{a}.add_(x[i])": 1,
     "{a} = {a}.clone(); {a}[::2] = x[i, ::2]": 1,
     "if i == 0:\n                {a} = {a} * 2": 1,
+    "{a} = x[i] if i == 0 else {a} * {c} + x[i]": 1,
     "{a} = torch.tanh(self.linear({a}) + x[i])": 3,
     "{a}, {b} = {a} + {b} * {c}, {b} * {c} + x[i]": 2,
     "for _ in range(2):\n                {a} = {a} * {c} + x[i]": 2,
@@ -118,7 +123,8 @@ def loop_program(rng: random.Random) -> tuple[type, str]:
         "class Program(torch.nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__()\n"
-        "        self.linear = torch.nn.Linear(3, 3)\n\n"
+        "        self.linear = torch.nn.Linear(3, 3)\n"
+        "        self.h0 = torch.nn.Parameter(torch.randn(3))\n\n"
         f"    def forward(self, x):\n        {text}\n"
     )
     # a file of its own: the tracer reads the user's frames (code run from a string is

@@ -122,9 +122,13 @@ class TwoLoops(torch.nn.Module):
         return g
 
 
-@pytest.mark.parametrize("model", [Recurrence, Pieces, Writes])
-def test_loop_becomes_one_scan_exact_at_every_length(model):
-    _check(model())
+@pytest.mark.parametrize(
+    "model, constraints", [(Recurrence, ["seq >= 1"]), (Pieces, []), (Writes, [])]
+)
+def test_loop_becomes_one_scan_exact_at_every_length(model, constraints):
+    # torch.stack of the steps' values raises in eager for an empty sequence: a limit of
+    # the model, checked by the graph
+    _check(model(), constraints=constraints)
 
 
 def test_reversed_range_from_one():
@@ -207,6 +211,28 @@ def test_names_set_by_the_first_step_keep_their_value_without_steps():
     tracer, _, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
     assert [str(v.conditions[0].expression) for v in tracer.versions] == ["n >= 2", "n < 2"]
     for n in (4, 1, 2, 6):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
+
+
+class RunsOrNot(torch.nn.Module):
+    """A name set by every step of ``range(n)``: where the loop runs no step (n = 0), it
+    keeps its value from before the loop."""
+
+    def forward(self, x):
+        state, latest = x.sum(0) * 0, x.sum(0) + 5
+        for i in range(x.shape[0]):
+            state = state + x[i]
+            latest = state
+        return latest
+
+
+def test_a_loop_over_a_whole_size_may_run_no_step():
+    # the capture decided that the loop runs on `n >= 1`, which torch's positive
+    # symbols fold to True: at n = 0 the graph returned the scan's zeros, eager 5
+    model = RunsOrNot()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    for n in (4, 0, 1, 2, 6):
         x = torch.randn(n, 3)
         assert_same(model(x), gm(x))
 
@@ -309,7 +335,7 @@ def test_a_loop_reading_no_slice_runs_its_number_of_steps():
 
 
 def test_cell_with_submodule_and_unbind():
-    _check(Cell())
+    _check(Cell(), constraints=["seq >= 1"])
 
 
 def test_two_loops_two_scans():
@@ -317,8 +343,8 @@ def test_two_loops_two_scans():
 
 
 def test_len_of_the_stacked_list_is_the_length():
-    tracer, graph = _check(Recurrence())
-    assert tracer.constraints == []
+    # no constraint but the stack's own (`len(outs)` is the sequence's length)
+    tracer, graph = _check(Recurrence(), constraints=["seq >= 1"])
 
 
 def test_loop_of_a_nested_loop_over_a_static_size():
@@ -361,6 +387,15 @@ def _first_step(x):
     h = x[:, 0] * 0
     for i in range(x.shape[1]):
         h = x[:, i] if i == 0 else h * 0.5 + x[:, i]
+    return h
+
+
+def _last_step_first(x):
+    # the first step of `reversed()` has the index `n - 1`, not a constant: a decision
+    # on it is not one the example can make for every length
+    h = x[:, 0] * 0
+    for i in reversed(range(x.shape[1])):
+        h = x[:, i] if i == x.shape[1] - 1 else h * 0.5 + x[:, i]
     return h
 
 
@@ -422,7 +457,7 @@ class _Fn(torch.nn.Module):
         (_Fn(_counter), "the Python value of `n` changes from one step to the next"),
         (_Fn(_exchanged), "`a`, `b` take a tensor from one step to the next"),
         (_Fn(_last), "is used after it"),
-        (_Fn(_first_step), "a decision on"),
+        (_Fn(_last_step_first), "a decision on"),
         (_Fn(_early_exit), "a decision on"),
         (_Fn(_reversed_index), "the index is used by"),
         (_Fn(_two_steps_back), "2 steps back"),
@@ -436,6 +471,21 @@ def test_loop_that_is_not_a_scan_is_refused_with_its_reason(model, reason):
         CustomTracer().trace(model, {"x": torch.randn(2, 5, 3)}, dynamic_shapes=DIMS)
     assert reason in str(caught.value), str(caught.value)
     assert "seq == 5" in str(caught.value)
+
+
+def test_a_loop_unrolled_at_the_end_of_the_trace_needs_a_strict_dim_to_be_static():
+    # `outs[-1]` reaches the output without a call the tracer sees: the loop unrolls
+    # when the scans are made, after the trace; its length, needed from a dimension
+    # declared with torch.export.Dim, raised nothing, and the graph returned the
+    # example's last step at every length
+    from torch.export import Dim
+
+    from yobx.torch.tracing import StrictDimensionError
+
+    with pytest.raises(StrictDimensionError, match="seq == 5"):
+        CustomTracer().trace(
+            _Fn(_last), {"x": torch.randn(2, 5, 3)}, dynamic_shapes={"x": {1: Dim("seq")}}
+        )
 
 
 def test_one_step_in_the_example_is_not_enough_to_compare():
@@ -475,7 +525,7 @@ def test_tracing_leaves_the_module_and_builtins_as_they_were():
         CustomTracer().trace(model, {"x": torch.randn(2, 5, 3)}, dynamic_shapes=DIMS)
     assert model.calls == 0
     assert builtins.range is range and isinstance(range(3), range)
-    _check(Recurrence())
+    _check(Recurrence(), constraints=["seq >= 1"])
     assert "range" not in Recurrence.forward.__globals__
 
 
@@ -635,3 +685,98 @@ def test_a_loop_in_a_decorated_forward_is_a_scan():
     for batch, length in ((2, 12), (3, 4), (1, 8), (2, 40)):
         x = torch.randn(batch, length)
         assert_same(model(x), gm(x))
+
+
+def _first_step(x):
+    # a decision on the first index: the first step runs apart, before a scan of the
+    # others (whose indices are known to be above the first)
+    h = x[:, 0] * 0
+    for i in range(x.shape[1]):
+        h = x[:, i] if i == 0 else h * 0.5 + x[:, i]
+    return h
+
+
+def _first_step_flag(x):
+    # a Python flag the first step changes: the steps after it do not change it
+    h, first = x[:, 0] * 0, True
+    outs = []
+    for i in range(x.shape[1]):
+        h = h + x[:, i] * (2.0 if first else 0.5)
+        first = False
+        outs.append(h)
+    return torch.cat(outs, 1), len(outs) * h
+
+
+class ConstantState(torch.nn.Module):
+    """A hand-written RNN whose batch is static: its state starts as a constant, which
+    the first step computes with in Python (``torch.zeros(1, 4)`` has no node), so that
+    it records other operations than the steps after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ih, self.hh = torch.nn.Linear(3, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.zeros(1, 4)
+        outs, buf = [], torch.zeros(x.shape[1] + 1, 4)
+        for t in range(x.shape[1]):
+            buf[t] = h[0]
+            h = torch.tanh(self.ih(x[:, t]) + self.hh(h) * 0.5)
+            outs.append(h)
+        buf[-1] = h[0]
+        return torch.stack(outs, 1), h, buf
+
+
+class LearnedState(torch.nn.Module):
+    """A learned initial state: a parameter the first step reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.ih, self.h0 = torch.nn.Linear(3, 4), torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        h = self.h0
+        for t in range(x.shape[1]):
+            h = torch.tanh(self.ih(x[:, t]) + h)
+        return h
+
+
+def _summed(x):
+    # sum() of a generator: 0 + the first slice, then the sum so far + each other one
+    return sum(x[:, i] * 2 for i in range(x.shape[1]))
+
+
+@pytest.mark.parametrize(
+    "model, batch",
+    [
+        (_Fn(_first_step), 2),
+        (_Fn(_first_step_flag), 2),
+        (_Fn(_summed), 2),
+        (ConstantState(), 1),
+        (LearnedState(), 2),
+    ],
+    ids=["decision", "flag", "sum", "constant-state", "learned-state"],
+)
+def test_a_first_step_that_differs_runs_apart_from_the_scan(model, batch):
+    # each refused before: its steps differ from the first (a decision on the index,
+    # a Python value, a constant or a parameter where the others read the state)
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(batch, 5, 3)}, DIMS)
+    assert _all_scans(gm) == 1, graph
+    for n in (5, 1, 2, 3, 9):
+        x = torch.randn(batch, n, 3)
+        assert_same(model(x), gm(x))
+
+
+def test_a_scan_from_a_parameter_runs_with_autograd():
+    # torch's scan traced its body on fake tensors to differentiate it, and failed on
+    # the real parameters of the body's submodule: the steps run one after the other
+    model = LearnedState()
+    _, _, gm = trace_module(model, {"x": torch.randn(2, 5, 3)}, DIMS)
+    x = torch.randn(2, 6, 3)
+    gm(x).sum().backward()
+    expected = torch.autograd.grad(model(x).sum(), [model.h0, model.ih.weight])
+    # the parameters of the version where the loop runs (another holds n = 0)
+    params = dict(gm.named_parameters())
+    got = [next(p for n, p in params.items() if n.endswith(k)).grad for k in ("h0", "ih.weight")]
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(e, g)

@@ -9,6 +9,7 @@ alone, so that every room of the tracer can name them.
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 from torch._ops import HigherOrderOperator
 
 #: torch's own operators, read when this module is imported (before any patch)
@@ -70,7 +71,43 @@ class ScanCCOp(_GraphOperator):
         init, xs, additional_inputs = list(init), list(xs), list(additional_inputs)
         if xs and all(type(x.shape[0]) is int and x.shape[0] == 0 for x in xs):
             return _no_step(combine_fn, init, xs, additional_inputs)
+        if _differentiable_eager(init, xs, additional_inputs):
+            return _steps(combine_fn, init, xs, additional_inputs)
         return _ORIGINAL_SCAN(combine_fn, init, xs, additional_inputs)
+
+
+def _differentiable_eager(*groups: list) -> bool:
+    """Whether the scan runs on real tensors with autograd on, nothing tracing it.
+
+    torch's scan then traces its body on fake tensors to differentiate it
+    (``gen_schema``), which fails on the parameters of the body's submodules (real
+    tensors the body reads itself, not inputs): a carry starting from a parameter (a
+    learned initial state) or from a first step kept apart failed so. Where nothing
+    traces the scan, its steps run one after the other instead, as in the user's loop,
+    which autograd follows, parameters of the body included.
+    """
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    if torch._C._len_torch_dispatch_stack() > 0:
+        return False  # make_fx, FakeTensorMode...: they see torch's scan
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    tensors = [t for group in groups for t in group if isinstance(t, torch.Tensor)]
+    plain = (torch.Tensor, torch.nn.Parameter)
+    return not any(isinstance(t, FakeTensor) or type(t) not in plain for t in tensors)
+
+
+def _steps(combine_fn, init: list, xs: list, additional_inputs: list) -> list:
+    """The scan's steps run one after the other: the final carries, then each per-step
+    output stacked."""
+    carries, per_step = list(init), []
+    for k in range(xs[0].shape[0]):
+        # the carries then the step's outputs, flat (as torch's scan reads them)
+        results = pytree.tree_leaves(combine_fn(*carries, *(x[k] for x in xs), *additional_inputs))
+        carries, outputs = results[: len(init)], results[len(init) :]
+        per_step.append(outputs)
+    stacked = [torch.stack([outputs[j] for outputs in per_step]) for j in range(len(per_step[0]))]
+    return [*carries, *stacked]
 
 
 def _no_step(combine_fn, init: list, xs: list, additional_inputs: list) -> list:

@@ -180,7 +180,7 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
     changed = _changed_locals(region, proxies=False)
     if changed:
         return f"the Python value of {changed} changes from one step to the next"
-    steps = [_compared(nodes, region.graph) for nodes in region.steps]
+    steps = [_without_dead_scalars(_compared(nodes, region.graph)) for nodes in region.steps]
     operands = _Operands(steps, region.index_nodes)
     try:
         signatures = [[operands.signature(n, k) for n in nodes] for k, nodes in enumerate(steps)]
@@ -226,6 +226,38 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
         elif _writes_in_place(node) and not _writes_into_its_own(node, operands):
             return f"`{node.name}` writes in place ({_where(node)})"
     return plan
+
+
+def without_first_step(region: LoopRegion) -> LoopRegion:
+    """The steps of ``region`` after the first, as a region of their own (the region is
+    left as it is): what :func:`plan_scan` compares when the first step differs from
+    the others and runs before the scan, kept apart. Its frame is what the others
+    start from."""
+    return dataclasses.replace(
+        region,
+        steps=region.steps[1:],
+        index_nodes=region.index_nodes[1:],
+        frames=region.frames[1:],
+        count=region.count - 1,
+        before=region.frames[0] if region.frames else None,
+        start=region.start if region.reverse else region.start + 1,
+        apart=region.steps[0],
+    )
+
+
+_SCALARS = (torch.SymInt, torch.SymBool, torch.SymFloat)
+
+
+def _without_dead_scalars(nodes: list[Node]) -> list[Node]:
+    """``nodes`` without the symbolic numbers nothing reads: what a decision compared
+    (``i == 0``, decided by Python; in the steps after the first the index's bounds
+    decide it without recording anything else), which the scan needs no more than the
+    unrolled steps do."""
+    dead: set[Node] = set()
+    for node in reversed(nodes):
+        if isinstance(node.meta.get("val"), _SCALARS) and all(u in dead for u in node.users):
+            dead.add(node)
+    return [n for n in nodes if n not in dead]
 
 
 def _writes_into_its_own(node: Node, operands: _Operands) -> bool:
@@ -408,7 +440,10 @@ def _write(
         fresh = False
     if not fresh:
         return f"{why} into `{out.name}`, which is not a new tensor made for it"
-    writers = {n for nodes in region.steps for n in nodes if n.target is operator.setitem}
+    # the first step kept apart writes before the scan does
+    writers = {
+        n for nodes in (*region.steps, region.apart) for n in nodes if n.target is operator.setitem
+    }
     if any(u not in writers for u in out.users):
         return f"{why} into `{out.name}`, which is also read while the loop writes it"
     step, position = (
@@ -618,9 +653,9 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     for c, position in enumerate(builder.carry_order):
         last[position].replace_all_uses_with(outputs[c], delete_user_cb=lambda u: u not in inside)
     for node in region.stacked:
-        _, position, dim, how = cast(tuple[Any, int, int, str], node.args)
+        _, position, dim, how, first = cast(tuple[Any, int, int, str, tuple], node.args)
         with graph.inserting_before(node):
-            value = emitter.stacked(stacked[positions.index(position)], dim, how)
+            value = emitter.stacked(stacked[positions.index(position)], dim, how, first)
         node.replace_all_uses_with(value)
         graph.erase_node(node)
     _erase_steps(graph, region)
@@ -679,14 +714,18 @@ class _Emitter:
             outputs.append(item)
         return outputs
 
-    def stacked(self, values: Node, dim: int, how: str) -> Node:
-        """``torch.stack``/``torch.cat`` of the per-step values, from the scan's: a new
-        contiguous tensor, as they make (a view of the scan's output would share its
-        memory with another join of the same values, and ``flatten()`` of it would copy
-        where eager's is a view that in-place updates go through)."""
+    def stacked(self, values: Node, dim: int, how: str, first: tuple = ()) -> Node:
+        """``torch.stack``/``torch.cat`` of the per-step values, from the scan's, after
+        ``first`` (the value of a first step kept apart): a new contiguous tensor, as
+        they make (a view of the scan's output would share its memory with another join
+        of the same values, and ``flatten()`` of it would copy where eager's is a view
+        that in-place updates go through)."""
         moved = self.node(torch.movedim, (values, 0, dim))
         if how == "cat":
             moved = self.node(torch.flatten, (moved, dim, dim + 1))
+        if first:
+            pieces = [self.node(torch.unsqueeze, (v, dim)) if how == "stack" else v for v in first]
+            return self.node(torch.cat, ([*pieces, moved], dim))
         fresh = self.graph.create_node(
             "call_function", torch.clone, (moved,), {"memory_format": torch.contiguous_format}
         )

@@ -14,7 +14,15 @@ from torch.fx.node import Node, map_arg
 from torch.fx.proxy import Proxy
 
 from ..errors import exception_summary
-from .loop_rolling import emit_scan, names_set_apart, outside_use_refusal, plan_scan
+from .loop_rolling import (
+    ScanPlan,
+    _value_key,
+    emit_scan,
+    names_set_apart,
+    outside_use_refusal,
+    plan_scan,
+    without_first_step,
+)
 from .loops import (
     LoopRegion,
     SymbolicPieces,
@@ -171,7 +179,7 @@ class LoopsMixin(MixinBase):
     def _loop_close(self, region: LoopRegion) -> None:
         region.last = next(reversed(region.graph.nodes))
         if region.refusal is None:
-            plan = plan_scan(region)
+            plan = self._plan(region)
             if isinstance(plan, str):
                 region.refuse(plan)
             else:
@@ -187,6 +195,50 @@ class LoopsMixin(MixinBase):
         if region.refusal is not None:
             self.unroll_loop(region, region.refusal)
 
+    def _plan(self, region: LoopRegion) -> ScanPlan | str:
+        """The plan of the scan of all the steps, else of the steps after the first, which
+        then runs before the scan (a first step that differs from the others: a
+        decision on its index, ``if i == 0:``, or a state starting as a constant, which
+        the first step computes with in Python), else why there is none."""
+        if region.first_apart is None:
+            plan = plan_scan(region)
+            if not isinstance(plan, str) or region.count < 3 or region.reverse:
+                # the first step of `reversed()` has the index `stop - 1`, not a
+                # constant: the decisions the example made on it would not hold
+                return plan
+        elif region.count < 3:
+            return (
+                f"its first step differs from the others ({region.first_apart}), and the "
+                f"example runs it {region.count} time{'' if region.count == 1 else 's'}: at "
+                f"least 2 more steps are needed to check that the others compute the same "
+                f"thing"
+            )
+        later = without_first_step(region)
+        found = plan_scan(later)
+        if isinstance(found, str):
+            return found if region.first_apart is not None else plan
+        self._keep_first_step_apart(region, later)
+        return found
+
+    def _keep_first_step_apart(self, region: LoopRegion, later: LoopRegion) -> None:
+        """The first step runs before the scan of the others: its index becomes the
+        constant it is, the capture decides that the loop runs, and the region is the
+        steps after it (``later``)."""
+        self._decide_it_runs(region.length)
+        first = region.index_nodes[0]
+        value = region.index_value(0)
+        for user in list(first.users):
+            user.args = map_arg(user.args, _replacing(first, value))
+            user.kwargs = map_arg(user.kwargs, _replacing(first, value))
+        if not first.users:
+            first.graph.erase_node(first)
+        for name in ("steps", "index_nodes", "frames", "count", "before", "start", "apart"):
+            setattr(region, name, getattr(later, name))
+        region.length = region.length - 1
+        if region.reverse:
+            region.stop = region.stop - 1
+        region.last = next(reversed(region.graph.nodes))
+
     def _decide_the_loop_runs(self, region: LoopRegion) -> None:
         """Where the loop runs no step, the scan gives each state its first value, and
         every other name keeps its value from before the loop. A name the steps set to
@@ -198,9 +250,15 @@ class LoopsMixin(MixinBase):
             return
         names = names_set_apart(region.before, region.frames[0], region.plan)
         if names:
-            quoted = ", ".join(f"`{n}`" for n in names)
-            runs = region.length.node.meta["val"] >= 1
-            self.decide(runs, f"the loop runs (its steps set {quoted})")
+            self._decide_it_runs(region.length)
+
+    def _decide_it_runs(self, length: Proxy) -> None:
+        """Decides that a loop of ``length`` steps runs one at least, by a comparison in
+        the graph: its decision is judged for the sizes below the default range too (a
+        version or a checked constraint for ``s == 0``). Decided on its value alone,
+        ``s >= 1`` is True on torch's positive symbols, and a loop over ``range(s)`` was
+        taken to run at ``s = 0``."""
+        bool(length >= 1)
 
     def module_assigned(self, module: torch.nn.Module, name: str) -> None:
         """``module.name = ...`` in the traced code: inside a loop's step, Python state
@@ -210,9 +268,25 @@ class LoopsMixin(MixinBase):
             region.refuse(f"it assigns `{type(module).__name__}.{name}` at {self.location()}")
 
     def loop_refuse(self, symbols, reason: str) -> None:
-        """A decision or a guard on the index of a step: its region cannot be a scan."""
+        """A decision or a guard on the index of a step: its region cannot be a scan.
+
+        On the index of the first step, while it runs, the decision is the example's
+        (the step is then kept apart, running before a scan of the others: the
+        others' indices exclude the first's, see :func:`~.loops.loop_symbol`); once it
+        is kept apart, its index is a constant, and so is the decision."""
         for symbol in symbols:
             region = self.state.loop_symbols.get(symbol)
+            if region is not None and symbol == region.first_symbol:
+                if region.apart:
+                    continue
+                if (
+                    region is self.state.active_loop
+                    and len(region.index_nodes) == 1
+                    and not region.reverse
+                ):
+                    if region.first_apart is None:
+                        region.first_apart = f"{reason} at {self.location()}"
+                    continue
             if region is not None and not region.unrolled:
                 region.refuse(f"{reason} at {self.location()}")
                 if region.plan is not None:
@@ -247,8 +321,8 @@ class LoopsMixin(MixinBase):
             if node.graph is not None and not node.users:
                 node.graph.erase_node(node)
         for node in region.stacked:
-            _, position, dim, how = node.args
-            values = [nodes[position] for nodes in plan.steps]
+            _, position, dim, how, first = node.args
+            values = [*first, *(nodes[position] for nodes in plan.steps)]
             node.target = torch.stack if how == "stack" else torch.cat
             node.args = (values, dim)
 
@@ -321,15 +395,18 @@ class LoopsMixin(MixinBase):
         found = self._loop_sequence(values)
         if found is None:
             return None
-        region, position = found
-        per_step = values[0].node.meta["val"]
+        region, position, first = found
+        per_step = values[-1].node.meta["val"]
         ndim = per_step.dim() + (1 if how == "stack" else 0)
         if not -ndim <= dim < ndim or (how == "cat" and per_step.dim() == 0):
             return None
         dim %= ndim
-        length = region.length.node.meta["val"]
-        # eager stacks and concatenates one tensor at least
-        self.decide(length >= 1, f"torch.{how} of the values of the loop at {region.location}")
+        length = region.length.node.meta["val"] + len(first)
+        if not first:
+            # eager stacks and concatenates one tensor at least, and the list was not
+            # empty where the code tested it (`torch.cat(outs) if outs else ...`: a
+            # list's truth is no call the tracer sees)
+            self._decide_it_runs(region.length)
         try:
             with self.fake_mode:
                 if how == "stack":
@@ -346,28 +423,40 @@ class LoopsMixin(MixinBase):
             region.refuse(f"its stacked output fails on fake tensors ({exception_summary(e)})")
             return None
         node = self.create_node(
-            "call_function", loop_stacked, (region.number, position, dim, how), {}
+            "call_function",
+            loop_stacked,
+            (region.number, position, dim, how, tuple(v.node for v in first)),
+            {},
         )
         node.meta["val"] = val
         node.meta["stack_trace"] = self.stack_trace()
         region.stacked.append(node)
         return self.proxy(node)
 
-    def _loop_sequence(self, values) -> tuple[LoopRegion, int] | None:
-        """(region, position) when ``values`` are the values one position of a closed
-        region computes, one per step, in order."""
-        if not all(isinstance(v, Proxy) for v in values):
+    def _loop_sequence(self, values) -> tuple[LoopRegion, int, list] | None:
+        """(region, position, first) when ``values`` are the values one position of a
+        closed region computes, one per step, in order, after ``first``: nothing, or the
+        value of a first step the region keeps apart (``outs.append(h)`` in every step),
+        which has the same shape."""
+        if not values or not all(isinstance(v, Proxy) for v in values):
             return None
-        region = self.state.loop_outputs.get(values[0].node)
-        if region is None or len(values) != region.count:
+        region = self.state.loop_outputs.get(values[-1].node)
+        if region is None:
             return None
-        position = region.outputs[values[0].node][1]
+        first, steps = values[: len(values) - region.count], values[len(values) - region.count :]
+        if len(first) > (1 if region.apart else 0):
+            return None
+        if first and _value_key(first[0].node.meta.get("val")) != _value_key(
+            steps[0].node.meta.get("val")
+        ):
+            return None
+        position = region.outputs[steps[0].node][1]
         if position < 0:
             return None
-        for step, value in enumerate(values):
+        for step, value in enumerate(steps):
             if region.outputs.get(value.node) != (step, position):
                 return None
-        return region, position
+        return region, position, first
 
     def loop_length(self, values) -> Proxy | None:
         """``len()`` of a list holding the values of a closed region: the symbolic number
@@ -377,7 +466,7 @@ class LoopsMixin(MixinBase):
             return None
         found = self._loop_sequence(values)
         if found is not None:
-            return found[0].length
+            return found[0].length + len(found[2])
         for value in values:
             node = getattr(value, "node", None)
             region = self.state.loop_outputs.get(node) if node is not None else None

@@ -52,9 +52,10 @@ def loop_index(loop: int, step: int) -> int:
     raise RuntimeError(f"loop_index({loop}, {step}) is a tracing placeholder")
 
 
-def loop_stacked(loop: int, position: int, dim: int, how: str) -> Any:
+def loop_stacked(loop: int, position: int, dim: int, how: str, first: tuple = ()) -> Any:
     """Graph target standing for ``torch.stack``/``torch.cat`` of a value the loop
-    computes at every step; replaced by the scan's output (or the unrolled stack)."""
+    computes at every step (after ``first``: the value of a first step kept apart, see
+    :attr:`LoopRegion.apart`); replaced by the scan's output (or the unrolled stack)."""
     raise RuntimeError(f"loop_stacked({loop}, {position}) is a tracing placeholder")
 
 
@@ -92,6 +93,14 @@ class LoopRegion:
     reverse: bool = False
     #: the Python locals of the loop's frame before its first step, as comparable tokens
     before: dict | None = None
+    #: why the first step is not one of the scan's (a decision on its index: ``if i ==
+    #: 0:``), or None; the first step then runs before the scan, kept apart (see
+    #: :func:`~.loop_rolling.without_first_step`)
+    first_apart: str | None = None
+    #: the nodes of the first step once it is kept apart from the scan
+    apart: list[Node] = dataclasses.field(default_factory=list)
+    #: the symbol of the first step's index (a constant once the step is kept apart)
+    first_symbol: Any = None
 
     def index_value(self, step: int) -> int:
         """The index of ``step`` on the example."""
@@ -544,13 +553,20 @@ def _same(before: Any, after: Any, recorded: set | None) -> bool:
 
 def loop_symbol(dims: Any, region: LoopRegion, step: int) -> torch.SymInt:
     """A new symbol for the index of ``step``, in ``[start, stop - 1]``: the hint is the
-    example's index, the upper bound is known to the prover only (a relation)."""
+    example's index, the upper bound is known to the prover only (a relation).
+
+    The steps after the first leave out the first's index (``[start + 1, stop - 1]``,
+    ``[start, stop - 2]`` for ``reversed``): true of them at any length, and what lets a
+    decision on the first index (``if i == 0:``) be one the other steps need not make,
+    so that the first step can be kept apart from a scan of the others."""
     hint = region.index_value(step)
-    symbol, symint = dims.new_symbol(
-        f"i{region.number}_{step}", hint, region.start, None, positive=None
-    )
+    later = 1 if step > 0 else 0
+    low = region.start + (0 if region.reverse else later)
+    symbol, symint = dims.new_symbol(f"i{region.number}_{step}", hint, low, None, positive=None)
     stop = region.stop.node.meta["val"].node.expr
-    dims.loop_bounds[symbol] = stop - 1
+    dims.loop_bounds[symbol] = stop - 1 - (later if region.reverse else 0)
+    if step == 0:
+        region.first_symbol = symbol
     return symint
 
 

@@ -690,10 +690,14 @@ class SymbolicDimensions:
             return True if True in parts else (False if not any(p is None for p in parts) else None)
         ranges = dict(ranges)
         replaced = {}
+        # a decision proved again for small sizes is written with twin symbols
+        # (lowest_bound): the bounds must be too
+        twinned = any(s in self._originals for s in expr.free_symbols)
         for s in indices:
             rest = sympy.Symbol(f"{s}_rest", integer=True, nonnegative=True)
             ranges[rest] = ValueRanges(0, int_oo)
-            replaced[s] = self.loop_bounds[s] - rest
+            bound = self.loop_bounds[s]
+            replaced[s] = (self.twins(bound) if twinned else bound) - rest
         substituted = expr.xreplace(replaced)
         if substituted in (sympy.true, sympy.false):
             return bool(substituted)
