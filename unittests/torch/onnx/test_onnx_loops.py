@@ -12,14 +12,11 @@ from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
 from unittests.torch.tracing.test_tracing_loops import (
     Cell,
     ConstantState,
-    LearnedState,
-    RunsOrNot,
-    _first_step,
-    _first_step_flag,
-    _Fn,
     FromOne,
+    LearnedState,
     ReadsNoSlice,
     Recurrence,
+    RunsOrNot,
     SetByTheFirstStep,
     SlicesOfInvariants,
     SlicesWithNewAxes,
@@ -27,6 +24,9 @@ from unittests.torch.tracing.test_tracing_loops import (
     Writes,
     WritesIntoItsOwn,
     WritesTheStateReceived,
+    _first_step,
+    _first_step_flag,
+    _Fn,
 )
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.errors import OnnxExportError
@@ -247,9 +247,7 @@ def test_slices_with_new_axes_export_exact():
     ids=["decision", "flag", "constant-state", "learned-state"],
 )
 def test_a_first_step_apart_from_the_scan_exports_exact(model, batch):
-    result = export_and_validate(
-        model, (torch.randn(batch, 5, 3),), dynamic_shapes=({1: "n"},)
-    )
+    result = export_and_validate(model, (torch.randn(batch, 5, 3),), dynamic_shapes=({1: "n"},))
     assert "Scan" in _op_types(result.model_proto)
     _matches_eager(result, model, [(batch, n, 3) for n in (5, 1, 2, 3, 9)])
 
