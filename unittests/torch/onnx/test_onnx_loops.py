@@ -11,9 +11,11 @@ import torch
 from unittests.torch.onnx._helpers import export_and_validate, onnx_dims
 from unittests.torch.tracing.test_tracing_loops import (
     Cell,
+    Chunks,
     ConstantState,
     FromOne,
     LearnedState,
+    Neighbours,
     ReadsNoSlice,
     Recurrence,
     RunsOrNot,
@@ -256,3 +258,14 @@ def test_a_loop_over_a_whole_size_may_run_no_step_in_onnxruntime():
     model = RunsOrNot()
     result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
     _matches_eager(result, model, [(n, 3) for n in (4, 0, 1, 2)])
+
+
+def test_chunks_and_offsets_of_the_index_export_exact():
+    model = Chunks()
+    result = export_and_validate(model, (torch.randn(2, 16, 3),), dynamic_shapes=({1: "n"},))
+    assert "Scan" in _op_types(result.model_proto)
+    _matches_eager(result, model, [(2, n, 3) for n in (16, 3, 4, 13, 40, 0)])
+    model = Neighbours()
+    result = export_and_validate(model, (torch.randn(5, 3),), dynamic_shapes=({0: "n"},))
+    assert "Scan" in _op_types(result.model_proto)
+    _matches_eager(result, model, [(n, 3) for n in (5, 1, 2, 7)])

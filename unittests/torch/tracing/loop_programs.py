@@ -75,9 +75,15 @@ STEPS = {
     "{a}, {b} = {a} + {b} * {c}, {b} * {c} + x[i]": 2,
     "for _ in range(2):\n                {a} = {a} * {c} + x[i]": 2,
     "outs.append(torch.cat([{a}, x[i]]))": 1,
+    # the index plus an offset, chunks of a flat view at the index
+    "{a} = {a} * {c} + x[i - 1]": 1,
+    "{a} = {a} + x[i + 1] * {c}": 1,
+    "buf[i - 1] = {a} * {c}": 1,
+    "{a} = {a} + x.reshape(-1)[3 * i : 3 * i + 3] * {c}": 2,
+    "flat[3 * i : 3 * (i + 1)] = {a} * {c}": 2,
 }
 #: statements that read the index otherwise than as ``x[i]``: not for ``row in ...``
-_INDEXED = ("i % 2", "+ i", "[i]", "[i:", "[i,", "i ==")
+_INDEXED = ("i % 2", "+ i", "[i]", "[i:", "[i,", "i ==", "[i -", "[i +", "3 * i")
 #: what comes after the loop
 AFTER = (
     "{a}.mul_({c})",
@@ -98,7 +104,12 @@ def loop_program(rng: random.Random) -> tuple[type, str]:
         return template.format(a=a, b=b, c=rng.choice((0.5, 2.0, -1.0)))
 
     lines = [f"{name} = {fill(rng.choice(INITS))}" for name in names]
-    lines += ["outs = []", "buf = torch.zeros_like(x)", f"prev = {names[0]}"]
+    lines += [
+        "outs = []",
+        "buf = torch.zeros_like(x)",
+        "flat = x.new_zeros(x.shape[0] * 3)",
+        f"prev = {names[0]}",
+    ]
     header = rng.choice(RANGES)
     lines.append(f"for {header}:")
     steps = rng.choices(list(STEPS), weights=list(STEPS.values()), k=rng.randint(1, 4))
@@ -111,7 +122,7 @@ def loop_program(rng: random.Random) -> tuple[type, str]:
     after = fill(rng.choice(AFTER))
     if after:
         lines.append(after)
-    outputs = [*names, "prev", "buf", "x * 1"]
+    outputs = [*names, "prev", "buf", "flat", "x * 1"]
     if any("outs.append" in line for line in body):
         join = rng.choice(("torch.stack(outs)", "torch.cat(outs)"))
         lines.append(f"stacked = {join} if outs else buf[:0]")

@@ -780,3 +780,48 @@ def test_a_scan_from_a_parameter_runs_with_autograd():
     got = [next(p for n, p in params.items() if n.endswith(k)).grad for k in ("h0", "ih.weight")]
     for e, g in zip(expected, got):
         torch.testing.assert_close(e, g)
+
+
+class Chunks(torch.nn.Module):
+    """A chunked recurrence over the chunks of a sequence (xLSTM's chunkwise form): each
+    step reads its chunk (``x[:, c*k : c*(k + 1)]``) and writes its state into the
+    chunk of a buffer; the last state is written after the loop."""
+
+    def forward(self, x):
+        c, width = 4, x.shape[2]
+        n = x.shape[1] // c
+        states = torch.zeros(x.shape[0], (n + 1) * width, width)
+        h = torch.zeros(x.shape[0], width, width)
+        for k in range(n):
+            states[:, k * width : (k + 1) * width] = h
+            chunk = x[:, k * c : (k + 1) * c]
+            h = h * 0.5 + chunk.transpose(1, 2) @ chunk
+        states[:, -width:] = h
+        return states, h
+
+
+class Neighbours(torch.nn.Module):
+    """Steps reading and writing at their index plus an offset (``x[i + 1] - x[i]``)."""
+
+    def forward(self, x):
+        h = x[0] * 0
+        out = torch.zeros_like(x)
+        for i in range(x.shape[0] - 1):
+            h = h * 0.5 + x[i + 1] - x[i]
+            out[i + 1] = h
+        return out, h
+
+
+def test_chunks_at_the_index_are_scanned():
+    # the index times the chunk's size was no slice a scan selects: the loop unrolled,
+    # a version per number of chunks until the budget, then `n == 7` refused
+    model = Chunks()
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(2, 16, 3)}, DIMS)
+    assert _all_scans(gm) == 1, graph
+    for b, n in ((2, 16), (1, 3), (3, 4), (2, 13), (1, 40), (2, 0)):
+        x = torch.randn(b, n, 3)
+        assert_same(model(x), gm(x))
+
+
+def test_offsets_of_the_index_are_scanned():
+    _scanned_and_exact(Neighbours(), lengths=(4, 1, 2, 7))

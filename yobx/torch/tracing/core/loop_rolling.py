@@ -26,7 +26,30 @@ from torch.fx.node import Node, map_arg
 
 from ..errors import TracingError
 from ..graph_operators import ScanCCOp
-from .loops import LoopRegion, ProxyToken, changed_locals, loop_index, loop_stacked
+from .loops import (
+    LoopRegion,
+    ProxyToken,
+    changed_locals,
+    linear_in,
+    loop_index,
+    loop_stacked,
+)
+
+
+@dataclasses.dataclass
+class StepWrite:
+    """``out[item] = value`` in each step: the step writes the rows ``c*i + b`` of
+    ``out``'s ``axis`` (``c`` of them for a ``chunk``, one otherwise)."""
+
+    out: Node
+    axis: int
+    item: tuple
+    #: the position in ``item`` of what reads the index
+    position: int
+    value: Node
+    c: int = 1
+    b: int = 0
+    chunk: bool = False
 
 
 @dataclasses.dataclass
@@ -37,15 +60,19 @@ class ScanPlan:
     steps: list[list[Node]]
     #: carried values: position in a step -> the node before the loop it starts from
     carries: dict[int, Node]
-    #: positions where the index selects a slice: position -> (tensor, axis, rest) where
-    #: ``rest`` is what indexes the slice after it (None: the slice itself; "narrow": the
-    #: slice with the axis kept)
-    selections: dict[int, tuple[Node, int, Any]]
+    #: positions where the index selects a slice: position -> (tensor, axis, rest, offset)
+    #: where ``rest`` is what indexes the slice after it (None: the slice itself;
+    #: "narrow": the slice with the axis kept) and ``offset`` is added to the index
+    #: (``x[i + 1]``)
+    selections: dict[int, tuple[Node, int, Any, int]]
     #: positions where a step writes its slice of a tensor made before the loop
-    #: (``out[:, i] = value``): position -> (tensor, axis, item, value)
-    writes: dict[int, tuple[Node, int, tuple, Node]] = dataclasses.field(default_factory=dict)
+    #: (``out[:, i] = value``, ``out[:, c*i + b : c*i + b + c] = value``)
+    writes: dict[int, StepWrite] = dataclasses.field(default_factory=dict)
     #: where each operand of the steps comes from (the scan hoists invariants with it)
     operands: Any = None
+    #: positions of the values the steps compute from their index, ``c*i + b``: read by
+    #: selections and writes only, which the scan does without
+    index_values: set[int] = dataclasses.field(default_factory=set)
 
 
 class _NotUniform(Exception):
@@ -211,20 +238,44 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
         if _value_key(init.meta["val"]) != _value_key(steps[0][position].meta.get("val")):
             return f"`{init.name}` does not keep its shape from one step to the next"
     plan = ScanPlan(steps, carries, {}, operands=operands)
+    index = region.index_nodes[1]
+    # the index and what the step computes from it as `c*i + b`
+    offsets = {index: (1, 0)}
+    symbol = index.meta["val"].node.expr
     for position, node in enumerate(steps[1]):
-        uses_index = ("index",) in _flat(signatures[1][position][2:4])
-        if node.target is operator.setitem and uses_index:
-            write = _write(node, region, operands, carries)
+        val = node.meta.get("val")
+        found = linear_in(val.node.expr, symbol) if isinstance(val, torch.SymInt) else None
+        if found is not None and any(n in offsets for n in node.all_input_nodes):
+            offsets[node] = found
+            plan.index_values.add(position)
+    for position, node in enumerate(steps[1]):
+        if position in plan.index_values:
+            continue
+        if not any(n in offsets for n in node.all_input_nodes):
+            if _writes_in_place(node) and not _writes_into_its_own(node, operands):
+                return f"`{node.name}` writes in place ({_where(node)})"
+            continue
+        if node.target is operator.setitem:
+            write = _write(node, region, operands, carries, offsets)
             if isinstance(write, str):
                 return write
+            first = write.c * region.start + write.b
             plan.writes[position] = write
-        elif uses_index:
-            selection = _selection(node, region.index_nodes[1], operands)
+        else:
+            selection = _selection(node, offsets, operands)
             if isinstance(selection, str):
                 return selection
+            first = region.start + selection[3]
             plan.selections[position] = selection
-        elif _writes_in_place(node) and not _writes_into_its_own(node, operands):
-            return f"`{node.name}` writes in place ({_where(node)})"
+        if first < 0:
+            # `x[i - 1]` at i = 0 is the last row: no slice of rows a scan reads
+            return f"`{node.name}` reads row {first} at the first index ({_where(node)})"
+    for position in plan.index_values:
+        for user in steps[1][position].users:
+            p = operands.where.get(user, (None, None))[1]
+            if p not in plan.index_values and p not in plan.selections and p not in plan.writes:
+                where = _where(user)
+                return f"the index is used by `{user.name}` ({where}), not to select one slice"
     return plan
 
 
@@ -308,14 +359,6 @@ def _changed_locals(region: LoopRegion, proxies: bool) -> str:
     return ", ".join(f"`{n}`" for n in sorted(changed))
 
 
-def _flat(operand: Any) -> list:
-    found = [operand]
-    if isinstance(operand, tuple):
-        for item in operand:
-            found.extend(_flat(item))
-    return found
-
-
 def _writes_in_place(node: Node) -> bool:
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     return node.target is operator.setitem or (name.endswith("_") and not name.endswith("__"))
@@ -325,16 +368,17 @@ _SELECT = ("select",)
 _NARROW = ("narrow",)
 
 
-def _selection(node: Node, index: Node, operands: _Operands) -> tuple | str:
-    """(tensor, axis, rest) when ``node`` selects the slice ``index`` of a tensor from
-    before the loop, else why the index cannot be scanned over."""
+def _selection(node: Node, offsets: dict, operands: _Operands) -> tuple | str:
+    """(tensor, axis, rest, offset) when ``node`` selects the slice ``i + offset`` of a
+    tensor from before the loop (``offsets``: the index and the values the step computes
+    from it, see :func:`plan_scan`), else why the index cannot be scanned over."""
     why = f"the index is used by `{node.name}` ({_where(node)}), not to select one slice"
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     args, kwargs = node.args, node.kwargs
     if kwargs or not args or not isinstance(args[0], Node):
         return why
     source = args[0]
-    if source in operands.index_of or (
+    if source in offsets or (
         operands.where.get(source) is not None and not _invariant(source, operands)
     ):
         return f"the index selects from `{source.name}`, computed in the loop ({_where(node)})"
@@ -342,18 +386,33 @@ def _selection(node: Node, index: Node, operands: _Operands) -> tuple | str:
     if not isinstance(val, torch.Tensor) or val.dim() == 0:
         return why
     if node.target is operator.getitem:
-        return _item_selection(args[1], source, index, val.dim()) or why
-    if name in _SELECT and len(args) == 3 and args[2] is index and type(args[1]) is int:
-        return source, args[1] % val.dim(), None
-    if (
-        name in _NARROW
-        and len(args) == 4
-        and args[2] is index
-        and args[3] == 1
-        and type(args[1]) is int
-    ):
-        return source, args[1] % val.dim(), "narrow"
+        return _item_selection(args[1], source, offsets, val.dim()) or why
+    moved = _offset(args[2], offsets) if len(args) > 2 else None
+    if moved is None or type(args[1]) is not int:
+        return why
+    if name in _SELECT and len(args) == 3:
+        return source, args[1] % val.dim(), None, moved
+    if name in _NARROW and len(args) == 4 and args[3] == 1:
+        return source, args[1] % val.dim(), "narrow", moved
     return why
+
+
+def _offset(value: Any, offsets: dict) -> int | None:
+    """``b`` when ``value`` is the index plus ``b`` (see :func:`plan_scan`), else None."""
+    found = offsets.get(value) if isinstance(value, Node) else None
+    return found[1] if found is not None and found[0] == 1 else None
+
+
+def _reads_index(value: Any, offsets: dict) -> bool:
+    return any(isinstance(v, Node) and v in offsets for v in _leaves(value))
+
+
+def _leaves(value: Any) -> list:
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    if isinstance(value, slice):
+        return [value.start, value.stop, value.step]
+    return [value]
 
 
 def _invariant(node: Node, operands: _Operands) -> bool:
@@ -392,12 +451,16 @@ def _hoisted(graph: torch.fx.Graph, node: Node, operands: _Operands, copies: dic
     return copies[node]
 
 
-def _item_selection(item: Any, source: Node, index: Node, ndim: int) -> tuple | None:
-    if item is index:
-        return source, 0, None
-    if not isinstance(item, tuple) or sum(1 for i in item if i is index) != 1:
+def _item_selection(item: Any, source: Node, offsets: dict, ndim: int) -> tuple | None:
+    """(source, axis, rest, offset) for ``source[item]`` selecting the index plus an
+    offset on one axis (see :func:`_selection`), else None."""
+    moved = _offset(item, offsets)
+    if moved is not None:
+        return source, 0, None, moved
+    if not isinstance(item, tuple) or sum(1 for i in item if _offset(i, offsets) is not None) != 1:
         return None
-    q = next(j for j, i in enumerate(item) if i is index)
+    q = next(j for j, i in enumerate(item) if _offset(i, offsets) is not None)
+    moved = _offset(item[q], offsets)
     full = slice(None, None, None)
     before, after = item[:q], item[q + 1 :]
     # a None after the index (``gate[:, :, t, None]``) adds an axis to the slice
@@ -411,8 +474,27 @@ def _item_selection(item: Any, source: Node, index: Node, ndim: int) -> tuple | 
     axis = q if Ellipsis not in before else ndim - sum(i is not None for i in after) - 1
     rest = before + after
     if all(i is Ellipsis or i == full for i in rest):
-        return source, axis, None
-    return source, axis, tuple(rest)
+        return source, axis, None, moved
+    return source, axis, tuple(rest), moved
+
+
+def _chunk_item(item: Any, offsets: dict) -> tuple[int, int, int] | None:
+    """(axis, c, b) for an item writing the rows ``c*i + b`` to ``c*i + b + c`` of one
+    axis (``out[:, c*i : c*(i + 1)]``, full slices before it, nothing read from the
+    index after it), else None."""
+    items = item if isinstance(item, tuple) else (item,)
+    full = slice(None, None, None)
+    axis = next((k for k, one in enumerate(items) if one != full), None)
+    if axis is None or not isinstance(items[axis], slice):
+        return None
+    one = items[axis]
+    start, stop = (offsets.get(v) if isinstance(v, Node) else None for v in (one.start, one.stop))
+    if start is None or stop is None or one.step not in (None, 1):
+        return None
+    c, b = start
+    if stop != (c, b + c) or _reads_index(items[axis + 1 :], offsets):
+        return None
+    return axis, c, b
 
 
 #: what makes a new tensor: writing into it cannot change another value
@@ -424,12 +506,12 @@ _FRESH = {
 
 
 def _write(
-    node: Node, region: LoopRegion, operands: _Operands, carries: dict[int, Node]
-) -> tuple | str:
-    """(tensor, axis, item, value) for ``out[:, i] = value`` where ``out`` is a new
-    tensor made before the loop and only written by the loop's steps, and ``value`` is
-    computed by the step or carried into it (``out[i] = h`` before ``h`` is updated),
-    else why not."""
+    node: Node, region: LoopRegion, operands: _Operands, carries: dict[int, Node], offsets: dict
+) -> StepWrite | str:
+    """The write ``out[:, i + b] = value`` or ``out[:, c*i + b : c*i + b + c] = value``
+    (a chunk) where ``out`` is a new tensor made before the loop and only written by
+    the loop's steps, and ``value`` is computed by the step or carried into it (``out[i]
+    = h`` before ``h`` is updated), else why not."""
     out, item, value = node.args
     why = f"`{node.name}` writes with the index ({_where(node)})"
     if not isinstance(out, Node) or operands.where.get(out) is not None:
@@ -451,11 +533,19 @@ def _write(
     )
     if not (step == 1 or (step == 0 and position in carries)):
         return f"{why} a value not computed in the step"
-    selection = _item_selection(item, out, region.index_nodes[1], out.meta["val"].dim())
-    if selection is None or (isinstance(item, tuple) and any(i is None for i in item)):
+    items = item if isinstance(item, tuple) else (item,)
+    if any(i is None for i in items):
         return why
-    _, axis, _ = selection
-    return out, axis, item, value
+    chunk = _chunk_item(items, offsets)
+    if chunk is not None:
+        axis, c, b = chunk
+        return StepWrite(out, axis, items, axis, value, c, b, chunk=True)
+    selection = _item_selection(item, out, offsets, out.meta["val"].dim())
+    if selection is None:
+        return why
+    _, axis, _, b = selection
+    position = next(k for k, i in enumerate(items) if _offset(i, offsets) is not None)
+    return StepWrite(out, axis, items, position, value, b=b)
 
 
 def outside_use_refusal(region: LoopRegion, node: Node | None, what: str) -> str | None:
@@ -500,11 +590,11 @@ class _BodyBuilder:
         self.env: dict[Node, Node] = {}
         self.sizes: dict[tuple, Node] = {}
         self.carry_order = sorted(plan.carries)
-        self.sources: list[tuple[Node, int]] = []
+        self.sources: list[tuple[Node, int, int]] = []
         for position in sorted(plan.selections):
-            source, axis, _ = plan.selections[position]
-            if (source, axis) not in self.sources:
-                self.sources.append((source, axis))
+            source, axis, _, offset = plan.selections[position]
+            if (source, axis, offset) not in self.sources:
+                self.sources.append((source, axis, offset))
         self.additional: list[Node] = []
         #: positions of the nodes only hoisted sources of selections need (computed
         #: once before the scan: the body does without them)
@@ -525,6 +615,8 @@ class _BodyBuilder:
         """First pass: the values from before the loop the body reads."""
         for position, node in enumerate(self.nodes):
             if position in self.plan.selections or position in self.plan.writes:
+                continue
+            if position in self.plan.index_values:
                 continue
             if position in self.hoisted:
                 continue
@@ -553,11 +645,11 @@ class _BodyBuilder:
             ph.meta["val"] = self.plan.carries[position].meta["val"]
             self.carry_inputs[position] = ph
         self.slices = {}
-        for j, (source, axis) in enumerate(self.sources):
+        for j, (source, axis, offset) in enumerate(self.sources):
             ph = graph.placeholder(f"xs_{j}")
             with fake_mode:
                 ph.meta["val"] = source.meta["val"].select(axis, 0).contiguous()
-            self.slices[(source, axis)] = ph
+            self.slices[(source, axis, offset)] = ph
         if not self.sources:
             # a scan runs as many steps as what it scans is long: a loop that reads no
             # slice scans its steps' numbers (see _Emitter.steps), which the body ignores
@@ -569,8 +661,9 @@ class _BodyBuilder:
             ph = graph.placeholder(f"in_{j}")
             ph.meta["val"] = outer.meta.get("val")
             self.lifted[outer] = ph
+        skipped = {*self.plan.writes, *self.hoisted, *self.plan.index_values}
         for position, node in enumerate(self.nodes):
-            if position not in self.plan.writes and position not in self.hoisted:
+            if position not in skipped:
                 self.env[node] = self._copy(position, node)
         results = [self.env[self.nodes[p]] for p in self.carry_order]
         results += [self.env[self.nodes[p]] for p in outputs]
@@ -584,8 +677,8 @@ class _BodyBuilder:
         selection = self.plan.selections.get(position)
         if selection is None:
             return self.graph.node_copy(node, self._value)
-        source, axis, rest = selection
-        value = self.slices[(source, axis)]
+        source, axis, rest, offset = selection
+        value = self.slices[(source, axis, offset)]
         if rest == "narrow":
             value = self.graph.call_method("unsqueeze", (value, axis))
         elif rest is not None:
@@ -625,21 +718,21 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     builder = _BodyBuilder(plan, template=1)
     builder.collect()
     writes = sorted(plan.writes)
-    body = builder.build(tracer.fake_mode, positions, [plan.writes[p][3] for p in writes])
+    body = builder.build(tracer.fake_mode, positions, [plan.writes[p].value for p in writes])
     emitter = _Emitter(tracer, region)
     assert region.last is not None, "a closed region has a last node"
     with graph.inserting_before(region.last.next):
         copies: dict[Node, Node] = {}
         xs = [
-            emitter.scanned(_hoisted(graph, source, plan.operands, copies), axis)
-            for source, axis in builder.sources
+            emitter.scanned(_hoisted(graph, source, plan.operands, copies), axis, offset)
+            for source, axis, offset in builder.sources
         ]
         if not xs:
             xs = [emitter.steps()]
         body_node = tracer.register_callable(f"loop{region.number}_body", body)
         inits = [plan.carries[p] for p in builder.carry_order]
         per_step = [builder.nodes[p].meta["val"] for p in positions]
-        per_step += [plan.writes[p][3].meta["val"] for p in writes]
+        per_step += [plan.writes[p].value.meta["val"] for p in writes]
         outputs = emitter.scan(
             (body_node, inits, xs, builder.additional),
             [builder.nodes[p].meta["val"] for p in builder.carry_order],
@@ -680,15 +773,16 @@ class _Emitter:
         node.meta["stack_trace"] = self.trace
         return node
 
-    def scanned(self, source: Node, axis: int) -> Node:
-        """``source`` with the loop's axis first, cut to the loop's steps, in the order
-        the loop runs them."""
+    def scanned(self, source: Node, axis: int, offset: int = 0) -> Node:
+        """``source`` with the loop's axis first, cut to the loop's steps (each reading
+        its index plus ``offset``), in the order the loop runs them."""
         region = self.region
         moved = self.node(torch.movedim, (source, axis, 0))
         size = source.meta["val"].shape[axis]
         length = self.length.meta["val"].node.expr
-        if region.start != 0 or not (isinstance(size, torch.SymInt) and size.node.expr == length):
-            moved = self.node(torch.narrow, (moved, 0, region.start, self.length))
+        first = region.start + offset
+        if first != 0 or not (isinstance(size, torch.SymInt) and size.node.expr == length):
+            moved = self.node(torch.narrow, (moved, 0, first, self.length))
         if region.reverse:
             moved = self.node(torch.flip, (moved, [0]))
         return moved
@@ -734,22 +828,37 @@ class _Emitter:
         fresh.meta["stack_trace"] = self.trace
         return fresh
 
-    def write(self, write: tuple, values: Node) -> None:
-        """``out[..., start:stop, ...] = values``, for ``out[..., i, ...] = value``."""
-        out, axis, item, value = write
+    def write(self, write: StepWrite, values: Node) -> None:
+        """``out[..., c*start + b : c*stop + b, ...] = values``, for the steps' writes
+        ``out[..., i + b, ...] = value`` (``c`` is 1) and ``out[..., c*i + b : c*i + b +
+        c, ...] = value`` (a ``chunk``)."""
+        out, axis, value, c, b, chunk = (
+            write.out,
+            write.axis,
+            write.value,
+            write.c,
+            write.b,
+            write.chunk,
+        )
         region = self.region
         if region.reverse:
             values = self.node(torch.flip, (values, [0]))
-        index = region.index_nodes[1]
-        steps = slice(region.start, region.stop.node)
-        new_item = steps if item is index else tuple(steps if i is index else i for i in item)
+        stop: Any = region.stop.node
+        if c != 1:
+            stop = self.node(operator.mul, (stop, c))
+        if b != 0:
+            stop = self.node(operator.add, (stop, b))
+        rows = slice(c * region.start + b, stop)
+        new_item = tuple(rows if k == write.position else i for k, i in enumerate(write.item))
         fake_item = map_arg(new_item, lambda n: n.meta["val"])
         with self.tracer.fake_mode:
             target = out.meta["val"][fake_item].movedim(axis, 0).shape[1:]
-        missing = len(target) - value.meta["val"].dim()
+        missing = len(target) + (1 if chunk else 0) - value.meta["val"].dim()
         if missing > 0:
             values = self.node(operator.getitem, (values, (slice(None),) + (None,) * missing))
         moved = self.node(torch.movedim, (values, 0, axis))
+        if chunk:
+            moved = self.node(torch.flatten, (moved, axis, axis + 1))
         self.node(operator.setitem, (out, new_item, moved))
 
 

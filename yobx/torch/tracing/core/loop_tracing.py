@@ -8,6 +8,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.node import Node, map_arg
@@ -30,6 +31,7 @@ from .loops import (
     SymbolicRepeat,
     frame_tokens,
     iterated_at_once,
+    linear_in,
     loop_index,
     loop_stacked,
     loop_symbol,
@@ -191,7 +193,9 @@ class LoopsMixin(MixinBase):
                     region.outputs[node] = (step, -1)
                 for node in region.outputs:
                     self.state.loop_outputs[node] = region
-                self._decide_the_loop_runs(region)
+                self._decide_reads_fit(region)
+                if region.refusal is None:
+                    self._decide_the_loop_runs(region)
         if region.refusal is not None:
             self.unroll_loop(region, region.refusal)
 
@@ -251,6 +255,24 @@ class LoopsMixin(MixinBase):
         names = names_set_apart(region.before, region.frames[0], region.plan)
         if names:
             self._decide_it_runs(region.length)
+
+    def _decide_reads_fit(self, region: LoopRegion) -> None:
+        """Decides that the rows the steps read past their index (``x[i + 1]``) lie
+        within their tensor at the last step: ``stop + offset <= size`` (eager raises an
+        IndexError where they do not, and so does the scan). Where the example's last
+        step reads past the end, the loop is no scan."""
+        dims = self.trace_dims()
+        stop = region.stop.node.meta["val"]
+        for source, axis, _, offset in region.plan.selections.values():
+            size = source.meta["val"].shape[axis]
+            if offset <= 0:
+                continue
+            if dims.hint(stop) + offset > dims.hint(size):
+                region.refuse(f"its last step reads row {offset} past its index, past the end")
+                return
+            fits = stop + offset <= size
+            if isinstance(fits, torch.SymBool):
+                self.decide(fits, f"the rows the loop at {region.location} reads")
 
     def _decide_it_runs(self, length: Proxy) -> None:
         """Decides that a loop of ``length`` steps runs one at least, by a comparison in
@@ -345,6 +367,9 @@ class LoopsMixin(MixinBase):
         source, item = args
         items = item if isinstance(item, tuple) else (item,)
         full = slice(None, None, None)
+        chunk = self._chunk_at(source, items, index)
+        if chunk is not None:
+            return chunk
         for axis, one in enumerate(items):
             if isinstance(one, slice) and _one_at(one, index):
                 before = items[:axis]
@@ -360,6 +385,40 @@ class LoopsMixin(MixinBase):
                     plus.graph.erase_node(plus)
                 return selected.unsqueeze(axis)
         return None
+
+    def _chunk_at(self, source: Proxy, items: tuple, index: Node) -> Proxy | None:
+        """In a step, a chunk of ``c`` at the index (``x[:, c*i + b : c*(i + 1) + b]``,
+        ``b >= 0``) is recorded as the index's slice of ``x`` cut into chunks,
+        ``x.narrow(d, b, c*stop).unflatten(d, (stop, c)).select(d, i)``: the same values,
+        with a size torch knows is ``c`` (a length differing from one step to the next
+        otherwise), selected as a scan selects. The capture decides that every step's
+        chunk lies within ``x`` (``c*stop + b <= x.shape[d]``; where it does not, the
+        last chunks are shorter, and the loop is no scan)."""
+        full = slice(None, None, None)
+        axis = next((k for k, one in enumerate(items) if one != full), None)
+        val = source.node.meta.get("val") if isinstance(source, Proxy) else None
+        if axis is None or not isinstance(val, torch.Tensor) or axis >= val.dim():
+            return None
+        one, after = items[axis], items[axis + 1 :]
+        if not isinstance(one, slice) or one.step not in (None, 1) or _proxies(after):
+            return None
+        symbol = index.meta["val"].node.expr
+        bounds = [_expression(one.start), _expression(one.stop)]
+        if bounds[0] is None or bounds[1] is None:
+            return None
+        found = linear_in(bounds[0], symbol)
+        if found is None or found[1] < 0 or bounds[1] - bounds[0] != found[0]:
+            return None
+        c, b = found
+        region = self.state.active_loop
+        stop, size = region.stop, source.shape[axis]
+        dims = self.trace_dims()
+        if c * dims.hint(stop.node.meta["val"]) + b > dims.hint(val.shape[axis]):
+            return None  # the example's last chunks are shorter
+        bool(stop * c + b <= size)
+        selected = source.narrow(axis, b, stop * c).unflatten(axis, (stop, c))
+        selected = selected.select(axis, self.proxy(index))
+        return selected[(full,) * (axis + 1) + tuple(after)] if after else selected
 
     # uses of what a closed region computed
 
@@ -514,6 +573,14 @@ def _one_at(item: slice, index: Node) -> bool:
         and stop.target is operator.add
         and stop.args == (index, 1)
     )
+
+
+def _expression(value: Any) -> Any:
+    """The sympy expression of an int or of a proxy of a symbolic int, else None."""
+    if type(value) is int:
+        return sympy.Integer(value)
+    val = getattr(getattr(value, "node", None), "meta", {}).get("val")
+    return val.node.expr if isinstance(val, torch.SymInt) else None
 
 
 def _proxies(values) -> list[Proxy]:

@@ -570,6 +570,18 @@ def loop_symbol(dims: Any, region: LoopRegion, step: int) -> torch.SymInt:
     return symint
 
 
+def linear_in(expr: Any, symbol: sympy.Symbol) -> tuple[int, int] | None:
+    """``(c, b)`` when ``expr`` is ``c*symbol + b`` for integers ``c >= 1`` and ``b``
+    (a step's index times a chunk's size, plus an offset), else None."""
+    if not isinstance(expr, sympy.Expr) or expr.free_symbols != {symbol}:
+        return None
+    expanded = sympy.expand(expr)
+    c, b = expanded.coeff(symbol, 1), expanded.coeff(symbol, 0)
+    if not (c.is_Integer and b.is_Integer) or c < 1 or expanded != c * symbol + b:
+        return None
+    return int(c), int(b)
+
+
 def loop_symbols_in(dims: Any, expr: sympy.Basic) -> set[sympy.Symbol]:
     """The loop-index symbols an expression holds."""
     if not dims.loop_bounds:
@@ -585,6 +597,7 @@ __all__ = [
     "changed_locals",
     "frame_tokens",
     "iterated_at_once",
+    "linear_in",
     "loop_index",
     "loop_stacked",
     "loop_symbol",
