@@ -741,6 +741,16 @@ class LearnedState(torch.nn.Module):
         return h
 
 
+def _constant_first_value(x):
+    # the first step appends a constant (computed from the constant state in Python),
+    # the later ones tensors of the graph; `len(outs)` is the sequence's length
+    h, outs = torch.zeros(3) + 0.5, []
+    for t in range(x.shape[1]):
+        outs.append(h * 2.0)
+        h = torch.tanh(h + x[0, t] * -1.0)
+    return torch.stack(outs), h * len(outs)
+
+
 def _summed(x):
     # sum() of a generator: 0 + the first slice, then the sum so far + each other one
     return sum(x[:, i] * 2 for i in range(x.shape[1]))
@@ -752,10 +762,11 @@ def _summed(x):
         (_Fn(_first_step), 2),
         (_Fn(_first_step_flag), 2),
         (_Fn(_summed), 2),
+        (_Fn(_constant_first_value), 2),
         (ConstantState(), 1),
         (LearnedState(), 2),
     ],
-    ids=["decision", "flag", "sum", "constant-state", "learned-state"],
+    ids=["decision", "flag", "sum", "constant-first-value", "constant-state", "learned-state"],
 )
 def test_a_first_step_that_differs_runs_apart_from_the_scan(model, batch):
     # each refused before: its steps differ from the first (a decision on the index,

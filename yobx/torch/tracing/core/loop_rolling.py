@@ -377,6 +377,8 @@ def _selection(node: Node, offsets: dict, operands: _Operands) -> tuple | str:
     args, kwargs = node.args, node.kwargs
     if kwargs or not args or not isinstance(args[0], Node):
         return why
+    if node.target is not operator.getitem and name not in _SELECT + _NARROW:
+        return why
     source = args[0]
     if source in offsets or (
         operands.where.get(source) is not None and not _invariant(source, operands)

@@ -497,13 +497,18 @@ class LoopsMixin(MixinBase):
         closed region computes, one per step, in order, after ``first``: nothing, or the
         value of a first step the region keeps apart (``outs.append(h)`` in every step),
         which has the same shape."""
-        if not values or not all(isinstance(v, Proxy) for v in values):
+        if not values or not isinstance(values[-1], Proxy):
             return None
         region = self.state.loop_outputs.get(values[-1].node)
         if region is None:
             return None
         first, steps = values[: len(values) - region.count], values[len(values) - region.count :]
-        if len(first) > (1 if region.apart else 0):
+        if len(first) > (1 if region.apart else 0) or not all(isinstance(v, Proxy) for v in steps):
+            return None
+        if first and isinstance(first[0], torch.Tensor) and not isinstance(first[0], Proxy):
+            # the first step computed it from constants alone (a state starting as one)
+            first = [self.proxy(self.create_arg(first[0]))]
+        if first and not isinstance(first[0], Proxy):
             return None
         if first and _value_key(first[0].node.meta.get("val")) != _value_key(
             steps[0].node.meta.get("val")

@@ -77,12 +77,21 @@ def traced_len(obj: Any) -> Any:
         return obj.length()
     if _BUILTIN_ISINSTANCE(obj, SymbolicRange):
         return obj.length()
-    if _BUILTIN_ISINSTANCE(obj, list) and obj and _BUILTIN_ISINSTANCE(obj[0], CustomProxy):
-        # one value per step of a loop that becomes a scan: its symbolic length
-        length = obj[0].tracer.loop_length(obj)
+    proxy = _a_proxy_of(obj) if _BUILTIN_ISINSTANCE(obj, list) else None
+    if proxy is not None:
+        # one value per step of a loop that becomes a scan (the first one may be a
+        # constant, computed by a first step kept apart): its symbolic length; a loop
+        # whose values the list holds otherwise is unrolled
+        length = proxy.tracer.loop_length(obj)
         if length is not None:
             return length
     return _BUILTIN_LEN(obj)
+
+
+def _a_proxy_of(values: list) -> Any:
+    from .proxies import CustomProxy
+
+    return next((v for v in values if _BUILTIN_ISINSTANCE(v, CustomProxy)), None)
 
 
 _BUILTIN_LEN = builtins.len
