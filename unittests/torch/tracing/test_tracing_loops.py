@@ -836,3 +836,25 @@ def test_chunks_at_the_index_are_scanned():
 
 def test_offsets_of_the_index_are_scanned():
     _scanned_and_exact(Neighbours(), lengths=(4, 1, 2, 7))
+
+
+def _past_the_end(x):
+    # `x[..., 0, t, :]` indexes the axis of 4 after the sequence's: the example's last
+    # step reads its row 4, where eager raises an IndexError
+    h = x[0, 0] * 0
+    for t in range(x.shape[1]):
+        h = h * 0.5 + x[..., 0, t, :].sum(0)
+    return h
+
+
+def test_a_loop_reading_past_the_end_on_the_example_is_captured_from_another_size():
+    # the scan's slice of the axis failed while the graph was made (a crash); the loop
+    # is no scan on the example, and the capture starts again from a size eager runs
+    model = _Fn(_past_the_end)
+    _, graph, gm = trace_module(model, {"x": torch.randn(3, 5, 4, 2)}, {"x": {1: "n"}})
+    assert _scans(graph) == 1
+    for n in (1, 2, 4):
+        x = torch.randn(3, n, 4, 2)
+        assert_same(model(x), gm(x))
+    with pytest.raises((IndexError, RuntimeError)):
+        gm(torch.randn(3, 5, 4, 2))

@@ -465,9 +465,10 @@ def _item_selection(item: Any, source: Node, offsets: dict, ndim: int) -> tuple 
     moved = _offset(item[q], offsets)
     full = slice(None, None, None)
     before, after = item[:q], item[q + 1 :]
-    # a None after the index (``gate[:, :, t, None]``) adds an axis to the slice
+    # a None after the index (``gate[:, :, t, None]``) adds an axis to the slice; an int
+    # before it (``x[0, t]``) is taken from the slice as from the tensor
     if any(isinstance(i, Node) for i in after) or any(
-        i is not Ellipsis and i != full for i in before
+        i is not Ellipsis and i != full and type(i) is not int for i in before
     ):
         return None
     if any(isinstance(i, slice) and any(isinstance(v, Node) for v in (i.start, i.stop, i.step))
@@ -547,6 +548,8 @@ def _write(
         return why
     _, axis, _, b = selection
     position = next(k for k, i in enumerate(items) if _offset(i, offsets) is not None)
+    if any(type(i) is int for i in items[:position]):
+        return why  # `out[0, i] = value`: the rows of the write are another axis of `out`
     return StepWrite(out, axis, items, position, value, b=b)
 
 

@@ -265,11 +265,12 @@ class LoopsMixin(MixinBase):
         stop = region.stop.node.meta["val"]
         for source, axis, _, offset in region.plan.selections.values():
             size = source.meta["val"].shape[axis]
-            if offset <= 0:
-                continue
             if dims.hint(stop) + offset > dims.hint(size):
+                # eager raises an IndexError on the example: so do the unrolled steps
                 region.refuse(f"its last step reads row {offset} past its index, past the end")
                 return
+            if offset <= 0:
+                continue  # the scan raises where eager does, reading past the end
             fits = stop + offset <= size
             if isinstance(fits, torch.SymBool):
                 self.decide(fits, f"the rows the loop at {region.location} reads")
