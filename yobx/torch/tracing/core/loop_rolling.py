@@ -96,11 +96,11 @@ def _compared(nodes: list[Node], graph) -> list[Node]:
     ]
 
 
-#: what each step's index symbol becomes in :func:`_value_key`
+#: what each step's index symbol becomes in :func:`value_key`
 _INDEX = sympy.Symbol("loop_index", integer=True)
 
 
-def _value_key(val: Any, index: dict | None = None) -> Any:
+def value_key(val: Any, index: dict | None = None) -> Any:
     """What must be equal in the values two steps compute: shapes (the step's index
     written ``loop_index``: ``x.narrow(1, i, 1)`` has size ``Min(1, s - i)``, which
     the scan's slice of size 1 replaces), dtypes, devices."""
@@ -113,7 +113,7 @@ def _value_key(val: Any, index: dict | None = None) -> Any:
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return ("sym", expr(val))
     if isinstance(val, (tuple, list)):
-        return ("seq", tuple(_value_key(v, index) for v in val))
+        return ("seq", tuple(value_key(v, index) for v in val))
     return ("py", type(val).__name__)
 
 
@@ -170,7 +170,7 @@ class _Operands:
             node.target,
             self.of(node.args, step),
             self.of(node.kwargs, step),
-            _value_key(node.meta.get("val"), self.symbols[step]),
+            value_key(node.meta.get("val"), self.symbols[step]),
         )
 
 
@@ -235,7 +235,7 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
     for position, init in carries.items():
         if not isinstance(init.meta.get("val"), torch.Tensor):
             return f"it carries `{init.name}`, which is not a tensor, from one step to the next"
-        if _value_key(init.meta["val"]) != _value_key(steps[0][position].meta.get("val")):
+        if value_key(init.meta["val"]) != value_key(steps[0][position].meta.get("val")):
             return f"`{init.name}` does not keep its shape from one step to the next"
     plan = ScanPlan(steps, carries, {}, operands=operands)
     index = region.index_nodes[1]

@@ -17,7 +17,7 @@ from torch.fx.proxy import Proxy
 from ..errors import exception_summary
 from .loop_rolling import (
     ScanPlan,
-    _value_key,
+    value_key,
     emit_scan,
     names_set_apart,
     outside_use_refusal,
@@ -501,7 +501,7 @@ class LoopsMixin(MixinBase):
         if not values or not isinstance(values[-1], Proxy):
             return None
         region = self.state.loop_outputs.get(values[-1].node)
-        if region is None:
+        if region is None or len(values) < region.count:
             return None
         first, steps = values[: len(values) - region.count], values[len(values) - region.count :]
         if len(first) > (1 if region.apart else 0) or not all(isinstance(v, Proxy) for v in steps):
@@ -511,7 +511,7 @@ class LoopsMixin(MixinBase):
             first = [self.proxy(self.create_arg(first[0]))]
         if first and not isinstance(first[0], Proxy):
             return None
-        if first and _value_key(first[0].node.meta.get("val")) != _value_key(
+        if first and value_key(first[0].node.meta.get("val")) != value_key(
             steps[0].node.meta.get("val")
         ):
             return None
