@@ -17,11 +17,11 @@ from torch.fx.proxy import Proxy
 from ..errors import exception_summary
 from .loop_rolling import (
     ScanPlan,
-    value_key,
     emit_scan,
     names_set_apart,
     outside_use_refusal,
     plan_scan,
+    value_key,
     without_first_step,
 )
 from .loops import (
