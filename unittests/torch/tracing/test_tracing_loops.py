@@ -400,8 +400,8 @@ def _last_step_first(x):
 
 
 def _first_two_stacked(x):
-    # a list of the first steps' values only: no value a scan gives (this session's
-    # first-step work took the last two of a list for the whole sequence)
+    # a list of the first steps' values only: no value a scan gives (a list shorter than
+    # the steps was taken for the whole sequence, its last values for the steps')
     h, outs = x[:, 0] * 0, []
     for i in range(x.shape[1]):
         h = h + x[:, i]

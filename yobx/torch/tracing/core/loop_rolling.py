@@ -394,7 +394,9 @@ def _selection(node: Node, offsets: dict, operands: _Operands) -> tuple | str:
         return why
     if name in _SELECT and len(args) == 3:
         return source, args[1] % val.dim(), None, moved
-    if name in _NARROW and len(args) == 4 and args[3] == 1:
+    if name in _NARROW and len(args) == 4 and args[3] == 1 and moved == 0:
+        # at the index itself only: the tracer records `narrow(d, i, 1)` as a select
+        # of size 1 (see loop_slice), other narrows have sizes `Min(1, n - i - b)`
         return source, args[1] % val.dim(), "narrow", moved
     return why
 
