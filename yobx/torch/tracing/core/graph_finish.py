@@ -125,6 +125,11 @@ class GraphFinishMixin(MixinBase):
     def _finish(self, graph, module, root, update_model_with_callable) -> None:
         if self.state.loops:
             self.roll_loops(graph)
+            # making the loops scans may unroll one (a value of a step used after the
+            # loop): its length is then a need of its own, for a strict Dim an error
+            strict = self.trace_refinements().strict_error()
+            if strict is not None:
+                raise strict
         constants = self._traced_constants(graph)
         inputs = self.state.inputs
         assert inputs is not None, "a trace with examples binds its inputs first"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -17,7 +17,6 @@ from torch.fx.proxy import Proxy
 from ..errors import exception_summary
 from .loop_rolling import (
     ScanPlan,
-    emit_scan,
     names_set_apart,
     outside_use_refusal,
     plan_scan,
@@ -37,6 +36,7 @@ from .loops import (
     loop_symbol,
     loop_symbols_in,
 )
+from .scan_emission import emit_scan
 from .tracer_contract import MixinBase
 
 _STACKING = {torch.stack: "stack", torch.cat: "cat", torch.concat: "cat", torch.concatenate: "cat"}
@@ -275,7 +275,7 @@ class LoopsMixin(MixinBase):
             if isinstance(fits, torch.SymBool):
                 self.decide(fits, f"the rows the loop at {region.location} reads")
 
-    def _decide_it_runs(self, length: Proxy) -> None:
+    def _decide_it_runs(self, length: Any) -> None:
         """Decides that a loop of ``length`` steps runs one at least, by a comparison in
         the graph: its decision is judged for the sizes below the default range too (a
         version or a checked constraint for ``s == 0``). Decided on its value alone,
@@ -344,7 +344,7 @@ class LoopsMixin(MixinBase):
             if node.graph is not None and not node.users:
                 node.graph.erase_node(node)
         for node in region.stacked:
-            _, position, dim, how, first = node.args
+            _, position, dim, how, first = cast(tuple[Any, int, int, str, tuple], node.args)
             values = [*first, *(nodes[position] for nodes in plan.steps)]
             node.target = torch.stack if how == "stack" else torch.cat
             node.args = (values, dim)
@@ -412,13 +412,13 @@ class LoopsMixin(MixinBase):
             return None
         c, b = found
         region = self.state.active_loop
-        stop, size = region.stop, source.shape[axis]
+        stop, size = region.stop, cast(Any, source).shape[axis]
         dims = self.trace_dims()
         if c * dims.hint(stop.node.meta["val"]) + b > dims.hint(val.shape[axis]):
             return None  # the example's last chunks are shorter
         bool(stop * c + b <= size)
-        selected = source.narrow(axis, b, stop * c).unflatten(axis, (stop, c))
-        selected = selected.select(axis, self.proxy(index))
+        selected: Any = cast(Any, source).narrow(axis, b, stop * c)
+        selected = selected.unflatten(axis, (stop, c)).select(axis, self.proxy(index))
         return selected[(full,) * (axis + 1) + tuple(after)] if after else selected
 
     # uses of what a closed region computed
@@ -508,7 +508,7 @@ class LoopsMixin(MixinBase):
             return None
         if first and isinstance(first[0], torch.Tensor) and not isinstance(first[0], Proxy):
             # the first step computed it from constants alone (a state starting as one)
-            first = [self.proxy(self.create_arg(first[0]))]
+            first = [self.proxy(cast(Node, self.create_arg(first[0])))]
         if first and not isinstance(first[0], Proxy):
             return None
         if first and value_key(first[0].node.meta.get("val")) != value_key(

@@ -96,7 +96,7 @@ class CustomProxy(Proxy):
             # a field of a named tuple (``x.topk(k).values``, ``x.max(0).indices``): the
             # item it names, a proxy of what it holds as ``t[0]`` would be (``len``,
             # ``isinstance`` and the passes then see a tensor, not an attribute)
-            return self[fields.index(name)]
+            return operator.getitem(self, fields.index(name))
         return CustomAttribute(self, name)
 
     def size(self, dim: int | None = None) -> Any:

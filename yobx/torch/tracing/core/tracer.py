@@ -519,11 +519,6 @@ class CustomTracer(
         if strict is not None:
             raise strict
         self._finish(graph, module, root, update_model_with_callable)
-        # making the loops scans may unroll one (a value of a step used after the loop):
-        # its length is then a need of its own
-        strict = self.trace_refinements().strict_error()
-        if strict is not None:
-            raise strict
         self._mark_storages(graph)
         if remove_inplace:
             self._apply_default_passes(graph)
