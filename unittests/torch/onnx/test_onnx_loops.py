@@ -269,3 +269,30 @@ def test_chunks_and_offsets_of_the_index_export_exact():
     result = export_and_validate(model, (torch.randn(5, 3),), dynamic_shapes=({0: "n"},))
     assert "Scan" in _op_types(result.model_proto)
     _matches_eager(result, model, [(n, 3) for n in (5, 1, 2, 7)])
+
+
+class WriteIntoTheScannedInput(torch.nn.Module):
+    """The input is written after a loop that scanned it, while the state's first value
+    also leaves the loop (``prev``): the final state may be that first value (no step),
+    never the input."""
+
+    def forward(self, x):
+        state = x[:1].sum(0) * 0
+        prev = state
+        for row in x.unbind(0):
+            state = state + row
+        x.add_(1)
+        return state, prev, x * 1
+
+
+def test_a_write_into_the_scanned_input_is_exported():
+    # the passes took each output of a scan for an alias of everything it reads, the
+    # input included: the write into it was refused, `prev` being read after it
+    model = WriteIntoTheScannedInput()
+    result = export_and_validate(model, (torch.randn(4, 3),), dynamic_shapes=({0: "n"},))
+    for n in (4, 1, 2, 7):
+        x = torch.randn(n, 3)
+        expected = model(x.clone())
+        got = _run(result, x=x)
+        for e, g in zip((*expected, x + 1), got):
+            np.testing.assert_allclose(e.numpy(), g, atol=1e-5, rtol=1e-5)

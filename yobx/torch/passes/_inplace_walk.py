@@ -355,7 +355,10 @@ class InplaceWalk:
         if alias.kind == "fresh":
             return
         arguments: list[Node] = []
-        map_arg(inputs, arguments.append)
+        if alias.shares is not None:
+            arguments.extend(alias.shares)
+        else:
+            map_arg(inputs, arguments.append)
         if isinstance(alias.base, Node):
             arguments.append(alias.base)
         for arg in arguments:

@@ -124,6 +124,8 @@ class Alias:
         (None when they are in order, ``()`` when unknown)
     :param module_state: for ``"may_alias"``, the result may also alias the called
         module's parameters and buffers
+    :param shares: for ``"may_alias"``, the nodes whose storage the result may share,
+        instead of all its tensor arguments (None: all of them)
     """
 
     kind: str
@@ -132,6 +134,7 @@ class Alias:
     path: tuple[Node, ...] = ()
     positions: tuple[int, ...] | None = None
     module_state: bool = False
+    shares: tuple[Node, ...] | None = None
 
 
 _UNSET = object()
@@ -429,6 +432,9 @@ def _classify(node: Node, known: Mapping[Node, Alias] | None, form: Any) -> Alia
             return NONTENSOR_ALIAS if is_tensor(node) is False else FRESH_ALIAS
         if target in FRESH_FUNCTIONS:
             return FRESH_ALIAS
+    if getattr(target, "_name", None) == "yobx_scan":
+        # a tuple whose items the getitems reading it classify (see _scan_output)
+        return NONTENSOR_ALIAS
     if is_tensor(node) is False and _holds_no_tensor(node):
         return NONTENSOR_ALIAS
     name = op_name(node)
@@ -443,29 +449,32 @@ def _scan_output(node: Node, scan: Node, index: Any) -> Alias:
 
     A stacked output is always new. A final carry is what the body's last step returns,
     new where the body computes it into storage of its own; for zero steps it is the
-    initial carry itself: new too where that is a new tensor no one else reads.
-    Anything else may alias the scan's inputs.
+    initial carry itself: new too where that is a new tensor no one else reads, else
+    that tensor's storage. Anything else may alias any of the scan's inputs.
     """
     init = scan.args[1] if len(scan.args) > 1 else None
     if type(index) is not int or not isinstance(init, (list, tuple)) or index < 0:
         return MAY_ALIAS_ALIAS
     if index >= len(init):
         return FRESH_ALIAS
+    inputs = tuple(
+        a for group in scan.args[1:] if isinstance(group, (list, tuple)) for a in group
+        if isinstance(a, Node)
+    )  # fmt: skip
+    anything = Alias(MAY_ALIAS, shares=inputs)
     results = _scan_body_results(scan)
     if results is None or len(results) < len(init):
-        return MAY_ALIAS_ALIAS
+        return anything
     roots = [_own_root(r) for r in results[: len(init)]]
     # two carries of one storage would be one tensor after the scan too
     if roots[index] is None or roots.count(roots[index]) > 1:
-        return MAY_ALIAS_ALIAS
+        return anything
     first = init[index]
-    if (
-        not isinstance(first, Node)
-        or len(first.users) != 1
-        or _own_root(first) is not first
-        or sum(a is first for a in init) != 1
-    ):
-        return MAY_ALIAS_ALIAS
+    if not isinstance(first, Node):
+        return anything
+    if len(first.users) != 1 or _own_root(first) is not first or sum(a is first for a in init) != 1:
+        # the first carry itself where the loop runs no step
+        return Alias(MAY_ALIAS, shares=(first,))
     return FRESH_ALIAS
 
 
