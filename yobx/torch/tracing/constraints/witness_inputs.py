@@ -25,6 +25,7 @@ from ..isolation.parameter_writes import (
     restore_all,
     snapshot,
 )
+from ..isolation.patch_window import PatchWindow, current_window, finish_window
 from .size_search import compile_condition, tensor_like
 
 #: inputs a version's witness may allocate, in bytes, at least (more when the example
@@ -141,6 +142,24 @@ def run_eagerly(root: Any, inputs: Any, leaves_: list[Any]) -> str | None:
         # a model exported before its weights (the meta device) cannot run: the
         # version's capture, on fake tensors, is the only check of that side
         return None
+    if current_window() is not None:
+        return _run_eagerly(root, module, inputs, leaves_)
+    # a window of its own, closed in this frame: an interrupt landing in an `__exit__`
+    # of the blocks preserving the model (torch's mode of the parameter writes) leaves
+    # nothing installed, as for a trace (see PatchWindow)
+    window = PatchWindow()
+    error = None
+    try:
+        window.open()
+        return _run_eagerly(root, module, inputs, leaves_)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        finish_window(window, error)
+
+
+def _run_eagerly(root: Any, module: Any, inputs: Any, leaves_: list[Any]) -> str | None:
     saved = {n: snapshot(b) for n, b in module.named_buffers()} if module else {}
     try:
         with torch.no_grad(), contextlib.ExitStack() as stack:

@@ -46,8 +46,8 @@ from ..isolation.module_classes import traced_module_classes
 from ..isolation.module_snapshot import preserved_modules
 from ..isolation.patch_window import (
     PatchWindow,
-    close_window,
     current_window,
+    finish_window,
     one_trace_at_a_time,
 )
 from ..isolation.torch_frames import cheap_uninteresting_files
@@ -462,14 +462,7 @@ class CustomTracer(
             error = e
             raise
         finally:
-            interrupt = None
-            while window.locked:
-                try:
-                    close_window(window, error)
-                except BaseException as e:
-                    interrupt = e
-            if interrupt is not None:
-                raise interrupt
+            finish_window(window, error)
 
     def _trace(
         self,

@@ -202,6 +202,20 @@ def close_window(window: PatchWindow, error: BaseException | None = None) -> Non
         raise failure
 
 
+def finish_window(window: PatchWindow, error: BaseException | None = None) -> None:
+    """:func:`close_window` until the window is closed, for the ``finally`` of the frame
+    that opened it: an interrupt landing in the restoration is raised once the
+    restoration is complete."""
+    interrupt = None
+    while window.locked:
+        try:
+            close_window(window, error)
+        except BaseException as e:
+            interrupt = e
+    if interrupt is not None:
+        raise interrupt
+
+
 def register_undo(undo: Callable[[], None]) -> Callable[[], None]:
     """Registers ``undo`` on the current window; returns the function that runs it.
 
