@@ -869,3 +869,26 @@ def test_a_loop_reading_past_the_end_on_the_example_is_captured_from_another_siz
         assert_same(model(x), gm(x))
     with pytest.raises((IndexError, RuntimeError)):
         gm(torch.randn(3, 5, 4, 2))
+
+
+class JoinedIfAny(torch.nn.Module):
+    """The list of a loop's values tested for truth before it is joined."""
+
+    def forward(self, x):
+        h, outs = x.sum(0) * 0, []
+        for row in x.unbind(0):
+            h = h + row
+            outs.append(h * 2)
+        stacked = torch.cat(outs) if outs else x.new_zeros(0, 3)
+        return stacked, h
+
+
+def test_a_list_of_the_loop_values_tested_for_truth_is_empty_without_steps():
+    # a list's truth is no call the tracer sees: at n = 0 the graph joined zero steps
+    # (shape (0,)) where eager took the other branch ((0, 3)); joining decides that the
+    # loop runs, and a version captures n = 0
+    model = JoinedIfAny()
+    _, _, gm = trace_module(model, {"x": torch.randn(4, 3)}, {"x": {0: "n"}})
+    for n in (4, 0, 1, 2):
+        x = torch.randn(n, 3)
+        assert_same(model(x), gm(x))
