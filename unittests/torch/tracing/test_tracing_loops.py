@@ -383,13 +383,6 @@ def _last(x):
     return outs[-1]
 
 
-def _first_step(x):
-    h = x[:, 0] * 0
-    for i in range(x.shape[1]):
-        h = x[:, i] if i == 0 else h * 0.5 + x[:, i]
-    return h
-
-
 def _last_step_first(x):
     # the first step of `reversed()` has the index `n - 1`, not a constant: a decision
     # on it is not one the example can make for every length
