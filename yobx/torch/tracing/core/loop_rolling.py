@@ -270,6 +270,14 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
         if first < 0:
             # `x[i - 1]` at i = 0 is the last row: no slice of rows a scan reads
             return f"`{node.name}` reads row {first} at the first index ({_where(node)})"
+    rows: dict[Node, tuple] = {}
+    for write in plan.writes.values():
+        # writes of one tensor at other rows overlap from one step to the next (`out[i -
+        # 1]`, then `out[i]`): written after the scan, one would win over the other
+        # where eager's last step does
+        at = (write.axis, write.c, write.b)
+        if rows.setdefault(write.out, at) != at:
+            return f"the steps write `{write.out.name}` at rows of several offsets"
     for position in plan.index_values:
         for user in steps[1][position].users:
             p = operands.where.get(user, (None, None))[1]
