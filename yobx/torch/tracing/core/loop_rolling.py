@@ -270,14 +270,8 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
         if first < 0:
             # `x[i - 1]` at i = 0 is the last row: no slice of rows a scan reads
             return f"`{node.name}` reads row {first} at the first index ({_where(node)})"
-    rows: dict[Node, tuple] = {}
-    for write in plan.writes.values():
-        # writes of one tensor at other rows overlap from one step to the next (`out[i -
-        # 1]`, then `out[i]`): written after the scan, one would win over the other
-        # where eager's last step does
-        at = (write.axis, write.c, write.b)
-        if rows.setdefault(write.out, at) != at:
-            return f"the steps write `{write.out.name}` at rows of several offsets"
+    if (overlapping := _overlapping_writes(plan)) is not None:
+        return f"the steps write `{overlapping.name}` at rows of several offsets"
     for position in plan.index_values:
         for user in steps[1][position].users:
             p = operands.where.get(user, (None, None))[1]
@@ -285,6 +279,18 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
                 where = _where(user)
                 return f"the index is used by `{user.name}`, not to select one slice ({where})"
     return plan
+
+
+def _overlapping_writes(plan: ScanPlan) -> Node | None:
+    """A tensor the steps write at rows of several offsets (``out[i - 1]``, then
+    ``out[i]``), else None: the rows overlap from one step to the next, and written
+    after the scan one write would win over the other where eager's last step does."""
+    rows: dict[Node, tuple] = {}
+    for write in plan.writes.values():
+        at = (write.axis, write.c, write.b)
+        if rows.setdefault(write.out, at) != at:
+            return write.out
+    return None
 
 
 def without_first_step(region: LoopRegion) -> LoopRegion:
