@@ -62,7 +62,6 @@ from transformers.exporters.exporter_dynamo import (
     register_cache_pytrees_for_model,
     register_pytree_node,
 )
-from transformers.exporters.exporter_onnx import OnnxExporter
 from transformers.exporters.metadata import (
     ExportMetadata,
     build_export_metadata,
@@ -80,6 +79,7 @@ from yobx.models.roles import ROLE_AXES, attention_mask_length
 from yobx.torch.frozen_gc import frozen_during_call
 from yobx.torch.onnx.export import to_onnx
 from yobx.torch.onnx.generate import end_tokens, mask_positions, next_tokens
+from yobx.torch.onnx.lazy_torch_lib import import_torch_lib
 from yobx.torch.onnx.optimize import OPTIMIZE_LEVELS
 from yobx.torch.pytree_paths import flatten_with_paths
 from yobx.torch.tracing.constraints.versions import covers
@@ -331,15 +331,25 @@ class YobxExporter(HfExporter):
     def save_program(cls, program: ir.Model, path) -> None:
         """The graph, its weights in ``<name>.onnx.data`` beside it (transformers'
         ONNX layout)."""
-        OnnxExporter.save_program(program, path)
+        _onnx_exporter().save_program(program, path)
 
     @classmethod
     def program_files(cls, filename: str) -> list[str]:
-        return OnnxExporter.program_files(filename)
+        return _onnx_exporter().program_files(filename)
 
     @classmethod
     def load_program(cls, path) -> ir.Model:
-        return OnnxExporter.load_program(path)
+        return _onnx_exporter().load_program(path)
+
+
+def _onnx_exporter() -> type:
+    """transformers' ``OnnxExporter`` class, imported when first needed: its module
+    imports torch_lib, translating every function at once unless yobx imported it first
+    (:mod:`yobx.torch.onnx.lazy_torch_lib`, half a second of a first export)."""
+    import_torch_lib()
+    from transformers.exporters.exporter_onnx import OnnxExporter
+
+    return OnnxExporter
 
 
 class _TensorOutputs(torch.nn.Module):

@@ -78,8 +78,8 @@ class _UnsignedDecompMeta(_registration.OnnxDecompMeta):
 
 
 def _torchlib_ops() -> list[Any]:
-    """onnxscript's ``get_torchlib_ops``, each traced function's domain read from its
-    opset instead of its signature.
+    """onnxscript's ``get_torchlib_ops``, each function's domain read from its opset
+    instead of its signature or its compiled IR.
 
     onnxscript translates the signature of each traced function (``inspect.getsource``
     then its AST) to read the domain of the function it declares, which is its opset's
@@ -88,18 +88,20 @@ def _torchlib_ops() -> list[Any]:
     function, its name and whether it is complex, not the domain.
     """
     from onnxscript._framework_apis.torch_2_5 import _OnnxFunctionMeta
-    from onnxscript._internal.values import TracedOnnxFunction
-    from onnxscript.function_libs.torch_lib import ops, registration
+    from onnxscript.function_libs.torch_lib import registration
 
-    del ops  # imported for its registrations
+    from yobx.torch.onnx.lazy_torch_lib import import_torch_lib
+
+    import_torch_lib()  # for its registrations
     metas = []
     for qualified_name, functions in registration.default_registry.items():
         if qualified_name.startswith("internal::"):
             continue  # torch_lib's own helpers
         for complex_, overloads in ((False, functions.overloads), (True, functions.complex)):
             for function in overloads:
-                traced = isinstance(function, TracedOnnxFunction)
-                domain = function.opset.domain if traced else function.function_ir.domain
+                # a scripted function's IR has its opset's domain: read from the
+                # opset, it is not compiled here (lazy_torch_lib)
+                domain = function.opset.domain
                 metas.append(
                     _OnnxFunctionMeta(qualified_name, function, domain, function.name, complex_)
                 )
