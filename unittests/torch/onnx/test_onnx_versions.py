@@ -167,6 +167,38 @@ def test_versions_that_do_not_export_fall_back_to_one_checked_capture(monkeypatc
     assert "seq <= 16" in failed_check(str(info.value))
 
 
+class SqueezeAndCompare(torch.nn.Module):
+    def forward(self, x, y):
+        if x.shape[0] > y.shape[1]:
+            x = x + 1
+        else:
+            x = x * 3
+        # one axis less where x.shape[0] == 1: no choice returns both ranks
+        return x.squeeze(0)
+
+
+def test_a_side_returning_another_rank_stays_a_constraint_the_others_versions():
+    # fuzz_onnx seed 10848: the side of `width == 1` (squeeze drops the axis) made the
+    # whole choice fail to export, and every decision became a constraint, `width <=
+    # heads` too; now that side alone does
+    model = SqueezeAndCompare()
+    x, y = torch.randn(4, 3), torch.randn(2, 5)
+    result = to_onnx(model, (x, y), dynamic_shapes=({0: "width"}, {1: "heads"}))
+    assert not result.version_fallback
+    assert [v.when for v in result.versions] == ["(width <= heads)", "(width > heads)"]
+    assert [c.expression.split(" when ")[0] for c in result.constraints] == ["width != 1"]
+    notes = result.version_notes
+    assert any("returns a tensor of rank 1 where the example's side" in n for n in notes)
+    session = _session(result)
+    for width, heads in ((4, 5), (2, 2), (7, 3), (3, 2)):
+        x, y = torch.randn(width, 3), torch.randn(2, heads)
+        (got,) = session.run(None, {"x": x.numpy(), "y": y.numpy()})
+        np.testing.assert_allclose(got, model(x, y).numpy(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(Exception) as info:
+        session.run(None, {"x": torch.randn(1, 3).numpy(), "y": torch.randn(2, 4).numpy()})
+    assert "width != 1" in failed_check(str(info.value))
+
+
 class SizeOutput(torch.nn.Module):
     def forward(self, x):
         if x.shape[1] > 4:

@@ -51,6 +51,27 @@ def test_both_sides_of_a_range_decision_are_exact():
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
+class SqueezeAndCompare(torch.nn.Module):
+    def forward(self, x, y):
+        if x.shape[0] > y.shape[1]:
+            x = x + 1
+        else:
+            x = x * 3
+        return x.squeeze(0)
+
+
+def test_versions_returning_other_ranks_are_versions_of_the_traced_graph():
+    # the traced graph chooses between versions of any rank (squeeze(0) at one row);
+    # the ONNX export keeps that side a constraint (test_onnx_versions), not this graph
+    model = SqueezeAndCompare()
+    inputs = {"x": torch.randn(4, 3), "y": torch.randn(2, 5)}
+    tracer, _, gm = trace_module(model, inputs, {"x": {0: "width"}, "y": {1: "heads"}})
+    assert len(tracer.versions) == 4 and tracer.constraints == []
+    for width, heads in ((1, 4), (4, 5), (7, 3), (1, 2)):
+        x, y = torch.randn(width, 3), torch.randn(2, heads)
+        assert_same(model(x, y), gm(x, y))
+
+
 class Square(torch.nn.Module):
     def forward(self, x):
         if x.shape[2] == x.shape[3]:

@@ -76,6 +76,9 @@ def capture(
         narrowing=narrowing,
         max_versions=DEFAULT_MAX_VERSIONS if max_versions is None else max_versions,
     )
+    # an ONNX If returns one rank and dtype per output: a side returning another stays
+    # a constraint, the other decisions versions
+    tracer.versions_of_one_type = True
     graph = tracer.trace(
         model,
         concrete_args=concrete_args,

@@ -471,7 +471,7 @@ class Versioning:
             self.failed_captures[location] = self.failed_captures.get(location, 0) + 1
             return None
         other = Version(0, path, child, graph, example)
-        mismatch = _output_mismatch(self.first, other)
+        mismatch = _output_mismatch(self.first, other, self.tracer.versions_of_one_type)
         if mismatch:
             self._note(fact, f"the other side ({sizes}) returns {mismatch}")
             return None
@@ -803,9 +803,11 @@ def _one_and(extremum: sympy.Basic, positive: set) -> bool:
     return len(args) == 2 and args[0] == 1 and args[1] in positive
 
 
-def _output_mismatch(first: Version, other: Version) -> str:
-    """How the outputs of two versions differ in structure (empty when they do not):
-    one graph cannot choose between them."""
+def _output_mismatch(first: Version, other: Version, one_type: bool = False) -> str:
+    """How the outputs of two versions differ in structure, or with ``one_type`` in the
+    rank or dtype of a tensor (empty when they do not): one graph cannot choose between
+    them (``x.squeeze(0)`` has a rank less where ``x.shape[0] == 1``, which an ONNX
+    ``If`` cannot return beside the other rank)."""
     if first.tracer.state.out_spec != other.tracer.state.out_spec:
         return "another output structure"
     mine = next(n for n in first.graph.nodes if n.op == "output").args[0]
@@ -813,6 +815,19 @@ def _output_mismatch(first: Version, other: Version) -> str:
     flat, flat_other = pytree.tree_leaves(mine), pytree.tree_leaves(theirs)
     for a, b in zip(flat, flat_other):
         if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
+            mine_value, their_value = a.meta.get("val"), b.meta.get("val")
+            tensors = isinstance(mine_value, torch.Tensor) and isinstance(their_value, torch.Tensor)
+            if one_type and tensors:
+                if mine_value.dim() != their_value.dim():
+                    return (
+                        f"a tensor of rank {their_value.dim()} where the example's side "
+                        f"returns one of rank {mine_value.dim()}"
+                    )
+                if mine_value.dtype != their_value.dtype:
+                    return (
+                        f"a tensor of {their_value.dtype} where the example's side "
+                        f"returns one of {mine_value.dtype}"
+                    )
             continue
         if _is_number(a) and _is_number(b):
             continue  # a size computed on one side, folded on the other

@@ -175,6 +175,12 @@ class CustomTracer(
     #: raise a named Dim's needed constraint where it is needed (see :mod:`.refinement`)
     _strict_at_once = False
 
+    #: whether the versions must return each output with one rank and dtype: the other
+    #: side of a decision where one differs (``x.squeeze(0)`` at ``x.shape[0] == 1``)
+    #: then stays a constraint. The ONNX export sets it (an ``If`` returns one type per
+    #: output); the traced graph chooses between any versions
+    versions_of_one_type = False
+
     #: the module the traced graph belongs to (``GraphModule(tracer.traced_model, g)``)
     traced_model: torch.nn.Module | None
     #: assumptions the traced graph relies on (last trace)
