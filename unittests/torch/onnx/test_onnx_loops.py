@@ -14,6 +14,8 @@ from unittests.torch.tracing.test_tracing_loops import (
     Chunks,
     ConstantState,
     FromOne,
+    IndexAsNumber,
+    IndexAsNumberFirstApart,
     LearnedState,
     Neighbours,
     ReadsNoSlice,
@@ -269,6 +271,14 @@ def test_chunks_and_offsets_of_the_index_export_exact():
     result = export_and_validate(model, (torch.randn(5, 3),), dynamic_shapes=({0: "n"},))
     assert "Scan" in _op_types(result.model_proto)
     _matches_eager(result, model, [(n, 3) for n in (5, 1, 2, 7)])
+
+
+@pytest.mark.parametrize("model", [IndexAsNumber, IndexAsNumberFirstApart])
+def test_the_index_taken_as_a_number_exports_exact(model):
+    model = model()
+    result = export_and_validate(model, (torch.randn(5, 3),), dynamic_shapes=({0: "n"},))
+    assert "Scan" in _op_types(result.model_proto)
+    _matches_eager(result, model, [(n, 3) for n in (5, 1, 2, 3, 8)])
 
 
 class WriteIntoTheScannedInput(torch.nn.Module):

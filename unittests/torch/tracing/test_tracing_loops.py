@@ -429,6 +429,14 @@ def _reversed_index(x):
     return h
 
 
+def _index_as_a_float(x):
+    # `i * 0.5` is a float made in Python from the index: no value of a tensor operation
+    h = x[:, 0] * 0
+    for i in range(x.shape[1]):
+        h = h + x[:, i] * (i * 0.5)
+    return h
+
+
 def _two_steps_back(x):
     a, b = x[:, 0], x[:, 1]
     for i in range(x.shape[1]):
@@ -476,6 +484,7 @@ class _Fn(torch.nn.Module):
         (_Fn(_two_offsets), "at rows of several offsets"),
         (_Fn(_early_exit), "a decision on"),
         (_Fn(_reversed_index), "the index is used by"),
+        (_Fn(_index_as_a_float), "the index is used by"),
         (_Fn(_two_steps_back), "2 steps back"),
         (_Fn(_read_while_written), "also read while the loop writes it"),
         (_Counts(), "it assigns `_Counts.calls`"),
@@ -852,6 +861,47 @@ def test_chunks_at_the_index_are_scanned():
 
 def test_offsets_of_the_index_are_scanned():
     _scanned_and_exact(Neighbours(), lengths=(4, 1, 2, 7))
+
+
+class IndexAsNumber(torch.nn.Module):
+    """Steps taking their index as a number in tensor operations (``x[i] * (i + 1)``,
+    ``h - i``, ``2 * i``), forwards, from one and backwards."""
+
+    def forward(self, x):
+        h = torch.zeros_like(x[0])
+        outs = []
+        for i in range(x.shape[0]):
+            h = h * 0.5 + x[i] * (i + 1)
+            outs.append(h - i)
+        g = x[0] * 0
+        for i in reversed(range(1, x.shape[0])):
+            g = (g + i) * x[i] + 2 * i
+        counts = torch.zeros_like(x[0], dtype=torch.int32)
+        for i in range(x.shape[0]):
+            counts = counts + i  # stays int32, as with a Python int
+        return h, torch.stack(outs), g, counts
+
+
+class IndexAsNumberFirstApart(torch.nn.Module):
+    def forward(self, x):
+        total = 0
+        for i in range(x.shape[0]):
+            total = total + x[i] / (i + 1)
+        return total
+
+
+@pytest.mark.parametrize("model", [IndexAsNumber(), IndexAsNumberFirstApart()])
+def test_the_index_taken_as_a_number_is_scanned(model):
+    # refused before ("the index is used by `mul`, not to select one slice"), as
+    # torch.export refuses the loop: the body now gets the index as a 0-d tensor
+    _, graph, gm = trace_module(model, {"x": torch.randn(5, 3)}, {"x": {0: "n"}})
+    assert _scans(graph) == (3 if isinstance(model, IndexAsNumber) else 1), graph
+    for n in (5, 1, 2, 3, 8):
+        x = torch.randn(n, 3)
+        expected, got = model(x), gm(x)
+        assert_same(expected, got)
+        if isinstance(model, IndexAsNumber):
+            assert got[3].dtype == torch.int32
 
 
 def _past_the_end(x):

@@ -70,8 +70,11 @@ class ScanPlan:
     #: where each operand of the steps comes from (the scan hoists invariants with it)
     operands: Any = None
     #: positions of the values the steps compute from their index, ``c*i + b``: read by
-    #: selections and writes only, which the scan does without
+    #: selections and writes, which the scan does without, and by ``numbers``
     index_values: set[int] = dataclasses.field(default_factory=set)
+    #: positions of the tensor operations taking the index, or ``c*i + b``, as a number
+    #: (``h + i``): the body gets the index as a 0-d tensor and computes them
+    numbers: set[int] = dataclasses.field(default_factory=set)
 
 
 class _NotUniform(Exception):
@@ -249,36 +252,111 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
             offsets[node] = found
             plan.index_values.add(position)
     for position, node in enumerate(steps[1]):
-        if position in plan.index_values:
-            continue
-        if not any(n in offsets for n in node.all_input_nodes):
-            if _writes_in_place(node) and not _writes_into_its_own(node, operands):
-                return f"`{node.name}` writes in place ({_where(node)})"
-            continue
-        if node.target is operator.setitem:
-            write = _write(node, region, operands, carries, offsets)
-            if isinstance(write, str):
-                return write
-            first = write.c * region.start + write.b
-            plan.writes[position] = write
-        else:
-            selection = _selection(node, offsets, operands)
-            if isinstance(selection, str):
-                return selection
-            first = region.start + selection[3]
-            plan.selections[position] = selection
-        if first < 0:
-            # `x[i - 1]` at i = 0 is the last row: no slice of rows a scan reads
-            return f"`{node.name}` reads row {first} at the first index ({_where(node)})"
+        if position not in plan.index_values:
+            why = _place(plan, position, node, region, offsets)
+            if why is not None:
+                return why
     if (overlapping := _overlapping_writes(plan)) is not None:
         return f"the steps write `{overlapping.name}` at rows of several offsets"
     for position in plan.index_values:
         for user in steps[1][position].users:
             p = operands.where.get(user, (None, None))[1]
-            if p not in plan.index_values and p not in plan.selections and p not in plan.writes:
+            if p not in {*plan.index_values, *plan.selections, *plan.writes, *plan.numbers}:
                 where = _where(user)
                 return f"the index is used by `{user.name}`, not to select one slice ({where})"
     return plan
+
+
+def _place(plan: ScanPlan, position: int, node: Node, region: LoopRegion, offsets: dict):
+    """Files the node at ``position`` of a step under what the scan makes of it: a
+    selection or a write at the index, a tensor operation taking the index as a number
+    (``h + i``), or a node of the body; returns why the loop is no scan, or None."""
+    operands, carries = plan.operands, plan.carries
+    if not any(n in offsets for n in node.all_input_nodes):
+        if _writes_in_place(node) and not _writes_into_its_own(node, operands):
+            return f"`{node.name}` writes in place ({_where(node)})"
+        return None
+    if node.target is operator.setitem:
+        write = _write(node, region, operands, carries, offsets)
+        if isinstance(write, str):
+            return write
+        first = write.c * region.start + write.b
+        plan.writes[position] = write
+    elif takes_index_as_number(node, offsets):
+        plan.numbers.add(position)
+        return None
+    else:
+        selection = _selection(node, offsets, operands)
+        if isinstance(selection, str):
+            return selection
+        first = region.start + selection[3]
+        plan.selections[position] = selection
+    if first < 0:
+        # `x[i - 1]` at i = 0 is the last row: no slice of rows a scan reads
+        return f"`{node.name}` reads row {first} at the first index ({_where(node)})"
+    return None
+
+
+#: tensor operations taking a number where the index goes (``h + i``, ``x * (i + 1)``):
+#: with the index a 0-d int64 tensor instead, they compute the same values in the same
+#: dtype (a 0-d tensor promotes as a Python number does)
+_NUMBER_OPERATORS = {
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.truediv,
+    operator.floordiv,
+    operator.mod,
+    operator.pow,
+    torch.add,
+    torch.sub,
+    torch.mul,
+    torch.div,
+    torch.pow,
+    torch.true_divide,
+    torch.floor_divide,
+    torch.remainder,
+    torch.rsub,
+}
+_NUMBER_METHODS = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "true_divide",
+    "floor_divide",
+    "remainder",
+    "pow",
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__floordiv__",
+    "__rfloordiv__",
+    "__mod__",
+    "__pow__",
+    "__rpow__",
+}
+
+
+def takes_index_as_number(node: Node, offsets: dict) -> bool:
+    """Whether ``node`` is a tensor operation (its value a tensor, an operand a tensor)
+    taking the index, or ``c*i + b``, as a number among its direct operands: the scan
+    gives the body its index as a 0-d tensor, which the operation takes as well."""
+    if node.kwargs or not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    if node.op == "call_function":
+        known = node.target in _NUMBER_OPERATORS
+    else:
+        known = node.op == "call_method" and node.target in _NUMBER_METHODS
+    if not known or any(n in offsets for n in node.all_input_nodes if n not in node.args):
+        return False
+    tensors = [a for a in node.args if isinstance(a, Node) and a not in offsets]
+    return bool(tensors) and all(isinstance(a.meta.get("val"), torch.Tensor) for a in tensors)
 
 
 def _overlapping_writes(plan: ScanPlan) -> Node | None:

@@ -37,11 +37,15 @@ def _hoisted(graph: torch.fx.Graph, node: Node, operands: Any, copies: dict) -> 
 class _BodyBuilder:
     """Builds the scan's body graph from the second step's nodes."""
 
-    def __init__(self, plan: ScanPlan, template: int):
+    def __init__(self, plan: ScanPlan, template: int, index: Node):
         self.plan = plan
         self.template = template
+        self.index = index
         self.nodes = plan.steps[template]
         self.local = {n: p for p, n in enumerate(self.nodes)}
+        #: the values computed from the index (``i + 1``) that the tensor operations
+        #: taking it as a number read: the body computes them from its index
+        self.numbered = self._numbered()
         self.previous = {n: p for p, n in enumerate(plan.steps[template - 1])}
         self.graph = torch.fx.Graph()
         self.env: dict[Node, Node] = {}
@@ -68,12 +72,22 @@ class _BodyBuilder:
             ):
                 self.hoisted.add(position)
 
+    def _numbered(self) -> set[int]:
+        found: set[int] = set()
+        pending = [n for p in self.plan.numbers for n in self.nodes[p].all_input_nodes]
+        while pending:
+            position = self.local.get(pending.pop())
+            if position in self.plan.index_values and position not in found:
+                found.add(position)
+                pending.extend(self.nodes[position].all_input_nodes)
+        return found
+
     def collect(self) -> None:
         """First pass: the values from before the loop the body reads."""
         for position, node in enumerate(self.nodes):
             if position in self.plan.selections or position in self.plan.writes:
                 continue
-            if position in self.plan.index_values:
+            if position in self.plan.index_values and position not in self.numbered:
                 continue
             if position in self.hoisted:
                 continue
@@ -107,7 +121,12 @@ class _BodyBuilder:
             with fake_mode:
                 ph.meta["val"] = source.meta["val"].select(axis, 0).contiguous()
             self.slices[(source, axis, offset)] = ph
-        if not self.sources:
+        if self.plan.numbers:
+            # the index, scanned (see _Emitter.indices): a 0-d int64 tensor
+            self.index_input = graph.placeholder("index")
+            with fake_mode:
+                self.index_input.meta["val"] = torch.empty((), dtype=torch.int64)
+        elif not self.sources:
             # a scan runs as many steps as what it scans is long: a loop that reads no
             # slice scans its steps' numbers (see _Emitter.steps), which the body ignores
             ph = graph.placeholder("step")
@@ -118,10 +137,14 @@ class _BodyBuilder:
             ph = graph.placeholder(f"in_{j}")
             ph.meta["val"] = outer.meta.get("val")
             self.lifted[outer] = ph
-        skipped = {*self.plan.writes, *self.hoisted, *self.plan.index_values}
+        skipped = {*self.plan.writes, *self.hoisted, *self.plan.index_values} - self.numbered
         for position, node in enumerate(self.nodes):
             if position not in skipped:
                 self.env[node] = self._copy(position, node)
+            if position in self.numbered:
+                # a number in the step, a 0-d tensor in the body
+                with fake_mode:
+                    self.env[node].meta["val"] = torch.empty((), dtype=torch.int64)
         results = [self.env[self.nodes[p]] for p in self.carry_order]
         results += [self.env[self.nodes[p]] for p in outputs]
         # a value the step computes, or the carried one it received
@@ -144,6 +167,8 @@ class _BodyBuilder:
         return value
 
     def _value(self, node: Node) -> Node:
+        if node is self.index:
+            return self.index_input
         if node in self.local:
             return self.env[node]
         if node in self.previous:
@@ -172,7 +197,7 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
         # nothing the loop computes is used
         _erase_steps(graph, region)
         return
-    builder = _BodyBuilder(plan, template=1)
+    builder = _BodyBuilder(plan, template=1, index=region.index_nodes[1])
     builder.collect()
     writes = sorted(plan.writes)
     body = builder.build(tracer.fake_mode, positions, [plan.writes[p].value for p in writes])
@@ -184,6 +209,8 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
             emitter.scanned(_hoisted(graph, source, plan.operands, copies), axis, offset)
             for source, axis, offset in builder.sources
         ]
+        if plan.numbers:
+            xs.append(emitter.indices())
         if not xs:
             xs = [emitter.steps()]
         body_node = tracer.register_callable(f"loop{region.number}_body", body)
@@ -248,6 +275,17 @@ class _Emitter:
         """``torch.arange(length)``: what a scan of a loop reading no slice scans, so
         that it runs the loop's number of steps."""
         return self.node(torch.arange, (self.length,))
+
+    def indices(self) -> Node:
+        """The index of each step, in the order the loop runs them: what the body
+        reads where a step takes its index as a number (``h + i``)."""
+        region = self.region
+        values = self.steps()
+        if region.start != 0:
+            values = self.node(operator.add, (values, region.start))
+        if region.reverse:
+            values = self.node(torch.flip, (values, [0]))
+        return values
 
     def scan(self, args: tuple, carried: list, per_step: list) -> list[Node]:
         """The scan node and one ``getitem`` per output."""
