@@ -16,6 +16,8 @@ from unittests.torch.tracing.test_tracing_loops import (
     FromOne,
     IndexAsNumber,
     IndexAsNumberFirstApart,
+    LastStepValues,
+    LastStepValueSetBefore,
     LearnedState,
     Neighbours,
     ReadsNoSlice,
@@ -279,6 +281,14 @@ def test_the_index_taken_as_a_number_exports_exact(model):
     result = export_and_validate(model, (torch.randn(5, 3),), dynamic_shapes=({0: "n"},))
     assert "Scan" in _op_types(result.model_proto)
     _matches_eager(result, model, [(n, 3) for n in (5, 1, 2, 3, 8)])
+
+
+def test_values_of_the_last_step_used_after_the_loop_export_exact():
+    cases = ((LastStepValues(), (5, 1, 2, 8)), (LastStepValueSetBefore(), (5, 0, 1, 8)))
+    for model, lengths in cases:
+        result = export_and_validate(model, (torch.randn(5, 3),), dynamic_shapes=({0: "n"},))
+        assert "Scan" in _op_types(result.model_proto)
+        _matches_eager(result, model, [(n, 3) for n in lengths])
 
 
 class WriteIntoTheScannedInput(torch.nn.Module):

@@ -437,6 +437,27 @@ def _index_as_a_float(x):
     return h
 
 
+def _last_held_by_a_list_too(x):
+    # `y` is also outs[4] on the example: which step a constant index reads, the
+    # example cannot tell (`outs[4]` at every length, `outs[-1]`...)
+    h, outs = x[:, 0] * 0, []
+    for i in range(x.shape[1]):
+        h = torch.tanh(h + x[:, i])
+        y = h * 3
+        outs.append(y)
+    return y + outs[4]
+
+
+def _last_a_view_of_the_state(x):
+    # `y` views the state: the write after the loop goes into it
+    h = x[:, 0] * 0
+    for i in range(x.shape[1]):
+        h = h * 0.5 + x[:, i]
+        y = h.view(-1)
+    y.add_(1)
+    return h, y
+
+
 def _two_steps_back(x):
     a, b = x[:, 0], x[:, 1]
     for i in range(x.shape[1]):
@@ -485,6 +506,8 @@ class _Fn(torch.nn.Module):
         (_Fn(_early_exit), "a decision on"),
         (_Fn(_reversed_index), "the index is used by"),
         (_Fn(_index_as_a_float), "the index is used by"),
+        (_Fn(_last_held_by_a_list_too), "is used after it"),
+        (_Fn(_last_a_view_of_the_state), "is used after it by `add_`"),
         (_Fn(_two_steps_back), "2 steps back"),
         (_Fn(_read_while_written), "also read while the loop writes it"),
         (_Counts(), "it assigns `_Counts.calls`"),
@@ -902,6 +925,50 @@ def test_the_index_taken_as_a_number_is_scanned(model):
         assert_same(expected, got)
         if isinstance(model, IndexAsNumber):
             assert got[3].dtype == torch.int32
+
+
+class LastStepValues(torch.nn.Module):
+    """Values of the last step used after the loop, held by names the steps set: an
+    RNN's last output (``y``), backwards, used by an operation or returned, written in
+    place after the loop, or set before the loop too (its value at zero steps)."""
+
+    def forward(self, x):
+        h, g = torch.zeros_like(x[0]), x[0] * 0
+        before = x.sum(0) + 7
+        for i in range(x.shape[0]):
+            h = torch.tanh(h * 0.5 + x[i])
+            y = h * 2
+            before = h - 1
+        for i in reversed(range(x.shape[0])):
+            g = torch.tanh(g + x[i])
+            z = g * x[i]
+        y.add_(1)
+        return y * 3, z, before
+
+
+class LastStepValueSetBefore(torch.nn.Module):
+    def forward(self, x):
+        h, y = x.sum(0), x.sum(0) + 7
+        for i in range(x.shape[0]):
+            h = torch.tanh(h + x[i])
+            y = h - 1
+        return y
+
+
+@pytest.mark.parametrize("model", [LastStepValues(), LastStepValueSetBefore()])
+def test_values_of_the_last_step_used_after_the_loop_are_scanned(model):
+    # refused before ("`mul_4` of step 4 is used after it by `mul`"), as torch.export
+    # refuses the loop: the last of the scan's stacked values, the capture deciding
+    # that the loop runs (eager has no `y` without a step, or the one set before)
+    tracer, graph, gm = trace_module(model, {"x": torch.randn(5, 3)}, {"x": {0: "n"}})
+    assert _all_scans(gm) >= 1, graph
+    for n in (5, 1, 2, 8, 0):
+        x = torch.randn(n, 3)
+        if n == 0 and isinstance(model, LastStepValues):
+            with pytest.raises(ConstraintViolationError, match="n >= 1"):
+                gm(x)
+            continue
+        assert_same(model(x.clone()), gm(x.clone()))
 
 
 def _past_the_end(x):

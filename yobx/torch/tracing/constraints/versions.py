@@ -815,19 +815,9 @@ def _output_mismatch(first: Version, other: Version, one_type: bool = False) -> 
     flat, flat_other = pytree.tree_leaves(mine), pytree.tree_leaves(theirs)
     for a, b in zip(flat, flat_other):
         if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
-            mine_value, their_value = a.meta.get("val"), b.meta.get("val")
-            tensors = isinstance(mine_value, torch.Tensor) and isinstance(their_value, torch.Tensor)
-            if one_type and tensors:
-                if mine_value.dim() != their_value.dim():
-                    return (
-                        f"a tensor of rank {their_value.dim()} where the example's side "
-                        f"returns one of rank {mine_value.dim()}"
-                    )
-                if mine_value.dtype != their_value.dtype:
-                    return (
-                        f"a tensor of {their_value.dtype} where the example's side "
-                        f"returns one of {mine_value.dtype}"
-                    )
+            differs = _type_difference(a.meta.get("val"), b.meta.get("val")) if one_type else ""
+            if differs:
+                return differs
             continue
         if _is_number(a) and _is_number(b):
             continue  # a size computed on one side, folded on the other
@@ -835,6 +825,21 @@ def _output_mismatch(first: Version, other: Version, one_type: bool = False) -> 
             return "a computed output where the example's side returns a constant"
         if a != b:
             return f"the constant {b!r} where the example's side returns {a!r}"
+    return ""
+
+
+def _type_difference(mine: Any, theirs: Any) -> str:
+    """How the tensor ``theirs`` differs from ``mine`` in rank or dtype (empty when it
+    does not, or when either is no tensor)."""
+    if not isinstance(mine, torch.Tensor) or not isinstance(theirs, torch.Tensor):
+        return ""
+    if mine.dim() != theirs.dim():
+        return (
+            f"a tensor of rank {theirs.dim()} where the example's side returns one of "
+            f"rank {mine.dim()}"
+        )
+    if mine.dtype != theirs.dtype:
+        return f"a tensor of {theirs.dtype} where the example's side returns one of {mine.dtype}"
     return ""
 
 

@@ -25,12 +25,14 @@ from .loop_rolling import (
 )
 from .loops import (
     LoopRegion,
+    ProxyToken,
     SymbolicPieces,
     SymbolicRange,
     SymbolicRepeat,
     frame_tokens,
     iterated_at_once,
     linear_in,
+    listed_nodes,
     loop_index,
     loop_stacked,
     loop_symbol,
@@ -154,6 +156,7 @@ class LoopsMixin(MixinBase):
             region.frames.append(frame_tokens(frame))
         if step >= region.count:
             self.state.active_loop = None
+            region.listed = listed_nodes(frame)
             self._loop_close(region)
             raise StopIteration
         symint = loop_symbol(self.dims, region, step)
@@ -346,6 +349,10 @@ class LoopsMixin(MixinBase):
         for node in region.stacked:
             _, position, dim, how, first = cast(tuple[Any, int, int, str, tuple], node.args)
             values = [*first, *(nodes[position] for nodes in plan.steps)]
+            if how == "last":
+                node.replace_all_uses_with(values[-1])
+                node.graph.erase_node(node)
+                continue
             node.target = torch.stack if how == "stack" else torch.cat
             node.args = (values, dim)
 
@@ -435,6 +442,13 @@ class LoopsMixin(MixinBase):
             stacked = self._loop_stacked(_STACKING[target], args, kwargs)
             if stacked is not None:
                 return stacked
+        last = {p.node: v for p in used if (v := self._last_value(p.node)) is not None}
+        if last:
+            # the operation made again, reading the scan's values of the last step
+            args, kwargs = pytree.tree_map_only(
+                Proxy, lambda p: last.get(p.node, p), (tuple(args), dict(kwargs))
+            )
+            return self.create_proxy(kind, target, args, kwargs)
         for proxy in used:
             region = self.state.loop_outputs.get(proxy.node)
             if region is None:
@@ -492,6 +506,51 @@ class LoopsMixin(MixinBase):
         node.meta["stack_trace"] = self.stack_trace()
         region.stacked.append(node)
         return self.proxy(node)
+
+    def _last_value(self, node: Node) -> Proxy | None:
+        """The last step's value ``node`` used after its loop, held by a name the steps
+        set (``y = ...`` in every step), as the last of the scan's stacked values of its
+        position (a ``loop_stacked`` node of kind "last"); None when the region is no
+        scan, or the value a carried one (the scan's own output), one a list holds
+        (``outs[-1]`` and ``outs[4]`` are the same node on the example), or one a stack
+        cannot stand for: a view of another value, or with another layout. The capture
+        decides that the loop runs (the value exists after one step at least)."""
+        region = self.state.loop_outputs.get(node)
+        if region is None or region.plan is None:
+            return None
+        step, position = region.outputs.get(node, (None, -1))
+        plan, val = region.plan, node.meta.get("val")
+        if step != region.count - 1 or position < 0 or position in plan.carries:
+            return None
+        if node in region.listed or not region.frames:
+            return None  # `outs[-1]` or `outs[4]`: which step, the example cannot tell
+        if ProxyToken(node) not in region.frames[-1].values():
+            return None  # held by no name of the loop (`y = ...` in every step)
+        if not isinstance(val, torch.Tensor) or not _fresh_and_contiguous(region, node, val):
+            return None
+        # the scan runs (with a first step kept apart, the sizes where only that one
+        # runs get a version of their own)
+        self._decide_it_runs(region.length)
+        last = self.create_node(
+            "call_function", loop_stacked, (region.number, position, 0, "last", ()), {}
+        )
+        with self.fake_mode:
+            last.meta["val"] = torch.empty_like(val, memory_format=torch.contiguous_format)
+        last.meta["stack_trace"] = self.stack_trace()
+        region.stacked.append(last)
+        return self.proxy(last)
+
+    def _read_last_values(self, region: LoopRegion) -> None:
+        """The last step's values the rest of the graph reads where no operation of the
+        trace saw them (the graph's output: ``return y``), read from the scan's."""
+        inside = set(region.index_nodes).union(*map(set, region.steps))
+        for node in region.steps[-1]:
+            if all(u in inside for u in node.users):
+                continue
+            with region.graph.inserting_after(cast(Node, region.last)):
+                value = self._last_value(node)
+            if value is not None:
+                node.replace_all_uses_with(value.node, delete_user_cb=lambda u: u not in inside)
 
     def _loop_sequence(self, values) -> tuple[LoopRegion, int, list] | None:
         """(region, position, first) when ``values`` are the values one position of a
@@ -556,11 +615,33 @@ class LoopsMixin(MixinBase):
                 reason = region.refusal or "it was left before its last step"
                 self.unroll_loop(region, reason, location=region.location)
                 continue
+            self._read_last_values(region)
             reason = outside_use_refusal(region, None, "the rest of the graph")
             if reason is not None:
                 self.unroll_loop(region, reason, location=region.location)
                 continue
             emit_scan(self, region)
+
+
+def _fresh_and_contiguous(region: LoopRegion, node: Node, val: torch.Tensor) -> bool:
+    """Whether the last step's value ``node`` may stand for the last of the scan's
+    stacked values: contiguous (as they are), in memory no value from before the loop
+    and no carried value shares (a view of the state would miss a later write into
+    it, or the state the write into the value)."""
+    from torch._prims_common import is_contiguous_for_memory_format_or_false
+
+    if not is_contiguous_for_memory_format_or_false(val, memory_format=torch.contiguous_format):
+        return False
+    storage = val.untyped_storage()._cdata
+    last = set(region.steps[-1])
+    carried = {region.plan.steps[-1][p] for p in region.plan.carries} if region.plan else set()
+    for other in region.graph.nodes:
+        if other is node or (other in last and other not in carried):
+            continue
+        value = other.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.untyped_storage()._cdata == storage:
+            return False
+    return True
 
 
 def _replacing(node: Node, value: Any) -> Callable[[Node], Any]:

@@ -101,6 +101,10 @@ class LoopRegion:
     apart: list[Node] = dataclasses.field(default_factory=list)
     #: the symbol of the first step's index (a constant once the step is kept apart)
     first_symbol: Any = None
+    #: the nodes a list, tuple or dict of the loop's frame holds when the loop ends
+    #: (``outs``): read by a constant index after the loop, ``outs[4]`` and ``outs[-1]``
+    #: are the same node on the example, so none of them is taken for the last step's
+    listed: set[Node] = dataclasses.field(default_factory=set)
 
     def index_value(self, step: int) -> int:
         """The index of ``step`` on the example."""
@@ -483,6 +487,19 @@ def iterated_at_once(frame: FrameType | None) -> bool:
 
 
 # Python values of the loop's frame, compared between steps
+
+
+def listed_nodes(frame: FrameType | None) -> set[Node]:
+    """The nodes of the proxies the lists, tuples and dicts of the frame's locals hold
+    (one level deep)."""
+    from torch.fx.proxy import Proxy
+
+    found: set[Node] = set()
+    for value in frame.f_locals.values() if frame is not None else ():
+        items = value.values() if isinstance(value, dict) else value
+        if isinstance(value, (list, tuple, dict)):
+            found.update(v.node for v in items if isinstance(v, Proxy))
+    return found
 
 
 def frame_tokens(frame: FrameType | None) -> dict[str, Any]:

@@ -232,7 +232,12 @@ def emit_scan(tracer: Any, region: LoopRegion) -> None:
     for node in region.stacked:
         _, position, dim, how, first = cast(tuple[Any, int, int, str, tuple], node.args)
         with graph.inserting_before(node):
-            value = emitter.stacked(stacked[positions.index(position)], dim, how, first)
+            values = stacked[positions.index(position)]
+            if how == "last":
+                # the value of the last step (`y` after the loop), the last of them
+                value = emitter.node(torch.select, (values, 0, -1))
+            else:
+                value = emitter.stacked(values, dim, how, first)
         node.replace_all_uses_with(value)
         graph.erase_node(node)
     _erase_steps(graph, region)
