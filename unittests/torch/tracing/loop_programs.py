@@ -6,8 +6,9 @@
 reading ``x[i]``, states read by other states, states exchanged in Python
 (``a, b = b, a``), values kept from the step before, a submodule, lists of one value
 per step stacked or concatenated after the loop, writes into a buffer at the step's
-index, in-place updates, decisions on the index, and writes after the loop into states
-that may still be views of the input (a loop of zero steps). :func:`traced_outcome`
+index, the index as a number (``h + i``), a value of the last step returned by name
+(``last = ...``), in-place updates, decisions on the index, and writes after the loop
+into states that may still be views of the input (a loop of zero steps). :func:`traced_outcome`
 traces it from ``n = 4`` and :func:`exported_outcome` exports it to ONNX; both compare
 with eager at ``n`` = 4, 0, 1, 2, 3 and 6, on the outputs and on the input after the
 call. Outcomes: ``correct`` (exact wherever the graph runs, a constraint it checks
@@ -66,6 +67,10 @@ STEPS = {
     "prev = {a}": 1,
     "buf[i] = {a}": 1,
     "{a} = {a} + i": 1,
+    # the index as a number in tensor operations, a value of the last step kept by name
+    "{a} = {a} * {c} + x[i] * (i + 1)": 1,
+    "{a} = ({a} - i) * {c} + x[i]": 1,
+    "last = {a} * {c} + x[i]": 2,
     "{a} = {a} + (i % 2)": 1,
     "{a}.add_(x[i])": 1,
     "{a} = {a}.clone(); {a}[::2] = x[i, ::2]": 1,
@@ -83,7 +88,7 @@ STEPS = {
     "flat[3 * i : 3 * (i + 1)] = {a} * {c}": 2,
 }
 #: statements that read the index otherwise than as ``x[i]``: not for ``row in ...``
-_INDEXED = ("i % 2", "+ i", "[i]", "[i:", "[i,", "i ==", "[i -", "[i +", "3 * i")
+_INDEXED = ("i % 2", "+ i", "- i", "(i + 1)", "[i]", "[i:", "[i,", "i ==", "[i -", "[i +", "3 * i")
 #: what comes after the loop
 AFTER = (
     "{a}.mul_({c})",
@@ -104,6 +109,8 @@ def loop_program(rng: random.Random) -> tuple[type, str]:
         return template.format(a=a, b=b, c=rng.choice((0.5, 2.0, -1.0)))
 
     lines = [f"{name} = {fill(rng.choice(INITS))}" for name in names]
+    if rng.random() < 0.3:
+        lines.append("last = x.sum(0) * 0.5")  # else no `last` without a step
     lines += [
         "outs = []",
         "buf = torch.zeros_like(x)",
@@ -123,6 +130,8 @@ def loop_program(rng: random.Random) -> tuple[type, str]:
     if after:
         lines.append(after)
     outputs = [*names, "prev", "buf", "flat", "x * 1"]
+    if any(line.startswith("last =") for line in body):
+        outputs.append("last")
     if any("outs.append" in line for line in body):
         join = rng.choice(("torch.stack(outs)", "torch.cat(outs)"))
         lines.append(f"stacked = {join} if outs else buf[:0]")

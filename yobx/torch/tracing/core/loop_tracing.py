@@ -526,6 +526,9 @@ class LoopsMixin(MixinBase):
             return None  # `outs[-1]` or `outs[4]`: which step, the example cannot tell
         if ProxyToken(node) not in region.frames[-1].values():
             return None  # held by no name of the loop (`y = ...` in every step)
+        for marker in region.stacked:
+            if marker.args[1:4] == (position, 0, "last"):
+                return self.proxy(marker)  # read before
         if not isinstance(val, torch.Tensor) or not _fresh_and_contiguous(region, node, val):
             return None
         # the scan runs (with a first step kept apart, the sizes where only that one
@@ -626,17 +629,22 @@ class LoopsMixin(MixinBase):
 def _fresh_and_contiguous(region: LoopRegion, node: Node, val: torch.Tensor) -> bool:
     """Whether the last step's value ``node`` may stand for the last of the scan's
     stacked values: contiguous (as they are), in memory no value from before the loop
-    and no carried value shares (a view of the state would miss a later write into
-    it, or the state the write into the value)."""
+    no carried value and no other value of the last step read after the loop shares (a
+    view of the state would miss a later write into it, or the state the write into
+    the value)."""
     from torch._prims_common import is_contiguous_for_memory_format_or_false
 
     if not is_contiguous_for_memory_format_or_false(val, memory_format=torch.contiguous_format):
         return False
     storage = val.untyped_storage()._cdata
     last = set(region.steps[-1])
-    carried = {region.plan.steps[-1][p] for p in region.plan.carries} if region.plan else set()
+    plan = cast(ScanPlan, region.plan)
+    # the state, and the other values of the last step read after the loop: each is
+    # a tensor of its own there
+    kept = {plan.steps[-1][p] for p in plan.carries}
+    kept.update(plan.steps[-1][cast(int, m.args[1])] for m in region.stacked if m.args[3] == "last")
     for other in region.graph.nodes:
-        if other is node or (other in last and other not in carried):
+        if other is node or (other in last and other not in kept):
             continue
         value = other.meta.get("val")
         if isinstance(value, torch.Tensor) and value.untyped_storage()._cdata == storage:
