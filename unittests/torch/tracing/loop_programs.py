@@ -171,8 +171,8 @@ def _eager(model: torch.nn.Module, x: torch.Tensor) -> tuple | None:
     """Eager's outputs and the input after the call, None where eager fails."""
     try:
         outputs = model(x)
-    except (IndexError, RuntimeError):
-        return None
+    except (IndexError, RuntimeError, UnboundLocalError):
+        return None  # UnboundLocalError: `last` read after a loop of no step
     return (*(o.clone() for o in outputs), x)
 
 
