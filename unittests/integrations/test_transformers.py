@@ -256,3 +256,24 @@ def test_an_encoder_decoder_s_steps_run_at_other_sizes_like_the_model(architectu
                 expected = submodel(**copy.deepcopy(inputs)).logits
             got = exported.runners[name](**copy.deepcopy(inputs))
             torch.testing.assert_close(torch.as_tensor(got.logits), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_cache_holding_one_tensor_twice_takes_it_by_both_paths():
+    # DeepseekV4's cache layers set `values = keys`: both ONNX inputs were renamed after
+    # the tensor's last path, and onnxruntime refused the model ("Duplicate
+    # definition-site for (cache.layers.0.values)")
+    model = _model("LlamaForCausalLM")
+    ids, mask = _prompt(model.config.vocab_size, 2, 4, padded=False)
+    with torch.no_grad():
+        cache = model(input_ids=ids, attention_mask=mask).past_key_values
+    for layer in cache.layers:
+        layer.values = layer.keys
+    new = torch.randint(3, model.config.vocab_size, (2, 1))
+    inputs = {"input_ids": new, "attention_mask": torch.ones((2, 5), dtype=torch.int64)}
+    exported = YobxExporter().export(model, {**inputs, "cache": copy.deepcopy(cache)}, {})
+    names = [v.name for v in exported.program.graph.inputs]
+    assert "cache.layers.0.keys" in names and "cache.layers.0.values" in names, names
+    got = exported.runners["model"](cache=copy.deepcopy(cache), **inputs)
+    with torch.no_grad():
+        expected = model(cache=copy.deepcopy(cache), **inputs)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)

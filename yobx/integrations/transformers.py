@@ -464,7 +464,8 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
                 roles = {1: "batch", 2: "seq"}
             shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
         elif is_cache_object(value):
-            shapes[name] = cache_dynamic_shapes(value, CACHE_ROLES, CROSS_CACHE_ROLES)
+            batch = _batch_size(inputs)
+            shapes[name] = cache_dynamic_shapes(value, CACHE_ROLES, CROSS_CACHE_ROLES, batch)
         elif name == "encoder_outputs" and value is not None:
             shapes[name] = structure_dynamic_shapes(
                 value, lambda t: dict(ENCODER_ROLES) if t.dim() == 3 else {}
@@ -472,6 +473,16 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
         else:
             shapes[name] = None
     return shapes
+
+
+def _batch_size(inputs: Mapping[str, Any]) -> int | None:
+    """The batch size of a step's inputs (``input_ids``' first axis), None without
+    them."""
+    for name in ("input_ids", "inputs_embeds"):
+        value = inputs.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            return int(value.shape[0])
+    return None
 
 
 def _covers(result: Any, sizes: dict[str, int]) -> bool:
@@ -497,16 +508,20 @@ def _name_inputs_as_runner_binds(
     leaves = flatten_with_paths(list(bound.values()))
     targets = placeholder_names(list(bound), [path for path, _ in leaves])
     leaf_of_target = {target: leaf for target, (_, leaf) in zip(targets, leaves)}
-    path_of_leaf = {id(tensor): path for path, tensor in get_leaf_tensors(dict(inputs)).items()}
+    # one tensor may sit at several paths (DeepseekV4's cache layers set `values =
+    # keys`): each input takes the next of its tensor's paths, in the order both list
+    paths_of_leaf: dict[int, list[str]] = {}
+    for path, tensor in get_leaf_tensors(dict(inputs)).items():
+        paths_of_leaf.setdefault(id(tensor), []).append(path)
     for value in program.graph.inputs:
         leaf = leaf_of_target.get(placeholders.get(value.name, ""))
-        if id(leaf) not in path_of_leaf:
+        if not paths_of_leaf.get(id(leaf)):
+            every = ", ".join(p for paths in paths_of_leaf.values() for p in paths)
             raise ValueError(
                 f"ONNX input {value.name!r} is no tensor of the forward kwargs "
-                f"({', '.join(path_of_leaf.values())}): transformers' runner could not "
-                "feed it"
+                f"({every}): transformers' runner could not feed it"
             )
-        value.name = path_of_leaf[id(leaf)]
+        value.name = paths_of_leaf[id(leaf)].pop(0)
 
 
 def _order_outputs_as_runner_reads(program: ir.Model, n: int) -> None:

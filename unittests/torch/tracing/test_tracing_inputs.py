@@ -300,3 +300,52 @@ def test_an_axis_expression_that_cannot_hold_says_why(entry, message):
     shapes = {**_MASK_SHAPES, "mask": {0: "batch", 1: entry}}
     with pytest.raises(ValueError, match=message):
         trace_module(MaskOverCacheAndTokens(), _mask_inputs(2, 3, 5), shapes)
+
+
+class _StateLayer:
+    """A cache layer of keys and values beside other states (DeepseekV4's compressor
+    buffers, a linear-attention layer's convolution and recurrent states)."""
+
+    def __init__(self, batch: int):
+        self.keys = torch.zeros(batch, 2, 5, 4)
+        self.values = self.keys  # DeepseekV4 sets `values = keys`
+        self.buffer = {"compressor": torch.zeros(batch, 3, 4)}
+        self.recurrent_states = [torch.zeros(batch, 2, 4, 4)]
+
+
+class _StateCache:
+    def __init__(self, batch: int):
+        self.layers = [_StateLayer(batch)]
+
+
+def test_cache_states_other_than_keys_and_values_have_a_dynamic_batch():
+    # they were static: a step concatenating them with the new tokens' states needed
+    # `batch == 2` (DeepseekV4ForCausalLM refused), and a 4-d recurrent state took
+    # `past` for its third axis
+    import torch.utils._pytree as pytree
+
+    from yobx.torch.tracing.inputs import cache_dynamic_shapes
+
+    def flatten(cache):
+        layer = cache.layers[0]
+        return [layer.keys, layer.values, layer.buffer["compressor"], *layer.recurrent_states], None
+
+    pytree.register_pytree_node(_StateCache, flatten, lambda values, _: _StateCache(2))
+    try:
+        auto = torch.export.Dim.AUTO
+        shapes = cache_dynamic_shapes(_StateCache(2), {0: "batch", 2: "past"}, batch=2)
+        assert shapes == [
+            {0: "batch", 2: "past"},
+            {0: "batch", 2: "past"},
+            {0: "batch", 1: auto, 2: auto},
+            {0: "batch", 1: auto, 2: auto, 3: auto},
+        ]
+        # without the batch size: as before, the other states static
+        assert cache_dynamic_shapes(_StateCache(2), {0: "batch", 2: "past"})[2:] == [{}, {}]
+        # a state not as long as the batch on its first axis stays static
+        assert cache_dynamic_shapes(_StateCache(2), {0: "batch", 2: "past"}, batch=3)[2:] == [
+            {},
+            {},
+        ]
+    finally:
+        pytree.SUPPORTED_NODES.pop(_StateCache, None)

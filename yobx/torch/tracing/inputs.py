@@ -564,7 +564,10 @@ def _register(cls: type, flatten: Callable, unflatten: Callable, with_keys: Call
 
 
 def cache_dynamic_shapes(
-    cache: Any, axes: dict[int, Any], cross_axes: dict[int, Any] | None = None
+    cache: Any,
+    axes: dict[int, Any],
+    cross_axes: dict[int, Any] | None = None,
+    batch: int | None = None,
 ) -> Any:
     """The ``dynamic_shapes`` entry of a ``transformers`` cache: ``axes`` for each of
     its keys and values (4-d, ``{0: "batch", 2: "past"}``), ``{}`` for its other
@@ -573,7 +576,14 @@ def cache_dynamic_shapes(
     other, layer by layer), which replaces it once ``transformers.exporters`` exported
     a model in the process. ``cross_axes``: those of the keys and values of an
     ``EncoderDecoderCache``'s cross-attention (over the encoder's tokens, not the
-    past ones), ``axes`` when not given."""
+    past ones), ``axes`` when not given. ``batch``: the batch size of the inputs; the
+    tensors of a layer holding no keys and values (a linear-attention or state-space
+    layer's convolution and recurrent states, ``[batch, ...]``), and any other tensor
+    that is not 4-d, have their first axis ``axes[0]`` where it is that long (they
+    were static, and a step concatenating them with the new tokens' states refused
+    every other batch)."""
+    stateful = {id(t) for t in _state_layer_tensors(cache)}
+    first = axes.get(0)
     cross_cache = getattr(cache, "cross_attention_cache", None)
     layers = getattr(cross_cache, "layers", ()) if cross_axes is not None else ()
     cross = {
@@ -584,11 +594,32 @@ def cache_dynamic_shapes(
     }
 
     def axes_of(tensor: torch.Tensor) -> dict[int, Any]:
-        if tensor.dim() != 4:
-            return {}
+        if tensor.dim() != 4 or id(tensor) in stateful:
+            by_batch = batch is not None and first is not None and tensor.dim() >= 1
+            if not by_batch or tensor.shape[0] != batch:
+                return {}
+            # its other axes as torch.export's Dim.AUTO: a buffer whose length changes
+            # from one step to the next stays dynamic, a width becomes static
+            return {0: first, **dict.fromkeys(range(1, tensor.dim()), torch.export.Dim.AUTO)}
         return dict(cross_axes if cross_axes is not None and id(tensor) in cross else axes)
 
     return structure_dynamic_shapes(cache, axes_of)
+
+
+def _state_layer_tensors(cache: Any) -> list[torch.Tensor]:
+    """The tensors of the cache's layers other than their keys and values (a
+    ``LinearAttentionLayer``'s convolution and recurrent states, a compressor's
+    buffers)."""
+    found: list[torch.Tensor] = []
+    for layer in getattr(cache, "layers", None) or ():
+        for name, value in vars(layer).items():
+            if name in ("keys", "values"):
+                continue
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if isinstance(value, dict):
+                items = list(value.values())
+            found.extend(v for v in items if isinstance(v, torch.Tensor))
+    return found
 
 
 def structure_dynamic_shapes(value: Any, axes_of: Callable[[torch.Tensor], Any]) -> Any:
