@@ -30,6 +30,7 @@ from onnxscript._internal import ast_utils, main, values
 from yobx.torch.tracing.isolation.patching import patched_attributes
 
 _TORCH_LIB_OPS = "onnxscript.function_libs.torch_lib.ops"
+_TRACED_INIT = values.TracedOnnxFunction.__init__
 
 
 def import_torch_lib() -> None:
@@ -126,7 +127,11 @@ class DeferredOnnxFunction(values.OnnxFunction):
 
 def _deferred_traced_init(self: values.TracedOnnxFunction, opset: values.Opset, func: Callable):
     """``TracedOnnxFunction.__init__`` without reading the signature: the object
-    becomes a :class:`DeferredTracedOnnxFunction`, which reads it when asked."""
+    becomes a :class:`DeferredTracedOnnxFunction`, which reads it when asked (an
+    instance of a subclass is made as its class makes it)."""
+    if type(self) is not values.TracedOnnxFunction:
+        _TRACED_INIT(self, opset, func)
+        return
     values.Op.__init__(self, opset, func.__name__)
     self.func = func
     functools.update_wrapper(self, func)

@@ -628,10 +628,10 @@ class LoopsMixin(MixinBase):
 
 def _fresh_and_contiguous(region: LoopRegion, node: Node, val: torch.Tensor) -> bool:
     """Whether the last step's value ``node`` may stand for the last of the scan's
-    stacked values: contiguous (as they are), in memory no value from before the loop
-    no carried value and no other value of the last step read after the loop shares (a
-    view of the state would miss a later write into it, or the state the write into
-    the value)."""
+    stacked values: contiguous (as they are), and in memory of its own, which no value
+    from before the loop or of an earlier step, no carried value and no other value of
+    the last step read after the loop shares (a view of the state would miss a later
+    write into it, or the state the write into the value)."""
     from torch._prims_common import is_contiguous_for_memory_format_or_false
 
     if not is_contiguous_for_memory_format_or_false(val, memory_format=torch.contiguous_format):
