@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from unittests.torch.tracing._helpers import MaskOrToken
+from unittests.torch.tracing.test_tracing_versions import SqueezeAndCompare
 from yobx.torch.onnx import to_onnx
 from yobx.torch.onnx.runtime_checks import failed_check
 
@@ -165,16 +166,6 @@ def test_versions_that_do_not_export_fall_back_to_one_checked_capture(monkeypatc
     with pytest.raises(Exception) as info:
         _session(result).run(None, {"x": torch.randn(2, 3, 17).numpy()})
     assert "seq <= 16" in failed_check(str(info.value))
-
-
-class SqueezeAndCompare(torch.nn.Module):
-    def forward(self, x, y):
-        if x.shape[0] > y.shape[1]:
-            x = x + 1
-        else:
-            x = x * 3
-        # one axis less where x.shape[0] == 1: no choice returns both ranks
-        return x.squeeze(0)
 
 
 def test_a_side_returning_another_rank_stays_a_constraint_the_others_versions():
