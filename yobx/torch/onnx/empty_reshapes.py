@@ -41,17 +41,27 @@ def _static(shape: ir.Shape | None) -> list[int] | None:
     return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
 
 
+#: operators whose output has the shape of their first input
+_SAME_SHAPE = ("InstanceNormalization", "Identity", "Cast")
+
+
 def _input_sizes(node: ir.Node) -> list[int | None] | None:
     """The sizes of ``node``'s first input (None where not known): its declared ones,
-    or, for a ``Transpose`` of a value of known rank, that value's sizes permuted (the
-    optimizer's shape inference ran before this module made the reshapes it reads
-    static: ``scaled_dot_product_attention`` transposes the key it reshaped, then
-    reshapes it again)."""
+    or, for a ``Transpose`` of a value of known rank, that value's sizes permuted, and
+    for an operator keeping its input's shape (``group_norm``'s
+    ``InstanceNormalization`` between its two reshapes), its input's (the optimizer's
+    shape inference ran before this module made the reshapes it reads static:
+    ``scaled_dot_product_attention`` transposes the key it reshaped, then reshapes it
+    again)."""
     value = node.inputs[0]
     if value is None:
         return None
     known = _sizes(value.shape)
     producer = value.producer()
+    unknown_empty = known is None or 0 not in known
+    if unknown_empty and producer is not None and producer.op_type in _SAME_SHAPE:
+        inner = _input_sizes(producer) if producer.domain in ("", "ai.onnx") else None
+        return inner if inner is not None and 0 in inner else known
     if (known is not None and 0 in known) or producer is None or producer.op_type != "Transpose":
         return known
     source = _sizes(producer.inputs[0].shape) if producer.inputs[0] is not None else None
