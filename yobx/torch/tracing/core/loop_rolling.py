@@ -318,29 +318,9 @@ _NUMBER_OPERATORS = {
     torch.remainder,
     torch.rsub,
 }
-_NUMBER_METHODS = {
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "true_divide",
-    "floor_divide",
-    "remainder",
-    "pow",
-    "__add__",
-    "__radd__",
-    "__sub__",
-    "__rsub__",
-    "__mul__",
-    "__rmul__",
-    "__truediv__",
-    "__rtruediv__",
-    "__floordiv__",
-    "__rfloordiv__",
-    "__mod__",
-    "__pow__",
-    "__rpow__",
-}
+#: the same as tensor methods (``h.add(i)``; ``h.__add__(i)`` and ``2 - h`` are recorded
+#: as the operators)
+_NUMBER_METHODS = {"add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow"}
 
 
 def takes_index_as_number(node: Node, offsets: dict) -> bool:
