@@ -118,9 +118,17 @@ def test_the_decode_step_runs_several_tokens_on_a_cache(llama_for_generation):
 # seq == 0, the nearest size of the single-token side)
 # Cohere2's sliding-window layers keep their count of positions seen as an int, which
 # transformers' flattening holds as a constant of the example: it follows the keys
+# Mamba's state-space layers write their conv and recurrent states into the cache in
+# place, and take no attention mask (a None between the cache tensors it writes and
+# reads)
 @pytest.mark.parametrize(
     ("architecture", "attention"),
-    [("LlamaForCausalLM", "eager"), ("GPT2LMHeadModel", "sdpa"), ("Cohere2ForCausalLM", "sdpa")],
+    [
+        ("LlamaForCausalLM", "eager"),
+        ("GPT2LMHeadModel", "sdpa"),
+        ("Cohere2ForCausalLM", "sdpa"),
+        ("MambaForCausalLM", "eager"),
+    ],
 )
 def test_greedy_tokens_are_the_model_s(architecture, attention, llama_for_generation):
     if architecture == "LlamaForCausalLM":

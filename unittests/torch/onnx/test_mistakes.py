@@ -42,6 +42,12 @@ def test_a_bare_tensor_is_asked_to_be_a_tuple():
         to_onnx(Normalized().eval(), torch.randn(3, 4))
 
 
+def test_none_positional_inputs_are_none_as_none_keyword_inputs_are():
+    x = torch.randn(3, 4)
+    result = to_onnx(Normalized().eval(), None, {"x": x}, validate=True)
+    assert result.validation.ok and result.input_names == ["x"]
+
+
 def test_a_numpy_input_is_asked_to_be_converted():
     with pytest.raises(TypeError, match=r"torch.from_numpy") as info:
         to_onnx(Normalized().eval(), (), {"x": np.zeros((3, 4), dtype=np.float32)})

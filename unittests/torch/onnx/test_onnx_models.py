@@ -128,6 +128,24 @@ def test_model_updating_an_input_and_a_buffer():
     assert float(model.count) == 0.0
 
 
+def test_model_updating_an_input_with_an_optional_input_left_out():
+    """An optional input passed as None between a written input and one read after
+    the write (FalconMamba's cache and mask): the write becomes an extra output (it
+    was refused, ``a`` taken to share storage with ``b``)."""
+    import torch
+
+    class WritesOne(torch.nn.Module):
+        def forward(self, a, mask=None, b=None):
+            a.add_(1)
+            out = b * 2
+            return out if mask is None else out * mask
+
+    kwargs = {"a": torch.randn(2, 3), "mask": None, "b": torch.randn(2, 3)}
+    shapes = {"a": {0: "batch"}, "mask": None, "b": {0: "batch"}}
+    result = export_and_validate(WritesOne(), (), kwargs, dynamic_shapes=shapes)
+    assert result.output_names == ["output", "a_updated"]
+
+
 def test_sdpa_decode_step_validates_moving_related_dimensions_together():
     """transformers' default attention (sdpa), an all-ones mask and a DynamicCache: the
     example's version holds where ``total == past + seq``, so validation moves ``seq``

@@ -761,3 +761,37 @@ def test_a_tuple_index_with_slices_is_a_view_of_an_untyped_input():
         expected = _WriteThroughIndex()(expected_x)
         assert_same(gm(got_x), expected)
         assert_same(got_x, expected_x)
+
+
+class _WritesWithAnOptionalInput(torch.nn.Module):
+    """A write into one input, another read after it, and an optional input between
+    them traced without a value (FalconMamba's decode step: its cache written in place,
+    ``attention_mask`` None)."""
+
+    def forward(self, a, mask=None, b=None):
+        a.add_(1)
+        out = b * 2
+        return out if mask is None else out * mask
+
+
+def test_an_input_traced_as_none_shares_storage_with_nothing():
+    """The tracer records an input traced with None as a placeholder valued None: no
+    tensor, not an input of unknown storage, which would join every input in one
+    aliasing class and refuse the write into ``a`` because ``b`` is read after it."""
+    pytest.importorskip("yobx.torch.tracing")
+    from yobx.torch.tracing import CustomTracer
+
+    model = _WritesWithAnOptionalInput()
+    tracer = CustomTracer()
+    inputs = {"a": X.clone(), "mask": None, "b": X.clone()}
+    both = {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}
+    shapes = {"a": both, "mask": None, "b": both}
+    graph = tracer.trace(model, inputs, dynamic_shapes=shapes, remove_inplace=False)
+    gm = torch.fx.GraphModule(tracer.traced_model, graph)
+    assert remove_inplace(gm.graph) == 1
+    gm.recompile()
+    assert not has_inplace(gm.graph)
+    for x in (X, X2):
+        a_eager, a_graph = x.clone(), x.clone()
+        assert_same(model(a_eager, None, x * 3), gm(a_graph, None, x * 3))
+        assert_same(a_eager, a_graph)

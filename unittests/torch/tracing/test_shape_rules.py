@@ -1035,3 +1035,28 @@ def test_a_failing_rule_is_torch_s_to_decide_except_in_the_check_mode():
     for check in (False, True):
         with pytest.raises(Unsupported):
             rule_or_torch(unsupported, lambda: "torch", check=check)
+
+
+def test_a_view_of_a_size_its_ranges_make_one_is_torchs():
+    """A symbolic size that is 1 wherever its ranges allow (the last 3 of a cache's
+    ``n >= 3`` columns less 2, Mamba's decode step): ATen's ``computeStride`` gives
+    its dimension a stride of its own choosing, as for a static 1; the rule leaves it
+    to torch (it gave another stride, caught by the check mode)."""
+    import sympy
+
+    from yobx.torch.tracing.shape_rules import views
+
+    dims = SymbolicDimensions()
+    n = dims.dimension("n", 4, min_value=3)
+    b = dims.dimension("b", 2)
+    one = n - torch.sym_max(0, n - 3) - 2
+    assert not isinstance(one, int) and sympy.simplify(one.node.expr) != 1
+    with dims.fake_mode:
+        base = dims.fake_tensor(torch.empty(2, 1, 2), [b, one, 2])
+        x = base.transpose(1, 2)  # (b, 2, one), strides (2 * one, 1, 2)
+        expected = x.view(b, 2, one)
+        try:
+            got = views.view(_factory(dims), (x, b, 2, one), {})
+        except shape_rules.Unsupported:
+            got = expected  # torch decides
+    shape_rules.compare(got, expected, [x], "view")

@@ -5,6 +5,7 @@ tracing thread only."""
 
 import threading
 
+import pytest
 import torch
 from transformers.utils import is_torchdynamo_compiling, is_torchdynamo_exporting
 
@@ -61,3 +62,31 @@ def test_the_answers_hold_in_the_tracing_thread_only():
     # after the trace, and when the graph runs, torch answers as usual
     assert not torch.compiler.is_exporting() and not torch.compiler.is_compiling()
     assert torch.equal(gm(torch.ones(5)), torch.full((5,), 2.0))
+
+
+class MarksItsCounter(torch.nn.Module):
+    """The pattern of FalconH1's cache: a counter made on the first call, marked for
+    torch.compile when not compiling (a trace does not compile), then counted on."""
+
+    def forward(self, x):
+        counter = x.new_zeros(())
+        if not is_torchdynamo_compiling():
+            torch._dynamo.mark_static_address(counter)
+            torch._dynamo.mark_dynamic(x, 0)
+        counter.add_(x.shape[0])
+        return x * counter
+
+
+def test_torch_compile_marks_of_a_traced_tensor_are_no_ops():
+    import torch._dynamo
+
+    originals = [getattr(torch._dynamo, n) for n in ("mark_static_address", "mark_dynamic")]
+    model = MarksItsCounter()
+    _, _, gm = trace_module(model, {"x": torch.randn(3, 2)}, {"x": {0: "n"}})
+    for rows in (3, 5, 1):
+        x = torch.randn(rows, 2)
+        assert_same(model(x), gm(x))
+    assert [getattr(torch._dynamo, n) for n in ("mark_static_address", "mark_dynamic")] == originals
+    # outside a trace, and for a real tensor, torch's marks as usual
+    with pytest.raises(TypeError, match="expects a tensor"):
+        torch._dynamo.mark_static_address(3)

@@ -30,7 +30,10 @@ class ModelRaisesOnExampleError(OnnxExportError):
 
 
 def check_positional_inputs(args: Any) -> tuple:
-    """``args`` as a tuple; a bare tensor or array is refused with the fix."""
+    """``args`` as a tuple (None: no positional input, as ``kwargs=None`` has no
+    keyword input); a bare tensor or array is refused with the fix."""
+    if args is None:
+        return ()
     if isinstance(args, (torch.Tensor, np.ndarray)):
         raise TypeError(
             f"to_onnx takes the positional inputs as a tuple, not a "

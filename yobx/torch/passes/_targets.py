@@ -341,6 +341,11 @@ def is_tensor(node: Any) -> bool | None:
     val = example_value(node)
     if val is not None:
         return isinstance(val, torch.Tensor)
+    if node.op == "placeholder" and "val" in node.meta:
+        # an input the tracer recorded with the value None (a model's optional mask
+        # traced without one): unknown, it would join every input in one aliasing
+        # class, and a write into one input would be refused while another is read
+        return False
     if "tensor_meta" in node.meta and node.meta["tensor_meta"] is not None:
         return hasattr(node.meta["tensor_meta"], "shape")
     if node.type in ("torch.Tensor", "Tensor"):

@@ -232,6 +232,29 @@ def _exporting() -> bool:
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
+#: torch._dynamo's marks: hints to torch.compile about an input (its address stays the
+#: same across calls, an axis is static or dynamic), nothing a graph computes
+_COMPILE_HINTS = ("mark_static_address", "mark_static", "mark_dynamic", "maybe_mark_dynamic")
+
+
+def _compile_hint(original: Callable) -> Callable:
+    """A mark of ``torch._dynamo`` given a proxy: nothing to do.
+
+    Caches mark the tensors they make, unless ``torch.compiler.is_compiling()``,
+    which stays False in a trace (see :func:`_exporting`): a linear-attention layer
+    of FalconH1's cache calls ``mark_static_address`` on its token counter, a proxy
+    there, and torch raises a TypeError for anything but a tensor. torch.export takes
+    the branch without the mark. Anything else goes to torch's function.
+    """
+
+    @functools.wraps(original)
+    def hint(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensor, Proxy):
+            return None
+        return original(tensor, *args, **kwargs)
+
+    return hint
+
 
 def _symbolic_extremum(original: Callable, symbolic: Callable) -> Callable:
     """``max``/``min`` of dimensions stay symbolic (``torch.sym_max``)."""
@@ -392,6 +415,8 @@ def replace_problematic_function_before_tracing() -> Iterator[None]:
 
 @memoized_replacements
 def _replacements() -> list[tuple[Any, str, Any]]:
+    import torch._dynamo  # imported by a trace anyway (torch._compile's wrappers)
+
     from .control_flow import cond_function, scan_function, vmap_function
 
     vmap = vmap_function(torch.vmap)
@@ -423,6 +448,10 @@ def _replacements() -> list[tuple[Any, str, Any]]:
         (torch.func, "vmap", vmap),
         (torch.ops.higher_order, "scan", scan_function(torch.ops.higher_order.scan)),
         (torch.compiler, "is_exporting", _exporting),
+        *(
+            (torch._dynamo, name, _compile_hint(getattr(torch._dynamo, name)))
+            for name in _COMPILE_HINTS
+        ),
         (builtins, "isinstance", _proxy_aware_isinstance(builtins.isinstance)),
         (builtins, "callable", _proxy_aware_callable(builtins.callable)),
         (torch, "is_tensor", _proxy_aware_is_tensor(torch.is_tensor)),

@@ -209,8 +209,10 @@ def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bo
         # ATen's computeStride gives a view of exactly contiguous strides the strides
         # of a fresh tensor, size-1 dimensions included
         return factory.view(x, sizes, contiguous_strides(sizes))
-    if any(is_one(size) for size in (*sizes, *x.shape)):
-        # otherwise it gives size-1 dimensions strides of its own choosing
+    if any(is_one(size) or _known_one(size) for size in (*sizes, *x.shape)):
+        # otherwise it gives size-1 dimensions strides of its own choosing, also to a
+        # symbolic size the ranges make 1 (a slice of a cache's last 3 of 4 columns
+        # less 2, in a version where that is 1), which is_one does not take for 1
         raise Unsupported("size-1 dimensions")
     strides = factory.memoized(
         "view_strides", [x], lambda: view_strides(list(x.shape), list(x.stride()), sizes), sizes
@@ -222,6 +224,16 @@ def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bo
     # reshape copies into a fresh contiguous tensor
     grad = x.requires_grad and torch.is_grad_enabled()
     return factory.new(sizes, x.dtype, x.device, grad)
+
+
+def _known_one(size: Any) -> bool:
+    """A symbolic size its ranges prove to be 1."""
+    if type(size) is int:
+        return False
+    try:
+        return decide(size == 1)
+    except Unsupported:
+        return False
 
 
 def view(factory: TensorFactory, args: tuple, kwargs: dict) -> torch.Tensor:
