@@ -1,5 +1,5 @@
 """Differential fuzzing of Python idioms on sizes: lists repeated by a size, numpy's
-functions of sizes, ``torch.linspace`` between sizes.
+functions of sizes, ``torch.linspace`` between sizes, ``list(range(n))``.
 
 Each program chains one to three snippets (``torch.tensor([1.5] * n)``,
 ``sum([1.0] * n)``, ``np.sqrt(n * 4)``, ``torch.cat([out] * n)``, a list written into...)
@@ -51,6 +51,13 @@ SNIPPETS = (
     "out = out + (1 if [0] * x.shape[0] == [0, 0] else 0)",
     "out = out + max([1] * x.shape[0] + [0])",
     "out = out + math.exp(x.shape[0] / 10)",
+    "out = out + torch.tensor(list(range(x.shape[0]))[::-1], dtype=out.dtype)[:, None]",
+    "out = out * torch.as_tensor(list(range(1, x.shape[0] + 1)), dtype=torch.float32)[:, None]",
+    "out = out + len(list(range(x.shape[0]))[:])",
+    "l = list(range(x.shape[0])); l.append(0); out = out + len(l)",
+    "out = out + sum(list(range(x.shape[0])))",
+    "out = out + (3 if list(range(x.shape[0] - 1)) else 4)",
+    "out = out + max(list(range(x.shape[0])) + [0])",
 )
 SIZES = (3, 1, 2, 5, 7)
 

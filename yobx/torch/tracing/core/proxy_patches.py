@@ -33,6 +33,7 @@ from ..isolation.patching import memoized_replacements, patched_attributes
 from ..symbolic.symbolic_kernels import symbolic_kernels
 from .loops import SymbolicPieces, SymbolicRepeat
 from .proxies import find_proxy
+from .range_lists import SymbolicRangeList
 from .symbolic_builtins import TRACED_BUILTINS, as_builtin
 
 #: factories whose size arguments may hold symbolic dimensions
@@ -141,6 +142,10 @@ def _recording(original: Callable) -> Callable:
                 proxy = find_proxy(tuple(pieces.items), {})
                 if proxy is None:  # nothing traced in it: the list made for real
                     return original(pieces._real(), *args[1:], **kwargs)
+            elif type(pieces) is SymbolicRangeList and original in _DATA_FACTORIES:
+                # torch.tensor(list(range(n))[::-1]): an arange (see range_lists)
+                kwargs = {k: v for k, v in kwargs.items() if k != "data"}
+                return pieces.as_tensor(original, kwargs)
             elif _BUILTIN_ISINSTANCE(pieces, SymbolicPieces):
                 # torch.stack(x.unbind(d)) on a symbolic size (see loops)
                 proxy = pieces.tensor

@@ -17,7 +17,8 @@ They stand for the builtins everywhere else the name is used: ``isinstance(v, in
 runs. A Python ``int`` that must be a real one (indexing a list) still asks for it
 (``__index__``), with the usual decision on the example's sizes. ``range`` is replaced
 too (:data:`traced_range`): a loop over a symbolic size is a loop region that can
-become a scan (:mod:`.loops`).
+become a scan (:mod:`.loops`); and ``list`` (:data:`traced_list`): ``list()`` of such a
+range is a list as long as the size (:mod:`.range_lists`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import torch
 
 from ..isolation.patch_window import in_patch_window
 from .loops import symbolic_range
+from .range_lists import SymbolicRangeList, range_list
 
 _INT = builtins.int
 _FLOAT = builtins.float
 _RANGE = builtins.range
+_LIST = builtins.list
 
 
 class _SymbolicBuiltin(type):
@@ -108,7 +111,6 @@ class traced_float(_FLOAT, metaclass=_SymbolicBuiltin):  # it stands for `float`
     __yobx_any_thread__ = True
 
 
-#: name in the traced code's globals -> its replacement while a trace runs
 class _SymbolicRangeType(_SymbolicBuiltin):
     """Metaclass of :data:`traced_range`: a range over a symbolic size is a loop that
     may become a scan (see :mod:`.loops`)."""
@@ -128,10 +130,39 @@ class traced_range(metaclass=_SymbolicRangeType):  # it stands for `range`
     __yobx_builtin__ = _RANGE
 
 
+class _SymbolicListType(_SymbolicBuiltin):
+    """Metaclass of :data:`traced_list`: ``list()`` of a range over a symbolic size is
+    a list as long as the size (see :mod:`.range_lists`), which ``isinstance(v, list)``
+    takes for a list."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs:
+            values = range_list(args[0])
+            if values is not None:
+                return values
+        return _LIST(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _LIST) or type(obj) is SymbolicRangeList
+
+
+class traced_list(_LIST, metaclass=_SymbolicListType):  # it stands for `list`
+    """``list`` in the traced code: ``list(range(x.shape[1]))`` keeps its length
+    symbolic (see :mod:`.range_lists`); ``list[int]`` is the builtin's alias."""
+
+    __yobx_builtin__ = _LIST
+    __yobx_any_thread__ = True  # the builtin for anything but a traced range
+
+    def __class_getitem__(cls, item: Any) -> Any:
+        return _LIST[item]
+
+
+#: name in the traced code's globals -> its replacement while a trace runs
 TRACED_BUILTINS: dict[str, type] = {
     "int": traced_int,
     "float": traced_float,
     "range": traced_range,
+    "list": traced_list,
 }
 
 

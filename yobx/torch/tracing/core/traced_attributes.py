@@ -27,6 +27,7 @@ from .loops import SymbolicRepeat
 from .module_state import assign_traced_buffer
 from .proxies import CustomParameterProxy, CustomProxyShape, find_proxy
 from .proxy_patches import patch_len_in
+from .range_lists import SymbolicRangeList
 from .tracer_contract import MixinBase
 
 #: prefix of the constants the tracer stores on ``traced_model``
@@ -132,8 +133,9 @@ class AttributesMixin(MixinBase):
             return node
         if isinstance(a, CustomProxyShape):
             return tuple(self.create_arg(x) for x in a)
-        if isinstance(a, SymbolicRepeat):
-            # `[0] * n` given to an operation: the list made for real (its length fixed)
+        if isinstance(a, (SymbolicRepeat, SymbolicRangeList)):
+            # `[0] * n` or `list(range(n))` given to an operation: the list made for
+            # real (its length fixed)
             return self.create_arg(a._real())
         if isinstance(a, type) and a in _PYTHON_TYPES_AS_DTYPES:
             # x.to(int): torch maps Python types to dtypes, a graph needs the dtype
