@@ -83,6 +83,7 @@ class SymbolicRangeList(SymbolicRange):
         if self._list is not None:
             return factory(self._list, **kwargs)
         length = self.length()
+        bounds: tuple[Any, ...]
         if self.reverse:
             bounds = (self.start + length - 1, self.start - 1, -1)
         else:
