@@ -316,19 +316,22 @@ class _StateLayer:
 class _StateCache:
     def __init__(self, batch: int):
         self.layers = [_StateLayer(batch)]
+        # held by the cache itself, one per layer (MiniMaxCache's lightning attention)
+        self.linear_cache = [torch.zeros(batch, 2, 8, 8)]
 
 
 def test_cache_states_other_than_keys_and_values_have_a_dynamic_batch():
     # they were static: a step concatenating them with the new tokens' states needed
     # `batch == 2` (DeepseekV4ForCausalLM refused), and a 4-d recurrent state took
-    # `past` for its third axis
+    # `past` for its third axis (MiniMaxForCausalLM refused: `past` 5 and 8)
     import torch.utils._pytree as pytree
 
     from yobx.torch.tracing.inputs import cache_dynamic_shapes
 
     def flatten(cache):
         layer = cache.layers[0]
-        return [layer.keys, layer.values, layer.buffer["compressor"], *layer.recurrent_states], None
+        states = [layer.buffer["compressor"], *layer.recurrent_states, *cache.linear_cache]
+        return [layer.keys, layer.values, *states], None
 
     pytree.register_pytree_node(_StateCache, flatten, lambda values, _: _StateCache(2))
     try:
@@ -339,13 +342,14 @@ def test_cache_states_other_than_keys_and_values_have_a_dynamic_batch():
             {0: "batch", 2: "past"},
             {0: "batch", 1: auto, 2: auto},
             {0: "batch", 1: auto, 2: auto, 3: auto},
+            # a 4-d state of the cache's own took `past` (8 against the keys' 5)
+            {0: "batch", 1: auto, 2: auto, 3: auto},
         ]
         # without the batch size: as before, the other states static
-        assert cache_dynamic_shapes(_StateCache(2), {0: "batch", 2: "past"})[2:] == [{}, {}]
+        assert cache_dynamic_shapes(_StateCache(2), {0: "batch", 2: "past"})[2:] == [{}] * 3
         # a state not as long as the batch on its first axis stays static
-        assert cache_dynamic_shapes(_StateCache(2), {0: "batch", 2: "past"}, batch=3)[2:] == [
-            {},
-            {},
-        ]
+        assert (
+            cache_dynamic_shapes(_StateCache(2), {0: "batch", 2: "past"}, batch=3)[2:] == [{}] * 3
+        )
     finally:
         pytree.SUPPORTED_NODES.pop(_StateCache, None)

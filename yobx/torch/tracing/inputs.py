@@ -609,11 +609,15 @@ def cache_dynamic_shapes(
 def _state_layer_tensors(cache: Any) -> list[torch.Tensor]:
     """The tensors of the cache's layers other than their keys and values (a
     ``LinearAttentionLayer``'s convolution and recurrent states, a compressor's
-    buffers)."""
+    buffers), and those the cache holds itself (``MiniMaxCache.linear_cache``, one
+    lightning-attention state per layer)."""
     found: list[torch.Tensor] = []
-    for layer in getattr(cache, "layers", None) or ():
-        for name, value in vars(layer).items():
-            if name in ("keys", "values"):
+    holders = [*(getattr(cache, "layers", None) or ())]
+    if holders and hasattr(cache, "__dict__"):
+        holders.append(cache)
+    for holder in holders:
+        for name, value in vars(holder).items():
+            if name in ("keys", "values", "layers"):
                 continue
             items = value if isinstance(value, (list, tuple)) else [value]
             if isinstance(value, dict):
