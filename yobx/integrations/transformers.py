@@ -45,7 +45,7 @@ import dataclasses
 import json
 import re
 import types
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -460,6 +460,10 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
                 # ("past + seq" as generation passes it, no version for another length)
                 length = attention_mask_length(dict(inputs), _cache_of(inputs))
                 roles = dict(ENCODER_ROLES) if encoded else {0: "batch", 1: length}
+            elif name == "attention_mask" and value.dim() == 2 and _longer_than_ids(inputs):
+                # over the tokens of a state the model keeps in tensors of its own
+                # (RWKV's `state`), as long as every token generated: a length of its own
+                roles = {0: "batch", 1: "total"}
             if name == "position_ids" and value.dim() == 3:  # (sections, batch, seq)
                 roles = {1: "batch", 2: "seq"}
             shapes[name] = {axis: role for axis, role in roles.items() if axis < value.dim()}
@@ -470,9 +474,33 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
             shapes[name] = structure_dynamic_shapes(
                 value, lambda t: dict(ENCODER_ROLES) if t.dim() == 3 else {}
             )
+        elif isinstance(value, (list, tuple)) and value and _batch_size(inputs) is not None:
+            # a state in tensors the model keeps outside a cache (RWKV's `state`): as a
+            # cache's states, a dynamic batch where the first axis is the batch
+            shapes[name] = structure_dynamic_shapes(value, _state_axes(_batch_size(inputs)))
         else:
             shapes[name] = None
     return shapes
+
+
+def _longer_than_ids(inputs: Mapping[str, Any]) -> bool:
+    """Whether the attention mask spans more tokens than ``input_ids``."""
+    ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not isinstance(mask, torch.Tensor):
+        return False
+    return mask.shape[1] != ids.shape[1]
+
+
+def _state_axes(batch: int | None) -> Callable[[torch.Tensor], dict[int, Any]]:
+    """The axes of a state tensor: ``batch`` on a first axis that long, the others as
+    torch.export's ``Dim.AUTO``; static otherwise."""
+
+    def axes(tensor: torch.Tensor) -> dict[int, Any]:
+        if tensor.dim() == 0 or tensor.shape[0] != batch:
+            return {}
+        return {0: "batch", **dict.fromkeys(range(1, tensor.dim()), torch.export.Dim.AUTO)}
+
+    return axes
 
 
 def _batch_size(inputs: Mapping[str, Any]) -> int | None:
@@ -572,7 +600,8 @@ def greedy_generate(
     positions = torch.from_numpy(mask_positions(attention_mask.numpy()))
     outputs = _run(runners["prefill"], input_ids, attention_mask, positions, config=exported.config)
     # a model configured without a cache (use_cache=False) runs the whole sequence again
-    cached = _cache_argument(runners["decode"]) is not None
+    decode = runners["decode"]
+    cached = _cache_argument(decode) is not None or bool(_carried_arguments(decode))
     tokens, finished = input_ids, np.zeros(input_ids.shape[0], dtype=bool)
     for step in range(max_new_tokens):
         chosen, finished = next_tokens(outputs.logits.numpy(), finished, eos, pad)
@@ -598,12 +627,23 @@ def _cache_argument(runner: Any) -> str | None:
     return None
 
 
+_STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _carried_arguments(runner: Any) -> list[str]:
+    """The forward kwargs of a step other than its tokens, mask, positions and cache:
+    a state the model returns under the same name and takes back (RWKV's ``state``)."""
+    cache = _cache_argument(runner)
+    return [name for name in runner.metadata.kwargs if name not in (*_STEP_INPUTS, cache)]
+
+
 def _run(
     runner: Any, ids: Any, mask: Any, positions: Any, previous: Any = None, config: Any = None
 ) -> Any:
     """One step: the inputs the component was exported with, the cache of the
     previous step's outputs, or a new one for the first step when the component
-    takes one (a sliding-window layer's tensors are inputs even when it is empty)."""
+    takes one (a sliding-window layer's tensors are inputs even when it is empty),
+    and the states the previous step returned under the names the step takes."""
     inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     inputs = {name: value for name, value in inputs.items() if name in runner.metadata.kwargs}
     argument = _cache_argument(runner)
@@ -614,6 +654,9 @@ def _run(
             from transformers import DynamicCache
 
             inputs[argument] = DynamicCache(config=config)
+    for name in _carried_arguments(runner) if previous is not None else ():
+        if getattr(previous, name, None) is not None:
+            inputs[name] = getattr(previous, name)
     return runner(**inputs)
 
 

@@ -795,3 +795,31 @@ def test_an_input_traced_as_none_shares_storage_with_nothing():
         a_eager, a_graph = x.clone(), x.clone()
         assert_same(model(a_eager, None, x * 3), gm(a_graph, None, x * 3))
         assert_same(a_eager, a_graph)
+
+
+class _TimeShift(torch.nn.Module):
+    """RWKV's time shift: the sequence padded by one position in front (and cut by
+    one at the end), whose first position is then written with the previous state."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+    def forward(self, hidden, state):
+        shifted = self.shift(hidden)
+        shifted[:, 0] = state
+        return hidden * 2 + shifted
+
+
+def test_a_padding_module_returns_a_new_tensor():
+    """F.pad copies (even without padding): a write into its result leaves its input
+    as it is, and the write is rewritten (taken for a possible view of ``hidden``,
+    read after it, the write was refused)."""
+    from passes_capture import capture
+
+    model = _TimeShift()
+    hidden, state = torch.randn(2, 5, 3), torch.randn(2, 3)
+    gm = capture("tracer", model, (hidden, state))
+    assert remove_inplace(gm.graph) == 1
+    gm.recompile()
+    assert_same(model(hidden, state), gm(hidden, state))

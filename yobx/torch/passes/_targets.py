@@ -217,6 +217,12 @@ FRESH_MODULES = (
     torch.nn.Softplus,
     torch.nn.modules.pooling._MaxPoolNd,
     torch.nn.modules.pooling._AvgPoolNd,
+    # F.pad copies, even with no padding (RWKV's time shift, `ZeroPad2d((0, 0, 1, -1))`,
+    # then writes its first position: taken for a view, the write was refused)
+    torch.nn.modules.padding._ConstantPadNd,
+    torch.nn.modules.padding._ReflectionPadNd,
+    torch.nn.modules.padding._ReplicationPadNd,
+    torch.nn.modules.padding._CircularPadNd,
 )
 
 
