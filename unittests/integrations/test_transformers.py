@@ -297,3 +297,22 @@ def test_a_cache_holding_one_tensor_twice_takes_it_by_both_paths():
     with torch.no_grad():
         expected = model(cache=copy.deepcopy(cache), **inputs)
     torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_a_tensor_of_one_value_per_token_takes_the_tokens_axes():
+    # XLM's `langs`, a language per token, was static: the model asserts that its
+    # shape is the tokens', and the export needed `batch == 2`
+    model = _model("XLMWithLMHeadModel", use_cache=False)
+
+    def inputs(batch, seq):
+        ids, _ = _prompt(model.config.vocab_size, batch, seq, padded=False)
+        langs = torch.randint(0, model.config.n_langs, (batch, seq))
+        return {"input_ids": ids, "langs": langs}
+
+    exported = YobxExporter().export(model, inputs(2, 5), {})
+    for batch, seq in ((2, 5), (3, 7), (1, 4)):
+        example = inputs(batch, seq)
+        with torch.no_grad():
+            expected = model(**example).logits
+        got = exported.runners["model"](**example).logits
+        torch.testing.assert_close(torch.as_tensor(got), expected, atol=1e-4, rtol=1e-4)

@@ -109,7 +109,9 @@ class YobxExportConfig(ExportConfigMixin):
         (``yobx.models.roles.ROLE_AXES``; the keys and values of a cache ``batch`` and
         ``past``, an attention mask ``seq``, or ``total`` when the inputs hold a
         cache; for an encoder-decoder's decoder steps, the encoder's outputs, the
-        attention mask and the cross-attention cache over ``encoder_seq``);
+        attention mask and the cross-attention cache over ``encoder_seq``; a tensor
+        of ``input_ids``' shape under another name, ``batch`` and ``seq``; a list of
+        state tensors outside a cache, ``batch`` where their first axis is that long);
         ``False``: every size static
     :param dynamic_shapes: the dimensions as :func:`yobx.torch.onnx.to_onnx` takes them
         (per forward kwarg, ``{axis: name or Dim}``), instead of the roles
@@ -454,7 +456,7 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
     shapes: dict[str, Any] = {}
     for name, value in inputs.items():
         if isinstance(value, torch.Tensor):
-            roles = dict(ROLE_AXES.get(name, {}))
+            roles = dict(ROLE_AXES.get(name, _token_roles(inputs, value)))
             if name == "attention_mask" and value.dim() == 2 and (encoded or holds_cache):
                 # over the encoder's tokens, or over the cache and the new tokens
                 # ("past + seq" as generation passes it, no version for another length)
@@ -481,6 +483,16 @@ def _dynamic_shapes(inputs: Mapping[str, Any], config: YobxExportConfig) -> Any:
         else:
             shapes[name] = None
     return shapes
+
+
+def _token_roles(inputs: Mapping[str, Any], tensor: torch.Tensor) -> dict[int, str]:
+    """The roles of a tensor input known by no name: those of ``input_ids`` when it
+    has their shape, one value per token (XLM's ``langs``, which it checks against
+    the tokens' shape), none otherwise."""
+    ids = inputs.get("input_ids")
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and tensor.shape == ids.shape:
+        return dict(ROLE_AXES["input_ids"])
+    return {}
 
 
 def _longer_than_ids(inputs: Mapping[str, Any]) -> bool:
