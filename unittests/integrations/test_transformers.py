@@ -316,3 +316,38 @@ def test_a_tensor_of_one_value_per_token_takes_the_tokens_axes():
             expected = model(**example).logits
         got = exported.runners["model"](**example).logits
         torch.testing.assert_close(torch.as_tensor(got), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_decoder_filling_the_cache_it_is_given_generates_the_model_s_tokens():
+    # BERT-like models not configured as decoders (compare_hf_exporters builds them
+    # so) fill the cache generate passes them and return none in their output
+    # (generate reads back its own): the components returned no cache, and the decode
+    # step had none to take
+    model = _model("BertLMHeadModel", is_decoder=False)
+    ids, mask = _prompt(model.config.vocab_size, 2, 5)
+    exported = YobxExporter().export_for_generation(
+        model, {"input_ids": ids, "attention_mask": mask}, YobxExportConfig()
+    )
+    outputs = [v.name for v in exported.components["decode"].program.graph.outputs]
+    assert outputs == [
+        "logits",
+        "present.0.key",
+        "present.0.value",
+        "present.1.key",
+        "present.1.value",
+    ]
+    generation = model.generation_config
+    for batch in (1, 2):
+        ids, mask = _prompt(model.config.vocab_size, batch, 6)
+        expected = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False
+        )
+        got = greedy_generate(
+            exported,
+            ids,
+            mask,
+            max_new_tokens=8,
+            eos_token_id=generation.eos_token_id,
+            pad_token_id=generation.pad_token_id,
+        )
+        assert torch.equal(got, expected), batch

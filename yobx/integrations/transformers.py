@@ -184,7 +184,8 @@ class YobxExporter(HfExporter):
         with torch.no_grad(), patch_model_config(model, output_flags):
             # eager first, on a copy: a step appends to the cache it is given, and the
             # outputs give the structure the runner rebuilds
-            outputs = model(**copy.deepcopy(dict(sample_inputs)))
+            eager_inputs = copy.deepcopy(dict(sample_inputs))
+            outputs = _with_filled_cache(model(**eager_inputs), eager_inputs)
             tensors = _output_names(outputs)
             result = to_onnx(
                 _TensorOutputs(model),
@@ -319,7 +320,8 @@ class YobxExporter(HfExporter):
         if program is None:
             return None
         with torch.no_grad(), patch_model_config(model, output_flags):
-            outputs = model(**copy.deepcopy(dict(sample_inputs)))
+            eager_inputs = copy.deepcopy(dict(sample_inputs))
+            outputs = _with_filled_cache(model(**eager_inputs), eager_inputs)
         # the prefill's output names (its tensors' paths) are the decode step's
         expected = [v.name for v in program.graph.outputs]
         _name_outputs(program, _output_names(outputs))
@@ -368,7 +370,28 @@ class _TensorOutputs(torch.nn.Module):
         # transformers' flattening keeps a sliding-window layer's count of positions
         # seen as a constant of the example: the tracer makes it follow the keys
         # (yobx.torch.tracing.inputs.recount_sliding_layers)
-        return tuple(tensor for _, tensor in _output_tensors(self.model(**kwargs)))
+        outputs = _with_filled_cache(self.model(**kwargs), kwargs)
+        return tuple(tensor for _, tensor in _output_tensors(outputs))
+
+
+def _with_filled_cache(outputs: Any, inputs: Mapping[str, Any]) -> Any:
+    """The model's output, with the cache it was given and filled in place when it
+    returns none (BERT-like decoders: ``generate`` reads back the cache it passed, the
+    runner reads what the graph returns); the output as it is otherwise."""
+    cache = _cache_of(inputs)
+    fields = getattr(type(outputs), "__dataclass_fields__", {})
+    # transformers 5 names the field `cache` (`past_key_values` before)
+    field = next((name for name in ("cache", "past_key_values") if name in fields), None)
+    if (
+        cache is None
+        or field is None
+        or getattr(outputs, field, None) is not None
+        or not _output_tensors(cache)
+    ):
+        return outputs
+    # as an item: a ModelOutput flattens its items, an attribute set to None is none
+    outputs[field] = cache
+    return outputs
 
 
 def _output_tensors(value: Any, path: str = "") -> list[tuple[str, Any]]:
