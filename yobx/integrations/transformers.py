@@ -636,7 +636,10 @@ def greedy_generate(
     outputs = _run(runners["prefill"], input_ids, attention_mask, positions, config=exported.config)
     # a model configured without a cache (use_cache=False) runs the whole sequence again
     decode = runners["decode"]
-    cached = _cache_argument(decode) is not None or bool(_carried_arguments(decode))
+    carried = [
+        name for name in _carried_arguments(decode) if getattr(outputs, name, None) is not None
+    ]
+    cached = _cache_argument(decode) is not None or bool(carried)
     tokens, finished = input_ids, np.zeros(input_ids.shape[0], dtype=bool)
     for step in range(max_new_tokens):
         chosen, finished = next_tokens(outputs.logits.numpy(), finished, eos, pad)
