@@ -20,6 +20,7 @@ from unittests.torch.tracing.test_tracing_loops import (
     LastStepValueSetBefore,
     LearnedState,
     Neighbours,
+    NumbersOfTheIndex,
     ReadsNoSlice,
     Recurrence,
     RunsOrNot,
@@ -275,7 +276,7 @@ def test_chunks_and_offsets_of_the_index_export_exact():
     _matches_eager(result, model, [(n, 3) for n in (5, 1, 2, 7)])
 
 
-@pytest.mark.parametrize("model", [IndexAsNumber, IndexAsNumberFirstApart])
+@pytest.mark.parametrize("model", [IndexAsNumber, IndexAsNumberFirstApart, NumbersOfTheIndex])
 def test_the_index_taken_as_a_number_exports_exact(model):
     model = model()
     result = export_and_validate(model, (torch.randn(5, 3),), dynamic_shapes=({0: "n"},))

@@ -429,11 +429,12 @@ def _reversed_index(x):
     return h
 
 
-def _index_as_a_float(x):
-    # `i * 0.5` is a float made in Python from the index: no value of a tensor operation
+def _index_given_to_a_function(x):
+    # `torch.full_like(t, i)` takes the index as a fill value: no arithmetic of tensors
+    # the body computes from its index as it does `x * (i * 0.5)`
     h = x[:, 0] * 0
     for i in range(x.shape[1]):
-        h = h + x[:, i] * (i * 0.5)
+        h = h + x[:, i] * torch.full_like(h, i)
     return h
 
 
@@ -505,7 +506,7 @@ class _Fn(torch.nn.Module):
         (_Fn(_two_offsets), "at rows of several offsets"),
         (_Fn(_early_exit), "a decision on"),
         (_Fn(_reversed_index), "the index is used by"),
-        (_Fn(_index_as_a_float), "the index is used by"),
+        (_Fn(_index_given_to_a_function), "the index is used by"),
         (_Fn(_last_held_by_a_list_too), "is used after it"),
         (_Fn(_last_a_view_of_the_state), "is used after it by `add_`"),
         (_Fn(_two_steps_back), "2 steps back"),
@@ -913,18 +914,48 @@ class IndexAsNumberFirstApart(torch.nn.Module):
         return total
 
 
-@pytest.mark.parametrize("model", [IndexAsNumber(), IndexAsNumberFirstApart()])
+class NumbersOfTheIndex(torch.nn.Module):
+    """Steps taking numbers computed from their index (``i % 2``, ``i // 2``,
+    ``i * 0.25``, ``-i``, ``i / 3``) in tensor operations, in float and integer tensors."""
+
+    def forward(self, x):
+        h = x[0] * 0
+        counts = torch.zeros_like(x[0], dtype=torch.int64)
+        for i in range(x.shape[0] - 1):
+            h = h * 0.5 + x[i] * (i % 2) + (i // 2) * 0.25 - i / 3
+            counts = counts + (-i) + i % 3
+        return h, counts
+
+
+class NumberOfTheIndexSelecting(torch.nn.Module):
+    def forward(self, x):
+        h = x[0] * 0
+        for i in range(x.shape[0]):
+            h = h + x[i % 2]
+        return h
+
+
+@pytest.mark.parametrize("model", [IndexAsNumber(), IndexAsNumberFirstApart(), NumbersOfTheIndex()])
 def test_the_index_taken_as_a_number_is_scanned(model):
     # refused before ("the index is used by `mul`, not to select one slice"), as
     # torch.export refuses the loop: the body now gets the index as a 0-d tensor
+    # (numbers computed from the index, `i % 2`, were refused until the body computed
+    # them from its index too)
     _, graph, gm = trace_module(model, {"x": torch.randn(5, 3)}, {"x": {0: "n"}})
-    assert _scans(graph) == (3 if isinstance(model, IndexAsNumber) else 1), graph
+    assert _all_scans(gm) == (3 if isinstance(model, IndexAsNumber) else 1), graph
     for n in (5, 1, 2, 3, 8):
         x = torch.randn(n, 3)
         expected, got = model(x), gm(x)
         assert_same(expected, got)
         if isinstance(model, IndexAsNumber):
             assert got[3].dtype == torch.int32
+
+
+def test_a_number_of_the_index_selecting_a_row_is_no_scan():
+    # `x[i % 2]` selects the same rows again: no slice a scan reads
+    model = NumberOfTheIndexSelecting()
+    with pytest.raises(SpecializationError, match="the index is used by `getitem"):
+        trace_module(model, {"x": torch.randn(5, 3)}, {"x": {0: "n"}})
 
 
 class LastStepValues(torch.nn.Module):

@@ -241,19 +241,10 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
         if value_key(init.meta["val"]) != value_key(steps[0][position].meta.get("val")):
             return f"`{init.name}` does not keep its shape from one step to the next"
     plan = ScanPlan(steps, carries, {}, operands=operands)
-    index = region.index_nodes[1]
-    # the index and what the step computes from it as `c*i + b`
-    offsets = {index: (1, 0)}
-    symbol = index.meta["val"].node.expr
-    for position, node in enumerate(steps[1]):
-        val = node.meta.get("val")
-        found = linear_in(val.node.expr, symbol) if isinstance(val, torch.SymInt) else None
-        if found is not None and any(n in offsets for n in node.all_input_nodes):
-            offsets[node] = found
-            plan.index_values.add(position)
+    offsets, numeric = _index_values(plan, region.index_nodes[1])
     for position, node in enumerate(steps[1]):
         if position not in plan.index_values:
-            why = _place(plan, position, node, region, offsets)
+            why = _place(plan, position, node, region, offsets, numeric)
             if why is not None:
                 return why
     if (overlapping := _overlapping_writes(plan)) is not None:
@@ -267,14 +258,81 @@ def plan_scan(region: LoopRegion) -> ScanPlan | str:
     return plan
 
 
-def _place(plan: ScanPlan, position: int, node: Node, region: LoopRegion, offsets: dict):
+def _index_values(plan: ScanPlan, index: Node) -> tuple[dict[Node, tuple], set[Node]]:
+    """The numbers a step computes from its index, filed in ``plan.index_values``:
+    ``{node: (c, b)}`` for those of the form ``c*i + b`` (which select slices), and the
+    set of all of them, the index included, with the others (``i % 2``, ``i * 0.5``:
+    numbers the tensor operations of the step may take, see :func:`_index_number`)."""
+    offsets: dict[Node, tuple] = {index: (1, 0)}
+    numeric = {index}
+    symbol = index.meta["val"].node.expr
+    for position, node in enumerate(plan.steps[1]):
+        val = node.meta.get("val")
+        found = linear_in(val.node.expr, symbol) if isinstance(val, torch.SymInt) else None
+        if found is not None and any(n in offsets for n in node.all_input_nodes):
+            offsets[node] = found
+        elif not _index_number(node, numeric):
+            continue
+        numeric.add(node)
+        plan.index_values.add(position)
+    return offsets, numeric
+
+
+#: what computes a number from the index (``i % 2``, ``i * 0.5``, ``-i``) as it would
+#: from a 0-d tensor holding it
+_INDEX_ARITHMETIC = {
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.truediv,
+    operator.floordiv,
+    operator.mod,
+    operator.pow,
+    operator.neg,
+}
+
+
+def _index_number(node: Node, numeric: set[Node]) -> bool:
+    """Whether ``node`` is a Python number computed from numbers of the index
+    (``numeric``) and constants by arithmetic: the body computes it from the index it
+    scans, a 0-d tensor (``i % 2`` and ``i // 2`` exactly, ``i * 0.5`` in the default
+    float dtype, where Python computes in double before the tensor operation rounds)."""
+    if node.op != "call_function" or node.target not in _INDEX_ARITHMETIC or node.kwargs:
+        return False
+    if not isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat)):
+        return False
+    inputs = node.all_input_nodes
+    constants = [a for a in node.args if not isinstance(a, Node)]
+    return (
+        bool(inputs)
+        and all(n in numeric for n in inputs)
+        and all(type(c) in (int, float) for c in constants)
+    )
+
+
+def _place(
+    plan: ScanPlan,
+    position: int,
+    node: Node,
+    region: LoopRegion,
+    offsets: dict,
+    numeric: set[Node],
+):
     """Files the node at ``position`` of a step under what the scan makes of it: a
-    selection or a write at the index, a tensor operation taking the index as a number
-    (``h + i``), or a node of the body; returns why the loop is no scan, or None."""
+    selection or a write at the index, a tensor operation taking a number of the index
+    (``h + i``, ``h + i % 2``), or a node of the body; returns why the loop is no scan,
+    or None."""
     operands, carries = plan.operands, plan.carries
-    if not any(n in offsets for n in node.all_input_nodes):
+    if not any(n in numeric for n in node.all_input_nodes):
         if _writes_in_place(node) and not _writes_into_its_own(node, operands):
             return f"`{node.name}` writes in place ({_where(node)})"
+        return None
+    if takes_index_as_number(node, numeric):
+        plan.numbers.add(position)
+        return None
+    if not any(n in offsets for n in node.all_input_nodes):
+        # a number of the index that is no `c*i + b` used otherwise (`x[i % 2]`): the
+        # check of the uses of the index refuses it
         return None
     if node.target is operator.setitem:
         write = _write(node, region, operands, carries, offsets)
@@ -282,9 +340,6 @@ def _place(plan: ScanPlan, position: int, node: Node, region: LoopRegion, offset
             return write
         first = write.c * region.start + write.b
         plan.writes[position] = write
-    elif takes_index_as_number(node, offsets):
-        plan.numbers.add(position)
-        return None
     else:
         selection = _selection(node, offsets, operands)
         if isinstance(selection, str):
@@ -323,10 +378,11 @@ _NUMBER_OPERATORS = {
 _NUMBER_METHODS = {"add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow"}
 
 
-def takes_index_as_number(node: Node, offsets: dict) -> bool:
+def takes_index_as_number(node: Node, offsets: Any) -> bool:
     """Whether ``node`` is a tensor operation (its value a tensor, an operand a tensor)
-    taking the index, or ``c*i + b``, as a number among its direct operands: the scan
-    gives the body its index as a 0-d tensor, which the operation takes as well."""
+    taking the index, or a number computed from it (``offsets``: those nodes), as a
+    number among its direct operands: the scan gives the body its index as a 0-d
+    tensor, which the operation takes as well."""
     if node.kwargs or not isinstance(node.meta.get("val"), torch.Tensor):
         return False
     if node.op == "call_function":

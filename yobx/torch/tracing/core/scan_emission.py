@@ -142,9 +142,12 @@ class _BodyBuilder:
             if position not in skipped:
                 self.env[node] = self._copy(position, node)
             if position in self.numbered:
-                # a number in the step, a 0-d tensor in the body
+                # a number in the step, a 0-d tensor in the body: an integer one from
+                # the index, a float one in the default dtype (`i * 0.5`, `i / 2`)
+                integral = isinstance(node.meta.get("val"), (int, torch.SymInt))
+                dtype = torch.int64 if integral else torch.get_default_dtype()
                 with fake_mode:
-                    self.env[node].meta["val"] = torch.empty((), dtype=torch.int64)
+                    self.env[node].meta["val"] = torch.empty((), dtype=dtype)
         results = [self.env[self.nodes[p]] for p in self.carry_order]
         results += [self.env[self.nodes[p]] for p in outputs]
         # a value the step computes, or the carried one it received
