@@ -549,8 +549,10 @@ def test_a_witness_much_bigger_than_the_example_is_checked_by_its_capture(monkey
     assert [v.when for v in tracer.versions] == ["(batch <= 4096)", "(batch > 4096)"]
     assert rows == [], rows
     _check_sizes(model, gm, lambda n: torch.randn(n, 1024), [1, 3, 4096, 4097, 4100])
-    # a witness as small as the example's inputs allow is still run eagerly
+    # a witness as small as the example's inputs allow is still run eagerly (4097 rows
+    # are past EAGER_SIZE too: that bound raised for this part)
     monkeypatch.setattr(witness_inputs, "EAGER_BYTES", 64 * 2**20)
+    monkeypatch.setattr(witness_inputs, "EAGER_SIZE", 8192)
     tracer, _, gm = trace_module(model, {"x": torch.randn(2, 1024)}, {"x": {0: "batch"}})
     assert rows == [4097], rows
     _check_sizes(model, gm, lambda n: torch.randn(n, 1024), [3, 4097])
@@ -839,6 +841,40 @@ def test_nested_versions_budget_eager_runs_on_the_users_example(monkeypatch):
     for batch in (2, 3001, 10001):
         x = torch.randn(batch, 1024)
         assert_same(model(x), gm(x))
+
+
+class PositionTable(torch.nn.Module):
+    """Learned positions for 128 tokens (OpenAI GPT): eager raises past them."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("positions", torch.randn(1, 128, 4))
+
+    def forward(self, x):
+        return x + self.positions[:, : x.shape[1]]
+
+
+def test_a_witness_far_longer_than_the_example_is_not_run_eagerly(monkeypatch):
+    # the other side of `seq <= 128` was tried eagerly at 129, then at 16384 and 16385:
+    # small token ids, but OpenAI GPT's attention allocated 8 GB of scores there (70 s
+    # of its export); the capture on fake tensors refuses those sizes as well
+    ran = []
+    run_eagerly = versions.run_eagerly
+
+    def recorded(root, inputs, leaves_):
+        ran.append(max(t.shape[1] for t in leaves_ if isinstance(t, torch.Tensor)))
+        return run_eagerly(root, inputs, leaves_)
+
+    monkeypatch.setattr(versions, "run_eagerly", recorded)
+    model = PositionTable()
+    tracer, _, gm = trace_module(model, {"x": torch.randn(2, 5, 4)}, {"x": {1: "seq"}})
+    assert ran and max(ran) <= 4096, ran
+    assert any("seq <= 128" in note for note in tracer.version_notes), tracer.version_notes
+    for seq in (5, 1, 128):
+        x = torch.randn(2, seq, 4)
+        assert_same(model(x), gm(x))
+    with pytest.raises(ConstraintViolationError, match="seq <= 128"):
+        gm(torch.randn(2, 129, 4))
 
 
 def test_an_example_pinned_by_its_decisions_is_captured_from_another_size_first():

@@ -41,6 +41,12 @@ WITNESS_BYTES_RATIO = 16
 #: 141 MB witness of its batch (16384), allocated 22 GB and was killed
 EAGER_BYTES = 16 * 2**20
 EAGER_BYTES_RATIO = 1024
+#: a dimension past which a witness is not run eagerly either, when it is also this many
+#: times its size in the example: the inputs may stay small while what the model
+#: computes from them does not (OpenAI GPT's attention at seq = 16384, tried for the
+#: other side of `seq <= 128`, allocated 8 GB of scores from 0.5 MB of token ids)
+EAGER_SIZE = 4096
+EAGER_SIZE_RATIO = 64
 
 
 def size_function(dims: Any, witness: dict[str, int]):
@@ -104,9 +110,17 @@ def eager_affordable(
     dims: Any, inputs: Any, witness: dict[str, int], reference: Any = None
 ) -> bool:
     """Whether the witness's inputs are small enough to run the model eagerly on them
-    (see :data:`EAGER_BYTES`; ``reference`` as for :func:`witness_bytes`)."""
+    (see :data:`EAGER_BYTES`; ``reference`` as for :func:`witness_bytes`), and none of
+    its dimensions far larger than in the example (see :data:`EAGER_SIZE`)."""
     needed, example = _input_bytes(dims, inputs, witness, reference)
-    return needed <= max(EAGER_BYTES, EAGER_BYTES_RATIO * example)
+    if needed > max(EAGER_BYTES, EAGER_BYTES_RATIO * example):
+        return False
+    for name, size in witness.items():
+        symbol = dims.by_name.get(name)
+        hint = int(dims.hint(symbol)) if symbol is not None else size
+        if size > EAGER_SIZE and size > EAGER_SIZE_RATIO * max(hint, 1):
+            return False
+    return True
 
 
 def bytes_text(count: int) -> str:
