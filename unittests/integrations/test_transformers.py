@@ -121,7 +121,8 @@ def test_the_decode_step_runs_several_tokens_on_a_cache(llama_for_generation):
 # Mamba's state-space layers write their conv and recurrent states into the cache in
 # place, and take no attention mask (a None between the cache tensors it writes and
 # reads); RWKV keeps its state in a list of tensors of its own (`state`, returned and
-# taken back), and its time shift writes into a padded copy of its input
+# taken back), and its time shift writes into a padded copy of its input; OpenAI GPT
+# takes the cache generate passes and ignores it: the sequence runs again
 @pytest.mark.parametrize(
     ("architecture", "attention"),
     [
@@ -130,6 +131,7 @@ def test_the_decode_step_runs_several_tokens_on_a_cache(llama_for_generation):
         ("Cohere2ForCausalLM", "sdpa"),
         ("MambaForCausalLM", "eager"),
         ("RwkvForCausalLM", "eager"),
+        ("OpenAIGPTLMHeadModel", "eager"),
     ],
 )
 def test_greedy_tokens_are_the_model_s(architecture, attention, llama_for_generation):

@@ -639,7 +639,9 @@ def greedy_generate(
     carried = [
         name for name in _carried_arguments(decode) if getattr(outputs, name, None) is not None
     ]
-    cached = _cache_argument(decode) is not None or bool(carried)
+    # a model taking a cache it neither fills nor returns (OpenAI GPT takes every
+    # keyword generate passes) runs the whole sequence again too
+    cached = _returned_cache(outputs) is not None or bool(carried)
     tokens, finished = input_ids, np.zeros(input_ids.shape[0], dtype=bool)
     for step in range(max_new_tokens):
         chosen, finished = next_tokens(outputs.logits.numpy(), finished, eos, pad)
@@ -668,6 +670,14 @@ def _cache_argument(runner: Any) -> str | None:
 _STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
+def _returned_cache(outputs: Any) -> Any:
+    """The cache a step returned, None for an output class without one."""
+    try:
+        return outputs.past_key_values
+    except AttributeError:
+        return None
+
+
 def _carried_arguments(runner: Any) -> list[str]:
     """The forward kwargs of a step other than its tokens, mask, positions and cache:
     a state the model returns under the same name and takes back (RWKV's ``state``)."""
@@ -686,8 +696,8 @@ def _run(
     inputs = {name: value for name, value in inputs.items() if name in runner.metadata.kwargs}
     argument = _cache_argument(runner)
     if argument is not None:
-        if previous is not None:
-            inputs[argument] = previous.past_key_values
+        if previous is not None and _returned_cache(previous) is not None:
+            inputs[argument] = _returned_cache(previous)
         elif runner.metadata.kwargs[argument]["container"] == "DynamicCache":
             from transformers import DynamicCache
 
