@@ -113,6 +113,28 @@ def test_the_decode_step_runs_several_tokens_on_a_cache(llama_for_generation):
     torch.testing.assert_close(key, expected.past_key_values.layers[1].keys)
 
 
+def _assert_generates_the_model_s_tokens(model, exported):
+    """Greedy tokens from the exported components equal ``model.generate``'s, batch 1
+    and 2 (left-padded), 8 new tokens."""
+    generation = model.generation_config
+    for batch in (1, 2):
+        ids, mask = _prompt(model.config.vocab_size, batch, 6)
+        expected = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False
+        )
+        # generate stops a row at the configuration's end token and pads it after
+        # (min_new_tokens would ban that token, which the greedy loop picks)
+        got = greedy_generate(
+            exported,
+            ids,
+            mask,
+            max_new_tokens=8,
+            eos_token_id=generation.eos_token_id,
+            pad_token_id=generation.pad_token_id,
+        )
+        assert torch.equal(got, expected), (type(model).__name__, batch)
+
+
 # Qwen2 and Gemma generate through to_onnx in unittests/torch/onnx/test_generate.py;
 # GPT-2 with sdpa attention decides `q_length == 1` and reshapes by -1 (eager fails at
 # seq == 0, the nearest size of the single-token side)
@@ -143,23 +165,7 @@ def test_greedy_tokens_are_the_model_s(architecture, attention, llama_for_genera
         exported = YobxExporter().export_for_generation(
             model, {"input_ids": ids, "attention_mask": mask}, YobxExportConfig()
         )
-    for batch in (1, 2):
-        ids, mask = _prompt(model.config.vocab_size, batch, 6)
-        expected = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False
-        )
-        # generate stops a row at the configuration's end token and pads it after
-        # (min_new_tokens would ban that token, which the greedy loop picks)
-        generation = model.generation_config
-        got = greedy_generate(
-            exported,
-            ids,
-            mask,
-            max_new_tokens=8,
-            eos_token_id=generation.eos_token_id,
-            pad_token_id=generation.pad_token_id,
-        )
-        assert torch.equal(got, expected), (architecture, batch)
+    _assert_generates_the_model_s_tokens(model, exported)
 
 
 def test_saved_and_loaded_it_generates_the_same(llama_for_generation, tmp_path):
@@ -338,18 +344,4 @@ def test_a_decoder_filling_the_cache_it_is_given_generates_the_model_s_tokens():
         "present.1.key",
         "present.1.value",
     ]
-    generation = model.generation_config
-    for batch in (1, 2):
-        ids, mask = _prompt(model.config.vocab_size, batch, 6)
-        expected = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False
-        )
-        got = greedy_generate(
-            exported,
-            ids,
-            mask,
-            max_new_tokens=8,
-            eos_token_id=generation.eos_token_id,
-            pad_token_id=generation.pad_token_id,
-        )
-        assert torch.equal(got, expected), batch
+    _assert_generates_the_model_s_tokens(model, exported)

@@ -278,9 +278,8 @@ def _index_values(plan: ScanPlan, index: Node) -> tuple[dict[Node, tuple], set[N
     return offsets, numeric
 
 
-#: what computes a number from the index (``i % 2``, ``i * 0.5``, ``-i``) as it would
-#: from a 0-d tensor holding it
-_INDEX_ARITHMETIC = {
+#: Python's arithmetic operators, which compute from a 0-d tensor as from a number
+_ARITHMETIC = {
     operator.add,
     operator.sub,
     operator.mul,
@@ -288,8 +287,10 @@ _INDEX_ARITHMETIC = {
     operator.floordiv,
     operator.mod,
     operator.pow,
-    operator.neg,
 }
+#: what computes a number from the index (``i % 2``, ``i * 0.5``, ``-i``) as it would
+#: from a 0-d tensor holding it
+_INDEX_ARITHMETIC = {*_ARITHMETIC, operator.neg}
 
 
 def _index_number(node: Node, numeric: set[Node]) -> bool:
@@ -356,13 +357,7 @@ def _place(
 #: with the index a 0-d int64 tensor instead, they compute the same values in the same
 #: dtype (a 0-d tensor promotes as a Python number does)
 _NUMBER_OPERATORS = {
-    operator.add,
-    operator.sub,
-    operator.mul,
-    operator.truediv,
-    operator.floordiv,
-    operator.mod,
-    operator.pow,
+    *_ARITHMETIC,
     torch.add,
     torch.sub,
     torch.mul,

@@ -306,7 +306,39 @@ class TrailingPieces:
         return f"{self.pieces!r}[{self.offset}:]"
 
 
-class SymbolicRepeat(SymbolicRange):
+class RealListFallbacks:
+    """What a list whose length is symbolic (:class:`SymbolicRepeat`,
+    :class:`~.range_lists.SymbolicRangeList`) does not keep symbolic: the real list
+    (``_real()``), its length fixed to the example's (for a dimension declared dynamic,
+    refused with the user's line, as for the builtin)."""
+
+    def _real(self) -> Any:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._real()[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._real()[key]
+
+    def __add__(self, other: Any) -> Any:
+        return self._real() + other
+
+    def __radd__(self, other: Any) -> Any:
+        return other + self._real()
+
+    def __mul__(self, other: Any) -> Any:
+        return self._real() * other
+
+    __rmul__ = __mul__
+
+
+class SymbolicRepeat(RealListFallbacks, SymbolicRange):
     """``[0] * n`` (or ``n * (a, b)``) with a symbolic ``n``: a list as long as a size.
 
     ``torch.tensor`` of it is the items' tensor repeated ``n`` times (Chroma's
@@ -329,30 +361,6 @@ class SymbolicRepeat(SymbolicRange):
         if self._list is None:
             self._list = self.items * self.tracer.to_int(self.count)
         return self._list
-
-    # anything else is the real list or tuple, its length fixed to the example's (for a
-    # dimension declared dynamic, refused with the user's line, as for the builtin)
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._real(), name)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._real()[key] = value
-
-    def __delitem__(self, key: Any) -> None:
-        del self._real()[key]
-
-    def __add__(self, other: Any) -> Any:
-        return self._real() + other
-
-    def __radd__(self, other: Any) -> Any:
-        return other + self._real()
-
-    def __mul__(self, other: Any) -> Any:
-        return self._real() * other
-
-    __rmul__ = __mul__
 
     def __getitem__(self, item: Any) -> Any:
         if self._list is not None or type(item) is not int:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .loops import SymbolicRange, _LoopIterator
+from .loops import RealListFallbacks, SymbolicRange, _LoopIterator
 
 _RANGE = builtins.range
 _LIST = builtins.list
@@ -37,7 +37,7 @@ _LIST = builtins.list
 _ARANGE = torch.arange
 
 
-class SymbolicRangeList(SymbolicRange):
+class SymbolicRangeList(RealListFallbacks, SymbolicRange):
     """``list(range(start, stop))`` with a symbolic ``stop``, ``reverse``: its ``[::-1]``."""
 
     def __init__(self, tracer: Any, start: int, stop: Any, reverse: bool = False):
@@ -89,30 +89,6 @@ class SymbolicRangeList(SymbolicRange):
         else:
             bounds = (self.start, self.start + length)
         return self.tracer.create_proxy("call_function", _ARANGE, bounds, kwargs)
-
-    # anything else is the real list, its length fixed to the example's (for a
-    # dimension declared dynamic, refused with the user's line, as for the builtin)
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._real(), name)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._real()[key] = value
-
-    def __delitem__(self, key: Any) -> None:
-        del self._real()[key]
-
-    def __add__(self, other: Any) -> Any:
-        return self._real() + other
-
-    def __radd__(self, other: Any) -> Any:
-        return other + self._real()
-
-    def __mul__(self, other: Any) -> Any:
-        return self._real() * other
-
-    __rmul__ = __mul__
 
     def __eq__(self, other: Any) -> Any:
         return self._real() == other
