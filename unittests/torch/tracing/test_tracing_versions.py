@@ -1192,3 +1192,33 @@ def test_a_choice_dividing_by_a_size_that_is_zero_names_the_division():
         ConstraintViolationError, match=r"\(\(dim \+ 3\)//4\) != 0.*versions.py:\d+\): dim=0"
     ):
         gm(torch.randn(0, 0, 0), torch.randn(3, 4, 5, 0))
+
+
+class OddPaddedAndWrittenThroughAView(torch.nn.Module):
+    """A parity decision (``n % 2``: torch writes ``n = 2*q + 1``), then a write through
+    two ``contiguous()`` calls that are views of ``x`` where ``n == 1`` (fuzz_tracing
+    seed 12525)."""
+
+    def forward(self, x):
+        t1 = x
+        if x.shape[-1] % 2 != 0:
+            t1 = torch.nn.functional.pad(x, (0, 1))
+        t7 = x.transpose(2, 1).contiguous()
+        w8 = t7[::2].transpose(0, 2).contiguous()
+        w8.mul_(2)
+        return t1 * 2
+
+
+def test_a_quotient_of_a_dimension_is_judged_below_the_default_range():
+    # the quotient of `n = 2*q + 1` took q >= 1 from n >= 2 and was positive for sympy:
+    # `(n + 1)//2 == 1` (q == 0, the write through a view at n = 1) folded to False
+    # with no trace of the default range, and at n = 1 the graph left `x` as it was
+    # where eager doubles it (silently wrong). It is now a decision, n = 1 a version.
+    model = OddPaddedAndWrittenThroughAView()
+    dims = {"x": {0: "n", 1: "seq", 2: "n"}}
+    _, _, gm = trace_module(model, {"x": torch.randn(5, 8, 5)}, dims)
+    for n, seq in ((5, 8), (1, 1), (1, 2), (3, 2), (7, 3)):
+        x = torch.randn(n, seq, n)
+        eager_x, graph_x = x.clone(), x.clone()
+        assert_same(model(eager_x), gm(graph_x))
+        assert_same(eager_x, graph_x)

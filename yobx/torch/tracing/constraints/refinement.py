@@ -32,7 +32,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ..dynamic_shapes import AUTO, DYNAMIC, STRICT
 from ..errors import DataDependentError, SpecializationError, StrictDimensionError
-from ..symbolic.symbolic import SymbolicDimensions, expression_of
+from ..symbolic.symbolic import DEFAULT_MIN, SymbolicDimensions, expression_of
 from .constraints import Constraint, as_range, classify, normalize, simplest_form
 
 #: :attr:`AdoptedFact.origin` of a decision the default range ``[2, inf]`` settled and
@@ -248,12 +248,19 @@ class Refinements:
         low, high = dims.range_of(base)
         hint = int(dims.shape_env.backed_var_to_val[base])
         name = f"{dims.render(base)}_div{modulus}"
+        relaxable = base in dims.default_min and low == DEFAULT_MIN
         quotient, _ = dims.new_symbol(
             name,
             (hint - remainder) // modulus,
             max(0, math.ceil((low - remainder) / modulus)),
             None if high == math.inf else (int(high) - remainder) // modulus,
+            # its lower bound comes from the default one (`n = 2*q + 1`, q >= 1 from
+            # n >= 2): not positive for sympy, which would fold `q == 0` to False where
+            # n = 1 makes it true (see SymbolicDimensions.lowest_bound)
+            positive=None if relaxable else True,
         )
+        if relaxable:
+            dims.default_quotients[quotient] = (modulus, remainder)
         dims.definitions[quotient] = FloorDiv(base - remainder, modulus)
         base_name = dims.user_expression(base)
         # a sympy symbol is its own expression: never None

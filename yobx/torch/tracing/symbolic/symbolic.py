@@ -155,6 +155,9 @@ class SymbolicDimensions:
         self.declared_at = ""
         #: symbols whose lower bound is the default one (see :meth:`lowest_bound`)
         self.default_min: set[sympy.Symbol] = set()
+        #: the quotients ``q`` of a dimension of :attr:`default_min` written ``m*q + r``
+        #: (``n % m == r``), whose lower bound comes from the default one: ``(m, r)``
+        self.default_quotients: dict[sympy.Symbol, tuple[int, int]] = {}
         #: names of dimensions without a declared minimum that take a size below the
         #: default minimum, 1 or 0, and the smallest (their example's size, or the
         #: example's of the capture this one stands in for)
@@ -465,7 +468,13 @@ class SymbolicDimensions:
 
     def twins(self, expr: sympy.Basic) -> sympy.Basic:
         """``expr`` written with :meth:`twin` symbols."""
-        return expr.xreplace({s: self.twin(s) for s in expr.free_symbols if s.is_positive})
+        return expr.xreplace(
+            {
+                s: self.twin(s)
+                for s in expr.free_symbols
+                if s.is_positive or s in self.default_quotients
+            }
+        )
 
     def original(self, symbol: sympy.Symbol) -> sympy.Symbol:
         """The ShapeEnv symbol of a :meth:`twin` (itself for any other symbol)."""
@@ -622,7 +631,8 @@ class SymbolicDimensions:
         relaxable = [
             s
             for s in symbols
-            if s in self.default_min and self.shape_env.var_to_range[s].lower == DEFAULT_MIN
+            if (s in self.default_min and self.shape_env.var_to_range[s].lower == DEFAULT_MIN)
+            or s in self.default_quotients
         ]
         if not relaxable:
             return None, [], 0
@@ -639,7 +649,10 @@ class SymbolicDimensions:
         for low in (0, 1):
             relaxed = dict(ranges)
             for s in relaxable:
-                relaxed[self.twin(s)] = ValueRanges(low, ranges[self.twin(s)].upper)
+                # a quotient `n = m*q + r` from n >= low
+                modulus, remainder = self.default_quotients.get(s, (1, 0))
+                lowest = max(0, math.ceil((low - remainder) / modulus))
+                relaxed[self.twin(s)] = ValueRanges(lowest, ranges[self.twin(s)].upper)
             if self.prove(claim, (relaxed, {})) is True:
                 return claim, relaxable, low
         return claim, relaxable, DEFAULT_MIN
