@@ -569,3 +569,26 @@ def test_int_and_float_of_a_one_element_tensor_read_its_value():
     for shape in ((3, 4), (1, 7), (5, 2)):
         x = torch.randn(*shape)
         assert_same(model(x), gm(x))
+
+
+class SlicesOfAnInterpolation(torch.nn.Module):
+    """Slices of a length torch leaves unbacked (``interpolate(scale_factor=2)``) and
+    by a dimension declared without a minimum (fuzz_tracing seed 12508)."""
+
+    def forward(self, y):
+        t1 = torch.nn.functional.conv1d(y, torch.ones(2, y.shape[1], 3) / 3, padding=0)
+        t2 = torch.nn.functional.interpolate(t1, scale_factor=2, mode="linear")
+        t3 = t2[..., -(t2.shape[2] // 2) :]
+        return t3[..., : y.shape[0]]
+
+
+def test_a_slice_of_an_unbacked_length_is_traced():
+    # the check of the slices' lengths at size 0 asked the example's value of the
+    # unbacked length (KeyError: u0, a crash): it is not proved there, and taken as
+    # needing the size not to be 0
+    model = SlicesOfAnInterpolation()
+    dims = {"y": {0: "length", 2: "length"}}
+    _, _, gm = trace_module(model, {"y": torch.randn(4, 3, 4)}, dims)
+    for length in (4, 8, 14):
+        y = torch.randn(length, 3, length)
+        assert_same(model(y), gm(y))

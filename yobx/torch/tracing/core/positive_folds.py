@@ -148,10 +148,18 @@ def empty_slice_conditions(
             expr = _expr(bound) if bound is not None else None
             symbols |= expr.free_symbols if expr is not None else set()
         for symbol in sorted(symbols & roots.keys(), key=str):
-            values = {s: sympy.Integer(hint_of(s)) for s in symbols if s is not symbol}
-            values[symbol] = sympy.Integer(0)
-            eager, ours = _length_at(length, bounds, values), _value_at(traced, values)
-            if eager is not None and ours is not None and ours != eager:
+            try:
+                values = {s: sympy.Integer(hint_of(s)) for s in symbols if s is not symbol}
+            except KeyError:
+                # a size computed from data or by an operator torch left unbacked
+                # (`interpolate(scale_factor=2)`): no example value to compare at 0, so
+                # the slice's length is not proved to hold there
+                differs = True
+            else:
+                values[symbol] = sympy.Integer(0)
+                eager, ours = _length_at(length, bounds, values), _value_at(traced, values)
+                differs = eager is not None and ours is not None and ours != eager
+            if differs:
                 condition = sympy.Ge(roots[symbol], 1, evaluate=False)
                 if condition not in conditions:
                     conditions.append(condition)
