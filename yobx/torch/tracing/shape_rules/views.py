@@ -209,14 +209,12 @@ def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bo
         # ATen's computeStride gives a view of exactly contiguous strides the strides
         # of a fresh tensor, size-1 dimensions included
         return factory.view(x, sizes, contiguous_strides(sizes))
-    if any(is_one(size) or _known_one(size) for size in (*sizes, *x.shape)):
-        # otherwise it gives size-1 dimensions strides of its own choosing, also to a
-        # symbolic size the ranges make 1 (a slice of a cache's last 3 of 4 columns
-        # less 2, in a version where that is 1), which is_one does not take for 1
+    if any(is_one(size) for size in (*sizes, *x.shape)):
+        # otherwise it gives size-1 dimensions strides of its own choosing
         raise Unsupported("size-1 dimensions")
-    strides = factory.memoized(
-        "view_strides", [x], lambda: view_strides(list(x.shape), list(x.stride()), sizes), sizes
-    )
+    strides = factory.memoized("view_strides", [x], lambda: _view_strides(x, sizes), sizes)
+    if strides is _SIZE_ONE:
+        raise Unsupported("size-1 dimensions")
     if strides is not None:
         return factory.view(x, sizes, strides)
     if not copy:
@@ -224,6 +222,21 @@ def _view_or_reshape(factory: TensorFactory, args: tuple, kwargs: dict, copy: bo
     # reshape copies into a fresh contiguous tensor
     grad = x.requires_grad and torch.is_grad_enabled()
     return factory.new(sizes, x.dtype, x.device, grad)
+
+
+#: what :func:`_view_strides` returns for a view with a size its ranges make 1
+_SIZE_ONE = object()
+
+
+def _view_strides(x: torch.Tensor, sizes: list) -> Any:
+    """computeStride's strides for a view of ``x`` with ``sizes`` (None: a copy), or
+    :data:`_SIZE_ONE` when a symbolic size of either is 1 by its ranges (a slice of a
+    cache's last 3 of 4 columns less 2, in a version where that is 1): computeStride
+    gives such a dimension a stride of its own choosing too, which is_one does not
+    see. Memoized with the ranges by the caller: the proofs run once per layout."""
+    if any(_known_one(size) for size in (*sizes, *x.shape)):
+        return _SIZE_ONE
+    return view_strides(list(x.shape), list(x.stride()), sizes)
 
 
 def _known_one(size: Any) -> bool:
