@@ -70,11 +70,15 @@ class SymbolicRangeList(RealListFallbacks, SymbolicRange):
         return _LoopIterator(self, reverse=not self.reverse)
 
     def __getitem__(self, item: Any) -> Any:
-        if self._list is None and type(item) is slice and item.start is item.stop is None:
-            if item.step == -1:
-                return SymbolicRangeList(self.tracer, self.start, self.stop, not self.reverse)
-            if item.step is None:
-                return SymbolicRangeList(self.tracer, self.start, self.stop, self.reverse)
+        if (
+            self._list is None
+            and type(item) is slice
+            and item.start is item.stop is None
+            and item.step in (None, -1)
+        ):
+            # `[:]` a copy, `[::-1]` the other way round
+            reverse = self.reverse != (item.step == -1)
+            return SymbolicRangeList(self.tracer, self.start, self.stop, reverse)
         return self._real()[item]
 
     def as_tensor(self, factory: Any, kwargs: dict) -> Any:
@@ -110,5 +114,5 @@ def range_list(values: Any) -> SymbolicRangeList | None:
     if type(values) is SymbolicRange:
         return SymbolicRangeList(values.tracer, values.start, values.stop)
     if type(values) is SymbolicRangeList and values._list is None:
-        return SymbolicRangeList(values.tracer, values.start, values.stop, values.reverse)
+        return values[:]
     return None
