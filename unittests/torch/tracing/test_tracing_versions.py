@@ -1222,3 +1222,29 @@ def test_a_quotient_of_a_dimension_is_judged_below_the_default_range():
         eager_x, graph_x = x.clone(), x.clone()
         assert_same(model(eager_x), gm(graph_x))
         assert_same(eager_x, graph_x)
+
+
+class OddPaddedThenCompared(torch.nn.Module):
+    """A parity decision (``n % 2``: torch writes ``n = 2*q + 1``), then a decision on
+    the padded size ``2*q + 2`` (fuzz_tracing seed 12712)."""
+
+    def forward(self, x):
+        t1 = x
+        if x.shape[-1] % 2 != 0:
+            t1 = torch.nn.functional.pad(x, (0, 1))
+        t2 = t1 + torch.zeros(t1.shape[-1])
+        if t2.shape[0] < 4:
+            return t2 * 2
+        return t2 - 1
+
+
+def test_a_quotient_of_a_dimension_of_example_one_may_be_zero():
+    # traced at n = 1 (n >= 1, so q >= 0), the quotient of `n = 2*q + 1` was positive
+    # for sympy: `2*q + 2 < 4` folded to False, and the version of n = 1 (and a trace
+    # at n = 1 alone) computed `t2 - 1` where eager computes `t2 * 2` (silently wrong)
+    model = OddPaddedThenCompared()
+    for example in (1, 3):
+        _, _, gm = trace_module(model, {"x": torch.randn(example)}, {"x": {0: "n"}})
+        for n in (1, 2, 3, 4, 5, 6, 12):
+            x = torch.randn(n)
+            assert_same(model(x), gm(x))

@@ -249,15 +249,17 @@ class Refinements:
         hint = int(dims.shape_env.backed_var_to_val[base])
         name = f"{dims.render(base)}_div{modulus}"
         relaxable = base in dims.default_min and low == DEFAULT_MIN
+        lowest = max(0, math.ceil((low - remainder) / modulus))
         quotient, _ = dims.new_symbol(
             name,
             (hint - remainder) // modulus,
-            max(0, math.ceil((low - remainder) / modulus)),
+            lowest,
             None if high == math.inf else (int(high) - remainder) // modulus,
+            # positive for sympy only when it is at least 1 whatever the sizes: not when
             # its lower bound comes from the default one (`n = 2*q + 1`, q >= 1 from
-            # n >= 2): not positive for sympy, which would fold `q == 0` to False where
-            # n = 1 makes it true (see SymbolicDimensions.lowest_bound)
-            positive=None if relaxable else True,
+            # n >= 2; see SymbolicDimensions.lowest_bound), nor when it is 0 (`n = 1`
+            # in the example: n >= 1, q >= 0), where sympy would fold `q == 0` to False
+            positive=True if lowest >= 1 and not relaxable else None,
         )
         if relaxable:
             dims.default_quotients[quotient] = (modulus, remainder)
