@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnxruntime
 import pytest
 import torch
 
@@ -130,3 +131,30 @@ def test_export_compares_every_rule(monkeypatch):
     )
     lowered = {what for what in compared if what.startswith("aten.")}
     assert {"aten.linear.default", "aten.layer_norm.default", "aten.slice.Tensor"} <= lowered
+
+
+class WriteTheFirstColumns(torch.nn.Module):
+    def forward(self, x, y):
+        x = x * 1
+        x[:, : y.shape[1]] = y
+        return x
+
+
+def test_a_write_into_a_slice_decides_nothing_about_its_density():
+    """``x[:, :4] = y`` is ``aten.copy`` of the slice: torch's fake kernel asked whether
+    the slice is dense (``seq != 4``), and the lowering adopted it as a constraint,
+    refusing the one size where the write covers ``x``; the rule gives the copy the
+    slice's strides without asking."""
+    model = WriteTheFirstColumns()
+    result = export_and_validate(
+        model, (torch.randn(3, 6), torch.randn(3, 4)), dynamic_shapes=({1: "seq"}, None)
+    )
+    # what eager needs too (4 columns to write into), and nothing of their density
+    assert [c.expression for c in result.constraints] == ["seq >= 4"]
+    session = onnxruntime.InferenceSession(
+        result.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for seq in (4, 5, 9):
+        x, y = torch.randn(3, seq), torch.randn(3, 4)
+        (got,) = session.run(None, {"x": x.numpy(), "y": y.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), model(x, y))

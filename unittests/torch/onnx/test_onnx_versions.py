@@ -603,3 +603,37 @@ def test_a_version_chosen_by_a_negated_disjunction_is_exported():
         x = torch.randn(*shape)
         (got,) = session.run(None, {"x": x.numpy()})
         np.testing.assert_allclose(got, model(x).numpy(), atol=1e-6)
+
+
+class ChoiceAndWriteIntoAHalf(torch.nn.Module):
+    """A decision on ``batch`` (``batch <= 4`` on the example's side), then a write
+    into a view of the first half of ``y`` (fuzz_onnx seed 11249)."""
+
+    def forward(self, x, y):
+        t1 = x * 2 if x.shape[1] > 4 else x - 1
+        half = y[: y.shape[0] // 2].reshape(-1)
+        half.add_(half.shape[-1])
+        return t1, y + 1
+
+
+def test_a_write_rewritten_after_a_decision_keeps_the_dimension_dynamic():
+    """The rewrite of the write computed its new nodes' fake values with torch's
+    kernels, which asked ``(batch//2) != 1`` (is the view contiguous) on the example:
+    the guard narrowed ``batch`` to ``[4, 4]`` within the decision's ``batch <= 4``, the
+    ShapeEnv made it the constant 4, and the export was refused ('batch' is 4 in the
+    ONNX model). Such a node's value now stays unknown and nothing is decided."""
+    model = ChoiceAndWriteIntoAHalf()
+    example = (torch.randn(3, 4, 4, 4), torch.randn(4))
+    shapes = ({1: "batch", 2: "batch"}, {0: "batch"})
+    result = to_onnx(model, example, dynamic_shapes=shapes)
+    assert not result.version_fallback, result.version_fallback
+    session = _session(result)
+    for batch in (4, 2, 3, 5, 8):
+        x, y = torch.randn(3, batch, batch, 4), torch.randn(batch)
+        eager_y = y.clone()
+        expected = model(x, eager_y)
+        got = session.run(None, {"x": x.numpy(), "y": y.numpy()})
+        # the outputs, then y as the model leaves it
+        assert len(got) == 3
+        for value, output in zip((*expected, eager_y), got):
+            np.testing.assert_allclose(output, value.numpy(), rtol=1e-5, atol=1e-6)

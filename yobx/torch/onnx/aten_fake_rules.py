@@ -141,6 +141,15 @@ RULES: dict[Any, Callable] = {
 }
 
 
+#: operators whose fake kernel decides only the layout of its result on the sizes:
+#: ``aten.copy`` (a write ``x[:, :n] = y``) copies the storage of the slice written,
+#: its strides and offset, and asks on the way whether the slice is dense (``seq != n``
+#: for ``n`` of the ``seq`` columns). Computed by torch without a guard: the lowering
+#: would otherwise adopt that question as a constraint, refusing the one size where the
+#: write covers ``x``, though the values are the same at every size.
+LAYOUT_ONLY = frozenset({aten.copy.default})
+
+
 @contextlib.contextmanager
 def aten_fake_rules(fake_mode) -> Iterator[None]:
     """Inside the block, ``fake_mode`` computes the operators of :data:`RULES` with the
@@ -150,6 +159,9 @@ def aten_fake_rules(fake_mode) -> Iterator[None]:
     check = shape_rules.check_enabled()
 
     def dispatch_impl(func, types, args, kwargs):
+        if func in LAYOUT_ONLY and fake_mode.shape_env is not None:
+            with fake_mode.shape_env.suppress_guards():
+                return original(func, types, args, kwargs)
         rule = RULES.get(func)
         if rule is None or not shape_rules._has_symbolic_tensor(args, kwargs):
             return original(func, types, args, kwargs)
@@ -162,7 +174,12 @@ def aten_fake_rules(fake_mode) -> Iterator[None]:
         if value is NotImplemented:  # torch decides
             return original(func, types, args, kwargs)
         if check:
-            expected = original(func, types, args, kwargs)
+            # what torch decides on its way to the value a rule gave (whether a view is
+            # dense...) is no decision of the lowering, as it is not without the check:
+            # no guard (the tracer checks its rules so too)
+            shape_env = fake_mode.shape_env
+            with shape_env.suppress_guards() if shape_env else contextlib.nullcontext():
+                expected = original(func, types, args, kwargs)
             shape_rules.compare(value, expected, pytree.tree_leaves((args, kwargs)), str(func))
         return value
 

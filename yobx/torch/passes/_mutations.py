@@ -12,6 +12,7 @@ Two conventions:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -129,7 +130,16 @@ def record_exported(exported_program: Any, finals: list[tuple[Root, Node]]) -> N
 
 
 def propagate_values(graph: Graph, original: set[Node]) -> None:
-    """Computes ``meta["val"]`` of the new nodes when the graph's nodes carry fake values."""
+    """Computes ``meta["val"]`` of the new nodes when the graph's nodes carry fake values.
+
+    The new nodes (scatters of a write, ``reshape_as``, ``copy``) have the shape of one
+    of their inputs; what torch's kernels decide on the way is their layout (whether a
+    view of ``y[: n // 2]`` is contiguous asks ``(n//2) != 1``). Decided with a guard,
+    that would be a fact taken from the example that nothing checks, and the graph's
+    ShapeEnv would narrow the dimension for every later stage (the ONNX lowering made
+    ``n`` the example's size). The guards are suppressed: the values' layouts are the
+    example's, their sizes the fake values' own, and nothing is decided.
+    """
     from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -153,7 +163,8 @@ def propagate_values(graph: Graph, original: set[Node]) -> None:
             raise KeyError(node.name)
         return val
 
-    with mode:
+    quiet = mode.shape_env.suppress_guards() if mode.shape_env is not None else nullcontext()
+    with mode, quiet:
         for node in graph.nodes:
             if node in original or "val" in node.meta:
                 continue
