@@ -232,3 +232,38 @@ def test_a_slice_full_only_from_the_default_minimum_stays():
     for batch in (8, 2, 1, 0):
         x = torch.randn(batch, 3)
         assert_same(model(x, y), gm(x, y))
+
+
+class BufferViewCopiedThenBaseZeroed(torch.nn.Module):
+    """``y`` takes a copy of ``bv``, a buffer sharing the storage of ``b``, then ``b`` is
+    zeroed (fuzz_passes seed 71420)."""
+
+    def __init__(self):
+        super().__init__()
+        base = torch.linspace(-1, 1, 24).reshape(4, 6)
+        self.register_buffer("b", base)
+        self.register_buffer("bv", base[1])
+
+    def forward(self, x, y):
+        y.copy_(self.bv.t())
+        self.b.zero_()
+        return (y,)
+
+
+def test_a_copy_of_a_view_of_a_buffer_is_kept():
+    """``copy(y, bv.t())`` became ``bv.t()`` itself: the output then looked into the
+    buffers' storage, which the write-back of ``b.zero_()`` (after the graph) zeroes,
+    where eager returns the values ``y`` was given."""
+    from yobx.torch.passes import run_default_passes
+
+    model = BufferViewCopiedThenBaseZeroed()
+    x = torch.randn(6)
+    exported = torch.export.export(BufferViewCopiedThenBaseZeroed(), (x, torch.zeros(6)))
+    run_default_passes(
+        exported.graph_module.graph, mutations="outputs", exported_program=exported, exc=True
+    )
+    module = exported.module()
+    for _ in range(2):
+        y_eager, y_graph = torch.zeros(6), torch.zeros(6)
+        assert_same(model(x, y_eager), module(x, y_graph))
+        assert_same(y_eager, y_graph)

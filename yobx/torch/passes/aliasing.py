@@ -465,14 +465,14 @@ def _scan_output(node: Node, scan: Node, index: Any) -> Alias:
     results = _scan_body_results(scan)
     if results is None or len(results) < len(init):
         return anything
-    roots = [_own_root(r) for r in results[: len(init)]]
+    roots = [own_root(r) for r in results[: len(init)]]
     # two carries of one storage would be one tensor after the scan too
     if roots[index] is None or roots.count(roots[index]) > 1:
         return anything
     first = init[index]
     if not isinstance(first, Node):
         return anything
-    if len(first.users) != 1 or _own_root(first) is not first or sum(a is first for a in init) != 1:
+    if len(first.users) != 1 or own_root(first) is not first or sum(a is first for a in init) != 1:
         # the first carry itself where the loop runs no step
         return Alias(MAY_ALIAS, shares=(first,))
     return FRESH_ALIAS
@@ -491,7 +491,7 @@ def _scan_body_results(scan: Node) -> list | None:
     return list(results) if isinstance(results, (list, tuple)) else [results]
 
 
-def _own_root(node: Any) -> Node | None:
+def own_root(node: Any) -> Node | None:
     """The node whose new storage ``node`` looks into, None when that storage may be
     an input's (a placeholder or an attribute of the graph, or unknown)."""
     while isinstance(node, Node):

@@ -13,7 +13,7 @@ from ._indexing import is_full_slice
 from ._side_effects import writes_in
 from ._sizes import true_at_every_size
 from ._targets import INT64_MAX, aten, callable_name, example_value, is_tensor, recompile_owner
-from .aliasing import FRESH, changes_metadata, classify, mutates_container, writes
+from .aliasing import FRESH, changes_metadata, classify, mutates_container, own_root, writes
 from .erase import erase_with_inputs
 from .result import PassResult
 
@@ -162,7 +162,11 @@ def _redundant_copy(node: Node, has_inplace: bool) -> Node | None:
         return None
     if node.target is aten.copy.default and not has_inplace:
         dst, src = node.args[0], node.args[1]
-        if not isinstance(src, Node) or src.op in ("placeholder", "get_attr"):
+        # ``src`` may stand for the copy only when its storage is the graph's own: a
+        # view of an input or a buffer (``b.t()``) returned in its place is read after
+        # the mutations are written back, and sees a write into a buffer sharing that
+        # storage where the copy kept the values it was given (fuzz_passes 71420)
+        if not isinstance(src, Node) or own_root(src) is None:
             return None
         dval, sval = example_value(dst), example_value(src)
         if not (isinstance(dval, torch.Tensor) and isinstance(sval, torch.Tensor)):
