@@ -283,7 +283,12 @@ def _accept(builder: ProgramBuilder, statement: Statement, program: Program, don
         for env in builder.envs:
             exec(kept, env)
         return False
-    builder.tensors.extend(statement.outputs)
+    # a tensor whose rank depends on the sizes (a squeeze of an axis of size 1 at one
+    # size set) stays in the program, but no later idiom builds on it: the builder
+    # reasons on one rank per tensor (seed 13256)
+    builder.tensors.extend(
+        name for name in statement.outputs if len({env[name].dim() for env in builder.envs}) == 1
+    )
     return True
 
 
