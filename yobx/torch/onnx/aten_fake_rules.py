@@ -150,6 +150,12 @@ RULES: dict[Any, Callable] = {
 LAYOUT_ONLY = frozenset({aten.copy.default})
 
 
+def _without_guards(fake_mode: Any) -> contextlib.AbstractContextManager:
+    """Torch's decisions on sizes taken without a guard in ``fake_mode``'s ShapeEnv."""
+    shape_env = fake_mode.shape_env
+    return shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def aten_fake_rules(fake_mode) -> Iterator[None]:
     """Inside the block, ``fake_mode`` computes the operators of :data:`RULES` with the
@@ -159,8 +165,8 @@ def aten_fake_rules(fake_mode) -> Iterator[None]:
     check = shape_rules.check_enabled()
 
     def dispatch_impl(func, types, args, kwargs):
-        if func in LAYOUT_ONLY and fake_mode.shape_env is not None:
-            with fake_mode.shape_env.suppress_guards():
+        if func in LAYOUT_ONLY:
+            with _without_guards(fake_mode):
                 return original(func, types, args, kwargs)
         rule = RULES.get(func)
         if rule is None or not shape_rules._has_symbolic_tensor(args, kwargs):
@@ -177,8 +183,7 @@ def aten_fake_rules(fake_mode) -> Iterator[None]:
             # what torch decides on its way to the value a rule gave (whether a view is
             # dense...) is no decision of the lowering, as it is not without the check:
             # no guard (the tracer checks its rules so too)
-            shape_env = fake_mode.shape_env
-            with shape_env.suppress_guards() if shape_env else contextlib.nullcontext():
+            with _without_guards(fake_mode):
                 expected = original(func, types, args, kwargs)
             shape_rules.compare(value, expected, pytree.tree_leaves((args, kwargs)), str(func))
         return value
