@@ -1,7 +1,8 @@
 """Random traced programs exported to ONNX and compared with eager in onnxruntime.
 
 ``python _scripts/fuzz_onnx.py --count 200`` prints the outcome counts
-(correct / narrowed / refused / eager_failed / wrong / crash), the most frequent
+(correct / narrowed / refused / eager_failed / unstable / wrong / crash; unstable: onnxruntime
+differs only where eager in float32 differs as much from eager in float64), the most frequent
 refusals and narrowings (a size eager runs that the ONNX model refuses, naming the
 check), and the seed of each wrong or crashed program as it happens; ``--show-wrong``
 prints every wrong program. A crash is an exception out of the comparison itself
@@ -56,7 +57,15 @@ def main() -> None:
         f"{options.count} programs in {elapsed:.1f} s: "
         + ", ".join(
             f"{kind} {counts[kind]}"
-            for kind in ("correct", "narrowed", "refused", "eager_failed", "wrong", "crash")
+            for kind in (
+                "correct",
+                "narrowed",
+                "refused",
+                "eager_failed",
+                "unstable",
+                "wrong",
+                "crash",
+            )
         )
     )
     for message, count in refusals.most_common():

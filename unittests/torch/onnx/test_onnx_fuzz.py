@@ -47,3 +47,11 @@ def test_random_loops_match_eager_in_onnxruntime():
     failed = [f"{k} {d}\n{s}" for k, d, s in outcomes if k in ("wrong", "crash")]
     assert not failed, "\n\n".join(failed)
     assert sum(k == "correct" for k, _, _ in outcomes) >= 2, [k for k, _, _ in outcomes]
+
+
+def test_a_sum_float32_leaves_undetermined_is_no_wrong_value():
+    # seed 11908 scales its outputs by 2 * sum + 2 over thousands of terms: eager in
+    # float32 differs from eager in float64 by 7.6e-3, onnxruntime (another order of
+    # additions) from eager by 2.9e-3, out of the tolerance at one element: unstable
+    outcome = run_onnx_program(generate_program(11908))
+    assert outcome.kind == "unstable", outcome.report()
