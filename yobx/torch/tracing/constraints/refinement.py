@@ -32,7 +32,12 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ..dynamic_shapes import AUTO, DYNAMIC, STRICT
 from ..errors import DataDependentError, SpecializationError, StrictDimensionError
-from ..symbolic.symbolic import DEFAULT_MIN, SymbolicDimensions, expression_of
+from ..symbolic.symbolic import (
+    DEFAULT_MIN,
+    SymbolicDimensions,
+    expression_of,
+    quotient_lower_bound,
+)
 from .constraints import Constraint, as_range, classify, normalize, simplest_form
 
 #: :attr:`AdoptedFact.origin` of a decision the default range ``[2, inf]`` settled and
@@ -249,7 +254,7 @@ class Refinements:
         hint = int(dims.shape_env.backed_var_to_val[base])
         name = f"{dims.render(base)}_div{modulus}"
         relaxable = base in dims.default_min and low == DEFAULT_MIN
-        lowest = max(0, math.ceil((low - remainder) / modulus))
+        lowest = quotient_lower_bound(low, modulus, remainder)
         quotient, _ = dims.new_symbol(
             name,
             (hint - remainder) // modulus,

@@ -651,7 +651,7 @@ class SymbolicDimensions:
             for s in relaxable:
                 # a quotient `n = m*q + r` from n >= low
                 modulus, remainder = self.default_quotients.get(s, (1, 0))
-                lowest = max(0, math.ceil((low - remainder) / modulus))
+                lowest = quotient_lower_bound(low, modulus, remainder)
                 relaxed[self.twin(s)] = ValueRanges(lowest, ranges[self.twin(s)].upper)
             if self.prove(claim, (relaxed, {})) is True:
                 return claim, relaxable, low
@@ -742,6 +742,12 @@ class SymbolicDimensions:
         if isinstance(value, (torch.SymInt, torch.SymBool, torch.SymFloat)):
             return value.node.hint
         return value
+
+
+def quotient_lower_bound(low: Any, modulus: int, remainder: int) -> int:
+    """The least ``q >= 0`` with ``modulus * q + remainder >= low``: the lower bound of
+    the quotient of a dimension at least ``low`` written ``modulus * q + remainder``."""
+    return max(0, math.ceil((low - remainder) / modulus))
 
 
 def expression_of(value: Any) -> sympy.Expr | None:
