@@ -8,14 +8,17 @@ patches answer with the original behaviour in every other thread, and nothing is
 """
 
 import math
+import sys
 import threading
 import time
+import traceback
 
 import pytest
 import torch
 import torch.fx._symbolic_trace as fx_symbolic_trace
 
 from yobx.torch.tracing import CustomTracer
+from yobx.torch.tracing.isolation import eager_hop_calls
 
 from . import interrupt_sweep
 
@@ -78,6 +81,16 @@ def _fx_flag_stays_seen() -> bool:
         return False
     time.sleep(0.05)
     return bool(fx_symbolic_trace.is_fx_tracing())
+
+
+def _stacks(threads: list[threading.Thread]) -> str:
+    """Where each thread is: a thread stuck in a test is shown with its stack."""
+    frames = sys._current_frames()
+    return "\n".join(
+        f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}"
+        for t in threads
+        if t.ident in frames
+    )
 
 
 def test_two_traces_and_eager_cond_in_threads_leave_nothing():
@@ -154,8 +167,8 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
     done.set()
     for thread in eager_threads:
         thread.join(timeout=120)
-    stuck = [t.name for t in [*threads, *eager_threads] if t.is_alive()]
-    assert not stuck, (stuck, eager, traced)
+    stuck = [t for t in [*threads, *eager_threads] if t.is_alive()]
+    assert not stuck, (_stacks(stuck), eager, traced)
     assert not errors, errors
     assert sorted(traced) == [0, 0, 0, 1, 1, 1], traced
     # eager code ran, also while the patches were installed, and never saw the trace's
@@ -196,6 +209,54 @@ def test_trace_in_a_thread_while_another_holds_a_torch_fx_trace():
     assert outcome and outcome[0](torch.ones(2)).tolist() == [2.0, 2.0]
     assert gm(torch.randn(6, 4)).shape == (6, 8)
     assert fx_symbolic_trace.CURRENT_PATCHER is None
+
+
+def test_an_eager_cond_running_when_a_trace_starts_is_waited_for(monkeypatch):
+    """An eager higher-order call already running in another thread when a trace opens
+    its window (it saved torch.fx's flag, and reads it) returns before the trace makes
+    torch.fx's state its own; the gated entries it calls meanwhile let it through."""
+    cond_model = CondModel()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        expected = cond_model(x)  # compiled now: the call in flight needs no compile lock
+    started, release = threading.Event(), threading.Event()
+    outcome: list = []
+
+    def eager_call():
+        # stands for torch's _hop_compile_and_call: it saves and clears the flag, calls
+        # an eager torch.cond (through the gates of the window), restores the flag
+        saved = fx_symbolic_trace._is_fx_tracing_flag
+        fx_symbolic_trace._is_fx_tracing_flag = False
+        started.set()
+        release.wait(timeout=60)
+        try:
+            with torch.no_grad():
+                outcome.append(cond_model(x))
+        finally:
+            fx_symbolic_trace._is_fx_tracing_flag = saved
+
+    monkeypatch.setattr(eager_hop_calls, "_entry_codes", lambda: frozenset([eager_call.__code__]))
+    thread = threading.Thread(target=eager_call, daemon=True)
+    thread.start()
+    assert started.wait(timeout=60)
+    timer = threading.Timer(0.5, release.set)
+    timer.start()
+    before = time.perf_counter()
+    model, inputs, dynamic_shapes = interrupt_sweep.example()
+    gm = interrupt_sweep.trace(model, inputs, dynamic_shapes)
+    waited = time.perf_counter() - before
+    # the call returned while the trace waited (not blocked by a gate until the trace's
+    # end, nor blocking the trace for the 60 s of the wait's limit)
+    assert len(outcome) == 1
+    assert 0.4 <= waited < 30, waited
+    thread.join(timeout=60)
+    torch.testing.assert_close(outcome[0], expected)
+    assert not fx_symbolic_trace.is_fx_tracing()
+    reference = interrupt_sweep.SweepModel()
+    reference.load_state_dict(model.state_dict())
+    x6 = torch.randn(6, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x6), reference(x6))
 
 
 def test_tracer_reused_across_threads():

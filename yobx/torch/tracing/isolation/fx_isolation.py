@@ -19,7 +19,10 @@ is active:
   globals of the traced code): other threads get the originals;
 * ``is_fx_tracing()``/``is_fx_symbolic_tracing()`` answer for the calling thread, and
   the global flag holds a thread-aware value, so that an eager ``torch.cond`` in another
-  thread (dynamo refuses to compile under a torch.fx trace) keeps working.
+  thread (dynamo refuses to compile under a torch.fx trace) keeps working;
+* an eager ``torch.cond`` already running in another thread when the window opens
+  (it saves and restores the global flag itself) is waited for
+  (:mod:`.eager_hop_calls`).
 
 What remains shared: ``torch.fx.Tracer.trace`` sets the global flag to True itself,
 and only its ``_new_patcher``, a few lines later, makes it thread-aware again; code of
@@ -44,6 +47,7 @@ from torch._higher_order_ops import utils as hop_utils
 from torch.fx import _symbolic_trace
 from torch.fx.experimental import proxy_tensor
 
+from .eager_hop_calls import held_unless_in_flight, wait_for_calls_in_flight
 from .module_classes import class_level_targets
 from .patch_window import _WINDOW_LOCK, any_thread, patch_window, thread_gate
 from .patching import memoized_replacements, patched_attributes
@@ -310,7 +314,10 @@ def _wait_for_foreign_trace() -> None:
 
 def _waiting(original: Callable) -> Callable:
     """``original``, called in another thread than the window's only once the window is
-    closed, and holding the window's lock: no window opens while it runs either."""
+    closed, and holding the window's lock: no window opens while it runs either.
+
+    An eager higher-order call that was already running when the window opened goes
+    through: the window waits for it to return (see :mod:`.eager_hop_calls`)."""
 
     if hasattr(original, "__wrapped__") and inspect.isgeneratorfunction(original.__wrapped__):
         # a context manager: the lock is held for its whole block
@@ -322,7 +329,7 @@ def _waiting(original: Callable) -> Callable:
                 with original(*args, **kwargs) as value:
                     yield value
                 return
-            with _WINDOW_LOCK, original(*args, **kwargs) as value:
+            with held_unless_in_flight(_WINDOW_LOCK), original(*args, **kwargs) as value:
                 yield value
 
         return any_thread(wait_then_enter)
@@ -331,7 +338,7 @@ def _waiting(original: Callable) -> Callable:
     def wait_then_call(*args, **kwargs):
         if THREAD_STATE.window is not None:
             return original(*args, **kwargs)
-        with _WINDOW_LOCK:
+        with held_unless_in_flight(_WINDOW_LOCK):
             return original(*args, **kwargs)
 
     return any_thread(wait_then_call)
@@ -358,8 +365,10 @@ def fx_tracing_per_thread() -> Iterator[None]:
     and other threads' torch.fx traces, make_fx runs and higher-order operators wait
     (see the module's documentation)."""
     with patch_window() as window, patched_attributes(_exclusive_entries()):
-        # no foreign trace starts now; one already running is waited for, and the
-        # process-wide state to restore is read once it is over
+        # no foreign trace starts now; one already running is waited for (an eager
+        # higher-order call first: it may run make_fx), and the process-wide state to
+        # restore is read once it is over
+        wait_for_calls_in_flight(FOREIGN_TRACE_TIMEOUT)
         _wait_for_foreign_trace()
         window.recapture_process_state()
         with patched_attributes(_per_thread_state()):
