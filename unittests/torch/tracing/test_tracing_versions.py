@@ -1248,3 +1248,26 @@ def test_a_quotient_of_a_dimension_of_example_one_may_be_zero():
         for n in (1, 2, 3, 4, 5, 6, 12):
             x = torch.randn(n)
             assert_same(model(x), gm(x))
+
+
+class LastColumnPaddedWhenOdd(torch.nn.Module):
+    """``y[:, -1:]`` has ``min(1, n)`` columns: a decision on it holds from 1 on, not
+    at 0 (fuzz_tracing seed 14377)."""
+
+    def forward(self, y):
+        last = y[:, -1:]
+        if last.shape[1] % 2 != 0:
+            return torch.nn.functional.pad(last, (0, 1))
+        return last - 1
+
+
+def test_a_dimension_of_example_one_keeps_its_decisions_right_at_zero():
+    # traced at n = 1, the range of n started at 1 and decisions were made from it
+    # without a check: at n = 0, the graph padded an empty column into one (its output
+    # had 1 column where eager's has 0, silently); from n = 3 it had versions
+    model = LastColumnPaddedWhenOdd()
+    for example in (1, 3):
+        _, _, gm = trace_module(model, {"y": torch.randn(2, example)}, {"y": {1: "n"}})
+        for n in (0, 1, 2, 5):
+            y = torch.randn(2, n)
+            assert_same(model(y), gm(y))

@@ -299,7 +299,11 @@ class Refinements:
             return
         if claim is None:
             # an operation whose value cannot be rebuilt: the default bound itself
-            claims = [sympy.Ge(dims.twin(s), low) for s in sorted(symbols, key=str)]
+            # each from where its range starts (the default 2, or its example's 1)
+            claims = [
+                sympy.Ge(dims.twin(s), min(low, dims.range_of(s)[0]))
+                for s in sorted(symbols, key=str)
+            ]
         elif isinstance(claim, sympy.Ne) and 0 in (claim.lhs, claim.rhs):
             # a product of sizes other than 0 (`numel() == 0 -> False`): each is >= 1
             product = claim.lhs + claim.rhs

@@ -608,8 +608,9 @@ class SymbolicDimensions:
         """How small the dimensions declared without a lower bound may be for a
         decision to keep its value.
 
-        Decisions are made with the default range ``[2, inf]`` (as torch.export does),
-        but a graph is only as good as its decisions: ``x.shape[0] == 0 -> False`` is
+        Decisions are made with the default range ``[2, inf]`` (as torch.export does;
+        ``[1, inf]`` for a dimension whose example is 1), but a graph is only as good as
+        its decisions: ``x.shape[0] == 0 -> False`` is
         wrong for an empty input, ``seq > 1 -> True`` for one token. The decision is
         proved again with those dimensions starting at 0, then at 1, on :meth:`twin`
         symbols (sympy's positivity alone folds ``s == 0`` to False).
@@ -628,16 +629,18 @@ class SymbolicDimensions:
             sympy.sympify(expression_of(o) if expression_of(o) is not None else o) for o in operands
         ]
         symbols = set().union(*(o.free_symbols for o in operands)) if operands else set()
-        relaxable = [
-            s
-            for s in symbols
-            if (s in self.default_min and self.shape_env.var_to_range[s].lower == DEFAULT_MIN)
-            or s in self.default_quotients
-        ]
+        relaxable = [s for s in symbols if self._relaxable(s) or s in self.default_quotients]
         if not relaxable:
             return None, [], 0
+        # what the decision was made with: the default bound, or 1 when every relaxed
+        # dimension starts at its example's 1
+        needed = (
+            DEFAULT_MIN
+            if any(s in self.default_quotients or self._lower(s) == DEFAULT_MIN for s in relaxable)
+            else 1
+        )
         if build is None:
-            return None, relaxable, DEFAULT_MIN
+            return None, relaxable, needed
         decided = build(*(self.twins(o) for o in operands))
         if isinstance(value, bool) and isinstance(decided, sympy.logic.boolalg.Boolean):
             claim = decided if value else sympy.Not(decided)
@@ -646,16 +649,30 @@ class SymbolicDimensions:
         if claim is sympy.true:
             return claim, relaxable, 0
         ranges = {self.twin(s): self.shape_env.var_to_range[s] for s in symbols}
-        for low in (0, 1):
+        for low in range(needed):
             relaxed = dict(ranges)
             for s in relaxable:
                 # a quotient `n = m*q + r` from n >= low
                 modulus, remainder = self.default_quotients.get(s, (1, 0))
                 lowest = quotient_lower_bound(low, modulus, remainder)
-                relaxed[self.twin(s)] = ValueRanges(lowest, ranges[self.twin(s)].upper)
+                current = ranges[self.twin(s)]
+                relaxed[self.twin(s)] = ValueRanges(min(lowest, current.lower), current.upper)
             if self.prove(claim, (relaxed, {})) is True:
                 return claim, relaxable, low
-        return claim, relaxable, DEFAULT_MIN
+        return claim, relaxable, needed
+
+    def _lower(self, symbol: sympy.Symbol) -> Any:
+        return self.shape_env.var_to_range[symbol].lower
+
+    def _relaxable(self, symbol: sympy.Symbol) -> bool:
+        """A dimension declared without a lower bound whose range still starts where
+        the tracer put it: at the default 2, or at 1 when the example is 1 (a decode
+        step's one token). The graph takes the sizes below it as well (no check refuses
+        them): a decision made from that bound is proved again below it."""
+        if symbol not in self.default_min:
+            return False
+        lower = self._lower(symbol)
+        return lower == self.declared[symbol][0] and 0 < lower <= DEFAULT_MIN
 
     def snapshot(self) -> tuple[dict, dict]:
         """What is known now (ranges, replacements), to judge guards added later."""
