@@ -637,3 +637,35 @@ def test_a_write_rewritten_after_a_decision_keeps_the_dimension_dynamic():
         assert len(got) == 3
         for value, output in zip((*expected, eager_y), got):
             np.testing.assert_allclose(output, value.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class SqueezedQuarter(torch.nn.Module):
+    """``squeeze`` of a dimension ``(batch//2)//2``: removed where it is 1, kept
+    otherwise (fuzz_onnx seed 12944)."""
+
+    def forward(self, y):
+        pairs = y.contiguous().view(*y.shape[:2], y.shape[2] // 2, 2)
+        quarter = pairs.shape[2] // 2
+        return pairs.narrow(2, quarter, quarter).squeeze(2)
+
+
+def test_a_squeezed_dimension_decided_to_be_one_leaves_the_output_of_its_rank():
+    """Where the dimension was decided to be 1, torch's fake kernel still kept it (it
+    cannot prove ``(batch//2)//2`` to be 1): the ONNX model, whose ranks come from those
+    values, returned ``[8, 8, 1, 2]`` where eager returns ``[8, 8, 2]``, at the example
+    itself. The squeeze is now recorded as ``select(2, 0)``."""
+    model = SqueezedQuarter()
+    result = to_onnx(model, (torch.randn(8, 8, 6),), dynamic_shapes=({2: "batch"},))
+    session = _session(result)
+    for batch in (6, 4, 8, 12):
+        y = torch.randn(8, 8, batch)
+        expected = model(y)
+        try:
+            (got,) = session.run(None, {"y": y.numpy()})
+        except Exception as e:  # a size the model refuses names the check
+            assert "yobx check failed" in str(e), e
+            continue
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
+    # the example's side, and the sizes it covers, are computed
+    (got,) = session.run(None, {"y": torch.ones(8, 8, 4).numpy()})
+    assert got.shape == (8, 8, 2)

@@ -37,6 +37,7 @@ from ..symbolic.symbolic_variants import function_variant
 from .decisions import user_location
 from .layout_copies import is_reshape_call
 from .positive_folds import empty_slice_conditions, folded_extremum_conditions
+from .squeeze_selects import squeeze_as_select
 from .tracer_contract import MixinBase
 
 #: a guard longer than this is adopted without trying to prove it. Swin's windows of
@@ -324,7 +325,8 @@ class FakeExecutionMixin(MixinBase):
         """Runs the node's operation on the fake values of its arguments."""
         args, kwargs = map_arg((node.args, node.kwargs), _fake_value)
         if _is_squeeze(node):
-            not_one = self._decide_squeezed(args, kwargs)
+            not_one, one = self._decide_squeezed(args, kwargs)
+            args, kwargs = squeeze_as_select(node, args, kwargs, one)
             if not_one and node.op == "call_method" and node.target == "squeeze_":
                 # torch's fake kernel of an in-place squeeze of a symbolic dimension
                 # crashes the process (a segmentation fault, torch 2.13): the dimensions
@@ -529,25 +531,24 @@ class FakeExecutionMixin(MixinBase):
 
         return pytree.tree_map(with_ones, (args, kwargs))
 
-    def _decide_squeezed(self, args: tuple, kwargs: dict) -> list[int]:
+    def _decide_squeezed(self, args: tuple, kwargs: dict) -> tuple[list[int], list[int]]:
         """``squeeze`` removes the dimensions of size 1: which ones decides the rank of
         its output, so each dynamic one is a decision the graph relies on (torch's fake
         kernel answers "not 1" without recording anything: a graph running with such a
         dimension of size 1 would compute with the wrong rank). Returns the dynamic
-        dimensions decided not to be 1."""
+        dimensions decided not to be 1, and those decided to be 1 (see
+        :mod:`.squeeze_selects`)."""
         x = args[0] if args else kwargs.get("input", kwargs.get("self"))
         if not isinstance(x, torch.Tensor):
-            return []
+            return [], []
         not_one: list[int] = []
+        one: list[int] = []
         for d in _squeezed_dims(x, args, kwargs):
             size = x.shape[d]
-            if (
-                isinstance(size, torch.SymInt)
-                and size.node.maybe_as_int() is None
-                and not self.decide(size == 1, "squeeze: the dimension's size is 1")
-            ):
-                not_one.append(d)
-        return not_one
+            if isinstance(size, torch.SymInt) and size.node.maybe_as_int() is None:
+                decided = self.decide(size == 1, "squeeze: the dimension's size is 1")
+                (one if decided else not_one).append(d)
+        return not_one, one
 
     def _dispatch_fake(self, node: Node, args: tuple, kwargs: dict) -> Any:
         """Runs the node's operation through torch (the fake mode must be active)."""
