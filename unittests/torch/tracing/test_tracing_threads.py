@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -181,6 +182,22 @@ def test_two_traces_and_eager_cond_in_threads_leave_nothing():
     assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).shape == (1, 2)
 
 
+def _trace_beside(
+    blocking: Callable[[], None], started: threading.Event, release: threading.Event
+) -> tuple[threading.Thread, torch.nn.Module, torch.fx.GraphModule, float]:
+    """Runs ``blocking`` in a thread until it sets ``started``, sets ``release`` 0.5 s
+    later and traces the sweep model meanwhile: the thread, the model, the traced
+    module and the seconds the trace took."""
+    thread = threading.Thread(target=blocking, daemon=True)
+    thread.start()
+    assert started.wait(timeout=60)
+    threading.Timer(0.5, release.set).start()
+    before = time.perf_counter()
+    model, inputs, dynamic_shapes = interrupt_sweep.example()
+    gm = interrupt_sweep.trace(model, inputs, dynamic_shapes)
+    return thread, model, gm, time.perf_counter() - before
+
+
 def test_trace_in_a_thread_while_another_holds_a_torch_fx_trace():
     """A torch.fx trace already running in another thread is waited for."""
     started, release = threading.Event(), threading.Event()
@@ -195,15 +212,7 @@ def test_trace_in_a_thread_while_another_holds_a_torch_fx_trace():
     def fx_trace():
         outcome.append(torch.fx.symbolic_trace(Blocking()))
 
-    thread = threading.Thread(target=fx_trace, daemon=True)
-    thread.start()
-    assert started.wait(timeout=60)
-    timer = threading.Timer(0.5, release.set)
-    timer.start()
-    before = time.perf_counter()
-    model, inputs, dynamic_shapes = interrupt_sweep.example()
-    gm = interrupt_sweep.trace(model, inputs, dynamic_shapes)
-    waited = time.perf_counter() - before
+    thread, _, gm, waited = _trace_beside(fx_trace, started, release)
     thread.join(timeout=60)
     assert waited >= 0.4, waited
     assert outcome and outcome[0](torch.ones(2)).tolist() == [2.0, 2.0]
@@ -236,15 +245,7 @@ def test_an_eager_cond_running_when_a_trace_starts_is_waited_for(monkeypatch):
             fx_symbolic_trace._is_fx_tracing_flag = saved
 
     monkeypatch.setattr(eager_hop_calls, "_entry_codes", lambda: frozenset([eager_call.__code__]))
-    thread = threading.Thread(target=eager_call, daemon=True)
-    thread.start()
-    assert started.wait(timeout=60)
-    timer = threading.Timer(0.5, release.set)
-    timer.start()
-    before = time.perf_counter()
-    model, inputs, dynamic_shapes = interrupt_sweep.example()
-    gm = interrupt_sweep.trace(model, inputs, dynamic_shapes)
-    waited = time.perf_counter() - before
+    thread, model, gm, waited = _trace_beside(eager_call, started, release)
     # the call returned while the trace waited (not blocked by a gate until the trace's
     # end, nor blocking the trace for the 60 s of the wait's limit)
     assert len(outcome) == 1

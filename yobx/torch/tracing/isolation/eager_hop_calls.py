@@ -81,12 +81,12 @@ def _stack(frame: FrameType | None) -> list[FrameType]:
 def _calls_in_flight() -> dict[int, FrameType]:
     """Thread id -> the outermost frame of its running eager higher-order call, for
     every other thread that has one."""
-    me = threading.get_ident()
+    me, codes = threading.get_ident(), _entry_codes()
     calls = {}
     for ident, frame in sys._current_frames().items():
         if ident == me:
             continue
-        entries = [f for f in _stack(frame) if f.f_code in _entry_codes()]
+        entries = [f for f in _stack(frame) if f.f_code in codes]
         if entries:
             calls[ident] = entries[-1]
     return calls
@@ -97,7 +97,8 @@ def _still_running(ident: int, entry: FrameType, frames: dict[int, FrameType]) -
     if not any(f is entry for f in stack):
         return False
     # blocked on (or about to take) the compile lock the window holds: it cannot return
-    return not any(f.f_code in _compile_lock_codes() for f in stack)
+    codes = _compile_lock_codes()
+    return not any(f.f_code in codes for f in stack)
 
 
 def _in_flight() -> bool:
